@@ -1,0 +1,157 @@
+"""Chained block hashes: the keys of the prefix cache.
+
+Block k's hash covers its own tokens, its extra keys and block k-1's hash value, so two requests
+share block k only if blocks 0..k agree. The index key is the whole `BlockHashType`, so equal
+hash values with different tokens or extra keys never hit. Only full blocks are hashed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from collections.abc import Callable, Sequence
+from typing import Literal, NamedTuple, TypeAlias
+
+from pagedkv.errors import InvalidArgumentError
+from pagedkv.request import Request
+from pagedkv.semantics import PAGEDKV, Semantics
+
+ExtraKey: TypeAlias = "int | str | tuple[str, str]"
+"""A LoRA id (int), a multimodal content hash (str), or a tagged cache salt (tuple)."""
+
+HashFn: TypeAlias = Callable[[object], int]
+HashAlgo: TypeAlias = Literal["sha256", "builtin"]
+
+CACHE_SALT_TAG = "cache_salt"
+"""First element of the salt's extra key: a tuple never equals a LoRA id or a multimodal hash."""
+
+
+class BlockHashType(NamedTuple):
+    """A full block's identity: chained hash value, its token ids, and its extra keys."""
+
+    hash_value: int
+    token_ids: tuple[int, ...]
+    extra_keys: tuple[ExtraKey, ...] | None = None
+
+
+def sha256(obj: object) -> int:
+    """SHA-256 of the pickled object, as an int (stable across processes)."""
+    return int.from_bytes(
+        hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest(), "big"
+    )
+
+
+def _none_hash() -> int:
+    seed = os.getenv("PYTHONHASHSEED")
+    return int.from_bytes(os.urandom(32), "big") if seed is None else sha256(seed)
+
+
+NONE_HASH: int = _none_hash()
+"""Seeds every chain: random per process, or derived from PYTHONHASHSEED when it is set."""
+
+HASH_FUNCTIONS: dict[str, HashFn] = {"sha256": sha256, "builtin": hash}
+
+
+def get_hash_fn(algo: str) -> HashFn:
+    """The hash function named `algo` ("sha256" or "builtin")."""
+    try:
+        return HASH_FUNCTIONS[algo]
+    except KeyError:
+        raise InvalidArgumentError(
+            f"unknown caching hash algorithm {algo!r}; expected one of {sorted(HASH_FUNCTIONS)}"
+        ) from None
+
+
+def need_extra_keys(request: Request) -> bool:
+    """Whether any block of `request` carries extra keys (multimodal, LoRA or salt)."""
+    return (
+        bool(request.mm_positions) or request.lora_id is not None or request.cache_salt is not None
+    )
+
+
+def generate_block_hash_extra_keys(
+    request: Request,
+    start_token_idx: int,
+    end_token_idx: int,
+    start_mm_idx: int,
+    *,
+    semantics: Semantics = PAGEDKV,
+) -> tuple[tuple[ExtraKey, ...] | None, int]:
+    """Extra keys of the block covering tokens `[start_token_idx, end_token_idx)`.
+
+    Order: the LoRA id, then the hash of each multimodal input overlapping the block, then the
+    tagged cache salt (first block only).
+
+    Returns:
+        The keys (None when there are none) and the index of the first multimodal input the next
+        block must consider, so a left-to-right scan over blocks is linear overall.
+
+    Complexity: O(1) plus the multimodal inputs passed over.
+    """
+    keys: list[ExtraKey] = []
+    if request.lora_id is not None:
+        keys.append(request.lora_id)
+    positions = request.mm_positions
+    touching = semantics.mm_touching_input_overlaps
+    mm_idx = start_mm_idx
+    if positions and (
+        positions[-1].end < start_token_idx
+        or (positions[-1].end == start_token_idx and not touching)
+    ):
+        mm_idx = len(positions)  # every input ends before this block
+    while mm_idx < len(positions):
+        position = positions[mm_idx]
+        if position.offset >= end_token_idx:
+            break  # the block has not reached this input
+        if position.end < start_token_idx or (position.end == start_token_idx and not touching):
+            mm_idx += 1  # the block is past this input
+            continue
+        keys.append(request.mm_hashes[mm_idx])
+        if position.end > end_token_idx:
+            break  # the input continues into the next block
+        mm_idx += 1  # the input ends here; the next one may start in this block too
+    if request.cache_salt is not None and start_token_idx == 0:
+        keys.append((CACHE_SALT_TAG, request.cache_salt))
+    return (tuple(keys) if keys else None), mm_idx
+
+
+def hash_block_tokens(
+    hash_fn: HashFn,
+    parent_block_hash: int | None,
+    curr_block_token_ids: Sequence[int],
+    extra_keys: tuple[ExtraKey, ...] | None = None,
+) -> BlockHashType:
+    """Hash one full block, chained to its parent's hash value (None or 0: the chain's start)."""
+    token_ids = tuple(curr_block_token_ids)
+    parent = parent_block_hash or NONE_HASH
+    return BlockHashType(hash_fn((parent, token_ids, extra_keys)), token_ids, extra_keys)
+
+
+def hash_request_tokens(
+    hash_fn: HashFn, block_size: int, request: Request, *, semantics: Semantics = PAGEDKV
+) -> list[BlockHashType]:
+    """The chained hashes of every full block of `request.all_token_ids`, in order.
+
+    A trailing partial block is never hashed.
+
+    Complexity: O(num_tokens + multimodal inputs).
+    """
+    if block_size <= 0:
+        raise InvalidArgumentError(f"block_size must be > 0, got {block_size}")
+    token_ids = request.all_token_ids
+    with_extra_keys = need_extra_keys(request)
+    extra_keys: tuple[ExtraKey, ...] | None = None
+    mm_idx = 0
+    parent: int | None = None
+    hashes: list[BlockHashType] = []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        end = start + block_size
+        if with_extra_keys:
+            extra_keys, mm_idx = generate_block_hash_extra_keys(
+                request, start, end, mm_idx, semantics=semantics
+            )
+        block_hash = hash_block_tokens(hash_fn, parent, token_ids[start:end], extra_keys)
+        hashes.append(block_hash)
+        parent = block_hash.hash_value
+    return hashes

@@ -1,0 +1,352 @@
+"""BlockPool: every block's metadata, the free queue, and the index of cached full blocks."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+
+from pagedkv.block import KVCacheBlock
+from pagedkv.block_hash import (
+    BlockHashType,
+    HashFn,
+    generate_block_hash_extra_keys,
+    hash_block_tokens,
+)
+from pagedkv.errors import (
+    BlockStateError,
+    InvalidArgumentError,
+    InvariantViolation,
+    NoFreeBlocksError,
+)
+from pagedkv.free_queue import FreeKVCacheBlockQueue
+from pagedkv.request import Request
+from pagedkv.semantics import PAGEDKV, Semantics
+
+logger = logging.getLogger(__name__)
+
+
+class BlockPool:
+    """Allocates, frees and caches the blocks of one KV cache.
+
+    Blocks 1..N-1 start in the free queue in id order; block 0 is the `null_block`, a placeholder
+    that sliding-window tables hold for skipped positions: never queued, hashed or handed out,
+    and (unless `semantics.null_block_refcounted`) its ref_cnt never changes. Eviction is lazy: a
+    freed cached block keeps its hash, can still be hit, and loses it only when handed out again.
+    Every public method checks all its preconditions before it changes anything.
+    Invariants: `check_invariants()`, which mirrors `pagedkv.spec.SpecBlockPool`.
+
+    Args:
+        num_gpu_blocks: number of blocks, the null block included (>= 1).
+        enable_caching: whether freed full blocks stay hittable until evicted.
+        semantics: pagedkv's or vLLM 0.8.5's side of the deliberate differences.
+    """
+
+    def __init__(
+        self, num_gpu_blocks: int, enable_caching: bool, semantics: Semantics = PAGEDKV
+    ) -> None:
+        if not isinstance(num_gpu_blocks, int) or num_gpu_blocks < 1:
+            raise InvalidArgumentError(
+                f"num_gpu_blocks must be an int >= 1, got {num_gpu_blocks!r}"
+            )
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.semantics = semantics
+        self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        # {hash: {block_id: block}}; one content may be cached in several blocks (no dedup, so
+        # block tables stay append-only). The first-inserted block answers lookups.
+        self.cached_block_hash_to_block: dict[BlockHashType, dict[int, KVCacheBlock]] = {}
+        self.null_block = self.free_block_queue.popleft()
+
+    def get_cached_block(self, block_hash: BlockHashType) -> KVCacheBlock | None:
+        """The first-inserted block cached under `block_hash`, or None. Complexity: O(1)."""
+        cached = self.cached_block_hash_to_block.get(block_hash)
+        if not cached:
+            return None
+        return next(iter(cached.values()))
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Hand out `num_blocks` blocks from the queue head, evicting any cached ones.
+
+        Returns:
+            The blocks in pop order, each with ref_cnt 1 and no hash.
+
+        Raises:
+            InvalidArgumentError: `num_blocks` < 0.
+            NoFreeBlocksError: fewer than `num_blocks` blocks are free.
+
+        Complexity: O(num_blocks).
+        """
+        if num_blocks < 0:
+            raise InvalidArgumentError(f"num_blocks must be >= 0, got {num_blocks}")
+        num_free = self.free_block_queue.num_free_blocks
+        if num_blocks > num_free:
+            raise NoFreeBlocksError(num_blocks, num_free)
+        popleft = self.free_block_queue.popleft
+        blocks = []
+        for _ in range(num_blocks):
+            block = popleft()
+            self._maybe_evict_cached_block(block)
+            block.ref_cnt += 1
+            blocks.append(block)
+        return blocks
+
+    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
+        """Drop `block` from the index and clear its hash, if it has one. Complexity: O(1)."""
+        block_hash = block.block_hash
+        if block_hash is None:
+            return False
+        cached = self.cached_block_hash_to_block[block_hash]
+        del cached[block.block_id]
+        if not cached:
+            del self.cached_block_hash_to_block[block_hash]
+        block.reset_hash()
+        return True
+
+    def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Take one more reference to each block (a prefix-cache hit).
+
+        A block with ref_cnt 0 leaves the free queue first. The null block is passed over.
+
+        Raises:
+            BlockStateError: a block does not belong to this pool.
+
+        Complexity: O(len(blocks)).
+        """
+        for block in blocks:
+            self._check_owned(block)
+        null_block = self.null_block
+        for block in blocks:
+            if block is null_block:
+                if self.semantics.null_block_refcounted:
+                    block.ref_cnt += 1
+                continue
+            if block.ref_cnt == 0:
+                self.free_block_queue.remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference to each block; a block reaching 0 joins the queue tail.
+
+        The caller's order is the eviction order (first freed, first evicted). The null block is
+        passed over.
+
+        Raises:
+            BlockStateError: a block does not belong to this pool, has ref_cnt 0, or appears
+                twice in the call.
+
+        Complexity: O(number of blocks).
+        """
+        blocks = list(ordered_blocks)
+        null_block = self.null_block
+        seen: set[int] = set()
+        for block in blocks:
+            self._check_owned(block)
+            if block is null_block:
+                continue
+            if block.ref_cnt <= 0:
+                raise BlockStateError(block.block_id, "free of a block whose ref_cnt is 0")
+            if block.block_id in seen:
+                raise BlockStateError(
+                    block.block_id, "the same block twice in one free_blocks call"
+                )
+            seen.add(block.block_id)
+        append = self.free_block_queue.append
+        for block in blocks:
+            if block is null_block:
+                if self.semantics.null_block_refcounted:
+                    block.ref_cnt -= 1
+                continue
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                append(block)
+
+    def cache_full_blocks(
+        self,
+        request: Request,
+        blocks: Sequence[KVCacheBlock],
+        block_hashes: list[BlockHashType],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        hash_fn: HashFn,
+    ) -> None:
+        """Hash blocks `[num_cached_blocks, num_full_blocks)` and add them to the index.
+
+        A block's hash comes from `block_hashes` when present there; otherwise it is computed
+        from the request's tokens, chained to the previous block's hash value, and appended to
+        `block_hashes` (the request's stored hashes).
+
+        Raises:
+            InvalidArgumentError: prefix caching is off, the counts are out of range, a stored
+                hash is missing below `num_cached_blocks`, or the request has too few tokens.
+            BlockStateError: a block to cache is foreign, the null block, free, already hashed,
+                or listed twice; or the previous block has no hash to chain to.
+
+        Complexity: O((num_full_blocks - num_cached_blocks) * block_size).
+        """
+        if not self.enable_caching:
+            raise InvalidArgumentError("cache_full_blocks needs a pool with prefix caching on")
+        if not 0 <= num_cached_blocks <= num_full_blocks <= len(blocks):
+            raise InvalidArgumentError(
+                f"need 0 <= num_cached_blocks ({num_cached_blocks}) <= num_full_blocks "
+                f"({num_full_blocks}) <= len(blocks) ({len(blocks)})"
+            )
+        if len(block_hashes) < num_cached_blocks:
+            raise InvalidArgumentError(
+                f"request {request.request_id!r} has {len(block_hashes)} stored block hashes, "
+                f"fewer than num_cached_blocks ({num_cached_blocks})"
+            )
+        if num_cached_blocks == num_full_blocks:
+            return
+        if block_size <= 0:
+            raise InvalidArgumentError(f"block_size must be > 0, got {block_size}")
+        new_full_blocks = blocks[num_cached_blocks:num_full_blocks]
+        seen: set[int] = set()
+        for block in new_full_blocks:
+            self._check_owned(block)
+            if block is self.null_block:
+                raise BlockStateError(block.block_id, "the null block is never hashed")
+            if block.ref_cnt <= 0:
+                raise BlockStateError(block.block_id, "cache of a free block")
+            if block.block_hash is not None:
+                raise BlockStateError(block.block_id, "block hash is already set")
+            if block.block_id in seen:
+                raise BlockStateError(block.block_id, "the same block twice in one cache call")
+            seen.add(block.block_id)
+        parent_hash_value: int | None = None
+        if num_cached_blocks > 0:
+            parent = blocks[num_cached_blocks - 1]
+            if parent.block_hash is None:
+                raise BlockStateError(
+                    parent.block_id, "the block before the first block to cache has no hash"
+                )
+            parent_hash_value = parent.block_hash.hash_value
+
+        # Compute every hash before changing anything, so a failure leaves no trace.
+        num_given = len(block_hashes) - num_cached_blocks
+        new_hashes: list[BlockHashType] = []
+        token_ids = request.all_token_ids
+        for offset in range(len(new_full_blocks)):
+            if offset < num_given:
+                block_hash = block_hashes[num_cached_blocks + offset]
+            else:
+                start = (num_cached_blocks + offset) * block_size
+                end = start + block_size
+                if len(token_ids) < end:
+                    raise InvalidArgumentError(
+                        f"request {request.request_id!r} has {len(token_ids)} tokens; block "
+                        f"{num_cached_blocks + offset} needs tokens [{start}, {end})"
+                    )
+                extra_keys, _ = generate_block_hash_extra_keys(
+                    request, start, end, 0, semantics=self.semantics
+                )
+                block_hash = hash_block_tokens(
+                    hash_fn, parent_hash_value, token_ids[start:end], extra_keys
+                )
+                new_hashes.append(block_hash)
+            parent_hash_value = block_hash.hash_value
+
+        index = self.cached_block_hash_to_block
+        for offset, block in enumerate(new_full_blocks):
+            block_hash = (
+                block_hashes[num_cached_blocks + offset]
+                if offset < num_given
+                else new_hashes[offset - num_given]
+            )
+            block.block_hash = block_hash
+            index.setdefault(block_hash, {})[block.block_id] = block
+        block_hashes.extend(new_hashes)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash, if no block but the null block is in use.
+
+        Returns:
+            True if the cache was reset; False (with a warning logged) if blocks are in use.
+
+        Complexity: O(num_gpu_blocks).
+        """
+        num_used_blocks = self.num_gpu_blocks - self.get_num_free_blocks()
+        if num_used_blocks != 1:  # the null block always counts as used
+            logger.warning(
+                "Failed to reset prefix cache because some blocks (%d) are not freed yet",
+                num_used_blocks - 1,
+            )
+            return False
+        self.cached_block_hash_to_block = {}
+        for block in self.blocks:
+            block.reset_hash()
+        return True
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks in the free queue, evictable cached ones included. Complexity: O(1)."""
+        return self.free_block_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        """Fraction of blocks not free, the null block counted as used. Complexity: O(1)."""
+        return 1.0 - self.get_num_free_blocks() / self.num_gpu_blocks
+
+    def _check_owned(self, block: KVCacheBlock) -> None:
+        block_id = block.block_id
+        if not 0 <= block_id < self.num_gpu_blocks or self.blocks[block_id] is not block:
+            raise BlockStateError(block_id, "block does not belong to this pool")
+
+    def check_invariants(self) -> None:
+        """Check every invariant of the spec's block pool on this pool.
+
+        Raises:
+            InvariantViolation: naming the first broken invariant and the state that breaks it.
+
+        Complexity: O(num_gpu_blocks + cached entries).
+        """
+        self.free_block_queue.check_invariants()
+        null_block = self.null_block
+        if null_block is not self.blocks[0] or null_block.block_id != 0:
+            raise InvariantViolation("the null block is block 0", repr(null_block))
+        if self.free_block_queue.contains(null_block):
+            raise InvariantViolation("the null block is never free", repr(null_block))
+        if null_block.block_hash is not None:
+            raise InvariantViolation("the null block is never hashed", repr(null_block))
+        if not self.semantics.null_block_refcounted and null_block.ref_cnt != 0:
+            raise InvariantViolation("the null block's ref_cnt stays 0", repr(null_block))
+        for block_id, block in enumerate(self.blocks):
+            if block.block_id != block_id:
+                raise InvariantViolation("blocks[i].block_id == i", repr(block))
+        queued = self.free_block_queue.get_all_free_blocks()
+        for block in queued:
+            if self.blocks[block.block_id] is not block:
+                raise InvariantViolation("queued blocks belong to the pool", repr(block))
+        queued_ids = {block.block_id for block in queued}
+        for block in self.blocks[1:]:
+            if block.ref_cnt < 0:
+                raise InvariantViolation("ref_cnt >= 0", repr(block))
+            if (block.ref_cnt == 0) != (block.block_id in queued_ids):
+                raise InvariantViolation(
+                    "a block is in the free queue iff its ref_cnt is 0", repr(block)
+                )
+        num_in_use = sum(1 for block in self.blocks[1:] if block.ref_cnt > 0)
+        if len(queued) + num_in_use != self.num_gpu_blocks - 1:
+            raise InvariantViolation(
+                "free + in use == num_gpu_blocks - 1",
+                f"{len(queued)} free + {num_in_use} in use != {self.num_gpu_blocks - 1}",
+            )
+        num_indexed = 0
+        for block_hash, cached in self.cached_block_hash_to_block.items():
+            if not cached:
+                raise InvariantViolation("no empty index entry", repr(block_hash))
+            for block_id, block in cached.items():
+                num_indexed += 1
+                if self.blocks[block_id] is not block or block.block_hash != block_hash:
+                    raise InvariantViolation(
+                        "every indexed block carries its index key", f"{block_hash} -> {block!r}"
+                    )
+        num_hashed = sum(1 for block in self.blocks if block.block_hash is not None)
+        if num_hashed != num_indexed:
+            raise InvariantViolation(
+                "every hashed block is indexed",
+                f"{num_hashed} hashed blocks, {num_indexed} index entries",
+            )
+        if not self.enable_caching and num_hashed:
+            raise InvariantViolation(
+                "no block is hashed while caching is off", f"{num_hashed} hashed"
+            )

@@ -1,0 +1,144 @@
+"""FreeKVCacheBlockQueue: the free list, the LRU order and the eviction order, in one structure."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from pagedkv.block import KVCacheBlock
+from pagedkv.errors import FreeQueueError, InvariantViolation, NoFreeBlocksError
+
+
+class FreeKVCacheBlockQueue:
+    """An intrusive doubly linked list over the blocks' own `prev/next_free_block` fields.
+
+    Head = next block handed out = least recently freed; `append` puts a freed block at the tail.
+    Manipulating the list allocates no Python objects. A block is queued iff it has a neighbour
+    or is the head; `remove` and `append` check this and refuse to corrupt the list.
+    Invariants: `check_invariants()`.
+    """
+
+    __slots__ = ("free_list_head", "free_list_tail", "num_free_blocks")
+
+    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Queue `blocks` in the given order. Complexity: O(len(blocks))."""
+        self.num_free_blocks = len(blocks)
+        self.free_list_head: KVCacheBlock | None = blocks[0] if blocks else None
+        self.free_list_tail: KVCacheBlock | None = blocks[-1] if blocks else None
+        for prev, block in itertools.pairwise(blocks):
+            prev.next_free_block = block
+            block.prev_free_block = prev
+
+    def contains(self, block: KVCacheBlock) -> bool:
+        """Whether `block` is linked into this queue. Complexity: O(1)."""
+        return (
+            block.prev_free_block is not None
+            or block.next_free_block is not None
+            or self.free_list_head is block
+        )
+
+    def popleft(self) -> KVCacheBlock:
+        """Unlink and return the head.
+
+        Raises:
+            NoFreeBlocksError: the queue is empty.
+
+        Complexity: O(1).
+        """
+        block = self.free_list_head
+        if block is None:
+            raise NoFreeBlocksError(1, 0, "No free blocks available")
+        self._unlink(block)
+        return block
+
+    def remove(self, block: KVCacheBlock) -> None:
+        """Unlink `block` from any position.
+
+        Raises:
+            FreeQueueError: `block` is not in the queue.
+
+        Complexity: O(1).
+        """
+        if not self.contains(block):
+            raise FreeQueueError(block.block_id, "remove of a block that is not in the free queue")
+        self._unlink(block)
+
+    def append(self, block: KVCacheBlock) -> None:
+        """Link `block` at the tail.
+
+        Raises:
+            FreeQueueError: `block` is already in the queue.
+
+        Complexity: O(1).
+        """
+        if self.contains(block):
+            raise FreeQueueError(block.block_id, "append of a block already in the free queue")
+        tail = self.free_list_tail
+        if tail is None:
+            self.free_list_head = block
+        else:
+            tail.next_free_block = block
+            block.prev_free_block = tail
+        self.free_list_tail = block
+        self.num_free_blocks += 1
+
+    def _unlink(self, block: KVCacheBlock) -> None:
+        prev, nxt = block.prev_free_block, block.next_free_block
+        if prev is None:
+            self.free_list_head = nxt
+        else:
+            prev.next_free_block = nxt
+        if nxt is None:
+            self.free_list_tail = prev
+        else:
+            nxt.prev_free_block = prev
+        block.prev_free_block = block.next_free_block = None
+        self.num_free_blocks -= 1
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        """The queued blocks, head to tail. Complexity: O(num_free_blocks)."""
+        blocks = []
+        block = self.free_list_head
+        while block is not None:
+            blocks.append(block)
+            block = block.next_free_block
+        return blocks
+
+    def check_invariants(self) -> None:
+        """Links agree both ways, head/tail are the ends, and the counter is the length.
+
+        Raises:
+            InvariantViolation: naming the broken invariant.
+
+        Complexity: O(num_free_blocks).
+        """
+        seen: set[int] = set()
+        prev: KVCacheBlock | None = None
+        block = self.free_list_head
+        while block is not None:
+            if id(block) in seen:
+                raise InvariantViolation(
+                    "free queue is acyclic", f"block {block.block_id} is reached twice"
+                )
+            seen.add(id(block))
+            if block.prev_free_block is not prev:
+                raise InvariantViolation(
+                    "free queue links agree both ways",
+                    f"block {block.block_id}.prev_free_block is "
+                    f"{_block_id(block.prev_free_block)}, expected {_block_id(prev)}",
+                )
+            prev, block = block, block.next_free_block
+        if prev is not self.free_list_tail:
+            raise InvariantViolation(
+                "free queue tail is its last block",
+                f"tail is {_block_id(self.free_list_tail)}, last block is {_block_id(prev)}",
+            )
+        if len(seen) != self.num_free_blocks:
+            raise InvariantViolation(
+                "num_free_blocks counts the queue",
+                f"counter {self.num_free_blocks}, queue length {len(seen)}",
+            )
+
+
+def _block_id(block: KVCacheBlock | None) -> int | None:
+    return None if block is None else block.block_id

@@ -1,0 +1,53 @@
+"""Switches between pagedkv's deliberate differences and vLLM v0.8.5 behaviour.
+
+SEMANTICS.md lists where pagedkv differs from vLLM on purpose. Each difference that changes the
+outcome of a *valid* call sequence has a switch here, so a conformance run can turn it off. Misuse
+(freeing a free block, removing a block that is not queued, ...) raises in both modes: vLLM
+leaves it undefined (silent corruption), so there is nothing to conform to.
+
+The default hash (difference 3) is the manager's `caching_hash_algo` argument, and the cache salt
+(difference 4) changes nothing for requests without one, which is every vLLM 0.8.5 request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Semantics:
+    """Which side of each deliberate difference to take. Defaults are pagedkv's.
+
+    Attributes:
+        null_block_refcounted: vLLM's `touch` and `free_blocks` change the null block's
+            ref_cnt like any block's (difference 1; pagedkv keeps it at 0).
+        capacity_counts_null_blocks: `allocate_slots` counts null blocks among the evictable
+            computed blocks when checking capacity (difference 2).
+        mm_touching_input_overlaps: a multimodal input that ends exactly where a block starts
+            still joins that block's extra keys (difference 6).
+        cap_at_max_model_len: `allocate_slots` past `max_model_len` silently allocates fewer
+            blocks instead of raising (difference 7).
+    """
+
+    null_block_refcounted: bool = False
+    capacity_counts_null_blocks: bool = False
+    mm_touching_input_overlaps: bool = False
+    cap_at_max_model_len: bool = False
+
+    @property
+    def name(self) -> str:
+        if self == PAGEDKV:
+            return "pagedkv"
+        if self == VLLM_0_8_5:
+            return "vllm-0.8.5"
+        return repr(self)
+
+
+PAGEDKV = Semantics()
+VLLM_0_8_5 = Semantics(
+    null_block_refcounted=True,
+    capacity_counts_null_blocks=True,
+    mm_touching_input_overlaps=True,
+    cap_at_max_model_len=True,
+)
+SEMANTICS_BY_NAME: dict[str, Semantics] = {"pagedkv": PAGEDKV, "vllm-0.8.5": VLLM_0_8_5}

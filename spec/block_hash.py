@@ -1,0 +1,74 @@
+"""Block hashes, defined the plain way: what `pagedkv.block_hash` must compute.
+
+The vocabulary (`BlockHashType`, `NONE_HASH`, the hash functions) is shared with the
+implementation; the definitions here avoid every shortcut: the extra keys of a block are found by
+testing each multimodal input for overlap, and each chain is recomputed from its first block.
+"""
+
+from __future__ import annotations
+
+from pagedkv.block_hash import CACHE_SALT_TAG, NONE_HASH, BlockHashType, ExtraKey, HashFn
+from pagedkv.request import PlaceholderRange, Request
+from pagedkv.semantics import Semantics
+
+
+def joins_block(position: PlaceholderRange, start: int, end: int, semantics: Semantics) -> bool:
+    """Whether a multimodal input's hash belongs in the keys of the block `[start, end)`."""
+    overlaps = position.offset < end and start < position.end
+    # vLLM 0.8.5 also counts an input that ends exactly where the block starts.
+    touches = semantics.mm_touching_input_overlaps and position.end == start
+    return overlaps or touches
+
+
+def block_extra_keys(
+    request: Request, start: int, end: int, semantics: Semantics
+) -> tuple[ExtraKey, ...] | None:
+    """LoRA id, then every multimodal input joining the block, then the salt (block 0 only)."""
+    keys: list[ExtraKey] = []
+    if request.lora_id is not None:
+        keys.append(request.lora_id)
+    for position, mm_hash in zip(request.mm_positions, request.mm_hashes, strict=True):
+        if joins_block(position, start, end, semantics):
+            keys.append(mm_hash)
+    if request.cache_salt is not None and start == 0:
+        keys.append((CACHE_SALT_TAG, request.cache_salt))
+    return tuple(keys) if keys else None
+
+
+def block_hash(
+    hash_fn: HashFn,
+    parent_hash_value: int | None,
+    token_ids: tuple[int, ...],
+    extra_keys: tuple[ExtraKey, ...] | None,
+) -> BlockHashType:
+    """One block's key: its hash value chains the parent's value (None or 0 starts a chain)."""
+    parent = parent_hash_value if parent_hash_value else NONE_HASH
+    return BlockHashType(hash_fn((parent, token_ids, extra_keys)), token_ids, extra_keys)
+
+
+def request_block_hash(
+    hash_fn: HashFn, block_size: int, request: Request, block_index: int, semantics: Semantics
+) -> BlockHashType:
+    """The hash of full block `block_index` of the request, recomputed from block 0."""
+    assert block_size > 0, "blocks hold at least one token"
+    assert (block_index + 1) * block_size <= request.num_tokens, "only full blocks are hashed"
+    parent: int | None = None
+    for index in range(block_index + 1):
+        start, end = index * block_size, (index + 1) * block_size
+        tokens = tuple(request.all_token_ids[start:end])
+        result = block_hash(
+            hash_fn, parent, tokens, block_extra_keys(request, start, end, semantics)
+        )
+        parent = result.hash_value
+    return result
+
+
+def request_block_hashes(
+    hash_fn: HashFn, block_size: int, request: Request, semantics: Semantics
+) -> list[BlockHashType]:
+    """The hash of every full block of the request, in order; a partial tail is never hashed."""
+    num_full_blocks = request.num_tokens // block_size
+    return [
+        request_block_hash(hash_fn, block_size, request, index, semantics)
+        for index in range(num_full_blocks)
+    ]

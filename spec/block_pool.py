@@ -1,0 +1,351 @@
+"""The reference block pool: every BlockPool operation, written the obviously-correct way.
+
+State is four plain containers indexed by block id. The free order is a list (head first), the
+index a dict from hash to the list of block ids cached under it (first inserted first). Each
+operation checks its preconditions in the order its docstring lists them and raises the first one
+broken, with the same exception class the implementation raises; only then does it change state.
+Every change of a block's state is checked against `TRANSITIONS`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from pagedkv.block_hash import BlockHashType, HashFn
+from pagedkv.errors import (
+    BlockStateError,
+    InvalidArgumentError,
+    InvariantViolation,
+    NoFreeBlocksError,
+)
+from pagedkv.request import Request
+from pagedkv.semantics import PAGEDKV, Semantics
+from pagedkv.spec.block_hash import block_extra_keys, block_hash
+from pagedkv.spec.block_state import TRANSITIONS, BlockState, Event, state_of
+
+logger = logging.getLogger(__name__)
+
+NULL_BLOCK_ID = 0
+
+
+class SpecBlockPool:
+    """Reference model of `pagedkv.BlockPool`, over block ids.
+
+    Attributes:
+        ref_cnt: ref_cnt[b] is the number of references to block b.
+        block_hash: block_hash[b] is b's hash, or None.
+        free_order: the free queue, head (next handed out) first.
+        index: hash -> ids of the blocks cached under it, first inserted first.
+    """
+
+    def __init__(
+        self, num_gpu_blocks: int, enable_caching: bool, semantics: Semantics = PAGEDKV
+    ) -> None:
+        if not isinstance(num_gpu_blocks, int) or num_gpu_blocks < 1:
+            raise InvalidArgumentError(
+                f"num_gpu_blocks must be an int >= 1, got {num_gpu_blocks!r}"
+            )
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.semantics = semantics
+        self.ref_cnt: list[int] = [0] * num_gpu_blocks
+        self.block_hash: list[BlockHashType | None] = [None] * num_gpu_blocks
+        # Block 0 is taken out at once as the null block.
+        self.free_order: list[int] = list(range(1, num_gpu_blocks))
+        self.index: dict[BlockHashType, list[int]] = {}
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def state(self, block_id: int) -> BlockState:
+        return state_of(self.ref_cnt[block_id], self.block_hash[block_id] is not None)
+
+    def get_cached_block(self, block_hash: BlockHashType) -> int | None:
+        """The first block cached under `block_hash`, or None."""
+        cached = self.index.get(block_hash, [])
+        return cached[0] if cached else None
+
+    def get_num_free_blocks(self) -> int:
+        return len(self.free_order)
+
+    def get_usage(self) -> float:
+        """The null block counts as used."""
+        return 1.0 - (len(self.free_order) / self.num_gpu_blocks)
+
+    # -- operations --------------------------------------------------------------------------
+
+    def get_new_blocks(self, num_blocks: int) -> list[int]:
+        """Pop `num_blocks` blocks from the head; a cached one is evicted; each gets ref_cnt 1.
+
+        Preconditions: num_blocks >= 0 (InvalidArgumentError); num_blocks <= free blocks
+        (NoFreeBlocksError).
+        """
+        if num_blocks < 0:
+            raise InvalidArgumentError(f"num_blocks must be >= 0, got {num_blocks}")
+        if num_blocks > len(self.free_order):
+            raise NoFreeBlocksError(num_blocks, len(self.free_order))
+        taken = list(self.free_order[:num_blocks])
+        self.free_order = self.free_order[num_blocks:]
+        for block_id in taken:
+            with self._transition(block_id, Event.ALLOC):
+                cached_hash = self.block_hash[block_id]
+                if cached_hash is not None:  # lazy eviction: the hash goes at reuse time
+                    self._unindex(block_id, cached_hash)
+                    self.block_hash[block_id] = None
+                self.ref_cnt[block_id] += 1
+        return taken
+
+    def touch(self, block_ids: Sequence[int]) -> None:
+        """One more reference to each block; a block at ref_cnt 0 leaves the free queue first.
+
+        The null block is passed over (or, with `null_block_refcounted`, counted like vLLM).
+        Preconditions: every id is a block of this pool (BlockStateError).
+        """
+        for block_id in block_ids:
+            self._require_block(block_id)
+        for block_id in block_ids:
+            if block_id == NULL_BLOCK_ID:
+                if self.semantics.null_block_refcounted:
+                    self.ref_cnt[NULL_BLOCK_ID] += 1
+                continue
+            with self._transition(block_id, Event.TOUCH):
+                if self.ref_cnt[block_id] == 0:
+                    self.free_order.remove(block_id)
+                self.ref_cnt[block_id] += 1
+
+    def free_blocks(self, ordered_block_ids: Sequence[int]) -> None:
+        """One reference fewer to each block, in the given order; at 0 a block joins the tail.
+
+        The null block is passed over (or, with `null_block_refcounted`, counted like vLLM).
+        Preconditions, per block in order: it is a block of this pool; unless it is the null
+        block, its ref_cnt is > 0 and it was not listed before in this call (BlockStateError).
+        """
+        seen: set[int] = set()
+        for block_id in ordered_block_ids:
+            self._require_block(block_id)
+            if block_id == NULL_BLOCK_ID:
+                continue
+            if self.ref_cnt[block_id] <= 0:
+                raise BlockStateError(block_id, "free of a block whose ref_cnt is 0")
+            if block_id in seen:
+                raise BlockStateError(block_id, "the same block twice in one free_blocks call")
+            seen.add(block_id)
+        for block_id in ordered_block_ids:
+            if block_id == NULL_BLOCK_ID:
+                if self.semantics.null_block_refcounted:
+                    self.ref_cnt[NULL_BLOCK_ID] -= 1
+                continue
+            with self._transition(block_id, Event.RELEASE):
+                self.ref_cnt[block_id] -= 1
+                if self.ref_cnt[block_id] == 0:
+                    self.free_order.append(block_id)
+
+    def cache_full_blocks(
+        self,
+        request: Request,
+        block_ids: Sequence[int],
+        block_hashes: list[BlockHashType],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        hash_fn: HashFn,
+    ) -> None:
+        """Give blocks `block_ids[num_cached_blocks:num_full_blocks]` their hashes and index them.
+
+        Block i's hash is `block_hashes[i]` if the request already has it; otherwise it is
+        computed from the request's tokens `[i * block_size, (i + 1) * block_size)` and its extra
+        keys, chained to block i-1's hash value, and appended to `block_hashes`.
+
+        Preconditions, in order (InvalidArgumentError unless noted):
+          1. prefix caching is on;
+          2. 0 <= num_cached_blocks <= num_full_blocks <= len(block_ids);
+          3. len(block_hashes) >= num_cached_blocks;
+          (if num_cached_blocks == num_full_blocks the call does nothing)
+          4. block_size > 0;
+          5. each block to cache, in order: of this pool, not the null block, ref_cnt > 0,
+             not hashed, not listed twice (BlockStateError);
+          6. the block before the first one to cache, if any, is hashed (BlockStateError);
+          7. the request has the tokens of every block whose hash it lacks.
+        """
+        if not self.enable_caching:
+            raise InvalidArgumentError("cache_full_blocks needs a pool with prefix caching on")
+        if not 0 <= num_cached_blocks <= num_full_blocks <= len(block_ids):
+            raise InvalidArgumentError(
+                f"need 0 <= num_cached_blocks ({num_cached_blocks}) <= num_full_blocks "
+                f"({num_full_blocks}) <= len(blocks) ({len(block_ids)})"
+            )
+        if len(block_hashes) < num_cached_blocks:
+            raise InvalidArgumentError(
+                f"{len(block_hashes)} stored block hashes < num_cached_blocks {num_cached_blocks}"
+            )
+        if num_cached_blocks == num_full_blocks:
+            return
+        if block_size <= 0:
+            raise InvalidArgumentError(f"block_size must be > 0, got {block_size}")
+        to_cache = list(block_ids[num_cached_blocks:num_full_blocks])
+        seen: set[int] = set()
+        for block_id in to_cache:
+            self._require_block(block_id)
+            if block_id == NULL_BLOCK_ID:
+                raise BlockStateError(block_id, "the null block is never hashed")
+            if self.ref_cnt[block_id] <= 0:
+                raise BlockStateError(block_id, "cache of a free block")
+            if self.block_hash[block_id] is not None:
+                raise BlockStateError(block_id, "block hash is already set")
+            if block_id in seen:
+                raise BlockStateError(block_id, "the same block twice in one cache call")
+            seen.add(block_id)
+        parent_hash_value: int | None = None
+        if num_cached_blocks > 0:
+            parent_hash = self.block_hash[block_ids[num_cached_blocks - 1]]
+            if parent_hash is None:
+                raise BlockStateError(
+                    block_ids[num_cached_blocks - 1],
+                    "the block before the first block to cache has no hash",
+                )
+            parent_hash_value = parent_hash.hash_value
+
+        new_hashes: list[BlockHashType] = []
+        for position in range(num_cached_blocks, num_full_blocks):
+            if position < len(block_hashes):
+                this_hash = block_hashes[position]
+            else:
+                start, end = position * block_size, (position + 1) * block_size
+                if request.num_tokens < end:
+                    raise InvalidArgumentError(
+                        f"request {request.request_id!r} has {request.num_tokens} tokens; "
+                        f"block {position} needs tokens [{start}, {end})"
+                    )
+                tokens = tuple(request.all_token_ids[start:end])
+                extra_keys = block_extra_keys(request, start, end, self.semantics)
+                this_hash = block_hash(hash_fn, parent_hash_value, tokens, extra_keys)
+                new_hashes.append(this_hash)
+            parent_hash_value = this_hash.hash_value
+
+        all_hashes = list(block_hashes) + new_hashes
+        for position, block_id in enumerate(to_cache, start=num_cached_blocks):
+            with self._transition(block_id, Event.SEAL):
+                self.block_hash[block_id] = all_hashes[position]
+                self.index.setdefault(all_hashes[position], []).append(block_id)
+        block_hashes.extend(new_hashes)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every hash, if no block but the null block is in use; else log and refuse."""
+        num_in_use = self.num_gpu_blocks - 1 - len(self.free_order)
+        if num_in_use != 0:
+            logger.warning(
+                "Failed to reset prefix cache because some blocks (%d) are not freed yet",
+                num_in_use,
+            )
+            return False
+        for block_id in self.free_order:
+            with self._transition(block_id, Event.RESET):
+                self.block_hash[block_id] = None
+        self.index = {}
+        return True
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        """Every block-pool invariant, each stated once.
+
+        Raises:
+            InvariantViolation: the first broken invariant and the state that breaks it.
+        """
+        n = self.num_gpu_blocks
+        if len(self.ref_cnt) != n or len(self.block_hash) != n:
+            raise InvariantViolation("one ref_cnt and one hash slot per block", repr(self))
+        # The null block is block 0 and is never free, hashed or handed out.
+        if NULL_BLOCK_ID in self.free_order:
+            raise InvariantViolation("the null block is never free", repr(self.free_order))
+        if self.block_hash[NULL_BLOCK_ID] is not None:
+            raise InvariantViolation("the null block is never hashed", repr(self.block_hash[0]))
+        if not self.semantics.null_block_refcounted and self.ref_cnt[NULL_BLOCK_ID] != 0:
+            raise InvariantViolation("the null block's ref_cnt stays 0", repr(self.ref_cnt[0]))
+        # The free order holds each block at most once.
+        if len(set(self.free_order)) != len(self.free_order):
+            raise InvariantViolation("no block twice in the free order", repr(self.free_order))
+        if any(not 0 <= block_id < n for block_id in self.free_order):
+            raise InvariantViolation("free blocks belong to the pool", repr(self.free_order))
+        # A block is free iff its ref_cnt is 0 (the null block apart).
+        for block_id in range(1, n):
+            if self.ref_cnt[block_id] < 0:
+                raise InvariantViolation("ref_cnt >= 0", f"block {block_id}: {self.ref_cnt}")
+            if (self.ref_cnt[block_id] == 0) != (block_id in self.free_order):
+                raise InvariantViolation(
+                    "a block is in the free queue iff its ref_cnt is 0",
+                    f"block {block_id}: ref_cnt {self.ref_cnt[block_id]}, "
+                    f"free order {self.free_order}",
+                )
+        # Conservation: free + in use == N, the null block apart.
+        num_in_use = sum(1 for block_id in range(1, n) if self.ref_cnt[block_id] > 0)
+        if len(self.free_order) + num_in_use != n - 1:
+            raise InvariantViolation(
+                "free + in use == num_gpu_blocks - 1", f"{len(self.free_order)} + {num_in_use}"
+            )
+        # The index lists exactly the hashed blocks, under their own hashes.
+        indexed = {
+            (cached_hash, block_id)
+            for cached_hash, block_ids in self.index.items()
+            for block_id in block_ids
+        }
+        hashed = {
+            (cached_hash, block_id)
+            for block_id, cached_hash in enumerate(self.block_hash)
+            if cached_hash is not None
+        }
+        if indexed != hashed:
+            raise InvariantViolation(
+                "hash index <=> hashed blocks",
+                f"index only: {indexed - hashed}, blocks only: {hashed - indexed}",
+            )
+        for cached_hash, block_ids in self.index.items():
+            if not block_ids or len(set(block_ids)) != len(block_ids):
+                raise InvariantViolation(
+                    "index entries are non-empty lists of distinct blocks",
+                    f"{cached_hash} -> {block_ids}",
+                )
+        if not self.enable_caching and hashed:
+            raise InvariantViolation("no block is hashed while caching is off", repr(hashed))
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _require_block(self, block_id: int) -> None:
+        if not 0 <= block_id < self.num_gpu_blocks:
+            raise BlockStateError(block_id, "block does not belong to this pool")
+
+    def _unindex(self, block_id: int, cached_hash: BlockHashType) -> None:
+        self.index[cached_hash].remove(block_id)
+        if not self.index[cached_hash]:
+            del self.index[cached_hash]
+
+    def _transition(self, block_id: int, event: Event) -> _Transition:
+        return _Transition(self, block_id, event)
+
+    def __repr__(self) -> str:
+        return (
+            f"SpecBlockPool(ref_cnt={self.ref_cnt}, free_order={self.free_order}, "
+            f"hashed={[b for b, h in enumerate(self.block_hash) if h is not None]})"
+        )
+
+
+class _Transition:
+    """Checks that the state change made inside the `with` block is listed in TRANSITIONS."""
+
+    def __init__(self, pool: SpecBlockPool, block_id: int, event: Event) -> None:
+        self.pool, self.block_id, self.event = pool, block_id, event
+
+    def __enter__(self) -> None:
+        self.before = self.pool.state(self.block_id)
+
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
+        if exc_type is not None:
+            return
+        after = self.pool.state(self.block_id)
+        allowed = TRANSITIONS.get((self.before, self.event), frozenset())
+        if after not in allowed:
+            raise InvariantViolation(
+                "every block state change is in TRANSITIONS",
+                f"block {self.block_id}: {self.before.value} --{self.event.value}--> "
+                f"{after.value}; allowed: {sorted(state.value for state in allowed)}",
+            )
