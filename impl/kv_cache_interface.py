@@ -1,0 +1,399 @@
+"""What one layer's KV cache looks like (specs) and how a model's KV cache is laid out (config).
+
+A *page* is one block of one layer: `block_size` tokens of K and V (or of one MLA latent). The
+manager hands out block ids; each layer keeps its own tensor of `num_blocks` pages, indexed by the
+same ids, so one logical block costs `page_size_bytes * num_layers` bytes of device memory.
+
+    KVCacheSpec                 block_size
+    └── AttentionSpec           + num_kv_heads, head_size, dtype, use_mla -> page_size_bytes
+        ├── FullAttentionSpec   keeps every token:        cdiv(max_model_len, B) pages
+        └── SlidingWindowSpec   + sliding_window:         cdiv(min(W-1+T, max_model_len), B) + 1
+
+Dtypes are accepted as torch dtypes or names and stored as a canonical name (`DTypeName`);
+torch is never imported here.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NewType, TypeAlias
+
+from pagedkv.errors import InvalidArgumentError, KVCacheConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+DTypeName = NewType("DTypeName", str)
+"""A canonical dtype name, the one torch prints after `torch.`: "float16", "bfloat16", ..."""
+
+DTypeLike: TypeAlias = "str | torch.dtype"
+"""A torch dtype, its canonical name, or an accepted alias ("half", "bf16", "torch.float16")."""
+
+DTYPE_SIZES: Mapping[DTypeName, int] = {
+    DTypeName(name): size
+    for name, size in (
+        ("float64", 8),
+        ("float32", 4),
+        ("float16", 2),
+        ("bfloat16", 2),
+        ("float8_e4m3fn", 1),
+        ("float8_e4m3fnuz", 1),
+        ("float8_e5m2", 1),
+        ("float8_e5m2fnuz", 1),
+        ("int64", 8),
+        ("int32", 4),
+        ("int16", 2),
+        ("int8", 1),
+        ("uint8", 1),
+    )
+}
+"""Bytes per element of every dtype a KV cache may use, by canonical name."""
+
+DTYPE_ALIASES: Mapping[str, DTypeName] = {
+    alias: DTypeName(name)
+    for alias, name in (
+        ("double", "float64"),
+        ("float", "float32"),
+        ("fp32", "float32"),
+        ("half", "float16"),
+        ("fp16", "float16"),
+        ("bf16", "bfloat16"),
+        ("fp8", "float8_e4m3fn"),  # vLLM's kv_cache_dtype "fp8" means e4m3
+        ("fp8_e4m3", "float8_e4m3fn"),
+        ("fp8_e5m2", "float8_e5m2"),
+        ("long", "int64"),
+        ("int", "int32"),
+        ("short", "int16"),
+    )
+}
+"""Other spellings of a dtype, each mapped to its canonical name."""
+
+
+def dtype_name(dtype: DTypeLike) -> DTypeName:
+    """The canonical name of `dtype`, a torch dtype or a name, without importing torch.
+
+    A torch dtype is recognized by its type (`torch.dtype`) and read through `str()`.
+
+    Raises:
+        InvalidArgumentError: `dtype` is neither, or names a dtype not in `DTYPE_SIZES`.
+
+    Complexity: O(1).
+    """
+    if isinstance(dtype, str):
+        text = dtype.strip().lower()
+    elif type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype":
+        text = str(dtype)
+    else:
+        raise InvalidArgumentError(
+            f"dtype must be a torch dtype or a dtype name, got {dtype!r} ({type(dtype).__name__})"
+        )
+    text = text.removeprefix("torch.")
+    name = DTYPE_ALIASES.get(text, DTypeName(text))
+    if name not in DTYPE_SIZES:
+        raise InvalidArgumentError(
+            f"unknown KV cache dtype {dtype!r}; known: {', '.join(DTYPE_SIZES)} "
+            f"(aliases: {', '.join(DTYPE_ALIASES)})"
+        )
+    return name
+
+
+def dtype_size(dtype: DTypeLike) -> int:
+    """Bytes per element of `dtype` (see `dtype_name`). Complexity: O(1)."""
+    return DTYPE_SIZES[dtype_name(dtype)]
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling of `a / b` for b > 0, in integers. Complexity: O(1)."""
+    return -(-a // b)
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidArgumentError(f"{name} must be an int >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class KVCacheSpec(ABC):
+    """The KV cache format of one layer: at least, how many tokens one block holds.
+
+    Attributes:
+        block_size: tokens per block (>= 1).
+    """
+
+    block_size: int
+
+    def __post_init__(self) -> None:
+        _check_positive_int("block_size", self.block_size)
+
+    @property
+    @abstractmethod
+    def type_id(self) -> str:
+        """Equal for two layers exactly when their KV caches can share one block table."""
+
+    @property
+    @abstractmethod
+    def page_size_bytes(self) -> int:
+        """Bytes of one block of this layer."""
+
+    @abstractmethod
+    def max_memory_usage_bytes(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """Bytes this layer needs to serve one request of `max_model_len` tokens.
+
+        Args:
+            max_model_len: the longest request, prompt and output together (>= 1).
+            max_num_batched_tokens: the most tokens one scheduler step may compute (>= 1).
+        """
+
+
+@dataclass(frozen=True, init=False)
+class AttentionSpec(KVCacheSpec):
+    """An attention layer's KV cache: K and V per token, or one latent vector per token (MLA).
+
+    Page size: `coef * block_size * num_kv_heads * head_size * dtype_size`, coef 2 (K and V) or 1
+    (MLA). Validated on construction: sizes >= 1, a known dtype.
+
+    Attributes:
+        num_kv_heads: KV heads stored by this layer on this worker (>= 1).
+        head_size: elements per head (>= 1); for MLA, the latent vector's width.
+        dtype: the cache's element type, canonical name.
+        use_mla: the layer stores one latent vector per token instead of K and V.
+    """
+
+    num_kv_heads: int
+    head_size: int
+    dtype: DTypeName
+    use_mla: bool
+
+    def __init__(
+        self,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: DTypeLike,
+        use_mla: bool = False,
+    ) -> None:
+        object.__setattr__(self, "block_size", block_size)
+        object.__setattr__(self, "num_kv_heads", num_kv_heads)
+        object.__setattr__(self, "head_size", head_size)
+        object.__setattr__(self, "dtype", dtype_name(dtype))
+        object.__setattr__(self, "use_mla", use_mla)
+        self.__post_init__()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_positive_int("num_kv_heads", self.num_kv_heads)
+        _check_positive_int("head_size", self.head_size)
+        if not isinstance(self.use_mla, bool):
+            raise InvalidArgumentError(f"use_mla must be a bool, got {self.use_mla!r}")
+
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes of one block of this layer (see the class docstring). Complexity: O(1)."""
+        coef = 1 if self.use_mla else 2
+        return coef * self.block_size * self.num_kv_heads * self.head_size * DTYPE_SIZES[self.dtype]
+
+
+@dataclass(frozen=True, init=False)
+class FullAttentionSpec(AttentionSpec):
+    """A layer that attends to every earlier token, so it keeps every block of a request."""
+
+    @property
+    def type_id(self) -> str:
+        """`full_attention_{block_size}_{page_size_bytes}`."""
+        return f"full_attention_{self.block_size}_{self.page_size_bytes}"
+
+    def max_memory_usage_bytes(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """`cdiv(max_model_len, block_size)` pages; the batch size does not matter.
+
+        Raises:
+            InvalidArgumentError: either argument < 1.
+
+        Complexity: O(1).
+        """
+        _check_positive_int("max_model_len", max_model_len)
+        _check_positive_int("max_num_batched_tokens", max_num_batched_tokens)
+        return cdiv(max_model_len, self.block_size) * self.page_size_bytes
+
+
+@dataclass(frozen=True, init=False)
+class SlidingWindowSpec(AttentionSpec):
+    """A layer that attends only to the last `sliding_window` tokens (MLA is not supported).
+
+    Attributes:
+        sliding_window: tokens each query attends to, itself included (>= 1).
+    """
+
+    sliding_window: int
+
+    def __init__(
+        self,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: DTypeLike,
+        sliding_window: int,
+        use_mla: bool = False,
+    ) -> None:
+        object.__setattr__(self, "sliding_window", sliding_window)
+        super().__init__(
+            block_size=block_size,
+            num_kv_heads=num_kv_heads,
+            head_size=head_size,
+            dtype=dtype,
+            use_mla=use_mla,
+        )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_positive_int("sliding_window", self.sliding_window)
+        if self.use_mla:
+            raise KVCacheConfigError("MLA is not supported with a sliding window")
+
+    @property
+    def type_id(self) -> str:
+        """`sliding_window_{sliding_window}_{block_size}_{page_size_bytes}`."""
+        return f"sliding_window_{self.sliding_window}_{self.block_size}_{self.page_size_bytes}"
+
+    def max_memory_usage_bytes(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """`cdiv(min(W - 1 + max_num_batched_tokens, max_model_len), B) + 1` pages.
+
+        A step keeps the last W - 1 computed tokens and adds at most `max_num_batched_tokens`
+        new ones, never more than `max_model_len` in all; the window may start mid-block, hence
+        one more block (B = 4, window `CDEF` spans `[xxCD][EF..]`).
+
+        Raises:
+            InvalidArgumentError: either argument < 1.
+
+        Complexity: O(1).
+        """
+        _check_positive_int("max_model_len", max_model_len)
+        _check_positive_int("max_num_batched_tokens", max_num_batched_tokens)
+        num_tokens = min(self.sliding_window - 1 + max_num_batched_tokens, max_model_len)
+        return (cdiv(num_tokens, self.block_size) + 1) * self.page_size_bytes
+
+
+@dataclass(frozen=True)
+class KVCacheTensor:
+    """The device memory one layer's KV cache gets.
+
+    Attributes:
+        size: bytes (>= 1): pages of the layer's spec, `page_size_bytes * blocks allocated`.
+    """
+
+    size: int
+
+    def __post_init__(self) -> None:
+        _check_positive_int("KVCacheTensor.size", self.size)
+
+
+@dataclass(frozen=True, init=False)
+class KVCacheGroupSpec:
+    """Layers that share one block table, because they share one KV cache spec.
+
+    Attributes:
+        layer_names: the layers, in model order (at least one, no repeats).
+        kv_cache_spec: the spec every one of them has.
+    """
+
+    layer_names: tuple[str, ...]
+    kv_cache_spec: KVCacheSpec
+
+    def __init__(self, layer_names: Iterable[str], kv_cache_spec: KVCacheSpec) -> None:
+        if isinstance(layer_names, str):
+            raise InvalidArgumentError(f"layer_names must be a collection, got {layer_names!r}")
+        names = tuple(layer_names)
+        if not names:
+            raise KVCacheConfigError("a KV cache group needs at least one layer")
+        if len(set(names)) != len(names):
+            raise KVCacheConfigError(f"a KV cache group names a layer twice: {names}")
+        if not isinstance(kv_cache_spec, KVCacheSpec):
+            raise InvalidArgumentError(
+                f"kv_cache_spec must be a KVCacheSpec, got {kv_cache_spec!r}"
+            )
+        object.__setattr__(self, "layer_names", names)
+        object.__setattr__(self, "kv_cache_spec", kv_cache_spec)
+
+
+@dataclass(frozen=True, init=False)
+class KVCacheConfig:
+    """A model's KV cache on one worker: how many blocks, each layer's tensor, the groups.
+
+    Every layer of every group has exactly one tensor, holding a whole number of its spec's pages
+    and at least `num_blocks` of them (after multi-worker unification a tensor may hold more
+    pages than `num_blocks`; only the first `num_blocks` are used). Checked on construction.
+
+    Attributes:
+        num_blocks: blocks the manager may hand out ids for, the null block included (>= 1).
+        tensors: layer name -> its tensor (a private copy of the mapping given).
+        kv_cache_groups: the groups, each layer in exactly one.
+    """
+
+    num_blocks: int
+    tensors: dict[str, KVCacheTensor]
+    kv_cache_groups: tuple[KVCacheGroupSpec, ...]
+
+    def __init__(
+        self,
+        num_blocks: int,
+        tensors: Mapping[str, KVCacheTensor],
+        kv_cache_groups: Iterable[KVCacheGroupSpec],
+    ) -> None:
+        object.__setattr__(self, "num_blocks", num_blocks)
+        object.__setattr__(self, "tensors", dict(tensors))
+        object.__setattr__(self, "kv_cache_groups", tuple(kv_cache_groups))
+        self._validate()
+
+    def _validate(self) -> None:
+        _check_positive_int("num_blocks", self.num_blocks)
+        if not self.kv_cache_groups:
+            raise KVCacheConfigError("a KV cache config needs at least one group")
+        grouped: dict[str, KVCacheSpec] = {}
+        for group in self.kv_cache_groups:
+            for name in group.layer_names:
+                if name in grouped:
+                    raise KVCacheConfigError(f"layer {name!r} is in more than one group")
+                grouped[name] = group.kv_cache_spec
+        if grouped.keys() != self.tensors.keys():
+            raise KVCacheConfigError(
+                f"layers in groups and layers with tensors differ: "
+                f"without a tensor {sorted(grouped.keys() - self.tensors.keys())}, "
+                f"in no group {sorted(self.tensors.keys() - grouped.keys())}"
+            )
+        for name, tensor in self.tensors.items():
+            page_size = grouped[name].page_size_bytes
+            if tensor.size % page_size or tensor.size // page_size < self.num_blocks:
+                raise KVCacheConfigError(
+                    f"layer {name!r}: tensor of {tensor.size} bytes is not a whole number of "
+                    f"{page_size}-byte pages, at least num_blocks={self.num_blocks} of them"
+                )
+
+    @property
+    def layer_names(self) -> tuple[str, ...]:
+        """Every layer, group by group. Complexity: O(num_layers)."""
+        return tuple(name for group in self.kv_cache_groups for name in group.layer_names)
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block, equal across groups (one block id space).
+
+        Raises:
+            KVCacheConfigError: the groups disagree.
+        """
+        sizes = {group.kv_cache_spec.block_size for group in self.kv_cache_groups}
+        if len(sizes) != 1:
+            raise KVCacheConfigError(f"groups have different block sizes: {sorted(sizes)}")
+        return sizes.pop()
+
+    def with_num_blocks(self, num_blocks: int) -> KVCacheConfig:
+        """A copy with `num_blocks` replaced (tensors unchanged, so it must not exceed them).
+
+        Raises:
+            InvalidArgumentError, KVCacheConfigError: as on construction.
+
+        Complexity: O(num_layers).
+        """
+        return KVCacheConfig(num_blocks, self.tensors, self.kv_cache_groups)
