@@ -1,0 +1,203 @@
+"""Available KV memory: the arithmetic by hand on CPU, the measurement with a faked torch.cuda,
+and the real CUDA path where a device exists."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedkv.available_memory import (
+    MemoryProfile,
+    available_kv_cache_memory,
+    determine_available_memory,
+    kv_cache_budget_bytes,
+    measure_memory_profile,
+)
+from pagedkv.errors import InvalidArgumentError, KVCacheConfigError
+from pagedkv.kv_cache_config import get_kv_cache_config
+from pagedkv.kv_cache_interface import FullAttentionSpec
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+# Illustrative numbers in the shape of a real profile (not recorded on a device): an 80 GiB
+# device; 16 GiB of fp16 weights; the forward pass peaks 2 GiB above them; after it, the driver
+# sees 768 MiB more than torch holds (CUDA context and NCCL buffers).
+PROFILE_80G = MemoryProfile(
+    total_bytes=80 * GiB,  # 85,899,345,920
+    torch_peak_bytes=18 * GiB,  # 19,327,352,832
+    torch_current_bytes=16 * GiB,  # 17,179,869,184
+    device_used_bytes=16 * GiB + 768 * MiB,  # 17,985,175,552
+)
+
+
+def test_profile_peak_adds_memory_held_outside_torch() -> None:
+    assert PROFILE_80G.non_torch_bytes == 805_306_368  # 768 MiB
+    assert PROFILE_80G.peak_bytes == 19_327_352_832 + 805_306_368 == 20_132_659_200
+
+
+def test_available_memory_by_hand() -> None:
+    # 0.9 * 80 GiB - (18 GiB + 0.75 GiB) = 72 - 18.75 = 53.25 GiB
+    assert available_kv_cache_memory(PROFILE_80G, 0.9) == 57_176_752_128 == int(53.25 * GiB)
+    # the whole device: 80 - 18.75 = 61.25 GiB
+    assert available_kv_cache_memory(PROFILE_80G, 1.0) == int(61.25 * GiB)
+
+
+def test_torch_holding_more_than_the_driver_reports_adds_nothing() -> None:
+    profile = MemoryProfile(
+        total_bytes=24 * GiB,
+        torch_peak_bytes=10 * GiB,
+        torch_current_bytes=9 * GiB,
+        device_used_bytes=8 * GiB,
+    )
+    assert profile.non_torch_bytes == 0
+    # 0.5 * 24 - 10 = 2 GiB
+    assert available_kv_cache_memory(profile, 0.5) == 2 * GiB
+
+
+def test_a_profile_that_leaves_nothing_gives_a_negative_budget_which_config_refuses() -> None:
+    # 0.2 * 80 GiB - 18.75 GiB = -2.75 GiB
+    available = available_kv_cache_memory(PROFILE_80G, 0.2)
+    assert available == -2_952_790_016
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
+    with pytest.raises(KVCacheConfigError, match="no memory is available"):
+        get_kv_cache_config({"layer.0": spec}, available, max_model_len=4096)
+
+
+def test_budget_arithmetic_truncates_like_int() -> None:
+    assert kv_cache_budget_bytes(1000, 0.9, 100) == 800
+    assert kv_cache_budget_bytes(1001, 0.5, 0) == 500  # 500.5 -> 500
+    assert kv_cache_budget_bytes(10, 0.5, 6) == -1
+
+
+@pytest.mark.parametrize("utilization", [0, 0.0, -0.1, 1.01, float("nan"), True, "0.9"])
+def test_utilization_must_be_in_zero_one(utilization: object) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"gpu_memory_utilization must be in \(0, 1\]"):
+        kv_cache_budget_bytes(1000, utilization, 0)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="gpu_memory_utilization"):
+        # checked before any device is touched
+        determine_available_memory(lambda: None, utilization)  # type: ignore[arg-type]
+
+
+def test_profile_fields_are_validated() -> None:
+    with pytest.raises(InvalidArgumentError, match="total_bytes must be an int >= 1"):
+        MemoryProfile(0, 0, 0, 0)
+    with pytest.raises(InvalidArgumentError, match="torch_peak_bytes must be an int >= 0"):
+        MemoryProfile(1, -1, 0, 0)
+    with pytest.raises(InvalidArgumentError, match="device_used_bytes must be an int >= 0"):
+        MemoryProfile(1, 0, 0, 1.5)  # type: ignore[arg-type]
+
+
+class FakeCuda:
+    """torch.cuda's memory functions over a made-up device, recording the order of calls.
+
+    Torch holds `weights` before the profile; the profile allocates `activations` on top and
+    frees them; the driver always sees `outside` bytes more than torch has reserved, and torch
+    reserves `cached` bytes more than it has allocated until its cache is emptied.
+    """
+
+    def __init__(self, total: int, weights: int, activations: int, outside: int) -> None:
+        self.total, self.outside, self.activations = total, outside, activations
+        self.allocated = self.peak = weights
+        self.cached = 0
+        self.calls: list[str] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        for name in (
+            "is_available",
+            "empty_cache",
+            "reset_peak_memory_stats",
+            "mem_get_info",
+            "synchronize",
+            "memory_stats",
+        ):
+            monkeypatch.setattr(torch.cuda, name, getattr(self, name))
+
+    def is_available(self) -> bool:
+        return True
+
+    def empty_cache(self) -> None:
+        self.calls.append("empty_cache")
+        self.cached = 0
+
+    def reset_peak_memory_stats(self, device: object = None) -> None:
+        self.calls.append("reset_peak_memory_stats")
+        self.peak = self.allocated
+
+    def mem_get_info(self, device: object = None) -> tuple[int, int]:
+        self.calls.append("mem_get_info")
+        used = self.allocated + self.cached + self.outside
+        return self.total - used, self.total
+
+    def synchronize(self, device: object = None) -> None:
+        self.calls.append("synchronize")
+
+    def memory_stats(self, device: object = None) -> dict[str, int]:
+        self.calls.append("memory_stats")
+        return {
+            "allocated_bytes.all.peak": self.peak,
+            "allocated_bytes.all.current": self.allocated,
+        }
+
+    def profile(self) -> None:
+        self.calls.append("profile")
+        self.allocated += self.activations
+        self.peak = max(self.peak, self.allocated)
+        self.allocated -= self.activations
+        self.cached += self.activations  # freed, but still reserved by torch's cache
+
+
+def test_measurement_order_and_numbers_with_a_faked_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeCuda(total=80 * GiB, weights=16 * GiB, activations=2 * GiB, outside=768 * MiB)
+    fake.install(monkeypatch)
+    profile = measure_memory_profile(fake.profile)
+    assert fake.calls == [
+        "empty_cache",
+        "reset_peak_memory_stats",
+        "mem_get_info",
+        "profile",
+        "synchronize",
+        "memory_stats",
+        "empty_cache",  # before reading current/used: torch's cache is not "outside torch"
+        "memory_stats",
+        "mem_get_info",
+    ]
+    assert profile == PROFILE_80G
+    fake.calls.clear()
+    assert determine_available_memory(fake.profile, 0.9) == 57_176_752_128
+
+
+def test_measuring_without_a_cuda_device_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    ran = []
+    with pytest.raises(KVCacheConfigError, match="no CUDA device"):
+        determine_available_memory(lambda: ran.append(1), 0.9)
+    assert ran == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is False"
+)
+def test_cuda_measurement_sees_the_profiles_peak() -> None:
+    device = torch.device("cuda", torch.cuda.current_device())
+    size = 256 * MiB
+
+    def profile() -> None:
+        scratch = torch.empty(size, dtype=torch.uint8, device=device)
+        scratch.fill_(1)
+        del scratch
+
+    profile_result = measure_memory_profile(profile, device)
+    _, total = torch.cuda.mem_get_info(device)
+    assert profile_result.total_bytes == total
+    assert profile_result.torch_peak_bytes >= size
+    assert profile_result.torch_current_bytes < profile_result.torch_peak_bytes
+    # the CUDA context alone is held outside torch
+    assert profile_result.non_torch_bytes > 0
+    available = determine_available_memory(profile, 0.9, device)
+    assert available <= int(total * 0.9) - size
+    # a second run of the same profile measures (nearly) the same
+    assert abs(available - available_kv_cache_memory(profile_result, 0.9)) < 64 * MiB
