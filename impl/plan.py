@@ -475,8 +475,8 @@ def _shape_from_args(args: argparse.Namespace) -> tuple[ModelShape, int | None]:
         num_window_layers = 0
     elif args.sliding_window_layers is not None:
         num_window_layers = args.sliding_window_layers
-    elif args.sliding_window is None and num_layers == base.num_layers:
-        num_window_layers = base.num_sliding_window_layers
+    elif args.sliding_window is None and base.num_sliding_window_layers < base.num_layers:
+        num_window_layers = min(base.num_sliding_window_layers, num_layers)  # config's mix
     else:
         num_window_layers = num_layers
     shape = ModelShape(

@@ -415,3 +415,35 @@ def test_a_bad_size_flag_is_an_argparse_error(capsys: pytest.CaptureFixture[str]
         main(["plan", "--memory-budget", "40G"])
     assert exited.value.code == 2
     assert "not a memory size: '40G'" in capsys.readouterr().err
+
+
+def test_changing_the_layer_count_keeps_the_configs_window_mix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = {
+        "num_hidden_layers": 4,
+        "num_attention_heads": 1,
+        "hidden_size": 2,
+        "torch_dtype": "float16",
+        "sliding_window": 4,
+        "max_position_embeddings": 64,
+    }
+    mixed = write_config(
+        tmp_path, dict(base, layer_types=["sliding_attention", "full_attention"] * 2)
+    )
+    budget = ("--memory-budget", "1MiB", "--block-size", "4")
+    # 2 of 4 layers use the window; with 6 layers still 2; with 1 layer, that 1
+    for num_layers, kind in [
+        ("6", "6 layers, 2 sliding window 4 + 4 full attention"),
+        ("1", "1 layers, sliding window 4"),
+    ]:
+        status, out, _ = plan(capsys, "--config", mixed, "--num-layers", num_layers, *budget)
+        assert status == 0
+        assert out.startswith(f"model            {kind}, ")
+    # a window on every layer stays on every layer; --no-sliding-window removes it
+    everywhere = str(tmp_path / "everywhere.json")
+    Path(everywhere).write_text(json.dumps(base))
+    status, out, _ = plan(capsys, "--config", everywhere, "--num-layers", "6", *budget)
+    assert out.startswith("model            6 layers, sliding window 4, ")
+    status, out, _ = plan(capsys, "--config", everywhere, "--no-sliding-window", *budget)
+    assert out.startswith("model            4 layers, full attention, ")
