@@ -28,6 +28,21 @@ from pagedkv.errors import (
     RequestError,
 )
 from pagedkv.free_queue import FreeKVCacheBlockQueue
+from pagedkv.kv_cache_config import (
+    check_enough_kv_cache_memory,
+    estimate_max_model_len,
+    get_kv_cache_config,
+    unify_kv_cache_configs,
+)
+from pagedkv.kv_cache_interface import (
+    AttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    KVCacheTensor,
+    SlidingWindowSpec,
+)
 from pagedkv.request import PlaceholderRange, Request
 from pagedkv.semantics import PAGEDKV, VLLM_0_8_5, Semantics
 
@@ -37,15 +52,21 @@ __all__ = [
     "NONE_HASH",
     "PAGEDKV",
     "VLLM_0_8_5",
+    "AttentionSpec",
     "BlockHashType",
     "BlockPool",
     "BlockStateError",
     "FreeKVCacheBlockQueue",
     "FreeQueueError",
+    "FullAttentionSpec",
     "InvalidArgumentError",
     "InvariantViolation",
     "KVCacheBlock",
+    "KVCacheConfig",
     "KVCacheConfigError",
+    "KVCacheGroupSpec",
+    "KVCacheSpec",
+    "KVCacheTensor",
     "MaxModelLenExceededError",
     "NoFreeBlocksError",
     "PagedKVError",
@@ -53,10 +74,15 @@ __all__ = [
     "Request",
     "RequestError",
     "Semantics",
+    "SlidingWindowSpec",
+    "check_enough_kv_cache_memory",
+    "estimate_max_model_len",
     "generate_block_hash_extra_keys",
     "get_hash_fn",
+    "get_kv_cache_config",
     "hash_block_tokens",
     "hash_request_tokens",
     "need_extra_keys",
     "sha256",
+    "unify_kv_cache_configs",
 ]

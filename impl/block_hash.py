@@ -15,7 +15,6 @@ from typing import Literal, NamedTuple, TypeAlias
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.request import Request
-from pagedkv.semantics import PAGEDKV, Semantics
 
 ExtraKey: TypeAlias = "int | str | tuple[str, str]"
 """A LoRA id (int), a multimodal content hash (str), or a tagged cache salt (tuple)."""
@@ -76,12 +75,13 @@ def generate_block_hash_extra_keys(
     end_token_idx: int,
     start_mm_idx: int,
     *,
-    semantics: Semantics = PAGEDKV,
+    include_touching: bool = False,
 ) -> tuple[tuple[ExtraKey, ...] | None, int]:
     """Extra keys of the block covering tokens `[start_token_idx, end_token_idx)`.
 
-    Order: the LoRA id, then the hash of each multimodal input overlapping the block, then the
-    tagged cache salt (first block only).
+    Order: the LoRA id, then the hash of each multimodal input from `start_mm_idx` on that
+    overlaps the block, then the tagged cache salt (first block only). `include_touching` also
+    takes an input ending exactly where the block starts (vLLM 0.8.5's quirk, difference 6).
 
     Returns:
         The keys (None when there are none) and the index of the first multimodal input the next
@@ -93,7 +93,7 @@ def generate_block_hash_extra_keys(
     if request.lora_id is not None:
         keys.append(request.lora_id)
     positions = request.mm_positions
-    touching = semantics.mm_touching_input_overlaps
+    touching = include_touching
     mm_idx = start_mm_idx
     if positions and (
         positions[-1].end < start_token_idx
@@ -128,9 +128,7 @@ def hash_block_tokens(
     return BlockHashType(hash_fn((parent, token_ids, extra_keys)), token_ids, extra_keys)
 
 
-def hash_request_tokens(
-    hash_fn: HashFn, block_size: int, request: Request, *, semantics: Semantics = PAGEDKV
-) -> list[BlockHashType]:
+def hash_request_tokens(hash_fn: HashFn, block_size: int, request: Request) -> list[BlockHashType]:
     """The chained hashes of every full block of `request.all_token_ids`, in order.
 
     A trailing partial block is never hashed.
@@ -148,9 +146,7 @@ def hash_request_tokens(
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         end = start + block_size
         if with_extra_keys:
-            extra_keys, mm_idx = generate_block_hash_extra_keys(
-                request, start, end, mm_idx, semantics=semantics
-            )
+            extra_keys, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
         block_hash = hash_block_tokens(hash_fn, parent, token_ids[start:end], extra_keys)
         hashes.append(block_hash)
         parent = block_hash.hash_value

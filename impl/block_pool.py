@@ -225,6 +225,8 @@ class BlockPool:
 
         # Compute every hash before changing anything, so a failure leaves no trace.
         num_given = len(block_hashes) - num_cached_blocks
+        vllm_mm_keys = self.semantics.vllm_new_block_mm_keys
+        first_mm_idx = max(len(request.mm_positions) - 1, 0) if vllm_mm_keys else 0
         new_hashes: list[BlockHashType] = []
         token_ids = request.all_token_ids
         for offset in range(len(new_full_blocks)):
@@ -239,7 +241,7 @@ class BlockPool:
                         f"{num_cached_blocks + offset} needs tokens [{start}, {end})"
                     )
                 extra_keys, _ = generate_block_hash_extra_keys(
-                    request, start, end, 0, semantics=self.semantics
+                    request, start, end, first_mm_idx, include_touching=vllm_mm_keys
                 )
                 block_hash = hash_block_tokens(
                     hash_fn, parent_hash_value, token_ids[start:end], extra_keys

@@ -79,7 +79,7 @@ class KVCacheConfigError(PagedKVError, ValueError):
     """A KV cache spec or configuration cannot work (not enough memory, mismatched workers, ...)."""
 
 
-class InvariantViolation(PagedKVError, AssertionError):  # noqa: N818 - the name says what it is
+class InvariantViolation(PagedKVError, AssertionError):
     """`check_invariants()` found a broken invariant: a bug in pagedkv or in the code under test.
 
     Attributes:

@@ -23,15 +23,18 @@ class Semantics:
             ref_cnt like any block's (difference 1; pagedkv keeps it at 0).
         capacity_counts_null_blocks: `allocate_slots` counts null blocks among the evictable
             computed blocks when checking capacity (difference 2).
-        mm_touching_input_overlaps: a multimodal input that ends exactly where a block starts
-            still joins that block's extra keys (difference 6).
+        vllm_new_block_mm_keys: `cache_full_blocks` computes the multimodal keys of a block it
+            hashes itself (one completed by generated tokens) as vLLM 0.8.5 does: from the last
+            multimodal input only, which also joins a block starting exactly where it ends
+            (difference 6). pagedkv uses every input that truly overlaps the block, exactly as
+            `hash_request_tokens` does, so a block's hash never depends on which path made it.
         cap_at_max_model_len: `allocate_slots` past `max_model_len` silently allocates fewer
             blocks instead of raising (difference 7).
     """
 
     null_block_refcounted: bool = False
     capacity_counts_null_blocks: bool = False
-    mm_touching_input_overlaps: bool = False
+    vllm_new_block_mm_keys: bool = False
     cap_at_max_model_len: bool = False
 
     @property
@@ -47,7 +50,7 @@ PAGEDKV = Semantics()
 VLLM_0_8_5 = Semantics(
     null_block_refcounted=True,
     capacity_counts_null_blocks=True,
-    mm_touching_input_overlaps=True,
+    vllm_new_block_mm_keys=True,
     cap_at_max_model_len=True,
 )
 SEMANTICS_BY_NAME: dict[str, Semantics] = {"pagedkv": PAGEDKV, "vllm-0.8.5": VLLM_0_8_5}

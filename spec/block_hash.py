@@ -9,27 +9,41 @@ from __future__ import annotations
 
 from pagedkv.block_hash import CACHE_SALT_TAG, NONE_HASH, BlockHashType, ExtraKey, HashFn
 from pagedkv.request import PlaceholderRange, Request
-from pagedkv.semantics import Semantics
 
 
-def joins_block(position: PlaceholderRange, start: int, end: int, semantics: Semantics) -> bool:
-    """Whether a multimodal input's hash belongs in the keys of the block `[start, end)`."""
-    overlaps = position.offset < end and start < position.end
-    # vLLM 0.8.5 also counts an input that ends exactly where the block starts.
-    touches = semantics.mm_touching_input_overlaps and position.end == start
-    return overlaps or touches
+def overlaps(position: PlaceholderRange, start: int, end: int) -> bool:
+    """Whether a multimodal input shares a token with the block `[start, end)`."""
+    return position.offset < end and start < position.end
 
 
-def block_extra_keys(
-    request: Request, start: int, end: int, semantics: Semantics
-) -> tuple[ExtraKey, ...] | None:
-    """LoRA id, then every multimodal input joining the block, then the salt (block 0 only)."""
+def block_extra_keys(request: Request, start: int, end: int) -> tuple[ExtraKey, ...] | None:
+    """LoRA id, then every multimodal input overlapping the block, then the salt (block 0 only)."""
     keys: list[ExtraKey] = []
     if request.lora_id is not None:
         keys.append(request.lora_id)
     for position, mm_hash in zip(request.mm_positions, request.mm_hashes, strict=True):
-        if joins_block(position, start, end, semantics):
+        if overlaps(position, start, end):
             keys.append(mm_hash)
+    if request.cache_salt is not None and start == 0:
+        keys.append((CACHE_SALT_TAG, request.cache_salt))
+    return tuple(keys) if keys else None
+
+
+def vllm_new_block_extra_keys(
+    request: Request, start: int, end: int
+) -> tuple[ExtraKey, ...] | None:
+    """vLLM 0.8.5's keys for a block `cache_full_blocks` hashes itself (difference 6).
+
+    Only the last multimodal input is considered, and it joins when it overlaps the block or
+    ends exactly where the block starts.
+    """
+    keys: list[ExtraKey] = []
+    if request.lora_id is not None:
+        keys.append(request.lora_id)
+    if request.mm_positions:
+        last = request.mm_positions[-1]
+        if overlaps(last, start, end) or last.end == start:
+            keys.append(request.mm_hashes[-1])
     if request.cache_salt is not None and start == 0:
         keys.append((CACHE_SALT_TAG, request.cache_salt))
     return tuple(keys) if keys else None
@@ -47,7 +61,7 @@ def block_hash(
 
 
 def request_block_hash(
-    hash_fn: HashFn, block_size: int, request: Request, block_index: int, semantics: Semantics
+    hash_fn: HashFn, block_size: int, request: Request, block_index: int
 ) -> BlockHashType:
     """The hash of full block `block_index` of the request, recomputed from block 0."""
     assert block_size > 0, "blocks hold at least one token"
@@ -56,19 +70,14 @@ def request_block_hash(
     for index in range(block_index + 1):
         start, end = index * block_size, (index + 1) * block_size
         tokens = tuple(request.all_token_ids[start:end])
-        result = block_hash(
-            hash_fn, parent, tokens, block_extra_keys(request, start, end, semantics)
-        )
+        result = block_hash(hash_fn, parent, tokens, block_extra_keys(request, start, end))
         parent = result.hash_value
     return result
 
 
-def request_block_hashes(
-    hash_fn: HashFn, block_size: int, request: Request, semantics: Semantics
-) -> list[BlockHashType]:
+def request_block_hashes(hash_fn: HashFn, block_size: int, request: Request) -> list[BlockHashType]:
     """The hash of every full block of the request, in order; a partial tail is never hashed."""
     num_full_blocks = request.num_tokens // block_size
     return [
-        request_block_hash(hash_fn, block_size, request, index, semantics)
-        for index in range(num_full_blocks)
+        request_block_hash(hash_fn, block_size, request, index) for index in range(num_full_blocks)
     ]

@@ -21,7 +21,7 @@ from pagedkv.errors import (
 )
 from pagedkv.request import Request
 from pagedkv.semantics import PAGEDKV, Semantics
-from pagedkv.spec.block_hash import block_extra_keys, block_hash
+from pagedkv.spec.block_hash import block_extra_keys, block_hash, vllm_new_block_extra_keys
 from pagedkv.spec.block_state import TRANSITIONS, BlockState, Event, state_of
 
 logger = logging.getLogger(__name__)
@@ -154,7 +154,8 @@ class SpecBlockPool:
 
         Block i's hash is `block_hashes[i]` if the request already has it; otherwise it is
         computed from the request's tokens `[i * block_size, (i + 1) * block_size)` and its extra
-        keys, chained to block i-1's hash value, and appended to `block_hashes`.
+        keys (`block_extra_keys`, or `vllm_new_block_extra_keys` under vLLM semantics), chained
+        to block i-1's hash value, and appended to `block_hashes`.
 
         Preconditions, in order (InvalidArgumentError unless noted):
           1. prefix caching is on;
@@ -217,7 +218,10 @@ class SpecBlockPool:
                         f"block {position} needs tokens [{start}, {end})"
                     )
                 tokens = tuple(request.all_token_ids[start:end])
-                extra_keys = block_extra_keys(request, start, end, self.semantics)
+                if self.semantics.vllm_new_block_mm_keys:
+                    extra_keys = vllm_new_block_extra_keys(request, start, end)
+                else:
+                    extra_keys = block_extra_keys(request, start, end)
                 this_hash = block_hash(hash_fn, parent_hash_value, tokens, extra_keys)
                 new_hashes.append(this_hash)
             parent_hash_value = this_hash.hash_value

@@ -1,0 +1,480 @@
+"""The differential state machine for the block pool: spec and a pool under test, in lock-step.
+
+Every rule applies the same call to both pools. A call must succeed in both with equal results,
+or raise the same exception class in both and leave both unchanged. After every step the whole
+observable state (free order, ref counts, hashes, index, counters) must be equal, and both
+`check_invariants()` must pass. Pools are tiny (2-16 blocks) and tokens come from a 2-3 letter
+alphabet, so exhaustion, eviction, reuse and prefix collisions happen constantly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from pagedkv.block_hash import BlockHashType, HashFn, get_hash_fn
+from pagedkv.errors import InvariantViolation
+from pagedkv.harness.adapters import pagedkv_pool, spec_pool
+from pagedkv.harness.protocol import PoolFactory, PoolSnapshot, PoolUnderTest
+from pagedkv.harness.requests import requests
+from pagedkv.request import Request
+from pagedkv.semantics import PAGEDKV, Semantics
+from pagedkv.spec.block_hash import request_block_hashes
+
+T = TypeVar("T")
+
+_ONE_IN_FIVE = (False, False, False, False, True)  # shrinks towards False
+
+
+class Divergence(AssertionError):
+    """The pool under test and the spec disagree."""
+
+
+@dataclass
+class CampaignStats:
+    """Counters shared by every example of a campaign; `on_progress` is called ~10x a second."""
+
+    steps: int = 0
+    operations: int = 0
+    matched_errors: int = 0
+    invariant_checks: int = 0
+    examples: int = 0
+    state_keys: set[int] = field(default_factory=set)
+    on_progress: Callable[[CampaignStats], None] | None = None
+    _last_progress: float = 0.0
+
+    def step(self, state_key: int) -> None:
+        self.steps += 1
+        self.state_keys.add(state_key)
+        if self.on_progress is not None:
+            now = time.monotonic()
+            if now - self._last_progress >= 0.1:
+                self._last_progress = now
+                self.on_progress(self)
+
+
+@dataclass
+class Outcome(Generic[T]):
+    """What one call did on both sides: a result, or an exception of the same class on both."""
+
+    result: T | None = None
+    error: Exception | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class _Sequence:
+    """A request's blocks as the test drives them; each side keeps its own stored hashes."""
+
+    request: Request
+    block_ids: list[int]
+    spec_hashes: list[BlockHashType]
+    impl_hashes: list[BlockHashType]
+    num_cached: int = 0
+
+
+def describe(snapshot_a: PoolSnapshot, snapshot_b: PoolSnapshot) -> str:
+    """The fields on which two snapshots differ, spec side first."""
+    lines = []
+    for name in ("free_order", "ref_cnt", "block_hash", "index", "num_free_blocks", "usage"):
+        a, b = getattr(snapshot_a, name), getattr(snapshot_b, name)
+        if a != b:
+            lines.append(f"  {name}: spec {a!r}\n  {' ' * len(name)}  impl {b!r}")
+    return "\n".join(lines)
+
+
+class PoolMachine(RuleBasedStateMachine):
+    """Spec vs `factory` pool. Subclass via `make_pool_machine` to choose what is tested."""
+
+    factory: ClassVar[PoolFactory] = staticmethod(pagedkv_pool)
+    semantics: ClassVar[Semantics] = PAGEDKV
+    misuse: ClassVar[bool] = True
+    stats: ClassVar[CampaignStats] = CampaignStats()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spec: PoolUnderTest | None = None
+        self.impl: PoolUnderTest | None = None
+        self.held: list[int] = []  # references this test owns (a multiset of block ids)
+        self.sequences: list[_Sequence] = []
+        self.seen_hashes: list[BlockHashType] = []
+        self.num_requests = 0
+
+    # -- set-up -------------------------------------------------------------------------------
+
+    @initialize(
+        num_gpu_blocks=st.one_of(st.integers(2, 6), st.integers(2, 16)),  # mostly tiny
+        enable_caching=st.sampled_from((True, True, True, False)),
+        block_size=st.integers(1, 4),
+        alphabet=st.integers(2, 3),
+        hash_algo=st.sampled_from(("sha256", "builtin")),
+    )
+    def setup(
+        self,
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        block_size: int,
+        alphabet: int,
+        hash_algo: str,
+    ) -> None:
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.block_size = block_size
+        self.alphabet = alphabet
+        self.hash_fn: HashFn = get_hash_fn(hash_algo)
+        self.spec = spec_pool(num_gpu_blocks, enable_caching, self.semantics)
+        self.impl = type(self).factory(num_gpu_blocks, enable_caching, self.semantics)
+        self.stats.examples += 1
+
+    # -- the lock-step call -------------------------------------------------------------------
+
+    def both(self, name: str, call: Callable[[PoolUnderTest, str], T]) -> Outcome[T]:
+        """Apply `call` to the spec, then to the pool under test, and compare what happened."""
+        assert self.spec is not None and self.impl is not None
+        spec_before, impl_before = self.spec.snapshot(), self.impl.snapshot()
+        spec_outcome = _attempt(lambda: call(self.spec, "spec"))  # type: ignore[arg-type]
+        if isinstance(spec_outcome.error, InvariantViolation):
+            raise spec_outcome.error  # the spec itself is broken
+        impl_outcome = _attempt(lambda: call(self.impl, "impl"))  # type: ignore[arg-type]
+        self.stats.operations += 1
+        if type(spec_outcome.error) is not type(impl_outcome.error):
+            raise Divergence(
+                f"{name}: spec {_show(spec_outcome)}, but the pool under test {_show(impl_outcome)}"
+            )
+        if not spec_outcome.ok:
+            self.stats.matched_errors += 1
+            if self.spec.snapshot() != spec_before:
+                raise InvariantViolation("a failed call changes nothing", f"spec, {name}")
+            impl_after = self.impl.snapshot()
+            if impl_after != impl_before:
+                raise Divergence(
+                    f"{name} raised {_show(impl_outcome)} but changed the pool under test:\n"
+                    + describe(impl_before, impl_after)
+                )
+            return spec_outcome
+        if spec_outcome.result != impl_outcome.result:
+            raise Divergence(
+                f"{name}: spec returned {spec_outcome.result!r}, "
+                f"the pool under test {impl_outcome.result!r}"
+            )
+        return spec_outcome
+
+    # -- rules --------------------------------------------------------------------------------
+
+    @rule(data=st.data())
+    def get_new_blocks(self, data: st.DataObject) -> None:
+        assert self.spec is not None
+        misuse = self.draw_misuse(data)
+        top = self.num_gpu_blocks if misuse else self.spec.get_num_free_blocks()
+        num_blocks = data.draw(st.integers(-1 if misuse else 0, top), label="num_blocks")
+        outcome = self.both(
+            f"get_new_blocks({num_blocks})", lambda pool, _: pool.get_new_blocks(num_blocks)
+        )
+        if outcome.ok and outcome.result is not None:
+            self.held.extend(outcome.result)
+
+    @rule(data=st.data())
+    def touch(self, data: st.DataObject) -> None:
+        misuse = self.draw_misuse(data)
+        low, high = (-1, self.num_gpu_blocks) if misuse else (0, self.num_gpu_blocks - 1)
+        block_ids = data.draw(st.lists(st.integers(low, high), max_size=3), label="block_ids")
+        if self.outcome_ok(f"touch({block_ids})", lambda pool, _: pool.touch(block_ids)):
+            self.held.extend(block_id for block_id in block_ids if block_id != 0)
+
+    @rule(data=st.data())
+    def free_blocks(self, data: st.DataObject) -> None:
+        candidates = [*sorted(set(self.held)), 0]  # the null block is passed over
+        block_ids = data.draw(
+            st.lists(st.sampled_from(candidates), unique=True, max_size=4), label="block_ids"
+        )
+        if self.draw_misuse(data):
+            # an already-free block, a duplicate, or a block of no pool
+            wrong = data.draw(st.integers(-1, self.num_gpu_blocks), label="wrong id")
+            block_ids.insert(data.draw(st.integers(0, len(block_ids)), label="at"), wrong)
+        self.free(block_ids)
+
+    @rule(data=st.data())
+    def free_everything(self, data: st.DataObject) -> None:
+        """Release every held reference, in rounds of distinct blocks, in a drawn order."""
+        while self.held:
+            block_ids = data.draw(st.permutations(sorted(set(self.held))), label="order")
+            if not self.free(block_ids):
+                return
+
+    @precondition(lambda self: len(self.sequences) < 4)
+    @rule(data=st.data())
+    def new_sequence(self, data: st.DataObject) -> None:
+        """A request whose blocks are some of the held ones, maybe with hashes already stored."""
+        request = self.draw_request(data)
+        max_blocks = -(-request.num_tokens // self.block_size) + 1
+        misuse = self.draw_misuse(data)
+        if misuse:
+            pool_ids = st.integers(-1, self.num_gpu_blocks)
+        elif self.held:
+            pool_ids = st.sampled_from(sorted(set(self.held)))
+        else:
+            return
+        block_ids = data.draw(
+            st.lists(pool_ids, unique=not misuse, max_size=max_blocks), label="block_ids"
+        )
+        hashes = self.chain(request)
+        num_stored = data.draw(st.integers(0, len(hashes)), label="num_stored")
+        self.sequences.append(
+            _Sequence(request, block_ids, hashes[:num_stored], hashes[:num_stored])
+        )
+
+    @precondition(lambda self: len(self.sequences) < 4)
+    @rule(data=st.data())
+    def hit_sequence(self, data: st.DataObject) -> None:
+        """A request that looks up its prefix and touches the hits, as a manager does."""
+        request = self.draw_request(data)
+        hashes = self.chain(request)
+        hits: list[int] = []
+        for block_hash in hashes:
+            block_id = self.lookup(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        if self.outcome_ok(f"touch({hits})", lambda pool, _: pool.touch(hits)):
+            self.held.extend(hits)
+            self.sequences.append(
+                _Sequence(request, hits, list(hashes), list(hashes), num_cached=len(hits))
+            )
+
+    @precondition(lambda self: len(self.sequences) < 4)
+    @rule(data=st.data())
+    def admit(self, data: st.DataObject) -> None:
+        """What a manager does for a new request: hit, touch, allocate the rest, cache full ones."""
+        request = self.draw_request(data)
+        hashes = self.chain(request)
+        hits: list[int] = []
+        for block_hash in hashes:
+            block_id = self.lookup(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        assert self.spec is not None
+        num_needed = -(-request.num_tokens // self.block_size) - len(hits)
+        num_evictable_hits = sum(
+            1 for block_id in hits if self.spec.snapshot().ref_cnt[block_id] == 0
+        )
+        if num_needed > self.spec.get_num_free_blocks() - num_evictable_hits:
+            return  # does not fit: a manager would return None and change nothing
+        if not self.outcome_ok(f"touch({hits})", lambda pool, _: pool.touch(hits)):
+            return
+        self.held.extend(hits)
+        new = self.both(
+            f"get_new_blocks({num_needed})", lambda pool, _: pool.get_new_blocks(num_needed)
+        )
+        assert new.result is not None
+        self.held.extend(new.result)
+        sequence = _Sequence(
+            request, hits + new.result, list(hashes), list(hashes), num_cached=len(hits)
+        )
+        self.sequences.append(sequence)
+        self.seal(sequence, sequence.num_cached, request.num_tokens // self.block_size)
+
+    @precondition(lambda self: bool(self.sequences))
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        """Free a sequence's blocks tail first (the manager's eviction order) and drop it."""
+        sequence = data.draw(st.sampled_from(self.sequences), label="sequence")
+        self.sequences.remove(sequence)
+        held = set(self.held)
+        self.free([block_id for block_id in reversed(sequence.block_ids) if block_id in held])
+
+    @precondition(lambda self: bool(self.sequences))
+    @rule(data=st.data())
+    def grow_sequence(self, data: st.DataObject) -> None:
+        """Generate tokens and add held blocks to a sequence."""
+        sequence = data.draw(st.sampled_from(self.sequences), label="sequence")
+        new_tokens = data.draw(
+            st.lists(st.integers(0, self.alphabet - 1), max_size=2 * self.block_size),
+            label="tokens",
+        )
+        sequence.request.append_output_token_ids(new_tokens)
+        spare = sorted(set(self.held) - set(sequence.block_ids))
+        if spare:
+            sequence.block_ids.extend(
+                data.draw(st.lists(st.sampled_from(spare), unique=True, max_size=2), label="blocks")
+            )
+
+    @precondition(lambda self: bool(self.sequences))
+    @rule(data=st.data())
+    def cache_full_blocks(self, data: st.DataObject) -> None:
+        sequence = data.draw(st.sampled_from(self.sequences), label="sequence")
+        num_cached = sequence.num_cached
+        if self.draw_misuse(data):
+            top = len(sequence.block_ids) + 1
+            num_full = data.draw(st.integers(num_cached - 1, top), label="num_full")
+            if data.draw(st.integers(0, 2), label="wrong num_cached") == 0:
+                num_cached = data.draw(st.integers(-1, top), label="num_cached")
+        else:
+            num_full = data.draw(
+                st.integers(num_cached, self.max_valid_full(sequence)), label="num_full"
+            )
+        self.seal(sequence, num_cached, num_full)
+
+    @rule(data=st.data())
+    def get_cached_block(self, data: st.DataObject) -> None:
+        made_up = BlockHashType(0, (0,) * self.block_size, None)
+        self.lookup(data.draw(st.sampled_from([*self.seen_hashes[-20:], made_up]), label="hash"))
+
+    @rule()
+    def reset_prefix_cache(self) -> None:
+        self.both("reset_prefix_cache()", lambda pool, _: pool.reset_prefix_cache())
+
+    # -- after every step ---------------------------------------------------------------------
+
+    @invariant()
+    def spec_and_impl_agree(self) -> None:
+        if self.spec is None or self.impl is None:
+            return
+        spec_state, impl_state = self.spec.snapshot(), self.impl.snapshot()
+        if spec_state != impl_state:
+            raise Divergence("states differ after the step:\n" + describe(spec_state, impl_state))
+        for sequence in self.sequences:
+            if sequence.spec_hashes != sequence.impl_hashes:
+                raise Divergence(
+                    f"stored hashes of {sequence.request.request_id} differ: spec "
+                    f"{sequence.spec_hashes}, impl {sequence.impl_hashes}"
+                )
+        self.spec.check_invariants()
+        self.impl.check_invariants()
+        self.stats.invariant_checks += 2
+        self.stats.step(hash((self.num_gpu_blocks, self.enable_caching, spec_state.key())))
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def draw_misuse(self, data: st.DataObject) -> bool:
+        """Whether this call should break a precondition: one call in five, if misuse is on."""
+        return self.misuse and data.draw(st.sampled_from(_ONE_IN_FIVE), label="misuse")
+
+    def outcome_ok(self, name: str, call: Callable[[PoolUnderTest, str], Any]) -> bool:
+        return self.both(name, call).ok
+
+    def free(self, block_ids: list[int]) -> bool:
+        """free_blocks on both; on success the references leave `held`."""
+        if not self.outcome_ok(
+            f"free_blocks({block_ids})", lambda pool, _: pool.free_blocks(block_ids)
+        ):
+            return False
+        for block_id in block_ids:
+            if block_id != 0:
+                self.held.remove(block_id)
+        return True
+
+    def seal(self, sequence: _Sequence, num_cached: int, num_full: int) -> bool:
+        """cache_full_blocks on both, each side with its own stored hashes."""
+        name = (
+            f"cache_full_blocks({sequence.request!r}, {sequence.block_ids}, "
+            f"{num_cached}, {num_full})"
+        )
+
+        def call(pool: PoolUnderTest, side: str) -> None:
+            hashes = sequence.spec_hashes if side == "spec" else sequence.impl_hashes
+            pool.cache_full_blocks(
+                sequence.request,
+                sequence.block_ids,
+                hashes,
+                num_cached,
+                num_full,
+                self.block_size,
+                self.hash_fn,
+            )
+
+        ok = self.outcome_ok(name, call)
+        if ok and num_cached == sequence.num_cached:
+            sequence.num_cached = num_full
+            self.seen_hashes.extend(sequence.spec_hashes)
+        return ok
+
+    def lookup(self, block_hash: BlockHashType) -> int | None:
+        """get_cached_block on both; the block id found, or None."""
+        outcome = self.both(
+            f"get_cached_block({block_hash})", lambda pool, _: pool.get_cached_block(block_hash)
+        )
+        return outcome.result
+
+    def draw_request(self, data: st.DataObject) -> Request:
+        self.num_requests += 1
+        return data.draw(
+            requests(
+                f"req-{self.num_requests}",
+                alphabet=self.alphabet,
+                max_tokens=4 * self.block_size,
+                extra_keys=data.draw(st.booleans(), label="extra keys"),
+            ),
+            label="request",
+        )
+
+    def chain(self, request: Request) -> list[BlockHashType]:
+        hashes = request_block_hashes(self.hash_fn, self.block_size, request)
+        self.seen_hashes.extend(hashes)
+        return hashes
+
+    def max_valid_full(self, sequence: _Sequence) -> int:
+        """The largest num_full_blocks a valid call may pass for this sequence now."""
+        snapshot = self.spec.snapshot() if self.spec is not None else None
+        assert snapshot is not None
+        num_full = sequence.num_cached
+        in_pool = range(1, self.num_gpu_blocks)
+        if num_full > 0:
+            parent = sequence.block_ids[num_full - 1]
+            if parent not in in_pool or snapshot.block_hash[parent] is None:
+                return num_full  # nothing to chain to
+        limit = max(len(sequence.spec_hashes), sequence.request.num_tokens // self.block_size)
+        seen: set[int] = set()
+        while num_full < min(len(sequence.block_ids), limit):
+            block_id = sequence.block_ids[num_full]
+            if (
+                block_id not in in_pool
+                or block_id in seen
+                or snapshot.ref_cnt[block_id] <= 0
+                or snapshot.block_hash[block_id] is not None
+            ):
+                break
+            seen.add(block_id)
+            num_full += 1
+        return num_full
+
+
+def _attempt(call: Callable[[], T]) -> Outcome[T]:
+    try:
+        return Outcome(result=call())
+    except Exception as error:  # compared by class with the other side
+        return Outcome(error=error)
+
+
+def _show(outcome: Outcome[Any]) -> str:
+    if outcome.error is None:
+        return f"returned {outcome.result!r}"
+    return f"raised {type(outcome.error).__name__}: {outcome.error}"
+
+
+def make_pool_machine(
+    factory: PoolFactory,
+    *,
+    semantics: Semantics = PAGEDKV,
+    misuse: bool = True,
+    stats: CampaignStats | None = None,
+) -> type[PoolMachine]:
+    """A `PoolMachine` subclass that checks `factory`'s pools against the spec."""
+    return type(
+        "PoolMachine",
+        (PoolMachine,),
+        {
+            "factory": staticmethod(factory),
+            "semantics": semantics,
+            "misuse": misuse,
+            "stats": stats if stats is not None else CampaignStats(),
+        },
+    )

@@ -1,0 +1,37 @@
+"""The `pagedkv` command: `pagedkv verify` (the differential campaign), `pagedkv plan` (KV memory).
+
+Each subcommand lives in its own module, exposing `add_arguments(parser)` and `run(args) -> int`;
+it is imported only when chosen, so `pagedkv plan` never imports hypothesis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "verify": ("pagedkv.harness.verify", "differential campaign: spec vs an implementation"),
+    "plan": ("pagedkv.plan", "KV cache memory plan for a model and a memory budget"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="pagedkv", description=__doc__)
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (_, summary) in SUBCOMMANDS.items():
+        subparsers.add_parser(name, help=summary, add_help=False)
+    if not argv or argv[0] not in SUBCOMMANDS:
+        parser.parse_args(argv)  # prints usage and exits
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[argv[0]][0])
+    sub = argparse.ArgumentParser(prog=f"pagedkv {argv[0]}", description=module.__doc__)
+    module.add_arguments(sub)
+    args = sub.parse_args(argv[1:])
+    return int(module.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

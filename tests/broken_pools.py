@@ -1,0 +1,75 @@
+"""Deliberately broken block pools: the differential harness must catch each one.
+
+Each factory has the `PoolFactory` signature, so `pagedkv verify --impl broken_pools:NAME` runs
+it (with `tests/` on PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pagedkv.block import KVCacheBlock
+from pagedkv.block_pool import BlockPool
+from pagedkv.errors import FreeQueueError
+from pagedkv.free_queue import FreeKVCacheBlockQueue
+from pagedkv.harness.adapters import ObjectPoolAdapter
+from pagedkv.harness.protocol import PoolUnderTest
+from pagedkv.semantics import Semantics
+
+
+class HeadAppendQueue(FreeKVCacheBlockQueue):
+    """Links a released block at the head instead of the tail (all checks kept)."""
+
+    __slots__ = ()
+
+    def append(self, block: KVCacheBlock) -> None:
+        if self.contains(block):
+            raise FreeQueueError(block.block_id, "append of a block already in the free queue")
+        head = self.free_list_head
+        block.next_free_block = head
+        if head is None:
+            self.free_list_tail = block
+        else:
+            head.prev_free_block = block
+        self.free_list_head = block
+        self.num_free_blocks += 1
+
+
+class FreeToHeadPool(BlockPool):
+    """free_blocks puts a released block at the head of the queue instead of the tail."""
+
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool, semantics: Semantics) -> None:
+        super().__init__(num_gpu_blocks, enable_caching, semantics)
+        self.free_block_queue.__class__ = HeadAppendQueue
+
+
+class TouchKeepsQueuedPool(BlockPool):
+    """touch takes a reference to a free cached block but leaves it in the free queue."""
+
+    def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
+        for block in blocks:
+            if block is not self.null_block:
+                block.ref_cnt += 1
+
+
+class EvictionKeepsHashPool(BlockPool):
+    """get_new_blocks hands out a cached block without dropping it from the index."""
+
+    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
+        return False
+
+
+def free_to_head(num_gpu_blocks: int, enable_caching: bool, semantics: Semantics) -> PoolUnderTest:
+    return ObjectPoolAdapter(FreeToHeadPool(num_gpu_blocks, enable_caching, semantics))
+
+
+def touch_keeps_queued(
+    num_gpu_blocks: int, enable_caching: bool, semantics: Semantics
+) -> PoolUnderTest:
+    return ObjectPoolAdapter(TouchKeepsQueuedPool(num_gpu_blocks, enable_caching, semantics))
+
+
+def eviction_keeps_hash(
+    num_gpu_blocks: int, enable_caching: bool, semantics: Semantics
+) -> PoolUnderTest:
+    return ObjectPoolAdapter(EvictionKeepsHashPool(num_gpu_blocks, enable_caching, semantics))

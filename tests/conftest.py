@@ -1,0 +1,38 @@
+"""Hypothesis profiles. `./dev test` (and so CI) loads `ci`; set HYPOTHESIS_PROFILE to choose.
+
+- ci: derandomized (the same examples every run: no flaky CI), no database, no explain phase.
+- dev: random, for local runs.
+- nightly: long random runs (5,000 examples of up to 100 steps per state machine).
+- mutation: derandomized, few examples, no shrinking: fast enough to run once per mutant.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, Phase, settings
+
+_COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+
+settings.register_profile(
+    "ci",
+    max_examples=100,
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    phases=(Phase.explicit, Phase.generate, Phase.shrink),
+    **_COMMON,
+)
+settings.register_profile("dev", max_examples=100, **_COMMON)
+settings.register_profile(
+    "nightly", max_examples=5_000, stateful_step_count=100, database=None, **_COMMON
+)
+settings.register_profile(
+    "mutation",
+    max_examples=30,
+    derandomize=True,
+    database=None,
+    phases=(Phase.explicit, Phase.generate),
+    **_COMMON,
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))

@@ -1,0 +1,73 @@
+"""spec/ and impl/ import only the standard library; importing pagedkv loads no extra."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("folder", ["spec", "impl"])
+def test_spec_and_impl_import_only_the_standard_library(folder: str) -> None:
+    allowed = set(sys.stdlib_module_names) | {"pagedkv"}
+    offenders = {
+        f"{path.relative_to(ROOT)}: {module}"
+        for path in (ROOT / folder).rglob("*.py")
+        for module in _imported_modules(path)
+        if module.split(".")[0] not in allowed and not _is_lazy(path, module)
+    }
+    assert not offenders
+
+
+def _is_lazy(path: Path, module: str) -> bool:
+    """An import inside a function body or under `if TYPE_CHECKING:` never runs at import time."""
+    tree = ast.parse(path.read_text())
+    for scope in ast.walk(tree):
+        guarded = isinstance(scope, ast.If) and ast.unparse(scope.test).endswith("TYPE_CHECKING")
+        if guarded or isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(scope):
+                if isinstance(node, ast.Import) and any(a.name == module for a in node.names):
+                    return True
+                if isinstance(node, ast.ImportFrom) and node.module == module:
+                    return True
+    return False
+
+
+def test_spec_does_not_import_the_implementations_algorithms() -> None:
+    """The spec shares vocabulary (errors, request, hash types) but no algorithm with impl."""
+    shared_vocabulary = {
+        "pagedkv.errors",
+        "pagedkv.request",
+        "pagedkv.semantics",
+        "pagedkv.block_hash",  # BlockHashType, NONE_HASH, the hash functions
+    }
+    for path in (ROOT / "spec").rglob("*.py"):
+        for module in _imported_modules(path):
+            if module.startswith("pagedkv.") and not module.startswith("pagedkv.spec"):
+                assert module in shared_vocabulary, f"{path.name} imports {module}"
+
+
+def test_importing_pagedkv_loads_no_optional_dependency() -> None:
+    code = (
+        "import sys, pagedkv, pagedkv.spec, pagedkv.gpu;"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'torch', 'cupy', 'numpy', 'hypothesis', 'ml_dtypes'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
