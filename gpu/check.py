@@ -1,0 +1,564 @@
+"""The one GPU check: copy bandwidth, every kernel variant against the reference, decode table.
+
+    python -m pagedkv.gpu.check --out DIR            # on a machine with a CUDA device
+    python -m pagedkv.gpu.check --out DIR --dry-run  # anywhere: plans, shapes, reference checks
+
+In one run, on the device: (1) the device-to-device copy rate; (2) every kernel variant (dtype x
+head size x block size x batch kind) against the torch reference, with per-dtype tolerances,
+and the write kernel bit for bit against the reference write, all on NaN-poisoned caches; (3)
+the decode bandwidth table (batch 1/8/64 x context 512/4096/32768, bf16, head size 128, 32
+query / 8 KV heads, block size 16, block tables a random permutation of the pool, L2 flushed
+before every timed call): achieved GB/s, % of the copy rate, speed-up over torch gather + SDPA;
+(4) the write kernel's bandwidth. Times are CUDA-event medians. Results go to DIR/check.json and
+DIR/check.txt. Exit status 1 when a correctness check fails.
+
+`--dry-run` needs no device: it runs the reference against dense SDPA for every correctness
+case (CPU, smaller), plans every table cell (work items, splits, bytes) for an H200, and writes
+the same report with the timings left empty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pagedkv.gpu.attention_metadata import validate_metadata
+from pagedkv.gpu.attention_plan import H200, AttentionPlan, DeviceLimits, plan_attention
+from pagedkv.gpu.kernel_variants import ATTENTION_DTYPES, CHECKED_BLOCK_SIZES, HEAD_SIZES
+from pagedkv.gpu.synthetic_batch import BatchShape, dense_attention, make_batch
+
+if TYPE_CHECKING:
+    import torch
+
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float32": (2e-4, 2e-4),
+    "float16": (2e-3, 5e-3),
+    "bfloat16": (1.6e-2, 2e-2),
+}
+"""dtype -> (atol, rtol) of kernel vs reference: |out - ref| <= atol + rtol * |ref|."""
+
+DECODE_BATCHES = (1, 8, 64)
+DECODE_CONTEXTS = (512, 4096, 32768)
+DECODE_HEADS = (32, 8)
+DECODE_HEAD_SIZE = 128
+DECODE_BLOCK_SIZE = 16
+TARGET_FRACTION = 0.70
+"""Decode at batch 64 x context 4096 should reach this fraction of the copy rate."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One correctness case: a batch kind for one variant."""
+
+    name: str
+    dtype: str
+    head_size: int
+    block_size: int
+    shape: BatchShape
+    num_splits: int | None = None
+
+
+def batch_kinds(
+    head_size: int, block_size: int, small: bool
+) -> list[tuple[str, BatchShape, int | None]]:
+    """The batch kinds every variant is checked on: (name, shape, forced splits)."""
+    scale = 1 if small else 4
+    common = {"head_size": head_size, "block_size": block_size}
+    return [
+        (
+            "decode",
+            BatchShape((1, 1, 1, 1), (1, 17 * scale, 64 * scale + 3, 5), 8, 2, **common),
+            None,
+        ),
+        (
+            "decode-split",
+            BatchShape((1, 1), (300 * scale, 33), 8, 2, **common),
+            4,
+        ),
+        (
+            "chunked-prefill",
+            BatchShape((7, 1, 16 * scale, 3), (40 * scale, 9, 16 * scale, 50), 8, 2, **common),
+            None,
+        ),
+        (
+            "prefill",
+            BatchShape((37 * scale, 5), (37 * scale, 5), 4, 4, **common),
+            None,
+        ),
+        (
+            "sliding-window",
+            BatchShape((1, 9, 1), (70 * scale, 30 * scale, 5), 8, 2, **common, sliding_window=19),
+            None,
+        ),
+        (
+            "gqa-16-split",
+            BatchShape((2, 1), (90 * scale, 40), 16, 1, **common),
+            3,
+        ),
+    ]
+
+
+def correctness_cases(small: bool) -> list[Case]:
+    """Every (variant, batch kind) pair."""
+    return [
+        Case(f"{dtype}/D{head}/B{block}/{kind}", dtype, head, block, shape, splits)
+        for dtype in ATTENTION_DTYPES
+        for head in HEAD_SIZES
+        for block in CHECKED_BLOCK_SIZES
+        for kind, shape, splits in batch_kinds(head, block, small)
+    ]
+
+
+@dataclass
+class Report:
+    """Everything the run measured or checked; written as JSON and as text."""
+
+    mode: str
+    environment: dict[str, Any] = field(default_factory=dict)
+    copy_gbps: float | None = None
+    correctness: list[dict[str, Any]] = field(default_factory=list)
+    decode: list[dict[str, Any]] = field(default_factory=list)
+    write: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def failures(self) -> list[str]:
+        return [case["name"] for case in self.correctness if not case["passed"]]
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    dtype: torch.dtype = getattr(torch, name)
+    return dtype
+
+
+def decode_shape(batch: int, context: int) -> BatchShape:
+    """One decode table cell's step."""
+    return BatchShape(
+        query_lens=(1,) * batch,
+        seq_lens=(context,) * batch,
+        num_heads=DECODE_HEADS[0],
+        num_kv_heads=DECODE_HEADS[1],
+        head_size=DECODE_HEAD_SIZE,
+        block_size=DECODE_BLOCK_SIZE,
+    )
+
+
+def decode_bytes(plan: AttentionPlan, elem: int = 2) -> int:
+    """Bytes a decode call must move: KV read + q + out + the block-table pages read."""
+    kv = plan.kv_tokens_read * plan.num_kv_heads * plan.head_size * 2 * elem
+    tokens = plan.metadata.num_query_tokens
+    q_and_out = 2 * tokens * plan.num_heads * plan.head_size * elem
+    pages = int(sum(-(-s // plan.metadata.block_size) for s in plan.metadata.seq_lens.tolist()))
+    metadata = 4 * pages + 4 * (2 * plan.metadata.num_seqs + 1)
+    return kv + q_and_out + metadata
+
+
+def plan_decode_cell(batch: int, context: int, limits: DeviceLimits) -> AttentionPlan:
+    """Validate and plan one table cell from its shape alone (no tensors)."""
+    import numpy as np
+
+    pages = -(-context // DECODE_BLOCK_SIZE)
+    metadata = validate_metadata(
+        np.arange(batch + 1, dtype=np.int32),
+        np.full(batch, context, dtype=np.int32),
+        np.arange(batch * pages, dtype=np.int32).reshape(batch, pages) + 1,
+        block_size=DECODE_BLOCK_SIZE,
+        num_blocks=batch * pages + 1,
+        num_query_rows=batch,
+    )
+    return plan_attention(
+        metadata,
+        num_heads=DECODE_HEADS[0],
+        num_kv_heads=DECODE_HEADS[1],
+        head_size=DECODE_HEAD_SIZE,
+        dtype="bfloat16",
+        limits=limits,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Dry run: no device.
+
+
+def dry_run(report: Report) -> None:
+    """Reference vs dense SDPA for every case (CPU, small), plans and bytes for the table."""
+    import torch
+
+    from pagedkv.gpu.reference import reference_paged_attention
+
+    report.environment = {"device": "none (dry run)", "torch": torch.__version__}
+    for case in correctness_cases(small=True):
+        batch = make_batch(case.shape, dtype=_torch_dtype(case.dtype), seed=len(report.correctness))
+        ref = reference_paged_attention(
+            batch.query,
+            batch.key_cache,
+            batch.value_cache,
+            batch.query_start_loc,
+            batch.seq_lens,
+            batch.block_table,
+            sliding_window=case.shape.sliding_window,
+        )
+        expected = dense_attention(batch)
+        report.correctness.append(_compare(case, ref, expected, "reference vs SDPA"))
+    for batch_size in DECODE_BATCHES:
+        for context in DECODE_CONTEXTS:
+            plan = plan_decode_cell(batch_size, context, H200)
+            report.decode.append(_decode_row(batch_size, context, plan, None, None, None))
+    tokens, heads = write_shape()
+    report.write = {"tokens": tokens, "bytes": write_bytes(tokens, heads), "us": None, "gbps": None}
+
+
+def _compare(case: Case, out: torch.Tensor, expected: torch.Tensor, what: str) -> dict[str, Any]:
+    atol, rtol = TOLERANCES[case.dtype]
+    error = (out.float() - expected.float()).abs()
+    bound = atol + rtol * expected.float().abs()
+    finite = bool(out.isfinite().all())
+    return {
+        "name": case.name,
+        "check": what,
+        "max_abs_error": float(error.max()) if error.numel() else 0.0,
+        "passed": finite and bool((error <= bound).all()),
+        "finite": finite,
+    }
+
+
+def _decode_row(
+    batch: int,
+    context: int,
+    plan: AttentionPlan,
+    kernel_us: float | None,
+    baseline_us: float | None,
+    copy_gbps: float | None,
+) -> dict[str, Any]:
+    moved = decode_bytes(plan)
+    gbps = moved / kernel_us / 1e3 if kernel_us else None
+    return {
+        "batch": batch,
+        "context": context,
+        "bytes": moved,
+        "num_splits": plan.num_splits,
+        "ctas": plan.num_work * plan.num_kv_heads * plan.num_splits,
+        "kernel_us": kernel_us,
+        "gbps": gbps,
+        "pct_of_copy": 100 * gbps / copy_gbps if gbps and copy_gbps else None,
+        "baseline_us": baseline_us,
+        "speedup": baseline_us / kernel_us if kernel_us and baseline_us else None,
+    }
+
+
+def write_shape() -> tuple[int, int]:
+    """Tokens and KV heads of the write-bandwidth test (head size 128, bf16)."""
+    return 65536, DECODE_HEADS[1]
+
+
+def write_bytes(tokens: int, heads: int, elem: int = 2) -> int:
+    """K and V read once and written once, plus the int64 slot of each token."""
+    return 2 * 2 * tokens * heads * DECODE_HEAD_SIZE * elem + 8 * tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# Device run.
+
+
+def time_cuda(
+    fn: Callable[[], object], repeats: int, before: Callable[[], object] | None = None
+) -> float:
+    """Median microseconds of `fn` over `repeats` CUDA-event-timed calls (after one warm-up).
+
+    `before` runs ahead of each timed call, outside the timed span (an L2 flush).
+    """
+    import torch
+
+    fn()
+    times = []
+    for _ in range(repeats):
+        if before is not None:
+            before()
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(float(start.elapsed_time(end)) * 1e3)
+    return statistics.median(times)
+
+
+def measure_copy(num_bytes: int, repeats: int) -> float:
+    """Device-to-device copy rate in GB/s (bytes read + bytes written per second)."""
+    import torch
+
+    src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda").fill_(1)
+    dst = torch.empty_like(src)
+    us = time_cuda(lambda: dst.copy_(src), repeats)
+    return 2 * num_bytes / us / 1e3
+
+
+def device_correctness(report: Report) -> None:
+    """Every case: write kernel vs reference write (bitwise), attention kernel vs reference."""
+    import torch
+
+    from pagedkv.gpu.attention import paged_attention, plan_step
+    from pagedkv.gpu.kv_write import write_kv
+    from pagedkv.gpu.reference import reference_paged_attention, reference_write_kv
+
+    for index, case in enumerate(correctness_cases(small=False)):
+        batch = make_batch(case.shape, dtype=_torch_dtype(case.dtype), device="cuda", seed=index)
+        keys, values = torch.cat(batch.keys), torch.cat(batch.values)
+        caches = [torch.full_like(batch.key_cache, float("nan")) for _ in range(4)]
+        write_kv(keys, values, caches[0], caches[1], batch.slot_mapping)
+        reference_write_kv(keys, values, caches[2], caches[3], batch.slot_mapping)
+        same = all(
+            torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+            for a, b in ((caches[0], caches[2]), (caches[1], caches[3]))
+        )
+        report.correctness.append(
+            {"name": case.name, "check": "write kernel vs reference", "passed": same}
+        )
+        plan = plan_step(
+            batch.query,
+            batch.key_cache,
+            batch.query_start_loc,
+            batch.seq_lens,
+            batch.block_table,
+            sliding_window=case.shape.sliding_window,
+            num_splits=case.num_splits,
+        )
+        out = paged_attention(batch.query, batch.key_cache, batch.value_cache, plan)
+        ref = reference_paged_attention(
+            batch.query,
+            batch.key_cache,
+            batch.value_cache,
+            batch.query_start_loc,
+            batch.seq_lens,
+            batch.block_table,
+            sliding_window=case.shape.sliding_window,
+        )
+        torch.cuda.synchronize()
+        result = _compare(case, out, ref, "attention kernel vs reference")
+        result["num_splits"] = plan.num_splits
+        report.correctness.append(result)
+
+
+def _baseline(
+    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor
+) -> Callable[[], object]:
+    """torch gather + SDPA: copy the pages densely, then attend (what a paged kernel saves)."""
+    import torch.nn.functional as F  # noqa: N812 - the usual name
+
+    batch, pages = block_table.shape
+    blocks = block_table.long()
+    q = query.view(batch, query.shape[1], 1, query.shape[2])
+    dense = (batch, pages * k_cache.shape[1], *k_cache.shape[2:])
+
+    def run() -> object:
+        k = k_cache[blocks].view(dense).transpose(1, 2)
+        v = v_cache[blocks].view(dense).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    return run
+
+
+def _time_decode_cell(
+    caches: tuple[torch.Tensor, torch.Tensor],
+    table: torch.Tensor,
+    context: int,
+    limits: DeviceLimits,
+    repeats: int,
+    flush: Callable[[], object],
+) -> tuple[AttentionPlan, float, float]:
+    """Plan one cell, then time the kernel and the baseline on it."""
+    import torch
+
+    from pagedkv.gpu.attention import paged_attention, plan_step
+
+    k_cache, v_cache = caches
+    batch = table.shape[0]
+    heads = (DECODE_HEADS[0], DECODE_HEAD_SIZE)
+    query = torch.randn((batch, *heads), dtype=torch.bfloat16, device="cuda")
+    starts = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+    lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    plan = plan_step(query, k_cache, starts, lens, table, limits=limits)
+    out = torch.empty_like(query)
+    kernel_us = time_cuda(
+        lambda: paged_attention(query, k_cache, v_cache, plan, out=out), repeats, before=flush
+    )
+    baseline = _baseline(query, k_cache, v_cache, table)
+    baseline_us = time_cuda(baseline, max(3, repeats // 2), before=flush)
+    return plan, kernel_us, baseline_us
+
+
+def device_decode_table(report: Report, limits: DeviceLimits, repeats: int) -> None:
+    """The decode table on one pool sized for the largest cell (random page permutations)."""
+    import torch
+
+    assert report.copy_gbps is not None
+    num_blocks = 1 + max(DECODE_BATCHES) * -(-max(DECODE_CONTEXTS) // DECODE_BLOCK_SIZE)
+    shape = (num_blocks, DECODE_BLOCK_SIZE, DECODE_HEADS[1], DECODE_HEAD_SIZE)
+    caches = (
+        torch.randn(shape, dtype=torch.bfloat16, device="cuda"),
+        torch.randn(shape, dtype=torch.bfloat16, device="cuda"),
+    )
+    flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+    permutation = torch.randperm(num_blocks - 1, device="cuda").to(torch.int32) + 1
+    for batch in DECODE_BATCHES:
+        for context in DECODE_CONTEXTS:
+            pages = -(-context // DECODE_BLOCK_SIZE)
+            table = permutation[: batch * pages].view(batch, pages).contiguous()
+            plan, kernel_us, baseline_us = _time_decode_cell(
+                caches, table, context, limits, repeats, flush.zero_
+            )
+            report.decode.append(
+                _decode_row(batch, context, plan, kernel_us, baseline_us, report.copy_gbps)
+            )
+            torch.cuda.empty_cache()  # the baseline's dense copies
+
+
+def device_write_bandwidth(report: Report, repeats: int) -> None:
+    """The write kernel moving 65,536 tokens into a random permutation of a pool's slots."""
+    import torch
+
+    from pagedkv.gpu.kv_write import write_kv
+
+    tokens, heads = write_shape()
+    num_blocks = 2 * tokens // DECODE_BLOCK_SIZE
+    shape = (num_blocks, DECODE_BLOCK_SIZE, heads, DECODE_HEAD_SIZE)
+    k_cache = torch.zeros(shape, dtype=torch.bfloat16, device="cuda")
+    v_cache = torch.zeros_like(k_cache)
+    key = torch.randn((tokens, heads, DECODE_HEAD_SIZE), dtype=torch.bfloat16, device="cuda")
+    value = torch.randn_like(key)
+    slots = torch.randperm(num_blocks * DECODE_BLOCK_SIZE, device="cuda")[:tokens].contiguous()
+    flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+    us = time_cuda(
+        lambda: write_kv(key, value, k_cache, v_cache, slots, check_slots_on_host=False),
+        repeats,
+        before=flush.zero_,
+    )
+    moved = write_bytes(tokens, heads)
+    report.write = {"tokens": tokens, "bytes": moved, "us": us, "gbps": moved / us / 1e3}
+    if report.copy_gbps:
+        report.write["pct_of_copy"] = 100 * report.write["gbps"] / report.copy_gbps
+
+
+def device_run(report: Report, repeats: int) -> None:
+    """Environment, copy rate, correctness, decode table, write bandwidth."""
+    import cupy
+    import torch
+
+    from pagedkv.gpu.attention import device_limits
+
+    properties = torch.cuda.get_device_properties(0)
+    limits = device_limits(0)
+    report.environment = {
+        "device": properties.name,
+        "sms": limits.num_sms,
+        "memory_gib": round(properties.total_memory / 2**30, 1),
+        "compute_capability": cupy.cuda.Device(0).compute_capability,
+        "torch": torch.__version__,
+        "cupy": cupy.__version__,
+        "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
+        "driver": cupy.cuda.runtime.driverGetVersion(),
+    }
+    report.copy_gbps = measure_copy(1 << 30, repeats)
+    device_correctness(report)
+    device_decode_table(report, limits, repeats)
+    device_write_bandwidth(report, repeats)
+
+
+# ---------------------------------------------------------------------------------------------
+# Report.
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    """`value` formatted by `spec`, or "n/a" padded to the spec's width."""
+    width = spec.split(".", maxsplit=1)[0]
+    text = "n/a" if value is None else format(value, spec)
+    return text.rjust(int(width)) if width else text
+
+
+def format_report(report: Report) -> str:
+    """The human-readable report."""
+    lines = [f"pagedkv GPU check ({report.mode})", ""]
+    lines += [f"  {key}: {value}" for key, value in report.environment.items()]
+    lines += ["", f"device copy rate: {_fmt(report.copy_gbps, '.0f')} GB/s", ""]
+    passed = sum(case["passed"] for case in report.correctness)
+    lines.append(f"correctness: {passed}/{len(report.correctness)} passed")
+    for case in report.correctness:
+        if not case["passed"]:
+            lines.append(f"  FAIL {case['name']} ({case['check']}): {case}")
+    lines += [
+        "",
+        f"decode, bf16, D={DECODE_HEAD_SIZE}, {DECODE_HEADS[0]} q / {DECODE_HEADS[1]} kv heads, "
+        f"block {DECODE_BLOCK_SIZE}, L2 flushed, CUDA-event medians",
+        f"{'batch':>5} {'context':>7} {'MB':>9} {'splits':>6} {'CTAs':>6} {'us':>9} "
+        f"{'GB/s':>7} {'%copy':>6} {'torch us':>9} {'speedup':>7}",
+    ]
+    for row in report.decode:
+        lines.append(
+            f"{row['batch']:>5} {row['context']:>7} {row['bytes'] / 1e6:>9.1f} "
+            f"{row['num_splits']:>6} {row['ctas']:>6} {_fmt(row['kernel_us'], '9.1f')} "
+            f"{_fmt(row['gbps'], '7.0f')} {_fmt(row['pct_of_copy'], '6.1f')} "
+            f"{_fmt(row['baseline_us'], '9.1f')} {_fmt(row['speedup'], '7.2f')}"
+        )
+    target = next((r for r in report.decode if (r["batch"], r["context"]) == (64, 4096)), None)
+    if target is not None and target["pct_of_copy"] is not None:
+        verdict = "meets" if target["pct_of_copy"] >= 100 * TARGET_FRACTION else "MISSES"
+        lines.append(
+            f"target: batch 64 x 4096 at {target['pct_of_copy']:.1f}% of copy rate {verdict} "
+            f"the {100 * TARGET_FRACTION:.0f}% target"
+        )
+    write = report.write
+    lines += [
+        "",
+        f"write kernel: {write.get('tokens')} tokens, {write.get('bytes', 0) / 1e6:.1f} MB, "
+        f"{_fmt(write.get('us'), '.1f')} us, {_fmt(write.get('gbps'), '.0f')} GB/s "
+        f"({_fmt(write.get('pct_of_copy'), '.1f')}% of copy)",
+        "",
+        f"total {report.seconds:.1f} s",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: Report, out_dir: Path) -> tuple[Path, Path]:
+    """Write check.json and check.txt under `out_dir` (created); return their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, text_path = out_dir / "check.json", out_dir / "check.txt"
+    payload = asdict(report) | {"failures": report.failures}
+    json_path.write_text(json.dumps(payload, indent=2) + "\n")
+    text_path.write_text(format_report(report))
+    return json_path, text_path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the check; return the exit status (1: a correctness check failed)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m pagedkv.gpu.check", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--out", type=Path, required=True, help="directory for check.json/.txt")
+    parser.add_argument("--dry-run", action="store_true", help="no device: plans and reference")
+    parser.add_argument("--repeats", type=int, default=20, help="timed calls per measurement")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    report = Report(mode="dry run" if args.dry_run else "device")
+    if args.dry_run:
+        dry_run(report)
+    else:
+        device_run(report, args.repeats)
+    report.seconds = time.perf_counter() - started
+    json_path, text_path = write_report(report, args.out)
+    sys.stdout.write(format_report(report))
+    sys.stdout.write(f"wrote {json_path} and {text_path}\n")
+    return 1 if report.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

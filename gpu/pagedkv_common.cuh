@@ -1,0 +1,95 @@
+// Device helpers shared by pagedkv's kernels: element conversions, vector loads, cp.async.
+//
+// Compiled by NVRTC (never nvcc-only features): no <cstdint> (use <cuda/std/cstdint>), no
+// INFINITY (use CUDART_INF_F from <math_constants.h>); the fp16/bf16 headers come from CuPy's
+// include options. Targets sm_80 and newer (cp.async).
+#pragma once
+
+#include <cuda/std/cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math_constants.h>
+
+namespace pagedkv {
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// Reads N elements of T (N * sizeof(T) bytes, aligned to min(16, that size)) into floats.
+template <typename T, int N>
+__device__ __forceinline__ void load_floats(const T* __restrict__ src, float* dst) {
+  constexpr int kBytes = N * static_cast<int>(sizeof(T));
+  if constexpr (kBytes % 16 == 0) {
+    constexpr int kPer = 16 / static_cast<int>(sizeof(T));
+#pragma unroll
+    for (int v = 0; v < kBytes / 16; ++v) {
+      const uint4 raw = reinterpret_cast<const uint4*>(src)[v];
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) dst[v * kPer + i] = to_float(e[i]);
+    }
+  } else if constexpr (kBytes == 8) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(src);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = to_float(e[i]);
+  } else if constexpr (kBytes == 4) {
+    const unsigned int raw = *reinterpret_cast<const unsigned int*>(src);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = to_float(e[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = to_float(src[i]);
+  }
+}
+
+// 16-byte global -> shared copy that bypasses L1; copies zeros instead when `pred` is false
+// (src-size 0: nothing is read, `src` only has to be a valid address).
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* src, bool pred) {
+  const unsigned int dst = static_cast<unsigned int>(__cvta_generic_to_shared(smem_dst));
+  const int src_bytes = pred ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  }
+  return x;
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+}  // namespace pagedkv

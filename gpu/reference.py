@@ -1,0 +1,141 @@
+"""The torch reference of both GPU operations: plain indexing and a masked softmax, CPU or GPU.
+
+Written for clarity, not speed, and built on no kernel idea (no tiles, no online softmax): it is
+what the kernels are checked against, and it is itself checked against
+`torch.nn.functional.scaled_dot_product_attention` on densely laid-out K/V. It validates its
+arguments with the same host-side rules as the kernels (`validate_metadata`, `check_slots`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pagedkv.errors import InvalidArgumentError
+from pagedkv.gpu.array_view import describe
+from pagedkv.gpu.attention_metadata import validate_metadata
+from pagedkv.gpu.kv_write import check_slots, check_write_arrays
+
+if TYPE_CHECKING:
+    import torch
+
+
+def reference_write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write token i's K/V rows to slot `slot_mapping[i]` of the caches; negative: skip.
+
+    Args:
+        key, value: [num_tokens, num_kv_heads, head_size].
+        key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size], written in
+            place.
+        slot_mapping: int32/int64 [n], n <= num_tokens.
+
+    Raises:
+        InvalidArgumentError: as `pagedkv.gpu.kv_write.write_kv`; nothing is written.
+
+    Complexity: O(n * num_kv_heads * head_size).
+    """
+    check_write_arrays(
+        describe(key, "key"),
+        describe(value, "value"),
+        describe(key_cache, "key_cache"),
+        describe(value_cache, "value_cache"),
+        describe(slot_mapping, "slot_mapping"),
+    )
+    import torch
+
+    num_blocks, block_size = key_cache.shape[:2]
+    slots = slot_mapping.detach().to("cpu", dtype=torch.int64).numpy()
+    check_slots(slots, num_blocks * block_size)
+    tokens = torch.as_tensor(np.flatnonzero(slots >= 0), device=key.device)
+    slot_index = slot_mapping.to(key.device, dtype=torch.int64)[tokens]
+    blocks, offsets = slot_index // block_size, slot_index % block_size
+    key_cache[blocks, offsets] = key[tokens]
+    value_cache[blocks, offsets] = value[tokens]
+
+
+def reference_paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    *,
+    scale: float | None = None,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Varlen paged attention, bottom-right causal, optional window, GQA; fp32 math.
+
+    For each sequence s, the keys `[read_start, seq_len)` are gathered page by page through
+    `block_table[s]` (so nothing past seq_len and nothing before the window is read), every
+    query row is masked to the keys it may see, and softmax(Q K^T * scale) V is computed densely.
+
+    Args:
+        query: [num_tokens, num_heads, head_size].
+        key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size].
+        query_start_loc, seq_lens, block_table: int32 metadata (see `validate_metadata`).
+        scale: softmax scale; None: 1 / sqrt(head_size).
+        sliding_window: window in tokens, or None.
+
+    Returns:
+        [num_tokens, num_heads, head_size] in the query's dtype; rows past
+        `query_start_loc[-1]` are zero.
+
+    Raises:
+        InvalidArgumentError: a metadata rule or shape is broken.
+
+    Complexity: O(sum over sequences of q_len * keys read * num_heads * head_size).
+    """
+    import torch
+
+    num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
+    if query.dim() != 3 or query.shape[2] != head_size or query.shape[1] % num_kv_heads:
+        raise InvalidArgumentError(
+            f"query must be [num_tokens, k * {num_kv_heads}, {head_size}], got {tuple(query.shape)}"
+        )
+    if value_cache.shape != key_cache.shape:
+        raise InvalidArgumentError("key_cache and value_cache must have the same shape")
+    metadata = validate_metadata(
+        query_start_loc,
+        seq_lens,
+        block_table,
+        block_size=block_size,
+        num_blocks=num_blocks,
+        num_query_rows=query.shape[0],
+        sliding_window=sliding_window,
+    )
+    group = query.shape[1] // num_kv_heads
+    scale = 1.0 / math.sqrt(head_size) if scale is None else scale
+    device = query.device
+    out = torch.zeros(query.shape, dtype=torch.float32, device=device)
+    starts = metadata.query_start_loc.tolist()
+    for seq, (seq_len, read_start) in enumerate(
+        zip(metadata.seq_lens.tolist(), metadata.read_starts.tolist(), strict=True)
+    ):
+        q_len = starts[seq + 1] - starts[seq]
+        if q_len == 0:
+            continue
+        positions = torch.arange(read_start, seq_len, device=device)
+        pages = torch.as_tensor(metadata.block_table[seq], device=device).long()
+        blocks = pages[positions // block_size]
+        offsets = positions % block_size
+        keys = key_cache[blocks, offsets].float().repeat_interleave(group, dim=1)
+        values = value_cache[blocks, offsets].float().repeat_interleave(group, dim=1)
+        q = query[starts[seq] : starts[seq + 1]].float()
+        scores = torch.einsum("qhd,khd->hqk", q, keys) * scale
+        query_positions = torch.arange(seq_len - q_len, seq_len, device=device)[:, None]
+        visible = positions[None, :] <= query_positions
+        if sliding_window is not None:
+            visible &= positions[None, :] > query_positions - sliding_window
+        scores = scores.masked_fill(~visible, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[starts[seq] : starts[seq + 1]] = torch.einsum("hqk,khd->qhd", probs, values)
+    return out.to(query.dtype)

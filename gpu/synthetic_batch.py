@@ -1,0 +1,190 @@
+"""Random paged batches with a dense twin: the inputs of every attention check.
+
+Each sequence's K/V is drawn densely, then laid out page by page into a cache whose pages are a
+random permutation of the pool, the way a long-running block pool scatters them. Everything the
+kernels must never read holds NaN: unwritten slots past seq_len, spare pages, block 0 (the null
+block), and, under a sliding window, pages wholly before the window (they are set to block 0 in
+the table, as the manager does). `dense_attention` computes the expected output from the dense
+copies with `torch.nn.functional.scaled_dot_product_attention` and an explicit mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pagedkv.errors import InvalidArgumentError
+from pagedkv.gpu.step_metadata import NULL_BLOCK_ID
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """The shape of one synthetic step.
+
+    Attributes:
+        query_lens: new tokens per sequence.
+        seq_lens: tokens per sequence, new ones included (>= query_lens).
+        num_heads: query heads.
+        num_kv_heads: KV heads.
+        head_size: elements per head.
+        block_size: tokens per page.
+        sliding_window: window in tokens, or None.
+    """
+
+    query_lens: tuple[int, ...]
+    seq_lens: tuple[int, ...]
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+    sliding_window: int | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.query_lens) != len(self.seq_lens) or any(
+            q > s or q < 0 for q, s in zip(self.query_lens, self.seq_lens, strict=True)
+        ):
+            raise InvalidArgumentError(f"bad query_lens/seq_lens: {self}")
+
+    @property
+    def pages_per_seq(self) -> tuple[int, ...]:
+        return tuple(-(-s // self.block_size) for s in self.seq_lens)
+
+
+@dataclass(frozen=True, eq=False)
+class SyntheticBatch:
+    """One step's tensors, all on one device.
+
+    Attributes:
+        shape: what was drawn.
+        query: [sum(query_lens), num_heads, head_size].
+        keys, values: per sequence, dense [seq_len, num_kv_heads, head_size].
+        key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size], NaN where
+            no token was written.
+        query_start_loc, seq_lens, block_table: int32 metadata.
+        slot_mapping: int64, the slot of every token of every sequence, in order.
+    """
+
+    shape: BatchShape
+    query: torch.Tensor
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+
+
+def make_batch(
+    shape: BatchShape,
+    *,
+    dtype: torch.dtype,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    spare_blocks: int = 3,
+    table_padding: int = 2,
+) -> SyntheticBatch:
+    """Draw a batch and lay it out into a NaN-poisoned paged cache.
+
+    Args:
+        shape: the step.
+        dtype: the K/V/query dtype.
+        device: where the tensors live.
+        seed: the random seed (CPU generator: the same data on every device).
+        spare_blocks: pool pages no sequence uses (left NaN).
+        table_padding: extra block_table columns, filled with out-of-range ids that must be
+            ignored because they are never read.
+
+    Complexity: O(total tokens * num_kv_heads * head_size).
+    """
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    heads = (shape.num_kv_heads, shape.head_size)
+    pages = shape.pages_per_seq
+    num_blocks = 1 + sum(pages) + spare_blocks
+    permutation = (torch.randperm(num_blocks - 1, generator=generator) + 1).tolist()
+    key_cache = torch.full((num_blocks, shape.block_size, *heads), float("nan"), dtype=dtype)
+    value_cache = torch.full_like(key_cache, float("nan"))
+    width = max(pages, default=0) + table_padding
+    block_table = torch.full((len(pages), max(width, 1)), num_blocks + 7, dtype=torch.int32)
+    keys, values, slots = [], [], []
+    for seq, (seq_len, q_len) in enumerate(zip(shape.seq_lens, shape.query_lens, strict=True)):
+        key = torch.randn((seq_len, *heads), generator=generator).to(dtype)
+        value = torch.randn((seq_len, *heads), generator=generator).to(dtype)
+        blocks = torch.tensor([permutation.pop() for _ in range(pages[seq])], dtype=torch.int64)
+        positions = torch.arange(seq_len)
+        key_cache[blocks[positions // shape.block_size], positions % shape.block_size] = key
+        value_cache[blocks[positions // shape.block_size], positions % shape.block_size] = value
+        slots.append(
+            blocks[positions // shape.block_size] * shape.block_size + positions % shape.block_size
+        )
+        if shape.sliding_window is not None:
+            read_start = max(0, seq_len - q_len - shape.sliding_window + 1)
+            blocks[: read_start // shape.block_size] = NULL_BLOCK_ID
+        block_table[seq, : pages[seq]] = blocks.to(torch.int32)
+        keys.append(key.to(device))
+        values.append(value.to(device))
+    query_start_loc = torch.zeros(len(pages) + 1, dtype=torch.int32)
+    query_start_loc[1:] = torch.cumsum(torch.tensor(shape.query_lens, dtype=torch.int32), 0)
+    query = torch.randn(
+        (int(query_start_loc[-1]), shape.num_heads, shape.head_size), generator=generator
+    ).to(dtype)
+    return SyntheticBatch(
+        shape=shape,
+        query=query.to(device),
+        keys=tuple(keys),
+        values=tuple(values),
+        key_cache=key_cache.to(device),
+        value_cache=value_cache.to(device),
+        query_start_loc=query_start_loc.to(device),
+        seq_lens=torch.tensor(shape.seq_lens, dtype=torch.int32, device=device),
+        block_table=block_table.to(device),
+        slot_mapping=torch.cat(slots).to(device) if slots else torch.zeros(0, dtype=torch.int64),
+    )
+
+
+def visibility_mask(
+    query_len: int, seq_len: int, sliding_window: int | None, device: str | torch.device = "cpu"
+) -> torch.Tensor:
+    """[query_len, seq_len] bool: query j (at seq_len - query_len + j) may see key p.
+
+    Bottom-right causal: p <= position; with a window W also p > position - W.
+    """
+    import torch
+
+    positions = torch.arange(seq_len, device=device)[None, :]
+    query_positions = torch.arange(seq_len - query_len, seq_len, device=device)[:, None]
+    mask = positions <= query_positions
+    if sliding_window is not None:
+        mask &= positions > query_positions - sliding_window
+    return mask
+
+
+def dense_attention(batch: SyntheticBatch, scale: float | None = None) -> torch.Tensor:
+    """The expected output, from the dense K/V through SDPA (GQA, fp32), [tokens, heads, dim].
+
+    Complexity: O(sum of query_len * seq_len * num_heads * head_size).
+    """
+    import torch
+    import torch.nn.functional as F  # noqa: N812 - the usual name
+
+    shape = batch.shape
+    out = torch.zeros(batch.query.shape, dtype=torch.float32, device=batch.query.device)
+    start = 0
+    for seq, (q_len, seq_len) in enumerate(zip(shape.query_lens, shape.seq_lens, strict=True)):
+        if q_len:
+            q = batch.query[start : start + q_len].float().transpose(0, 1)[None]
+            k = batch.keys[seq].float().transpose(0, 1)[None]
+            v = batch.values[seq].float().transpose(0, 1)[None]
+            mask = visibility_mask(q_len, seq_len, shape.sliding_window, batch.query.device)
+            o = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, scale=scale, enable_gqa=True
+            )
+            out[start : start + q_len] = o[0].transpose(0, 1)
+        start += q_len
+    return out
