@@ -102,7 +102,7 @@ def allocate_kv_caches(
         layer name -> its caches, in group order.
 
     Raises:
-        KVCacheConfigError: as `kv_cache_layouts`.
+        KVCacheConfigError: as `kv_cache_layouts`, or a cupy device that is not CUDA.
         DeviceUnavailableError: backend "cupy" without a device.
 
     Complexity: O(num_layers) allocations, O(total bytes) to zero them.
@@ -115,8 +115,9 @@ def allocate_kv_caches(
 
             buffer = torch.zeros(shape, dtype=getattr(torch, layout.dtype), device=device)
         else:
+            index = _cuda_index(device)
             cupy = import_cupy()
-            with cupy.cuda.Device(_cuda_index(device)):
+            with cupy.cuda.Device(index):
                 buffer = cupy.zeros(shape, dtype=_cupy_dtype(layout.dtype))
         caches[name] = LayerKVCache(layout=layout, key=buffer[0], value=buffer[1])
     return caches
