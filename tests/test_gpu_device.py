@@ -109,9 +109,9 @@ def test_write_kernel_matches_the_reference_bit_for_bit(
 @pytest.mark.gpu
 @needs_device
 def test_write_kernel_handles_strided_keys_with_a_narrower_copy() -> None:
-    qkv = torch.randn(10, 3, 4, 64, device="cuda", dtype=torch.float16)
-    key, value = qkv[:, 1], qkv[:, 2]  # views into a fused QKV projection
-    caches = [torch.zeros(4, 16, 4, 64, dtype=torch.float16, device="cuda") for _ in range(4)]
+    qkv = torch.randn(10, 3, 4, 60, device="cuda", dtype=torch.float16)
+    key, value = qkv[:, 1], qkv[:, 2]  # views into a fused QKV projection; 120-byte rows
+    caches = [torch.zeros(4, 16, 4, 60, dtype=torch.float16, device="cuda") for _ in range(4)]
     slots = torch.arange(10, device="cuda") * 3
     write_kv(key, value, caches[0], caches[1], slots)
     reference_write_kv(key, value, caches[2], caches[3], slots)
