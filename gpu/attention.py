@@ -163,6 +163,8 @@ def _device_arrays(plan: AttentionPlan, device: int, cupy: Any) -> dict[str, Any
                 ("work_row", plan.work_row),
             )
         }
+        # Uploaded once per plan and device, then read from any stream: let the copies land.
+        cupy.cuda.get_current_stream().synchronize()
         plan.device_cache[device] = arrays
     return arrays
 

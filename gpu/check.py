@@ -24,6 +24,7 @@ import json
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -129,10 +130,12 @@ class Report:
     decode: list[dict[str, Any]] = field(default_factory=list)
     write: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    error: str | None = None
 
     @property
     def failures(self) -> list[str]:
-        return [case["name"] for case in self.correctness if not case["passed"]]
+        failed = [case["name"] for case in self.correctness if not case["passed"]]
+        return [*failed, "run aborted"] if self.error else failed
 
 
 def _torch_dtype(name: str) -> torch.dtype:
@@ -496,6 +499,8 @@ def _fmt(value: float | None, spec: str) -> str:
 def format_report(report: Report) -> str:
     """The human-readable report."""
     lines = [f"pagedkv GPU check ({report.mode})", ""]
+    if report.error:
+        lines += ["ABORTED (partial results below):", report.error]
     lines += [f"  {key}: {value}" for key, value in report.environment.items()]
     lines += ["", f"device copy rate: {_fmt(report.copy_gbps, '.0f')} GB/s", ""]
     passed = sum(case["passed"] for case in report.correctness)
@@ -547,7 +552,11 @@ def write_report(report: Report, out_dir: Path) -> tuple[Path, Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the check; return the exit status (1: a correctness check failed)."""
+    """Run the check; return the exit status (1: a correctness check failed or the run aborted).
+
+    An exception (a CUDA fault, say) ends the run but not the report: what was measured so far
+    is written with the traceback.
+    """
     parser = argparse.ArgumentParser(
         prog="python -m pagedkv.gpu.check", description=__doc__.split("\n")[0]
     )
@@ -557,10 +566,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     report = Report(mode="dry run" if args.dry_run else "device")
-    if args.dry_run:
-        dry_run(report)
-    else:
-        device_run(report, args.repeats)
+    try:
+        if args.dry_run:
+            dry_run(report)
+        else:
+            device_run(report, args.repeats)
+    except Exception:  # keep what was measured; the traceback goes in the report
+        report.error = traceback.format_exc()
     report.seconds = time.perf_counter() - started
     json_path, text_path = write_report(report, args.out)
     sys.stdout.write(format_report(report))

@@ -33,3 +33,11 @@ def test_the_dry_run_writes_a_complete_report(tmp_path: Path) -> None:
 
     assert "correctness: 108/108 passed" in text
     assert "   64    4096" in text and "n/a" in text
+
+
+def test_without_a_device_the_device_run_reports_the_error_and_fails(tmp_path: Path) -> None:
+    assert main(["--out", str(tmp_path)]) == 1
+    payload = json.loads((tmp_path / "check.json").read_text())
+    assert payload["failures"] == ["run aborted"]
+    assert "Error" in payload["error"]
+    assert (tmp_path / "check.txt").read_text().count("ABORTED") == 1
