@@ -8,8 +8,9 @@ speculative tokens, and how many tokens are computed. Scheduling state lives els
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from pagedkv.errors import InvalidArgumentError
 
@@ -34,6 +35,40 @@ class PlaceholderRange:
         return self.offset + self.length
 
 
+class TokenView(Sequence[int]):
+    """A read-only view of a token list (slices are copies)."""
+
+    __slots__ = ("_tokens",)
+
+    def __init__(self, tokens: list[int]) -> None:
+        self._tokens = tokens
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        return self._tokens[index]
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._tokens)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TokenView):
+            return self._tokens == other._tokens
+        return isinstance(other, (list, tuple)) and list(other) == self._tokens
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._tokens)
+
+
 class Request:
     """One sequence as the KV cache manager sees it.
 
@@ -56,6 +91,7 @@ class Request:
 
     __slots__ = (
         "_all_token_ids",
+        "_token_view",
         "cache_salt",
         "lora_id",
         "mm_hashes",
@@ -99,6 +135,7 @@ class Request:
         self.request_id = request_id
         self.prompt_token_ids: tuple[int, ...] = tuple(prompt_token_ids)
         self._all_token_ids: list[int] = list(self.prompt_token_ids)
+        self._token_view = TokenView(self._all_token_ids)
         self.mm_positions: tuple[PlaceholderRange, ...] = tuple(mm_positions)
         self.mm_hashes: tuple[str, ...] = tuple(mm_hashes)
         self.lora_id = lora_id
@@ -109,8 +146,12 @@ class Request:
 
     @property
     def all_token_ids(self) -> Sequence[int]:
-        """Prompt then output tokens (a read-only view; do not mutate)."""
-        return self._all_token_ids
+        """Prompt then output tokens, read-only: tokens are only ever appended.
+
+        Because a request's tokens never change, block hashes stored for it stay valid for as
+        long as the same object is used (the manager refuses another object with the same id).
+        """
+        return self._token_view
 
     @property
     def output_token_ids(self) -> Sequence[int]:
