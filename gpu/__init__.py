@@ -6,6 +6,7 @@ each name below is loaded from its module on first use. Modules:
     kernel_variants     every instantiation compiled, and the launch constants the host mirrors
     nvrtc_build         NVRTC -> cubin without a driver (CI compiles every variant with it)
     kernel_loader       per-device cubin cache and `cupy.RawModule` loading
+    launch              one device and backend per call, the caller's stream, typed arguments
     array_view          torch / CuPy / NumPy arrays described without importing them
     attention_metadata  varlen metadata rules, checked on the host before any launch
     attention_plan      work list and split-KV policy (pure, CPU-testable)
@@ -14,6 +15,8 @@ each name below is loaded from its module on first use. Modules:
     reference           torch reference of both operations
     step_metadata       scheduler step + block lists -> slot_mapping, block_table, ...
     kv_cache_tensors    per-layer K/V caches from a `KVCacheConfig`
+    synthetic_batch     random paged batches with a dense twin and the SDPA oracle
+    errors              KernelCompileError, DeviceUnavailableError
     check               the one GPU check script (`python -m pagedkv.gpu.check`)
 
 Layout, launch bounds and the split policy: gpu/README.md.
