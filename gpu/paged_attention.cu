@@ -269,16 +269,19 @@ __global__ void __launch_bounds__(128, 4) paged_attention_kernel(
         for (int e = 0; e < Tr::kPvElems; ++e) acc[r][e] *= alpha;
       }
     }
-    const int t_end = min((warp + 1) * Tr::kKeysPerWarp, n_valid);
-    for (int t = warp * Tr::kKeysPerWarp; t < t_end; ++t) {
-      float vf[Tr::kPvElems];
-      load_floats<T, Tr::kPvElems>(s_v + t * Tr::kRowStride + lane * Tr::kPvElems, vf);
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        if (r < n_rows) {
-          const float p = s_score[r * kTileN + t];
+    for (int j = 0; j < Tr::kKeysPerWarp; ++j) {
+      const int t = warp * Tr::kKeysPerWarp + j;
+      if (t < n_valid) {  // uniform across the warp
+        float vf[Tr::kPvElems];
+        load_floats<T, Tr::kPvElems>(s_v + t * Tr::kRowStride + lane * Tr::kPvElems, vf);
 #pragma unroll
-          for (int e = 0; e < Tr::kPvElems; ++e) acc[r][e] = fmaf(p, vf[e], acc[r][e]);
+        for (int r = 0; r < kRows; ++r) {
+          if (r < n_rows) {
+            const float p = s_score[r * kTileN + t];
+#pragma unroll
+            for (int e = 0; e < Tr::kPvElems; ++e) acc[r][e] = fmaf(p, vf[e], acc[r][e]);
+          }
         }
       }
     }
