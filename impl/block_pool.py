@@ -175,53 +175,33 @@ class BlockPool:
 
         A block's hash comes from `block_hashes` when present there; otherwise it is computed
         from the request's tokens, chained to the previous block's hash value, and appended to
-        `block_hashes` (the request's stored hashes).
+        `block_hashes` (the request's stored hashes). A null block in the range (a position a
+        sliding window already dropped) is passed over: its hash is stored so the chain goes on,
+        but nothing is indexed. When the previous block is a null block, the chain continues
+        from the stored hash at its position.
 
         Raises:
             InvalidArgumentError: prefix caching is off, the counts are out of range, a stored
                 hash is missing below `num_cached_blocks`, or the request has too few tokens.
-            BlockStateError: a block to cache is foreign, the null block, free, already hashed,
-                or listed twice; or the previous block has no hash to chain to.
+            BlockStateError: a block to cache is foreign, free, already hashed, or listed twice;
+                or the previous block is neither hashed nor the null block.
 
         Complexity: O((num_full_blocks - num_cached_blocks) * block_size).
         """
-        if not self.enable_caching:
-            raise InvalidArgumentError("cache_full_blocks needs a pool with prefix caching on")
-        if not 0 <= num_cached_blocks <= num_full_blocks <= len(blocks):
-            raise InvalidArgumentError(
-                f"need 0 <= num_cached_blocks ({num_cached_blocks}) <= num_full_blocks "
-                f"({num_full_blocks}) <= len(blocks) ({len(blocks)})"
-            )
-        if len(block_hashes) < num_cached_blocks:
-            raise InvalidArgumentError(
-                f"request {request.request_id!r} has {len(block_hashes)} stored block hashes, "
-                f"fewer than num_cached_blocks ({num_cached_blocks})"
-            )
-        if num_cached_blocks == num_full_blocks:
+        if not self._check_cache_call(
+            request, blocks, block_hashes, num_cached_blocks, num_full_blocks, block_size
+        ):
             return
-        if block_size <= 0:
-            raise InvalidArgumentError(f"block_size must be > 0, got {block_size}")
+        null_block = self.null_block
         new_full_blocks = blocks[num_cached_blocks:num_full_blocks]
-        seen: set[int] = set()
-        for block in new_full_blocks:
-            self._check_owned(block)
-            if block is self.null_block:
-                raise BlockStateError(block.block_id, "the null block is never hashed")
-            if block.ref_cnt <= 0:
-                raise BlockStateError(block.block_id, "cache of a free block")
-            if block.block_hash is not None:
-                raise BlockStateError(block.block_id, "block hash is already set")
-            if block.block_id in seen:
-                raise BlockStateError(block.block_id, "the same block twice in one cache call")
-            seen.add(block.block_id)
         parent_hash_value: int | None = None
         if num_cached_blocks > 0:
             parent = blocks[num_cached_blocks - 1]
-            if parent.block_hash is None:
-                raise BlockStateError(
-                    parent.block_id, "the block before the first block to cache has no hash"
-                )
-            parent_hash_value = parent.block_hash.hash_value
+            parent_hash = (
+                block_hashes[num_cached_blocks - 1] if parent is null_block else parent.block_hash
+            )
+            assert parent_hash is not None  # checked by _check_cache_call
+            parent_hash_value = parent_hash.hash_value
 
         # Compute every hash before changing anything, so a failure leaves no trace.
         num_given = len(block_hashes) - num_cached_blocks
@@ -256,9 +236,57 @@ class BlockPool:
                 if offset < num_given
                 else new_hashes[offset - num_given]
             )
-            block.block_hash = block_hash
-            index.setdefault(block_hash, {})[block.block_id] = block
+            if block is not null_block:
+                block.block_hash = block_hash
+                index.setdefault(block_hash, {})[block.block_id] = block
         block_hashes.extend(new_hashes)
+
+    def _check_cache_call(
+        self,
+        request: Request,
+        blocks: Sequence[KVCacheBlock],
+        block_hashes: list[BlockHashType],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+    ) -> bool:
+        """cache_full_blocks' preconditions in the spec's order; False: nothing to cache."""
+        if not self.enable_caching:
+            raise InvalidArgumentError("cache_full_blocks needs a pool with prefix caching on")
+        if not 0 <= num_cached_blocks <= num_full_blocks <= len(blocks):
+            raise InvalidArgumentError(
+                f"need 0 <= num_cached_blocks ({num_cached_blocks}) <= num_full_blocks "
+                f"({num_full_blocks}) <= len(blocks) ({len(blocks)})"
+            )
+        if len(block_hashes) < num_cached_blocks:
+            raise InvalidArgumentError(
+                f"request {request.request_id!r} has {len(block_hashes)} stored block hashes, "
+                f"fewer than num_cached_blocks ({num_cached_blocks})"
+            )
+        if num_cached_blocks == num_full_blocks:
+            return False
+        if block_size <= 0:
+            raise InvalidArgumentError(f"block_size must be > 0, got {block_size}")
+        null_block = self.null_block
+        seen: set[int] = set()
+        for block in blocks[num_cached_blocks:num_full_blocks]:
+            self._check_owned(block)
+            if block is null_block:
+                continue
+            if block.ref_cnt <= 0:
+                raise BlockStateError(block.block_id, "cache of a free block")
+            if block.block_hash is not None:
+                raise BlockStateError(block.block_id, "block hash is already set")
+            if block.block_id in seen:
+                raise BlockStateError(block.block_id, "the same block twice in one cache call")
+            seen.add(block.block_id)
+        if num_cached_blocks > 0:
+            parent = blocks[num_cached_blocks - 1]
+            if parent is not null_block and parent.block_hash is None:
+                raise BlockStateError(
+                    parent.block_id, "the block before the first block to cache has no hash"
+                )
+        return True
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash, if no block but the null block is in use.

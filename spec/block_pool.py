@@ -163,10 +163,15 @@ class SpecBlockPool:
           3. len(block_hashes) >= num_cached_blocks;
           (if num_cached_blocks == num_full_blocks the call does nothing)
           4. block_size > 0;
-          5. each block to cache, in order: of this pool, not the null block, ref_cnt > 0,
-             not hashed, not listed twice (BlockStateError);
-          6. the block before the first one to cache, if any, is hashed (BlockStateError);
+          5. each block to cache other than the null block, in order: of this pool,
+             ref_cnt > 0, not hashed, not listed twice (BlockStateError);
+          6. the block before the first one to cache, if any, is hashed or is the null block
+             (BlockStateError);
           7. the request has the tokens of every block whose hash it lacks.
+
+        A null block in the range (a position a sliding window already dropped) gets no hash and
+        no index entry, but its hash is still stored in `block_hashes` so the chain goes on; a
+        null block before the range chains through the stored hash at its position.
         """
         if not self.enable_caching:
             raise InvalidArgumentError("cache_full_blocks needs a pool with prefix caching on")
@@ -188,7 +193,7 @@ class SpecBlockPool:
         for block_id in to_cache:
             self._require_block(block_id)
             if block_id == NULL_BLOCK_ID:
-                raise BlockStateError(block_id, "the null block is never hashed")
+                continue
             if self.ref_cnt[block_id] <= 0:
                 raise BlockStateError(block_id, "cache of a free block")
             if self.block_hash[block_id] is not None:
@@ -198,7 +203,12 @@ class SpecBlockPool:
             seen.add(block_id)
         parent_hash_value: int | None = None
         if num_cached_blocks > 0:
-            parent_hash = self.block_hash[block_ids[num_cached_blocks - 1]]
+            parent_id = block_ids[num_cached_blocks - 1]
+            parent_hash = (
+                block_hashes[num_cached_blocks - 1]
+                if parent_id == NULL_BLOCK_ID
+                else self.block_hash[parent_id]
+            )
             if parent_hash is None:
                 raise BlockStateError(
                     block_ids[num_cached_blocks - 1],
@@ -228,6 +238,8 @@ class SpecBlockPool:
 
         all_hashes = list(block_hashes) + new_hashes
         for position, block_id in enumerate(to_cache, start=num_cached_blocks):
+            if block_id == NULL_BLOCK_ID:
+                continue
             with self._transition(block_id, Event.SEAL):
                 self.block_hash[block_id] = all_hashes[position]
                 self.index.setdefault(all_hashes[position], []).append(block_id)

@@ -220,12 +220,6 @@ def _misuse_cases() -> list[tuple[str, Callable[[PoolUnderTest], object], type[E
         ),
         ("touch foreign id", lambda p: p.touch([1, -1]), BlockStateError, "block -1"),
         (
-            "hash the null block",
-            lambda p: p.cache_full_blocks(request, [0, 1], [], 0, 2, 2, sha256),
-            BlockStateError,
-            "block 0: the null block is never hashed",
-        ),
-        (
             "hash a free block",
             lambda p: p.cache_full_blocks(request, [1, 3], [], 0, 2, 2, sha256),
             BlockStateError,
@@ -268,6 +262,27 @@ def test_misuse_raises_a_typed_error_and_changes_nothing(
     ):
         call(pool)
     assert pool.snapshot() == before
+    pool.check_invariants()
+
+
+def test_null_blocks_in_the_range_get_no_hash_but_keep_the_chain(
+    make_pool: Callable[..., PoolUnderTest],
+) -> None:
+    """A sliding window may drop a full block before it is cached; the chain goes on."""
+    pool = make_pool(4)
+    pool.get_new_blocks(2)
+    request = Request("r", [1, 1, 2, 2, 3, 3])
+    stored: list[BlockHashType] = []
+    pool.cache_full_blocks(request, [0, 0, 1], stored, 0, 3, 2, sha256)
+    assert stored == hash_request_tokens(sha256, 2, request)
+    state = pool.snapshot()
+    assert state.block_hash[0] is None
+    assert state.index == {stored[2]: (1,)}
+    # A null block before the range: the chain continues from the stored hash at its place.
+    longer = Request("s", [1, 1, 2, 2, 3, 3, 4, 4])
+    hashes = hash_request_tokens(sha256, 2, longer)[:2]
+    pool.cache_full_blocks(longer, [0, 0, 2, 2], hashes, 2, 3, 2, sha256)
+    assert hashes == hash_request_tokens(sha256, 2, longer)[:3]
     pool.check_invariants()
 
 
