@@ -1,4 +1,4 @@
-"""Adapters that make pools speak `PoolUnderTest`, and the factories `--impl` can name."""
+"""Adapters that make pools and managers speak the harness protocols, and default factories."""
 
 from __future__ import annotations
 
@@ -9,10 +9,19 @@ from typing import Any, cast
 from pagedkv.block_hash import BlockHashType, HashFn
 from pagedkv.block_pool import BlockPool
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.harness.protocol import PoolFactory, PoolSnapshot, PoolUnderTest
+from pagedkv.harness.protocol import (
+    ManagerConfig,
+    ManagerSnapshot,
+    ManagerUnderTest,
+    PoolSnapshot,
+    PoolUnderTest,
+)
+from pagedkv.manager import KVCacheManager
+from pagedkv.prefix_cache_stats import PrefixCacheStats
 from pagedkv.request import Request
 from pagedkv.semantics import Semantics
 from pagedkv.spec.block_pool import SpecBlockPool
+from pagedkv.spec.manager import SpecKVCacheManager
 
 
 class ObjectPoolAdapter:
@@ -125,6 +134,139 @@ class SpecPoolAdapter:
         )
 
 
+class ObjectManagerAdapter:
+    """Drives any manager shaped like vLLM's `KVCacheManager` (block objects) through block ids."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+        self.pool = ObjectPoolAdapter(manager.block_pool)
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
+        blocks, num_tokens = self.manager.get_computed_blocks(request)
+        return [block.block_id for block in blocks], int(num_tokens)
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_tokens: int,
+        new_computed_blocks: Sequence[int] | None = None,
+        num_lookahead_tokens: int = 0,
+    ) -> list[int] | None:
+        hits = self.pool._blocks(new_computed_blocks) if new_computed_blocks else None
+        blocks = self.manager.allocate_slots(request, num_tokens, hits, num_lookahead_tokens)
+        return None if blocks is None else [block.block_id for block in blocks]
+
+    def free(self, request: Request) -> None:
+        self.manager.free(request)
+
+    def free_block_hashes(self, request: Request) -> None:
+        self.manager.free_block_hashes(request)
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self.manager.reset_prefix_cache())
+
+    def get_num_common_prefix_blocks(self, request: Request, num_running_requests: int) -> int:
+        return int(self.manager.get_num_common_prefix_blocks(request, num_running_requests))
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        stats: PrefixCacheStats | None = self.manager.make_prefix_cache_stats()
+        return stats
+
+    @property
+    def usage(self) -> float:
+        return float(self.manager.usage)
+
+    def snapshot(self) -> ManagerSnapshot:
+        manager = self.manager
+        stats = manager.prefix_cache_stats
+        return ManagerSnapshot(
+            pool=self.pool.snapshot(),
+            blocks={
+                request_id: tuple(block.block_id for block in blocks)
+                for request_id, blocks in manager.req_to_blocks.items()
+                if blocks
+            },
+            hashes={
+                request_id: tuple(hashes)
+                for request_id, hashes in manager.req_to_block_hashes.items()
+                if hashes
+            },
+            num_cached=dict(manager.num_cached_block),
+            stats=_stats_tuple(stats),
+        )
+
+    def check_invariants(self) -> None:
+        check = getattr(self.manager, "check_invariants", None)
+        if check is not None:
+            check()
+
+
+class SpecManagerAdapter:
+    """The spec manager already speaks ids; this adds `snapshot()`."""
+
+    def __init__(self, manager: SpecKVCacheManager) -> None:
+        self.manager = manager
+        self.pool = SpecPoolAdapter(manager.pool)
+        self.get_computed_blocks = manager.get_computed_blocks
+        self.allocate_slots = manager.allocate_slots
+        self.free = manager.free
+        self.free_block_hashes = manager.free_block_hashes
+        self.reset_prefix_cache = manager.reset_prefix_cache
+        self.get_num_common_prefix_blocks = manager.get_num_common_prefix_blocks
+        self.make_prefix_cache_stats = manager.make_prefix_cache_stats
+        self.check_invariants = manager.check_invariants
+
+    @property
+    def usage(self) -> float:
+        return self.manager.usage
+
+    def snapshot(self) -> ManagerSnapshot:
+        manager = self.manager
+        return ManagerSnapshot(
+            pool=self.pool.snapshot(),
+            blocks={r: tuple(blocks) for r, blocks in manager.blocks.items() if blocks},
+            hashes={r: tuple(hashes) for r, hashes in manager.hashes.items() if hashes},
+            num_cached=dict(manager.num_cached),
+            stats=_stats_tuple(manager.stats),
+        )
+
+
+def _stats_tuple(stats: PrefixCacheStats | None) -> tuple[bool, int, int, int] | None:
+    if stats is None:
+        return None
+    return (stats.reset, stats.requests, stats.queries, stats.hits)
+
+
+def spec_manager(config: ManagerConfig) -> ManagerUnderTest:
+    """The reference manager, as a manager under test."""
+    return SpecManagerAdapter(
+        SpecKVCacheManager(
+            config.kv_cache_config,
+            config.max_model_len,
+            config.enable_caching,
+            config.caching_hash_algo,
+            config.use_eagle,
+            config.log_stats,
+            semantics=config.semantics,
+        )
+    )
+
+
+def pagedkv_manager(config: ManagerConfig) -> ManagerUnderTest:
+    """pagedkv's `KVCacheManager`, as a manager under test (the default `--manager-impl`)."""
+    return ObjectManagerAdapter(
+        KVCacheManager(
+            config.kv_cache_config,
+            config.max_model_len,
+            config.enable_caching,
+            config.caching_hash_algo,
+            config.use_eagle,
+            config.log_stats,
+            semantics=config.semantics,
+        )
+    )
+
+
 def spec_pool(num_gpu_blocks: int, enable_caching: bool, semantics: Semantics) -> PoolUnderTest:
     """The reference model, as a pool under test."""
     return SpecPoolAdapter(SpecBlockPool(num_gpu_blocks, enable_caching, semantics))
@@ -135,12 +277,12 @@ def pagedkv_pool(num_gpu_blocks: int, enable_caching: bool, semantics: Semantics
     return ObjectPoolAdapter(BlockPool(num_gpu_blocks, enable_caching, semantics))
 
 
-def load_factory(target: str) -> PoolFactory:
-    """Import `module:attribute` and return it as a pool factory."""
+def load_factory(target: str) -> Callable[..., Any]:
+    """Import `module:attribute` and return it (a pool or manager factory)."""
     module_name, sep, attribute = target.partition(":")
     if not sep or not module_name or not attribute:
         raise InvalidArgumentError(f"expected module:factory, got {target!r}")
     factory = getattr(importlib.import_module(module_name), attribute, None)
     if not callable(factory):
         raise InvalidArgumentError(f"{target!r} is not a callable factory")
-    return cast(PoolFactory, factory)
+    return cast(Callable[..., Any], factory)

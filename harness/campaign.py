@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
-from pagedkv.harness.pool_machine import CampaignStats
+from pagedkv.harness.lockstep import CampaignStats
 
 
 @dataclass(frozen=True)

@@ -9,65 +9,20 @@ alphabet, so exhaustion, eviction, reuse and prefix collisions happen constantly
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from dataclasses import dataclass
+from typing import ClassVar
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, precondition, rule
 
 from pagedkv.block_hash import BlockHashType, HashFn, get_hash_fn
-from pagedkv.errors import InvariantViolation
 from pagedkv.harness.adapters import pagedkv_pool, spec_pool
-from pagedkv.harness.protocol import PoolFactory, PoolSnapshot, PoolUnderTest
+from pagedkv.harness.lockstep import CampaignStats, Divergence, LockstepMachine
+from pagedkv.harness.protocol import PoolFactory, PoolUnderTest
 from pagedkv.harness.requests import requests
 from pagedkv.request import Request
 from pagedkv.semantics import PAGEDKV, Semantics
 from pagedkv.spec.block_hash import request_block_hashes
-
-T = TypeVar("T")
-
-_ONE_IN_FIVE = (False, False, False, False, True)  # shrinks towards False
-
-
-class Divergence(AssertionError):
-    """The pool under test and the spec disagree."""
-
-
-@dataclass
-class CampaignStats:
-    """Counters shared by every example of a campaign; `on_progress` is called ~10x a second."""
-
-    steps: int = 0
-    operations: int = 0
-    matched_errors: int = 0
-    invariant_checks: int = 0
-    examples: int = 0
-    state_keys: set[int] = field(default_factory=set)
-    on_progress: Callable[[CampaignStats], None] | None = None
-    _last_progress: float = 0.0
-
-    def step(self, state_key: int) -> None:
-        self.steps += 1
-        self.state_keys.add(state_key)
-        if self.on_progress is not None:
-            now = time.monotonic()
-            if now - self._last_progress >= 0.1:
-                self._last_progress = now
-                self.on_progress(self)
-
-
-@dataclass
-class Outcome(Generic[T]):
-    """What one call did on both sides: a result, or an exception of the same class on both."""
-
-    result: T | None = None
-    error: Exception | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
 
 
 @dataclass
@@ -81,28 +36,16 @@ class _Sequence:
     num_cached: int = 0
 
 
-def describe(snapshot_a: PoolSnapshot, snapshot_b: PoolSnapshot) -> str:
-    """The fields on which two snapshots differ, spec side first."""
-    lines = []
-    for name in ("free_order", "ref_cnt", "block_hash", "index", "num_free_blocks", "usage"):
-        a, b = getattr(snapshot_a, name), getattr(snapshot_b, name)
-        if a != b:
-            lines.append(f"  {name}: spec {a!r}\n  {' ' * len(name)}  impl {b!r}")
-    return "\n".join(lines)
-
-
-class PoolMachine(RuleBasedStateMachine):
+class PoolMachine(LockstepMachine):
     """Spec vs `factory` pool. Subclass via `make_pool_machine` to choose what is tested."""
 
     factory: ClassVar[PoolFactory] = staticmethod(pagedkv_pool)
     semantics: ClassVar[Semantics] = PAGEDKV
-    misuse: ClassVar[bool] = True
-    stats: ClassVar[CampaignStats] = CampaignStats()
 
     def __init__(self) -> None:
         super().__init__()
-        self.spec: PoolUnderTest | None = None
-        self.impl: PoolUnderTest | None = None
+        self.spec: PoolUnderTest
+        self.impl: PoolUnderTest
         self.held: list[int] = []  # references this test owns (a multiset of block ids)
         self.sequences: list[_Sequence] = []
         self.seen_hashes: list[BlockHashType] = []
@@ -133,39 +76,6 @@ class PoolMachine(RuleBasedStateMachine):
         self.spec = spec_pool(num_gpu_blocks, enable_caching, self.semantics)
         self.impl = type(self).factory(num_gpu_blocks, enable_caching, self.semantics)
         self.stats.examples += 1
-
-    # -- the lock-step call -------------------------------------------------------------------
-
-    def both(self, name: str, call: Callable[[PoolUnderTest, str], T]) -> Outcome[T]:
-        """Apply `call` to the spec, then to the pool under test, and compare what happened."""
-        assert self.spec is not None and self.impl is not None
-        spec_before, impl_before = self.spec.snapshot(), self.impl.snapshot()
-        spec_outcome = _attempt(lambda: call(self.spec, "spec"))  # type: ignore[arg-type]
-        if isinstance(spec_outcome.error, InvariantViolation):
-            raise spec_outcome.error  # the spec itself is broken
-        impl_outcome = _attempt(lambda: call(self.impl, "impl"))  # type: ignore[arg-type]
-        self.stats.operations += 1
-        if type(spec_outcome.error) is not type(impl_outcome.error):
-            raise Divergence(
-                f"{name}: spec {_show(spec_outcome)}, but the pool under test {_show(impl_outcome)}"
-            )
-        if not spec_outcome.ok:
-            self.stats.matched_errors += 1
-            if self.spec.snapshot() != spec_before:
-                raise InvariantViolation("a failed call changes nothing", f"spec, {name}")
-            impl_after = self.impl.snapshot()
-            if impl_after != impl_before:
-                raise Divergence(
-                    f"{name} raised {_show(impl_outcome)} but changed the pool under test:\n"
-                    + describe(impl_before, impl_after)
-                )
-            return spec_outcome
-        if spec_outcome.result != impl_outcome.result:
-            raise Divergence(
-                f"{name}: spec returned {spec_outcome.result!r}, "
-                f"the pool under test {impl_outcome.result!r}"
-            )
-        return spec_outcome
 
     # -- rules --------------------------------------------------------------------------------
 
@@ -334,32 +244,18 @@ class PoolMachine(RuleBasedStateMachine):
 
     # -- after every step ---------------------------------------------------------------------
 
-    @invariant()
-    def spec_and_impl_agree(self) -> None:
-        if self.spec is None or self.impl is None:
-            return
-        spec_state, impl_state = self.spec.snapshot(), self.impl.snapshot()
-        if spec_state != impl_state:
-            raise Divergence("states differ after the step:\n" + describe(spec_state, impl_state))
+    def state_key(self) -> int:
+        return hash((self.num_gpu_blocks, self.enable_caching))
+
+    def agree_beyond_snapshots(self) -> None:
         for sequence in self.sequences:
             if sequence.spec_hashes != sequence.impl_hashes:
                 raise Divergence(
                     f"stored hashes of {sequence.request.request_id} differ: spec "
                     f"{sequence.spec_hashes}, impl {sequence.impl_hashes}"
                 )
-        self.spec.check_invariants()
-        self.impl.check_invariants()
-        self.stats.invariant_checks += 2
-        self.stats.step(hash((self.num_gpu_blocks, self.enable_caching, spec_state.key())))
 
     # -- helpers ------------------------------------------------------------------------------
-
-    def draw_misuse(self, data: st.DataObject) -> bool:
-        """Whether this call should break a precondition: one call in five, if misuse is on."""
-        return self.misuse and data.draw(st.sampled_from(_ONE_IN_FIVE), label="misuse")
-
-    def outcome_ok(self, name: str, call: Callable[[PoolUnderTest, str], Any]) -> bool:
-        return self.both(name, call).ok
 
     def free(self, block_ids: list[int]) -> bool:
         """free_blocks on both; on success the references leave `held`."""
@@ -445,19 +341,6 @@ class PoolMachine(RuleBasedStateMachine):
             seen.add(block_id)
             num_full += 1
         return num_full
-
-
-def _attempt(call: Callable[[], T]) -> Outcome[T]:
-    try:
-        return Outcome(result=call())
-    except Exception as error:  # compared by class with the other side
-        return Outcome(error=error)
-
-
-def _show(outcome: Outcome[Any]) -> str:
-    if outcome.error is None:
-        return f"returned {outcome.result!r}"
-    return f"raised {type(outcome.error).__name__}: {outcome.error}"
 
 
 def make_pool_machine(

@@ -1,4 +1,4 @@
-"""The interface a block pool must offer to be checked against pagedkv's spec.
+"""The interfaces a block pool and a KV cache manager must offer to be checked against the spec.
 
 A pool under test speaks block *ids*, so any implementation can be driven, whatever its block
 objects look like. A pool shaped like vLLM's `BlockPool` (block objects with `block_id`,
@@ -7,6 +7,8 @@ objects look like. A pool shaped like vLLM's `BlockPool` (block objects with `bl
 
 `pagedkv verify --impl module:factory` imports `factory` and calls
 `factory(num_gpu_blocks, enable_caching, semantics)`; it must return a `PoolUnderTest`.
+`--manager-impl module:factory` calls `factory(ManagerConfig)` for a `ManagerUnderTest`; a
+manager shaped like vLLM's `KVCacheManager` needs only `ObjectManagerAdapter`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pagedkv.block_hash import BlockHashType, HashFn
+from pagedkv.kv_cache_interface import KVCacheConfig
+from pagedkv.prefix_cache_stats import PrefixCacheStats
 from pagedkv.request import Request
 from pagedkv.semantics import Semantics
 
@@ -91,3 +95,81 @@ class PoolUnderTest(Protocol):
 
 PoolFactory = Callable[[int, bool, Semantics], PoolUnderTest]
 """`factory(num_gpu_blocks, enable_caching, semantics)` -> a fresh pool under test."""
+
+
+@dataclass(frozen=True)
+class ManagerConfig:
+    """Everything a KV cache manager is built from (the KVCacheManager constructor's arguments)."""
+
+    kv_cache_config: KVCacheConfig
+    max_model_len: int
+    enable_caching: bool
+    caching_hash_algo: str
+    use_eagle: bool
+    log_stats: bool
+    semantics: Semantics
+
+
+@dataclass(frozen=True)
+class ManagerSnapshot:
+    """Everything observable about a manager; two conforming managers have equal snapshots.
+
+    Attributes:
+        pool: the block pool's snapshot.
+        blocks: request id -> its block ids (requests with no blocks left out).
+        hashes: request id -> its stored block hashes (empty lists left out).
+        num_cached: request id -> its cached-block count.
+        stats: (reset, requests, queries, hits) of the pending prefix-cache stats, or None.
+    """
+
+    pool: PoolSnapshot
+    blocks: Mapping[str, tuple[int, ...]]
+    hashes: Mapping[str, tuple[BlockHashType, ...]]
+    num_cached: Mapping[str, int]
+    stats: tuple[bool, int, int, int] | None
+
+    def key(self) -> int:
+        """A hash of the whole state, for counting distinct states."""
+        return hash(
+            (
+                self.pool.key(),
+                frozenset(self.blocks.items()),
+                frozenset(self.hashes.items()),
+                frozenset(self.num_cached.items()),
+            )
+        )
+
+
+class ManagerUnderTest(Protocol):
+    """KVCacheManager's operations over block ids, plus observation. Errors: `pagedkv.errors`."""
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]: ...
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_tokens: int,
+        new_computed_blocks: Sequence[int] | None = None,
+        num_lookahead_tokens: int = 0,
+    ) -> list[int] | None: ...
+
+    def free(self, request: Request) -> None: ...
+
+    def free_block_hashes(self, request: Request) -> None: ...
+
+    def reset_prefix_cache(self) -> bool: ...
+
+    def get_num_common_prefix_blocks(self, request: Request, num_running_requests: int) -> int: ...
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None: ...
+
+    @property
+    def usage(self) -> float: ...
+
+    def snapshot(self) -> ManagerSnapshot: ...
+
+    def check_invariants(self) -> None: ...
+
+
+ManagerFactory = Callable[[ManagerConfig], ManagerUnderTest]
+"""`factory(config)` -> a fresh manager under test."""

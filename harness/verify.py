@@ -4,9 +4,11 @@ Runs the differential state machine (spec vs the implementation under test) for 
 steps or seconds. Exit status: 0 when no divergence was found, 1 with the shrunk failing sequence
 when one was, 2 on bad arguments.
 
-The implementation under test is `--impl module:factory`; `factory(num_gpu_blocks,
-enable_caching, semantics)` must return a `pagedkv.harness.protocol.PoolUnderTest` (wrap a
-vLLM-shaped pool in `pagedkv.harness.adapters.ObjectPoolAdapter`).
+Two layers: the block pool (`--impl module:factory`; `factory(num_gpu_blocks, enable_caching,
+semantics)` returns a `pagedkv.harness.protocol.PoolUnderTest`) and the request-level manager,
+for full attention and sliding window (`--manager-impl module:factory`; `factory(ManagerConfig)`
+returns a `ManagerUnderTest`). Wrap vLLM-shaped objects in `ObjectPoolAdapter` or
+`ObjectManagerAdapter` (`pagedkv.harness.adapters`). The default runs every campaign.
 """
 
 from __future__ import annotations
@@ -17,17 +19,35 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hypothesis.stateful import RuleBasedStateMachine
+
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.harness.adapters import load_factory
 from pagedkv.harness.campaign import CampaignResult, ProgressBar, run_campaign
-from pagedkv.harness.pool_machine import CampaignStats, make_pool_machine
+from pagedkv.harness.lockstep import CampaignStats
+from pagedkv.harness.manager_machine import make_manager_machine
+from pagedkv.harness.pool_machine import make_pool_machine
 from pagedkv.semantics import SEMANTICS_BY_NAME, Semantics
 
 DEFAULT_POOL_IMPL = "pagedkv.harness.adapters:pagedkv_pool"
-DEFAULT_STEPS = 25_000
+DEFAULT_MANAGER_IMPL = "pagedkv.harness.adapters:pagedkv_manager"
+DEFAULT_POOL_STEPS = 25_000
+DEFAULT_MANAGER_STEPS = 10_000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--layer",
+        choices=("pool", "manager", "all"),
+        default="all",
+        help="block pool, request-level manager, or both (default: all)",
+    )
+    parser.add_argument(
+        "--attention",
+        choices=("full", "sliding", "both"),
+        default="both",
+        help="manager layer: full attention, sliding window, or both (default: both)",
+    )
     parser.add_argument(
         "--impl",
         default=DEFAULT_POOL_IMPL,
@@ -35,19 +55,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"block pool factory to check (default: {DEFAULT_POOL_IMPL})",
     )
     parser.add_argument(
-        "--steps",
-        type=int,
-        default=DEFAULT_STEPS,
-        help=f"stop after this many steps (default: {DEFAULT_STEPS:,})",
+        "--manager-impl",
+        default=DEFAULT_MANAGER_IMPL,
+        metavar="MODULE:FACTORY",
+        help=f"KV cache manager factory to check (default: {DEFAULT_MANAGER_IMPL})",
     )
     parser.add_argument(
-        "--seconds", type=float, default=None, help="stop after this many seconds (default: none)"
+        "--steps",
+        type=int,
+        default=None,
+        help=f"steps per campaign (default: {DEFAULT_POOL_STEPS:,} for the pool, "
+        f"{DEFAULT_MANAGER_STEPS:,} per attention type for the manager)",
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="stop each campaign after this many seconds (default: none)",
     )
     parser.add_argument(
         "--steps-per-example",
         type=int,
         default=50,
-        help="longest operation sequence before a fresh pool (default: 50)",
+        help="longest operation sequence before a fresh pool or manager (default: 50)",
     )
     parser.add_argument(
         "--semantics",
@@ -66,43 +96,91 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True)
 class Campaign:
-    """One campaign's parameters, for the report heading."""
+    """One campaign: what is checked, against which implementation, with which machine."""
 
     layer: str
     impl: str
     semantics: Semantics
     misuse: bool
+    machine: type[RuleBasedStateMachine]
+    stats: CampaignStats
+    steps: int
+
+
+def plan_campaigns(args: argparse.Namespace) -> list[Campaign]:
+    """The campaigns the arguments ask for, in order (pool first)."""
+    semantics = SEMANTICS_BY_NAME[args.semantics]
+    misuse = not args.no_misuse and semantics == SEMANTICS_BY_NAME["pagedkv"]
+    campaigns = []
+    if args.layer in ("pool", "all"):
+        stats = CampaignStats()
+        machine = make_pool_machine(
+            load_factory(args.impl), semantics=semantics, misuse=misuse, stats=stats
+        )
+        steps = args.steps or DEFAULT_POOL_STEPS
+        campaigns.append(
+            Campaign("block pool", args.impl, semantics, misuse, machine, stats, steps)
+        )
+    if args.layer in ("manager", "all"):
+        factory = load_factory(args.manager_impl)
+        for attention in ("full", "sliding"):
+            if args.attention not in (attention, "both"):
+                continue
+            stats = CampaignStats()
+            manager_machine = make_manager_machine(
+                factory,
+                sliding_window=attention == "sliding",
+                semantics=semantics,
+                misuse=misuse,
+                stats=stats,
+            )
+            kind = "sliding window" if attention == "sliding" else "full attention"
+            steps = args.steps or DEFAULT_MANAGER_STEPS
+            campaigns.append(
+                Campaign(
+                    f"KV cache manager, {kind}",
+                    args.manager_impl,
+                    semantics,
+                    misuse,
+                    manager_machine,
+                    stats,
+                    steps,
+                )
+            )
+    return campaigns
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.steps <= 0 or (args.seconds is not None and args.seconds <= 0):
+    if (args.steps is not None and args.steps <= 0) or (
+        args.seconds is not None and args.seconds <= 0
+    ):
         print("pagedkv verify: --steps and --seconds must be positive", file=sys.stderr)
         return 2
-    semantics = SEMANTICS_BY_NAME[args.semantics]
-    misuse = not args.no_misuse and semantics == SEMANTICS_BY_NAME["pagedkv"]
     try:
-        factory = load_factory(args.impl)
+        campaigns = plan_campaigns(args)
     except (InvalidArgumentError, ImportError) as error:
-        print(f"pagedkv verify: cannot load --impl {args.impl}: {error}", file=sys.stderr)
+        print(f"pagedkv verify: cannot load the implementation: {error}", file=sys.stderr)
         return 2
-    campaign = Campaign("block pool", args.impl, semantics, misuse)
-    stats = CampaignStats()
-    progress = None if args.quiet else ProgressBar(args.steps)
-    stats.on_progress = progress
-    machine = make_pool_machine(factory, semantics=semantics, misuse=misuse, stats=stats)
     # Refused prefix-cache resets log a warning each; thousands of them are noise here.
     logging.getLogger("pagedkv").setLevel(logging.ERROR)
-    result = run_campaign(
-        machine,
-        stats,
-        max_steps=args.steps,
-        max_seconds=args.seconds,
-        steps_per_example=args.steps_per_example,
-    )
-    if progress is not None:
-        progress.close(stats)
-    print(format_report(campaign, result))
-    return 0 if result.ok else 1
+    for index, campaign in enumerate(campaigns):
+        progress = None if args.quiet else ProgressBar(campaign.steps)
+        campaign.stats.on_progress = progress
+        result = run_campaign(
+            campaign.machine,
+            campaign.stats,
+            max_steps=campaign.steps,
+            max_seconds=args.seconds,
+            steps_per_example=args.steps_per_example,
+        )
+        if progress is not None:
+            progress.close(campaign.stats)
+        if index:
+            print()
+        print(format_report(campaign, result), flush=True)
+        if not result.ok:
+            return 1
+    return 0
 
 
 def format_report(campaign: Campaign, result: CampaignResult) -> str:

@@ -42,7 +42,10 @@ from pagedkv.kv_cache_interface import (
     KVCacheSpec,
     KVCacheTensor,
     SlidingWindowSpec,
+    uniform_kv_cache_config,
 )
+from pagedkv.manager import KVCacheManager
+from pagedkv.prefix_cache_stats import PrefixCacheStats, PrefixCachingMetrics
 from pagedkv.request import PlaceholderRange, Request
 from pagedkv.semantics import PAGEDKV, VLLM_0_8_5, Semantics
 
@@ -65,12 +68,15 @@ __all__ = [
     "KVCacheConfig",
     "KVCacheConfigError",
     "KVCacheGroupSpec",
+    "KVCacheManager",
     "KVCacheSpec",
     "KVCacheTensor",
     "MaxModelLenExceededError",
     "NoFreeBlocksError",
     "PagedKVError",
     "PlaceholderRange",
+    "PrefixCacheStats",
+    "PrefixCachingMetrics",
     "Request",
     "RequestError",
     "Semantics",
@@ -84,5 +90,6 @@ __all__ = [
     "hash_request_tokens",
     "need_extra_keys",
     "sha256",
+    "uniform_kv_cache_config",
     "unify_kv_cache_configs",
 ]

@@ -80,7 +80,8 @@ def generate_block_hash_extra_keys(
     """Extra keys of the block covering tokens `[start_token_idx, end_token_idx)`.
 
     Order: the LoRA id, then the hash of each multimodal input from `start_mm_idx` on that
-    overlaps the block, then the tagged cache salt (first block only). `include_touching` also
+    overlaps the block, then the tagged cache salt (every block: tenant isolation must not rest
+    on hash values alone, see `pagedkv.spec.block_hash`). `include_touching` also
     takes an input ending exactly where the block starts (vLLM 0.8.5's quirk, difference 6).
 
     Returns:
@@ -111,7 +112,7 @@ def generate_block_hash_extra_keys(
         if position.end > end_token_idx:
             break  # the input continues into the next block
         mm_idx += 1  # the input ends here; the next one may start in this block too
-    if request.cache_salt is not None and start_token_idx == 0:
+    if request.cache_salt is not None:
         keys.append((CACHE_SALT_TAG, request.cache_salt))
     return (tuple(keys) if keys else None), mm_idx
 

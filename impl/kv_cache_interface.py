@@ -397,3 +397,25 @@ class KVCacheConfig:
         Complexity: O(num_layers).
         """
         return KVCacheConfig(num_blocks, self.tensors, self.kv_cache_groups)
+
+
+def uniform_kv_cache_config(
+    kv_cache_spec: KVCacheSpec, num_blocks: int, num_layers: int = 1
+) -> KVCacheConfig:
+    """One group of `num_layers` layers ("layers.0", ...) sharing `kv_cache_spec`, each with a
+    tensor of exactly `num_blocks` pages: the shape `KVCacheManager` and tests build from.
+
+    Raises:
+        InvalidArgumentError, KVCacheConfigError: as `KVCacheConfig` on construction.
+
+    Complexity: O(num_layers).
+    """
+    _check_positive_int("num_layers", num_layers)
+    _check_positive_int("num_blocks", num_blocks)
+    names = tuple(f"layers.{i}" for i in range(num_layers))
+    tensor = KVCacheTensor(size=kv_cache_spec.page_size_bytes * num_blocks)
+    return KVCacheConfig(
+        num_blocks,
+        dict.fromkeys(names, tensor),
+        [KVCacheGroupSpec(names, kv_cache_spec)],
+    )

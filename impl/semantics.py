@@ -6,7 +6,9 @@ outcome of a *valid* call sequence has a switch here, so a conformance run can t
 leaves it undefined (silent corruption), so there is nothing to conform to.
 
 The default hash (difference 3) is the manager's `caching_hash_algo` argument, and the cache salt
-(difference 4) changes nothing for requests without one, which is every vLLM 0.8.5 request.
+(difference 4) changes nothing for requests without one, which is every vLLM 0.8.5 request. The
+salt joins every block's extra keys, not only the first's, so that tenant isolation does not
+depend on hash values never colliding (see `pagedkv.spec.block_hash.block_extra_keys`).
 """
 
 from __future__ import annotations

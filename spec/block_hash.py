@@ -17,14 +17,22 @@ def overlaps(position: PlaceholderRange, start: int, end: int) -> bool:
 
 
 def block_extra_keys(request: Request, start: int, end: int) -> tuple[ExtraKey, ...] | None:
-    """LoRA id, then every multimodal input overlapping the block, then the salt (block 0 only)."""
+    """LoRA id, then every multimodal input overlapping the block, then the tagged salt.
+
+    The salt joins every block, not only the first (as SEMANTICS.md's difference 4 words it):
+    an index key is (hash value, tokens, extra keys), and the parent chain enters it only
+    through the hash value. With the salt in block 0 only, two tenants' identical later blocks
+    would have equal keys up to the hash value, and a sliding-window lookup (which probes blocks
+    one by one) would then cross tenants on a hash-value collision. With the salt in every key,
+    different salts never share a block whatever the hash function.
+    """
     keys: list[ExtraKey] = []
     if request.lora_id is not None:
         keys.append(request.lora_id)
     for position, mm_hash in zip(request.mm_positions, request.mm_hashes, strict=True):
         if overlaps(position, start, end):
             keys.append(mm_hash)
-    if request.cache_salt is not None and start == 0:
+    if request.cache_salt is not None:
         keys.append((CACHE_SALT_TAG, request.cache_salt))
     return tuple(keys) if keys else None
 
@@ -44,7 +52,7 @@ def vllm_new_block_extra_keys(
         last = request.mm_positions[-1]
         if overlaps(last, start, end) or last.end == start:
             keys.append(request.mm_hashes[-1])
-    if request.cache_salt is not None and start == 0:
+    if request.cache_salt is not None:
         keys.append((CACHE_SALT_TAG, request.cache_salt))
     return tuple(keys) if keys else None
 

@@ -82,8 +82,8 @@ def test_extra_keys_order_lora_then_multimodal_then_salt() -> None:
         (7, "a", "b", (CACHE_SALT_TAG, "s")),
         1,
     )
-    # Block [4, 8): input "b" ends at 5, so it joins; the salt does not (not the first block).
-    assert generate_block_hash_extra_keys(request, 4, 8, 1) == ((7, "b"), 2)
+    # Block [4, 8): input "b" ends at 5, so it joins; the salt joins every block.
+    assert generate_block_hash_extra_keys(request, 4, 8, 1) == ((7, "b", (CACHE_SALT_TAG, "s")), 2)
 
 
 def test_an_input_ending_where_a_block_starts_joins_it_only_in_vllm_semantics() -> None:
@@ -174,7 +174,7 @@ def test_salts_separate_tenants_and_equal_salts_share() -> None:
     assert alice == alice_again
     assert not set(alice) & set(bob)
     assert not set(alice) & set(unsalted)
-    assert alice[1].extra_keys is None  # only block 0 carries the salt; the chain does the rest
+    assert alice[1].extra_keys == (("cache_salt", "alice"),)  # every block carries the salt
 
 
 def test_salt_key_never_equals_a_lora_id_or_multimodal_hash() -> None:

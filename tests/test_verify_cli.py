@@ -26,13 +26,53 @@ def _steps(report: str) -> int:
 
 
 @pytest.mark.slow
-def test_default_run_checks_20000_steps_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+def test_default_run_checks_both_layers_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["verify", "--quiet"]) == 0
     report = capsys.readouterr().out
-    assert "OK: no divergence" in report
-    assert _steps(report) >= 20_000
+    campaigns = report.split("pagedkv verify — ")[1:]
+    assert [c.splitlines()[0].split(":")[0] for c in campaigns] == [
+        "block pool",
+        "KV cache manager, full attention",
+        "KV cache manager, sliding window",
+    ]
+    assert all("OK: no divergence" in campaign for campaign in campaigns)
+    assert _steps(campaigns[0]) >= 20_000
+    assert all(_steps(campaign) >= 10_000 for campaign in campaigns[1:])
     assert re.search(r"distinct states seen\s+[1-9]", report)
     assert re.search(r"invariant checks run\s+[1-9]", report)
+
+
+@pytest.mark.parametrize(
+    ("factory", "attention"),
+    [
+        ("forward_free", "full"),
+        ("no_last_block_rule", "full"),
+        ("window_off_by_one", "sliding"),
+    ],
+)
+def test_broken_manager_fails_with_shrunk_sequence(
+    factory: str, attention: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = main(
+        [
+            "verify",
+            "--quiet",
+            "--layer",
+            "manager",
+            "--attention",
+            attention,
+            "--manager-impl",
+            f"broken_managers:{factory}",
+            "--steps",
+            "100000",
+        ]
+    )
+    report = capsys.readouterr().out
+    assert status == 1
+    sequence = report.split("Shrunk failing sequence:", 1)[1]
+    assert "state.setup(" in sequence
+    steps = re.findall(r"^state\.(?!spec_and_impl_agree|setup|teardown)(\w+)\(", sequence, re.M)
+    assert 1 <= len(steps) <= 15, steps
 
 
 def test_vllm_conformance_run_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
@@ -48,9 +88,13 @@ def test_vllm_conformance_run_exits_0(capsys: pytest.CaptureFixture[str]) -> Non
         (
             "touch_keeps_queued",
             {"touch", "hit_sequence", "admit"},
-            ("free_order: spec", "the pool under test returned"),
+            ("free_order: spec", "the one under test"),
         ),
-        ("eviction_keeps_hash", {"get_new_blocks", "admit"}, ("block_hash: spec",)),
+        (
+            "eviction_keeps_hash",
+            {"get_new_blocks", "admit"},
+            ("block_hash: spec", "the one under test"),
+        ),
     ],
 )
 def test_broken_pool_fails_with_shrunk_sequence(
@@ -97,7 +141,8 @@ def test_console_script_reports_divergence_with_nonzero_exit() -> None:
 def test_unloadable_impl_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["verify", "--impl", "no_such_module:factory"]) == 2
     assert main(["verify", "--impl", "not-a-target"]) == 2
-    assert "cannot load --impl" in capsys.readouterr().err
+    assert main(["verify", "--manager-impl", "no_such_module:factory"]) == 2
+    assert "cannot load the implementation" in capsys.readouterr().err
 
 
 def test_state_machine_fails_on_a_broken_pool() -> None:

@@ -1,0 +1,164 @@
+"""Lock-step machinery shared by the differential state machines.
+
+A `LockstepMachine` holds a spec object and an object under test, both with `snapshot()` and
+`check_invariants()`. `both()` applies one call to each and demands the same outcome: equal
+results, or the same exception class with neither side changed. After every step the snapshots
+must be equal and both invariant checks must pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant
+
+from pagedkv.errors import InvariantViolation
+
+T = TypeVar("T")
+
+ONE_IN_FIVE = (False, False, False, False, True)  # shrinks towards False
+
+
+class Divergence(AssertionError):
+    """The object under test and the spec disagree."""
+
+
+@dataclass
+class CampaignStats:
+    """Counters shared by every example of a campaign; `on_progress` is called ~10x a second."""
+
+    steps: int = 0
+    operations: int = 0
+    matched_errors: int = 0
+    invariant_checks: int = 0
+    examples: int = 0
+    state_keys: set[int] = field(default_factory=set)
+    on_progress: Callable[[CampaignStats], None] | None = None
+    _last_progress: float = 0.0
+
+    def step(self, state_key: int) -> None:
+        self.steps += 1
+        self.state_keys.add(state_key)
+        if self.on_progress is not None:
+            now = time.monotonic()
+            if now - self._last_progress >= 0.1:
+                self._last_progress = now
+                self.on_progress(self)
+
+
+@dataclass
+class Outcome(Generic[T]):
+    """What one call did on both sides: a result, or an exception of the same class on both."""
+
+    result: T | None = None
+    error: Exception | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def describe(spec_state: object, impl_state: object, prefix: str = "") -> str:
+    """The fields on which two snapshots (dataclasses, maybe nested) differ, spec side first."""
+    lines = []
+    for item in dataclasses.fields(spec_state):  # type: ignore[arg-type]
+        a, b = getattr(spec_state, item.name), getattr(impl_state, item.name)
+        if a == b:
+            continue
+        name = prefix + item.name
+        if dataclasses.is_dataclass(a) and dataclasses.is_dataclass(b):
+            lines.append(describe(a, b, name + "."))
+        else:
+            lines.append(f"  {name}: spec {a!r}\n  {' ' * len(name)}  impl {b!r}")
+    return "\n".join(lines)
+
+
+def attempt(call: Callable[[], T]) -> Outcome[T]:
+    try:
+        return Outcome(result=call())
+    except Exception as error:  # compared by class with the other side
+        return Outcome(error=error)
+
+
+def show(outcome: Outcome[Any]) -> str:
+    if outcome.error is None:
+        return f"returned {outcome.result!r}"
+    return f"raised {type(outcome.error).__name__}: {outcome.error}"
+
+
+class LockstepMachine(RuleBasedStateMachine):
+    """Base of the differential machines: `both()`, misuse draws, and the per-step comparison.
+
+    Subclasses set `self.spec` and `self.impl` in their `@initialize` rule and may extend
+    `agree_beyond_snapshots()` with comparisons of state the snapshots do not hold.
+    """
+
+    misuse: ClassVar[bool] = True
+    stats: ClassVar[CampaignStats] = CampaignStats()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spec: Any = None
+        self.impl: Any = None
+
+    def state_key(self) -> int:
+        """What distinguishes this run's configuration in the distinct-state count."""
+        return 0
+
+    def both(self, name: str, call: Callable[[Any, str], T]) -> Outcome[T]:
+        """Apply `call` to the spec, then to the object under test, and compare what happened."""
+        spec_before, impl_before = self.spec.snapshot(), self.impl.snapshot()
+        spec_outcome = attempt(lambda: call(self.spec, "spec"))
+        if isinstance(spec_outcome.error, InvariantViolation):
+            raise spec_outcome.error  # the spec itself is broken
+        impl_outcome = attempt(lambda: call(self.impl, "impl"))
+        self.stats.operations += 1
+        if type(spec_outcome.error) is not type(impl_outcome.error):
+            raise Divergence(
+                f"{name}: spec {show(spec_outcome)}, but the one under test {show(impl_outcome)}"
+            )
+        if not spec_outcome.ok:
+            self.stats.matched_errors += 1
+            if self.spec.snapshot() != spec_before:
+                raise InvariantViolation("a failed call changes nothing", f"spec, {name}")
+            impl_after = self.impl.snapshot()
+            if impl_after != impl_before:
+                raise Divergence(
+                    f"{name} raised {show(impl_outcome)} but changed the one under test:\n"
+                    + describe(impl_before, impl_after)
+                )
+            return spec_outcome
+        if spec_outcome.result != impl_outcome.result:
+            raise Divergence(
+                f"{name}: spec returned {spec_outcome.result!r}, "
+                f"the one under test {impl_outcome.result!r}"
+            )
+        return spec_outcome
+
+    def outcome_ok(self, name: str, call: Callable[[Any, str], Any]) -> bool:
+        return self.both(name, call).ok
+
+    def draw_misuse(self, data: st.DataObject) -> bool:
+        """Whether this call should break a precondition: one call in five, if misuse is on."""
+        return self.misuse and data.draw(st.sampled_from(ONE_IN_FIVE), label="misuse")
+
+    def agree_beyond_snapshots(self) -> None:
+        """Compare state the snapshots do not hold (override)."""
+
+    @invariant()
+    def spec_and_impl_agree(self) -> None:
+        if self.spec is None or self.impl is None:
+            return
+        spec_state, impl_state = self.spec.snapshot(), self.impl.snapshot()
+        if spec_state != impl_state:
+            raise Divergence("states differ after the step:\n" + describe(spec_state, impl_state))
+        self.agree_beyond_snapshots()
+        self.spec.check_invariants()
+        self.impl.check_invariants()
+        self.stats.invariant_checks += 2
+        self.stats.step(hash((self.state_key(), spec_state.key())))

@@ -1,0 +1,523 @@
+"""KVCacheManager: what a scheduler asks of the KV cache, request by request.
+
+Layout of one request's blocks during `allocate_slots` (B tokens a block):
+
+    | computed | new computed (prefix hits) | new (this step) | lookahead |
+    |<------------------------- required ---------------------------->|
+    |<------------------- full ------------------->|   cached: full blocks without spec tokens
+
+The scheduler looks a waiting request up (`get_computed_blocks`), reserves slots for the tokens
+it schedules (`allocate_slots`, None when they do not fit), and releases a request's blocks when
+it is preempted (`free`) or finished (`free` + `free_block_hashes`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pagedkv.block import KVCacheBlock
+from pagedkv.block_hash import BlockHashType, get_hash_fn, hash_request_tokens
+from pagedkv.block_pool import BlockPool
+from pagedkv.errors import (
+    BlockStateError,
+    InvalidArgumentError,
+    InvariantViolation,
+    KVCacheConfigError,
+    MaxModelLenExceededError,
+    RequestError,
+)
+from pagedkv.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    SlidingWindowSpec,
+    cdiv,
+)
+from pagedkv.prefix_cache_stats import PrefixCacheStats
+from pagedkv.request import Request
+from pagedkv.semantics import PAGEDKV, Semantics
+from pagedkv.sliding_window import SlidingWindowManager
+from pagedkv.specialized_manager import FullAttentionManager, SpecializedManager
+
+CHECK_INVARIANTS_ENV = "PAGEDKV_CHECK_INVARIANTS"
+"""Set to 1 to make every manager run `check_invariants()` after each state-changing call."""
+
+
+@dataclass(frozen=True)
+class _Allocation:
+    """What `allocate_slots` worked out before changing anything."""
+
+    new_computed: list[KVCacheBlock]
+    num_required: int  # blocks the request needs after this step, lookahead included
+    num_full: int  # full blocks after this step, speculative tokens excluded
+    num_cached: int  # blocks already cached before this step
+
+
+class KVCacheManager:
+    """Request-level KV cache management over one `BlockPool` and one attention type.
+
+    Per request it keeps the block list (`req_to_blocks`), the chained block hashes
+    (`req_to_block_hashes`, kept across preemption, dropped by `free_block_hashes`) and how many
+    of its blocks are cached (`num_cached_block`). A request id names one `Request` object from
+    its first use until it is freed and its hashes are dropped; since a request's tokens only
+    grow, stored hashes can never go stale. Every public method checks its preconditions before
+    changing anything. Invariants: `check_invariants()`, mirroring the spec's manager.
+
+    Args:
+        kv_cache_config: one KV cache group, full attention or sliding window.
+        max_model_len: the longest request, in tokens.
+        enable_caching: prefix caching on or off.
+        caching_hash_algo: "sha256" (pagedkv's default) or "builtin" (vLLM 0.8.5's).
+        use_eagle: drop the last matched block of a hit (EAGLE needs its hidden states).
+        log_stats: gather `PrefixCacheStats`.
+        semantics: pagedkv's or vLLM 0.8.5's side of the deliberate differences.
+        debug_invariants: run `check_invariants()` after every state-changing call (for
+            deployments that prefer an exception to a silent corruption). None reads the
+            `PAGEDKV_CHECK_INVARIANTS` environment variable.
+    """
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        enable_caching: bool = True,
+        caching_hash_algo: str = "sha256",
+        use_eagle: bool = False,
+        log_stats: bool = False,
+        *,
+        semantics: Semantics = PAGEDKV,
+        debug_invariants: bool | None = None,
+    ) -> None:
+        if len(kv_cache_config.kv_cache_groups) != 1:
+            raise KVCacheConfigError(
+                f"KVCacheManager needs exactly one KV cache group, got "
+                f"{len(kv_cache_config.kv_cache_groups)}"
+            )
+        if max_model_len <= 0:
+            raise InvalidArgumentError(f"max_model_len must be > 0, got {max_model_len}")
+        kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        self.block_size = kv_cache_spec.block_size
+        self.num_gpu_blocks = kv_cache_config.num_blocks
+        self.max_model_len = max_model_len
+        self.max_num_blocks_per_req = cdiv(max_model_len, self.block_size)
+        self.enable_caching = enable_caching
+        self.caching_hash_fn = get_hash_fn(caching_hash_algo)
+        self.use_eagle = use_eagle
+        self.log_stats = log_stats
+        self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
+        self.semantics = semantics
+        self.block_pool = BlockPool(self.num_gpu_blocks, enable_caching, semantics)
+        self.specialized_manager: SpecializedManager
+        if isinstance(kv_cache_spec, SlidingWindowSpec):
+            self.specialized_manager = SlidingWindowManager(kv_cache_spec, self.block_pool)
+        elif isinstance(kv_cache_spec, FullAttentionSpec):
+            self.specialized_manager = FullAttentionManager(kv_cache_spec, self.block_pool)
+        else:
+            raise KVCacheConfigError(f"no attention manager for {type(kv_cache_spec).__name__}")
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.req_to_block_hashes: dict[str, list[BlockHashType]] = {}
+        self.num_cached_block: dict[str, int] = {}
+        self._requests: dict[str, Request] = {}
+        if debug_invariants is None:
+            debug_invariants = os.environ.get(CHECK_INVARIANTS_ENV, "") not in ("", "0")
+        self.debug_invariants = debug_invariants
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks in use, the null block counted. Complexity: O(1)."""
+        return self.block_pool.get_usage()
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The stats gathered since the last call (renewed), or None without `log_stats`."""
+        if self.prefix_cache_stats is None:
+            return None
+        stats = self.prefix_cache_stats
+        self.prefix_cache_stats = PrefixCacheStats()
+        return stats
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The cached blocks a waiting request can reuse, and how many tokens they hold.
+
+        Hashes every full block of the request once and stores the list. No hit when caching
+        is off or the request wants prompt logprobs. When every token lies in full blocks, the
+        last block is not looked up (it is recomputed, so the last token yields logits); with
+        `use_eagle` one more block is dropped from a non-empty hit. Nothing is touched yet:
+        `allocate_slots` does that if the request gets scheduled.
+
+        Raises:
+            RequestError: another Request object already uses this request id.
+
+        Complexity: O(num_tokens) the first time, O(full blocks) after.
+        """
+        if not self.enable_caching:
+            return [], 0
+        self._check_identity(request)
+        request_id = request.request_id
+        block_hashes = self.req_to_block_hashes.get(request_id)
+        if not block_hashes:
+            block_hashes = hash_request_tokens(self.caching_hash_fn, self.block_size, request)
+            self.req_to_block_hashes[request_id] = block_hashes
+            self._requests[request_id] = request
+        stats = self.prefix_cache_stats
+        if stats is not None:
+            stats.requests += 1
+        if request.prompt_logprobs:
+            self._after_call()
+            return [], 0
+        # Every token in full blocks: leave the last one out, so one block is recomputed.
+        last_left_out = len(block_hashes) * self.block_size == request.num_tokens
+        lookup = block_hashes[:-1] if last_left_out else block_hashes
+        hits = self.specialized_manager.find_longest_cache_hit(lookup)
+        if self.use_eagle and hits:
+            hits.pop()  # EAGLE recomputes the last matched block for its hidden states
+        if stats is not None:
+            stats.queries += len(lookup)
+            stats.hits += len(hits)
+        self._after_call()
+        return hits, len(hits) * self.block_size
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock] | None = None,
+        num_lookahead_tokens: int = 0,
+    ) -> list[KVCacheBlock] | None:
+        """Reserve slots for `num_tokens` scheduled tokens (and lookahead slots) of `request`.
+
+        First frees the blocks the attention type no longer needs (even if the request then
+        does not fit). Then, if the new blocks fit (evictable prefix hits do not count as free),
+        touches the prefix hits, appends them, allocates the rest, and caches every block that
+        became full, speculative tokens excluded.
+
+        Args:
+            request: the request; its `num_computed_tokens` and `spec_token_ids` are read.
+            num_tokens: tokens scheduled this step (> 0), speculative ones included.
+            new_computed_blocks: the hits from `get_computed_blocks`, for a request that holds
+                no blocks yet.
+            num_lookahead_tokens: extra slots for a speculative proposer (>= 0).
+
+        Returns:
+            The newly allocated blocks (maybe none), or None if they do not fit.
+
+        Raises:
+            InvalidArgumentError: num_tokens <= 0 or lookahead < 0; hits with caching off; more
+                tokens scheduled than the request has.
+            RequestError: another Request object uses the id; num_computed_tokens outside the
+                request's slots; hits for a request that already holds blocks; a hit that is not
+                the request's cached block at its position; fewer full blocks than already
+                cached.
+            BlockStateError: a hit that does not belong to the pool, or a null hit under full
+                attention.
+            MaxModelLenExceededError: the request would need more than
+                cdiv(max_model_len, block_size) blocks.
+
+        Complexity: O(new blocks + hits + blocks to cache * block_size); O(1) for a decode step
+        that stays inside its last block.
+        """
+        plan = self._plan_allocation(request, num_tokens, new_computed_blocks, num_lookahead_tokens)
+        # Every precondition holds; from here on nothing can fail.
+        request_id = request.request_id
+        req_blocks = self.req_to_blocks.get(request_id, [])
+        pool = self.block_pool
+        pool.free_blocks(
+            self.specialized_manager.remove_skipped_blocks(req_blocks, request.num_computed_tokens)
+        )
+        new_computed = plan.new_computed
+        num_new = plan.num_required - len(req_blocks) - len(new_computed)
+        null_block = pool.null_block
+        count_null = self.semantics.capacity_counts_null_blocks
+        num_evictable_hits = sum(
+            1
+            for block in new_computed
+            if block.ref_cnt == 0 and (count_null or block is not null_block)
+        )
+        if num_new > pool.get_num_free_blocks() - num_evictable_hits:
+            self._after_call()
+            return None
+        if self.enable_caching:
+            pool.touch(new_computed)
+        req_blocks.extend(new_computed)
+        self.req_to_blocks[request_id] = req_blocks
+        self._requests[request_id] = request
+        new_blocks: list[KVCacheBlock] = []
+        if num_new > 0:
+            num_new = min(
+                num_new,
+                pool.get_num_free_blocks(),
+                self.max_num_blocks_per_req - len(req_blocks),
+            )
+            new_blocks = pool.get_new_blocks(num_new)
+            req_blocks.extend(new_blocks)
+        if self.enable_caching:
+            # min(): only vLLM's capped allocation (cap_at_max_model_len) can hold fewer blocks.
+            pool.cache_full_blocks(
+                request,
+                req_blocks,
+                self.req_to_block_hashes.setdefault(request_id, []),
+                min(plan.num_cached, len(req_blocks)),
+                min(plan.num_full, len(req_blocks)),
+                self.block_size,
+                self.caching_hash_fn,
+            )
+            self.num_cached_block[request_id] = plan.num_full
+        self._after_call()
+        return new_blocks
+
+    def _plan_allocation(
+        self,
+        request: Request,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock] | None,
+        num_lookahead_tokens: int,
+    ) -> _Allocation:
+        """Check every precondition of `allocate_slots`, in its documented order."""
+        request_id = request.request_id
+        block_size = self.block_size
+        if num_tokens <= 0:
+            raise InvalidArgumentError(
+                f"request {request_id!r}: num_tokens must be > 0, got {num_tokens}"
+            )
+        if num_lookahead_tokens < 0:
+            raise InvalidArgumentError(
+                f"request {request_id!r}: num_lookahead_tokens must be >= 0, got "
+                f"{num_lookahead_tokens}"
+            )
+        self._check_identity(request)
+        num_held = len(self.req_to_blocks.get(request_id, ()))
+        new_computed = list(new_computed_blocks) if new_computed_blocks else []
+        num_computed = request.num_computed_tokens
+        if not 0 <= num_computed <= num_held * block_size:
+            raise RequestError(
+                request_id,
+                "num_computed_tokens outside the request's slots",
+                f"{num_computed} computed, {num_held} blocks of {block_size} held",
+            )
+        if new_computed:
+            self._check_hits(request, num_held, new_computed)
+        num_computed_tokens = num_computed + len(new_computed) * block_size
+        num_scheduled_real = num_computed_tokens + num_tokens - len(request.spec_token_ids)
+        if num_scheduled_real > request.num_tokens:
+            raise InvalidArgumentError(
+                f"request {request_id!r}: {num_scheduled_real} tokens computed after this step, "
+                f"but the request has {request.num_tokens}"
+            )
+        num_required = cdiv(num_computed_tokens + num_tokens + num_lookahead_tokens, block_size)
+        if num_required > self.max_num_blocks_per_req and (
+            not self.semantics.cap_at_max_model_len
+            or num_held + len(new_computed) >= self.max_num_blocks_per_req
+        ):
+            raise MaxModelLenExceededError(
+                request_id,
+                "allocation past max_model_len",
+                f"{num_required} blocks needed, at most {self.max_num_blocks_per_req} "
+                f"(max_model_len {self.max_model_len}, block size {block_size})",
+            )
+        num_full = num_scheduled_real // block_size
+        num_cached = self.num_cached_block.get(request_id, len(new_computed))
+        if self.enable_caching and num_full < num_cached:
+            raise RequestError(
+                request_id,
+                "fewer full blocks than already cached",
+                f"{num_full} full, {num_cached} cached: did num_computed_tokens go back?",
+            )
+        return _Allocation(new_computed, num_required, num_full, num_cached)
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks: tail first when caching (evicted first), else in order.
+
+        Keeps its block hashes (a preempted request reuses them). An unknown request is a no-op.
+
+        Raises:
+            RequestError: another Request object uses this request id.
+
+        Complexity: O(blocks held).
+        """
+        self._check_identity(request)
+        request_id = request.request_id
+        blocks = self.req_to_blocks.get(request_id, [])
+        self.block_pool.free_blocks(reversed(blocks) if self.enable_caching else blocks)
+        self.req_to_blocks.pop(request_id, None)
+        self.num_cached_block.pop(request_id, None)
+        self._forget_if_done(request_id)
+        self._after_call()
+
+    def free_block_hashes(self, request: Request) -> None:
+        """Drop the request's stored block hashes (when it finishes, not when preempted).
+
+        Raises:
+            RequestError: another Request object uses this request id.
+        """
+        self._check_identity(request)
+        self.req_to_block_hashes.pop(request.request_id, None)
+        self._forget_if_done(request.request_id)
+        self._after_call()
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash if no request holds blocks; else refuse (False)."""
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        self._after_call()
+        return True
+
+    def get_num_common_prefix_blocks(self, request: Request, num_running_requests: int) -> int:
+        """Leading blocks of `request` whose ref_cnt equals `num_running_requests`.
+
+        With every running request holding them, these blocks are a prefix common to all.
+        Complexity: O(common prefix).
+        """
+        count = 0
+        for block in self.req_to_blocks.get(request.request_id, []):
+            if block.ref_cnt != num_running_requests:
+                break
+            count += 1
+        return count
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def _check_identity(self, request: Request) -> None:
+        known = self._requests.get(request.request_id)
+        if known is not None and known is not request:
+            raise RequestError(
+                request.request_id,
+                "request id already in use by another Request object",
+                "free it and drop its hashes (free_block_hashes) before reusing the id",
+            )
+
+    def _check_hits(
+        self, request: Request, num_held: int, new_computed: list[KVCacheBlock]
+    ) -> None:
+        """Prefix hits are the request's cached blocks, position by position."""
+        request_id = request.request_id
+        if not self.enable_caching:
+            raise InvalidArgumentError(
+                f"request {request_id!r}: new_computed_blocks given while prefix caching is off"
+            )
+        if num_held or request.num_computed_tokens:
+            raise RequestError(
+                request_id,
+                "new_computed_blocks for a request that already holds blocks or computed tokens",
+            )
+        stored = self.req_to_block_hashes.get(request_id, [])
+        if len(new_computed) > len(stored):
+            raise RequestError(
+                request_id,
+                "new_computed_blocks must be the request's cached blocks",
+                f"{len(new_computed)} hits but {len(stored)} stored block hashes",
+            )
+        pool = self.block_pool
+        full_attention = isinstance(self.specialized_manager, FullAttentionManager)
+        for position, block in enumerate(new_computed):
+            block_id = block.block_id
+            if not 0 <= block_id < pool.num_gpu_blocks or pool.blocks[block_id] is not block:
+                raise BlockStateError(block_id, "block does not belong to this pool")
+            if block is pool.null_block:
+                if full_attention:
+                    raise BlockStateError(block_id, "a null block is no hit under full attention")
+                continue
+            if block.block_hash != stored[position]:
+                raise RequestError(
+                    request_id,
+                    "new_computed_blocks must be the request's cached blocks",
+                    f"block {block_id} at position {position} is not cached under the "
+                    f"request's hash there",
+                )
+        if isinstance(self.specialized_manager, SlidingWindowManager):
+            self._check_window_hit(request_id, new_computed)
+
+    def _check_window_hit(self, request_id: str, new_computed: list[KVCacheBlock]) -> None:
+        """Null hits are a prefix, followed by enough cached blocks to fill the window."""
+        null_block = self.block_pool.null_block
+        num_nulls = 0
+        while num_nulls < len(new_computed) and new_computed[num_nulls] is null_block:
+            num_nulls += 1
+        if not num_nulls:
+            return
+        assert isinstance(self.specialized_manager, SlidingWindowManager)
+        needed = max(self.specialized_manager.sliding_window_contiguous_blocks, 1) - int(
+            self.use_eagle
+        )
+        cached = new_computed[num_nulls:]
+        if any(block is null_block for block in cached) or len(cached) < needed:
+            raise RequestError(
+                request_id,
+                "new_computed_blocks is not a sliding-window hit",
+                f"{num_nulls} null blocks, then {len(cached)} blocks; the window needs {needed}",
+            )
+
+    def _forget_if_done(self, request_id: str) -> None:
+        if request_id not in self.req_to_blocks and request_id not in self.req_to_block_hashes:
+            self._requests.pop(request_id, None)
+
+    def _after_call(self) -> None:
+        if self.debug_invariants:
+            self.check_invariants()
+
+    def check_invariants(self) -> None:
+        """The pool's invariants and the request-level ones (the spec manager states them).
+
+        Raises:
+            InvariantViolation: the first broken invariant and the state that breaks it.
+
+        Complexity: O(num_gpu_blocks + blocks held + stored hashes).
+        """
+        pool = self.block_pool
+        pool.check_invariants()
+        null_block = pool.null_block
+        holders: Counter[int] = Counter()
+        sliding = isinstance(self.specialized_manager, SlidingWindowManager)
+        for request_id, blocks in self.req_to_blocks.items():
+            nulls = [i for i, block in enumerate(blocks) if block is null_block]
+            if nulls and (not sliding or nulls != list(range(len(nulls)))):
+                raise InvariantViolation(
+                    "null blocks only as a prefix, and only under sliding window",
+                    f"request {request_id!r}: null at positions {nulls}",
+                )
+            if (
+                len(blocks) > self.max_num_blocks_per_req
+                and not self.semantics.cap_at_max_model_len
+            ):
+                raise InvariantViolation(
+                    "a request holds at most cdiv(max_model_len, block_size) blocks",
+                    f"request {request_id!r}: {len(blocks)} blocks",
+                )
+            holders.update(block.block_id for block in blocks if block is not null_block)
+            if self.enable_caching:
+                self._check_cached_blocks(request_id, blocks)
+        for block in pool.blocks[1:]:
+            if block.ref_cnt != holders[block.block_id]:
+                raise InvariantViolation(
+                    "a block's ref_cnt is the number of requests holding it",
+                    f"block {block.block_id}: ref_cnt {block.ref_cnt}, held "
+                    f"{holders[block.block_id]} times",
+                )
+            if block.ref_cnt >= 2 and block.block_hash is None:
+                raise InvariantViolation("a block held by two requests is cached", repr(block))
+        known = self.req_to_blocks.keys() | self.req_to_block_hashes.keys()
+        if self._requests.keys() != known or not self.num_cached_block.keys() <= known:
+            raise InvariantViolation(
+                "every tracked request has blocks or stored hashes",
+                f"requests {sorted(self._requests)}, with blocks or hashes {sorted(known)}",
+            )
+
+    def _check_cached_blocks(self, request_id: str, blocks: list[KVCacheBlock]) -> None:
+        request = self._requests[request_id]
+        num_cached = self.num_cached_block.get(request_id, 0)
+        stored = self.req_to_block_hashes.get(request_id, [])
+        if num_cached * self.block_size > request.num_tokens or num_cached > len(stored):
+            raise InvariantViolation(
+                "a request's cached blocks are full blocks with stored hashes",
+                f"request {request_id!r}: {num_cached} cached, {request.num_tokens} tokens, "
+                f"{len(stored)} stored hashes",
+            )
+        for position, block in enumerate(blocks[:num_cached]):
+            if block is not self.block_pool.null_block and block.block_hash != stored[position]:
+                raise InvariantViolation(
+                    "a request's cached block carries the hash its tokens chain to",
+                    f"request {request_id!r}, position {position}: {block!r}, stored "
+                    f"{stored[position]}",
+                )

@@ -1,0 +1,66 @@
+"""Which cached blocks a request may reuse, and which it may drop: plain definitions.
+
+The implementation scans cleverly (left to right until a miss; right to left until a long enough
+run); these definitions say what the scans must find, by brute force over candidate lengths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from pagedkv.block_hash import BlockHashType
+
+Lookup = Callable[[BlockHashType], "int | None"]
+"""The first block cached under a hash, or None (the pool's get_cached_block)."""
+
+NULL_BLOCK_ID = 0
+
+
+def full_attention_hit(lookup: Lookup, block_hashes: Sequence[BlockHashType]) -> list[int]:
+    """The longest prefix of `block_hashes` whose every hash is cached, as block ids."""
+    for length in range(len(block_hashes), -1, -1):
+        found = [lookup(block_hash) for block_hash in block_hashes[:length]]
+        if all(block_id is not None for block_id in found):
+            return [block_id for block_id in found if block_id is not None]
+    raise AssertionError("the empty prefix is always cached")
+
+
+def contiguous_blocks_needed(sliding_window: int, block_size: int) -> int:
+    """Cached blocks a sliding-window hit must end with: cdiv(W - 1, B), but at least 1.
+
+    The token being computed is in its own window, so the cached part covers W - 1 tokens.
+    """
+    return max(-(-(sliding_window - 1) // block_size), 1)
+
+
+def sliding_window_hit(
+    lookup: Lookup, block_hashes: Sequence[BlockHashType], sliding_window: int, block_size: int
+) -> list[int]:
+    """The longest usable prefix under a sliding window, skipped positions as the null block.
+
+    A prefix of length L is usable if its last `contiguous_blocks_needed` blocks are all cached
+    (only they are inside the window of token L * B); positions before them hold the null block.
+    If no prefix is usable that way, the longest prefix that is entirely cached is.
+    """
+    needed = contiguous_blocks_needed(sliding_window, block_size)
+    found = [lookup(block_hash) for block_hash in block_hashes]
+    for length in range(len(block_hashes), needed - 1, -1):
+        window = found[length - needed : length]
+        if all(block_id is not None for block_id in window):
+            return [NULL_BLOCK_ID] * (length - needed) + [b for b in window if b is not None]
+    cached_prefix: list[int] = []
+    for block_id in found:
+        if block_id is None:
+            break
+        cached_prefix.append(block_id)
+    return cached_prefix
+
+
+def sliding_window_skipped(num_computed_tokens: int, sliding_window: int, block_size: int) -> int:
+    """How many leading block positions lie wholly before the window of the next token.
+
+    The next token's window starts at token `num_computed_tokens - sliding_window + 1`; block p
+    covers tokens [p * B, (p + 1) * B), so it is skipped iff (p + 1) * B <= that start.
+    """
+    first_useful_token = num_computed_tokens - sliding_window + 1
+    return max(first_useful_token // block_size, 0)

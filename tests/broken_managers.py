@@ -1,0 +1,73 @@
+"""Deliberately broken KV cache managers: the request-level harness must catch each one.
+
+Each factory has the `ManagerFactory` signature (`pagedkv verify --manager-impl
+broken_managers:NAME`, with `tests/` on PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+from pagedkv.block import KVCacheBlock
+from pagedkv.harness.adapters import ObjectManagerAdapter
+from pagedkv.harness.protocol import ManagerConfig, ManagerUnderTest
+from pagedkv.manager import KVCacheManager
+from pagedkv.request import Request
+from pagedkv.sliding_window import SlidingWindowManager
+
+
+def _build(cls: type[KVCacheManager], config: ManagerConfig) -> ManagerUnderTest:
+    return ObjectManagerAdapter(
+        cls(
+            config.kv_cache_config,
+            config.max_model_len,
+            config.enable_caching,
+            config.caching_hash_algo,
+            config.use_eagle,
+            config.log_stats,
+            semantics=config.semantics,
+        )
+    )
+
+
+class ForwardFreeManager(KVCacheManager):
+    """free releases blocks head first even with caching: prefixes are evicted before tails."""
+
+    def free(self, request: Request) -> None:
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.block_pool.free_blocks(blocks)
+        self.num_cached_block.pop(request.request_id, None)
+        self._forget_if_done(request.request_id)
+
+
+class NoLastBlockRuleManager(KVCacheManager):
+    """get_computed_blocks looks up every hash, so a fully cached prompt computes nothing."""
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        if not self.enable_caching:
+            return [], 0
+        hits, _ = super().get_computed_blocks(request)
+        hashes = self.req_to_block_hashes[request.request_id]
+        if not request.prompt_logprobs and len(hashes) * self.block_size == request.num_tokens:
+            hits = self.specialized_manager.find_longest_cache_hit(hashes)
+        return hits, len(hits) * self.block_size
+
+
+class WindowOffByOneManager(KVCacheManager):
+    """The sliding window drops one block too many."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        manager = self.specialized_manager
+        if isinstance(manager, SlidingWindowManager):
+            manager.sliding_window -= manager.block_size
+
+
+def forward_free(config: ManagerConfig) -> ManagerUnderTest:
+    return _build(ForwardFreeManager, config)
+
+
+def no_last_block_rule(config: ManagerConfig) -> ManagerUnderTest:
+    return _build(NoLastBlockRuleManager, config)
+
+
+def window_off_by_one(config: ManagerConfig) -> ManagerUnderTest:
+    return _build(WindowOffByOneManager, config)

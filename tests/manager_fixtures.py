@@ -1,0 +1,56 @@
+"""Building managers for tests: spec and impl behind the same id-based interface."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pagedkv.harness.adapters import pagedkv_manager, spec_manager
+from pagedkv.harness.protocol import ManagerConfig, ManagerUnderTest
+from pagedkv.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheSpec,
+    SlidingWindowSpec,
+    uniform_kv_cache_config,
+)
+from pagedkv.semantics import PAGEDKV, Semantics
+
+MakeManager = Callable[..., ManagerUnderTest]
+
+
+def manager_config(
+    *,
+    block_size: int = 4,
+    num_blocks: int = 10,
+    max_model_len: int = 64,
+    sliding_window: int | None = None,
+    enable_caching: bool = True,
+    hash_algo: str = "sha256",
+    use_eagle: bool = False,
+    log_stats: bool = False,
+    semantics: Semantics = PAGEDKV,
+) -> ManagerConfig:
+    spec: KVCacheSpec
+    if sliding_window is None:
+        spec = FullAttentionSpec(
+            block_size=block_size, num_kv_heads=1, head_size=1, dtype="float16"
+        )
+    else:
+        spec = SlidingWindowSpec(
+            block_size=block_size,
+            num_kv_heads=1,
+            head_size=1,
+            dtype="float16",
+            sliding_window=sliding_window,
+        )
+    return ManagerConfig(
+        uniform_kv_cache_config(spec, num_blocks),
+        max_model_len,
+        enable_caching,
+        hash_algo,
+        use_eagle,
+        log_stats,
+        semantics,
+    )
+
+
+MANAGER_FACTORIES = {"spec": spec_manager, "impl": pagedkv_manager}
