@@ -179,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-running", type=int, default=32)
     parser.add_argument("--token-budget", type=int, default=2_048, help="tokens per step")
     parser.add_argument("--skip-spec", action="store_true", help="impl only (no ratio)")
+    parser.add_argument(
+        "--check-overhead",
+        action="store_true",
+        help="also replay with debug_invariants=True and report the slowdown",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write results here")
     args = parser.parse_args(argv)
 
@@ -216,6 +221,18 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         results["impl_over_spec_speed"] = results["spec_replay_s"] / impl_seconds
 
+    if args.check_overhead:
+        start = time.perf_counter()
+        checked = TraceScheduler(
+            KVCacheManager(kv_cache_config, max_model_len, log_stats=True, debug_invariants=True),
+            **loop,
+        ).replay(make_trace(config))
+        results["checked_replay_s"] = time.perf_counter() - start
+        if not checked.same_decisions(impl):
+            print("invariant checking changed a decision", file=sys.stderr)
+            return 1
+        results["check_overhead"] = results["checked_replay_s"] / impl_seconds
+
     print(
         f"pagedkv manager benchmark: {args.conversations} conversations, {impl.finished:,} "
         f"requests, block size {args.block_size}, {args.num_blocks:,} blocks"
@@ -237,6 +254,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  impl / spec speed          {results['impl_over_spec_speed']:>10.1f}x"
             "  (same decisions)"
+        )
+    if "check_overhead" in results:
+        print(f"  impl, invariants checked   {results['checked_replay_s']:>10.2f} s")
+        print(
+            f"  checking overhead          {results['check_overhead']:>10.1f}x"
+            "  (debug_invariants=True: every call)"
         )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
