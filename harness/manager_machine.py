@@ -30,7 +30,7 @@ from pagedkv.kv_cache_interface import (
     uniform_kv_cache_config,
 )
 from pagedkv.request import Request
-from pagedkv.semantics import PAGEDKV, Semantics
+from pagedkv.semantics import PAGEDKV, VLLM_0_8_5, Semantics
 
 
 @dataclass
@@ -82,6 +82,12 @@ class ManagerMachine(LockstepMachine):
         alphabet: int,
     ) -> None:
         kv_cache_spec: KVCacheSpec
+        if self.semantics == VLLM_0_8_5:
+            # vLLM 0.8.5 fails an assert (it chains a hash through the null block) when the
+            # window skips the parent of the next block to cache: a window at most a block
+            # wide, or accepted draft tokens reaching past it. Real windows are far wider than
+            # a block plus a few drafts (up to 2 here); pagedkv chains through the stored hash.
+            window = max(window, block_size + 3)
         if self.sliding_window:
             kv_cache_spec = SlidingWindowSpec(
                 block_size=block_size,
@@ -130,6 +136,7 @@ class ManagerMachine(LockstepMachine):
                 max_tokens=longest,
                 min_tokens=1,
                 extra_keys=data.draw(st.booleans(), label="extra keys"),
+                salts=self.semantics != VLLM_0_8_5,  # vLLM 0.8.5 has no cache salt
             ),
             label="request",
         )
@@ -147,7 +154,9 @@ class ManagerMachine(LockstepMachine):
                 request_id,
                 tokens,
                 lora_id=request.lora_id if data.draw(st.booleans(), label="lora") else None,
-                cache_salt=data.draw(st.sampled_from((None, "tenant-1")), label="salt"),
+                cache_salt=data.draw(st.sampled_from((None, "tenant-1")), label="salt")
+                if self.semantics != VLLM_0_8_5
+                else None,
             )
         request.prompt_logprobs = data.draw(st.sampled_from((False,) * 9 + (True,)), label="lp")
         self.prompts.append(request.prompt_token_ids)

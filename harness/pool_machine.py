@@ -21,7 +21,7 @@ from pagedkv.harness.lockstep import CampaignStats, Divergence, LockstepMachine
 from pagedkv.harness.protocol import PoolFactory, PoolUnderTest
 from pagedkv.harness.requests import requests
 from pagedkv.request import Request
-from pagedkv.semantics import PAGEDKV, Semantics
+from pagedkv.semantics import PAGEDKV, VLLM_0_8_5, Semantics
 from pagedkv.spec.block_hash import request_block_hashes
 
 
@@ -190,7 +190,8 @@ class PoolMachine(LockstepMachine):
             request, hits + new.result, list(hashes), list(hashes), num_cached=len(hits)
         )
         self.sequences.append(sequence)
-        self.seal(sequence, sequence.num_cached, request.num_tokens // self.block_size)
+        if self.enable_caching or self.misuse:  # caching into a pool without caching is misuse
+            self.seal(sequence, sequence.num_cached, request.num_tokens // self.block_size)
 
     @precondition(lambda self: bool(self.sequences))
     @rule(data=st.data())
@@ -220,6 +221,8 @@ class PoolMachine(LockstepMachine):
     @precondition(lambda self: bool(self.sequences))
     @rule(data=st.data())
     def cache_full_blocks(self, data: st.DataObject) -> None:
+        if not (self.enable_caching or self.misuse):
+            return  # caching into a pool without caching is misuse
         sequence = data.draw(st.sampled_from(self.sequences), label="sequence")
         num_cached = sequence.num_cached
         if self.draw_misuse(data):
@@ -308,6 +311,7 @@ class PoolMachine(LockstepMachine):
                 alphabet=self.alphabet,
                 max_tokens=4 * self.block_size,
                 extra_keys=data.draw(st.booleans(), label="extra keys"),
+                salts=self.semantics != VLLM_0_8_5,  # vLLM 0.8.5 has no cache salt
             ),
             label="request",
         )

@@ -40,8 +40,12 @@ def requests(
     max_tokens: int,
     extra_keys: bool = True,
     min_tokens: int = 0,
+    salts: bool = True,
 ) -> Request:
-    """A request with a prompt of `min_tokens..max_tokens` tokens from `range(alphabet)`."""
+    """A request with a prompt of `min_tokens..max_tokens` tokens from `range(alphabet)`.
+
+    With `extra_keys`, maybe multimodal ranges and a LoRA id, and (if `salts`) a cache salt.
+    """
     prompt = draw(st.lists(st.integers(0, alphabet - 1), min_size=min_tokens, max_size=max_tokens))
     if not extra_keys:
         return Request(request_id, prompt)
@@ -53,5 +57,5 @@ def requests(
         mm_positions=positions,
         mm_hashes=mm_hashes,
         lora_id=draw(st.sampled_from((None, None, 1, 2))),
-        cache_salt=draw(st.sampled_from((None, None, *SALTS))),
+        cache_salt=draw(st.sampled_from((None, None, *SALTS))) if salts else None,
     )
