@@ -1,0 +1,171 @@
+"""Exhaustive state search: every reachable state of tiny pools and managers, spec vs impl.
+
+`explore_pool(factory, config)` and `explore_manager(factory, config)` search one configuration
+breadth first (`proofs.search`), the object built by `factory` replaying every call of the spec
+in lock-step (`proofs.pool_world`, `proofs.manager_world` list the calls). At every state both
+invariant checks pass and the snapshots are equal; every failed call fails the same way on both
+sides and changes nothing. A failure comes with the shortest trace that reaches it.
+
+    python -m proofs.exhaustive [--scope ci|large] [--layer pool|manager|all]
+                                [--impl MODULE:FACTORY] [--manager-impl MODULE:FACTORY]
+
+Exit status: 0 when every configuration of the scope was searched completely and nothing failed,
+1 when a search failed or stopped at its state limit, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TypeVar
+
+from pagedkv.harness.adapters import load_factory, pagedkv_manager, pagedkv_pool
+from pagedkv.harness.protocol import ManagerFactory, PoolFactory
+from pagedkv.semantics import VLLM_0_8_5
+from proofs.manager_world import ManagerSearchConfig, initial_manager_world
+from proofs.pool_world import PoolSearchConfig, initial_pool_world
+from proofs.search import SearchResult, World, breadth_first
+
+DEFAULT_MAX_STATES = 2_000_000
+
+# -- scopes ----------------------------------------------------------------------------------
+
+_B1_PROMPTS = ((0, 0), (0, 1))  # two chains sharing their first block (block size 1)
+_B1_PROMPTS3 = ((0, 0), (0, 1), (1, 0))  # and one whose second block equals another's
+_B2_PROMPTS = ((0, 1, 0, 0), (0, 1, 1, 1))  # the same shape at block size 2
+
+POOL_SCOPES: dict[str, tuple[PoolSearchConfig, ...]] = {
+    "ci": (
+        PoolSearchConfig(3, 1, _B1_PROMPTS3),
+        PoolSearchConfig(3, 2, _B2_PROMPTS),
+        PoolSearchConfig(4, 1, _B1_PROMPTS),
+        PoolSearchConfig(4, 1, _B1_PROMPTS, enable_caching=False),
+        PoolSearchConfig(3, 1, _B1_PROMPTS, max_ref_cnt=3, max_touch_len=2, max_free_len=3),
+        PoolSearchConfig(3, 1, _B1_PROMPTS, semantics=VLLM_0_8_5, misuse=False),
+    ),
+    "large": (
+        PoolSearchConfig(4, 1, _B1_PROMPTS3),
+        PoolSearchConfig(4, 2, _B2_PROMPTS),
+        PoolSearchConfig(4, 1, _B1_PROMPTS, max_ref_cnt=3, max_touch_len=2, max_free_len=3),
+        PoolSearchConfig(4, 1, _B1_PROMPTS, semantics=VLLM_0_8_5, misuse=False),
+        PoolSearchConfig(5, 1, _B1_PROMPTS),
+    ),
+}
+"""Pool configurations per scope: `ci` runs in CI, `large` on demand."""
+
+_B1 = ((0, 1), (0, 1, 1))  # r1's prompt extends r0's (block size 1)
+_B1_THREE = ((0, 1), (0, 1, 1), (0,))  # and a third that is r0's first block
+_B1_TWINS = ((0, 1, 1), (0, 1, 1))  # equal prompts: whole-prompt hits
+_B2 = ((0, 1, 0), (0, 1, 1))  # one shared full block, then a partial one (block size 2)
+
+MANAGER_SCOPES: dict[str, tuple[ManagerSearchConfig, ...]] = {
+    # A window config needs max_model_len long enough that a request keeps running after a
+    # block left its window; otherwise the null blocks never outlive the step that made them.
+    "ci": (
+        ManagerSearchConfig(4, 1, 4, _B1),
+        ManagerSearchConfig(4, 1, 4, _B1_THREE, samples=(0,)),
+        ManagerSearchConfig(4, 2, 5, _B2),
+        ManagerSearchConfig(4, 1, 4, _B1, chunked_prefill=True, use_eagle=True),
+        ManagerSearchConfig(4, 1, 4, _B1, enable_caching=False),
+        ManagerSearchConfig(4, 1, 5, _B1, sliding_window=2),
+        ManagerSearchConfig(4, 1, 5, _B1_TWINS, sliding_window=2, samples=(1,)),
+        ManagerSearchConfig(4, 1, 5, _B1, sliding_window=2, samples=(0,), use_eagle=True),
+        ManagerSearchConfig(4, 2, 6, _B2, sliding_window=2, samples=(0,)),
+        # vLLM 0.8.5 under a sliding window drives the null block's ref_cnt down without bound
+        # (every free of a windowed request decrements it): an infinite state space.
+        ManagerSearchConfig(4, 1, 4, _B1, semantics=VLLM_0_8_5, misuse=False),
+    ),
+    "large": (
+        ManagerSearchConfig(5, 1, 5, _B1_THREE),
+        ManagerSearchConfig(4, 1, 5, _B1_THREE, sliding_window=2, samples=(0,)),
+        ManagerSearchConfig(4, 2, 6, _B2, sliding_window=2),
+        ManagerSearchConfig(4, 1, 5, _B1, sliding_window=2, chunked_prefill=True, use_eagle=True),
+        ManagerSearchConfig(5, 2, 7, _B2, sliding_window=3),
+        ManagerSearchConfig(5, 1, 5, _B1, semantics=VLLM_0_8_5, misuse=False),
+    ),
+}
+"""Manager configurations per scope: `ci` runs in CI, `large` on demand."""
+
+# -- searches --------------------------------------------------------------------------------
+
+W = TypeVar("W", bound=World)
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence the warnings refused prefix-cache resets log (thousands of them in a search)."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+
+
+def _explore(name: str, make: Callable[[], W], max_states: int) -> SearchResult:
+    with _quiet():
+        return breadth_first(name, make, max_states=max_states)
+
+
+def explore_pool(
+    factory: PoolFactory, config: PoolSearchConfig, *, max_states: int = DEFAULT_MAX_STATES
+) -> SearchResult:
+    """Search every reachable state of the pool `config` describes, `factory`'s pool vs spec."""
+    return _explore(config.name, lambda: initial_pool_world(factory, config), max_states)
+
+
+def explore_manager(
+    factory: ManagerFactory, config: ManagerSearchConfig, *, max_states: int = DEFAULT_MAX_STATES
+) -> SearchResult:
+    """Search every reachable state of the manager `config` describes, `factory`'s vs spec."""
+    return _explore(config.name, lambda: initial_manager_world(factory, config), max_states)
+
+
+# -- command line ----------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m proofs.exhaustive", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--scope", choices=sorted(POOL_SCOPES), default="ci")
+    parser.add_argument("--layer", choices=("pool", "manager", "all"), default="all")
+    parser.add_argument("--impl", metavar="MODULE:FACTORY", help="pool factory to check")
+    parser.add_argument("--manager-impl", metavar="MODULE:FACTORY", help="manager factory")
+    parser.add_argument("--max-states", type=int, default=DEFAULT_MAX_STATES)
+    args = parser.parse_args(argv)
+    pool_factory: PoolFactory = load_factory(args.impl) if args.impl else pagedkv_pool
+    manager_factory: ManagerFactory = (
+        load_factory(args.manager_impl) if args.manager_impl else pagedkv_manager
+    )
+    results: list[SearchResult] = []
+
+    def report(result: SearchResult) -> None:
+        results.append(result)
+        print(result.summary(), flush=True)
+        if result.failure is not None:
+            print(result.failure.render(), flush=True)
+
+    if args.layer in ("pool", "all"):
+        for pool_config in POOL_SCOPES[args.scope]:
+            report(explore_pool(pool_factory, pool_config, max_states=args.max_states))
+    if args.layer in ("manager", "all"):
+        for manager_config in MANAGER_SCOPES[args.scope]:
+            report(explore_manager(manager_factory, manager_config, max_states=args.max_states))
+    states = sum(result.states for result in results)
+    transitions = sum(result.transitions for result in results)
+    seconds = sum(result.seconds for result in results)
+    failed = [result for result in results if not result.ok]
+    verdict = f"FAILED ({len(failed)} of {len(results)})" if failed else "ok"
+    print(
+        f"exhaustive search, scope {args.scope}: {verdict}: {len(results)} configurations, "
+        f"{states:,} states, {transitions:,} transitions, {seconds:.1f} s"
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""One spec object and one object under test, driven call by call in lock-step.
+
+The comparison is the differential harness's (`pagedkv.harness.lockstep`), made deterministic:
+each call is applied to the spec, then to the object under test; both must return equal results,
+or raise the same exception class and leave both sides exactly as they were. After every
+successful call the two snapshots must be equal and both `check_invariants()` must pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar
+
+from pagedkv.errors import InvariantViolation
+from pagedkv.harness.lockstep import Divergence, Outcome, attempt, describe, show
+
+R = TypeVar("R")
+
+
+class Observable(Protocol):
+    """What a pool or manager under test offers for comparison (see `harness/protocol.py`)."""
+
+    def snapshot(self) -> Any: ...
+
+    def check_invariants(self) -> None: ...
+
+
+T = TypeVar("T", bound=Observable)
+
+SideCall = Callable[[T, str], R]
+"""A call applied to one side; the second argument is "spec" or "impl"."""
+
+
+class LockstepPair(Generic[T]):
+    """A spec object and an object under test that have agreed on every call so far.
+
+    Attributes:
+        spec: the reference side.
+        impl: the side under test.
+        state: the spec's snapshot, equal to the impl's, after the last call.
+        log: when not None, every call is appended to it with its outcome (for traces).
+    """
+
+    def __init__(self, spec: T, impl: T) -> None:
+        self.spec = spec
+        self.impl = impl
+        self.log: list[str] | None = None
+        self.state: Any = None
+        self.settle("initial state")
+
+    @classmethod
+    def restored(cls, spec: T, impl: T, state: Any) -> LockstepPair[T]:
+        """A pair rebuilt from copies of two sides that already agreed on `state`."""
+        pair = cls.__new__(cls)
+        pair.spec, pair.impl, pair.state, pair.log = spec, impl, state, None
+        return pair
+
+    def both(self, name: str, call: SideCall[T, R]) -> Outcome[R]:
+        """Apply `call` to both sides and demand the same outcome.
+
+        Raises:
+            Divergence: different error classes, different results, a failed call that changed
+                the object under test, or different states after the call.
+            InvariantViolation: a failed call changed the spec, or an invariant check failed.
+        """
+        before = self.state
+        spec_outcome = attempt(lambda: call(self.spec, "spec"))
+        if isinstance(spec_outcome.error, InvariantViolation):
+            raise spec_outcome.error  # the spec itself is broken
+        impl_outcome = attempt(lambda: call(self.impl, "impl"))
+        if self.log is not None:
+            self.log.append(f"{name} {show(spec_outcome)}")
+        if type(spec_outcome.error) is not type(impl_outcome.error):
+            raise Divergence(
+                f"{name}: spec {show(spec_outcome)}, but the one under test {show(impl_outcome)}"
+            )
+        if not spec_outcome.ok:
+            if self.spec.snapshot() != before:
+                raise InvariantViolation("a failed call changes nothing", f"spec, {name}")
+            impl_after = self.impl.snapshot()
+            if impl_after != before:
+                raise Divergence(
+                    f"{name} raised {show(impl_outcome)} but changed the one under test:\n"
+                    + describe(before, impl_after)
+                )
+            return spec_outcome
+        if spec_outcome.result != impl_outcome.result:
+            raise Divergence(
+                f"{name}: spec returned {spec_outcome.result!r}, "
+                f"the one under test {impl_outcome.result!r}"
+            )
+        self.settle(name)
+        return spec_outcome
+
+    def settle(self, after: str) -> None:
+        """Demand equal snapshots and passing invariant checks on both sides; record the state."""
+        spec_state, impl_state = self.spec.snapshot(), self.impl.snapshot()
+        if spec_state != impl_state:
+            raise Divergence(f"states differ after {after}:\n" + describe(spec_state, impl_state))
+        self.spec.check_invariants()
+        self.impl.check_invariants()
+        self.state = spec_state

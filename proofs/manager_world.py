@@ -1,0 +1,388 @@
+"""The request-level manager as a finite world: a simulated scheduler over a few fixed prompts.
+
+Each request slot `r0, r1, ...` has a fixed prompt and is absent, waiting or running. The
+scheduler's moves (each a transition, every manager call applied to both managers in lock-step):
+
+- `admit(r, t)`: an absent request arrives (a fresh `Request` with the slot's prompt), or a
+  waiting one is retried: `get_computed_blocks`, then `allocate_slots` for the rest of the prompt
+  with the hits. On success it runs; when every token is computed, token `t` is sampled.
+- `admit_chunk(r)` (with `chunked_prefill`): the same, scheduling one token only.
+- `step(r, t)`: a running request's pending tokens (the rest of its prompt, or the last sampled
+  token); `allocate_slots`; None preempts it (as a scheduler does), else token `t` is sampled.
+- `preempt(r)`: `free`, computed tokens back to 0, waiting (its stored hashes stay).
+- `finish(r)`: `free` + `free_block_hashes`; the slot is absent again (it may arrive anew).
+- `reset_prefix_cache()`.
+- misuse (with `misuse`): zero tokens, more tokens than the request has, past max_model_len, a
+  hit outside the pool, an impostor `Request` with a tracked id, freeing an unknown request, and
+  the common-prefix query; each must fail (or change nothing) identically on both sides.
+
+A request whose length reaches `max_model_len` after sampling finishes, so token lists and hence
+the state space stay finite.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+from pagedkv.harness.adapters import spec_manager
+from pagedkv.harness.protocol import (
+    ManagerConfig,
+    ManagerFactory,
+    ManagerSnapshot,
+    ManagerUnderTest,
+)
+from pagedkv.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheSpec,
+    SlidingWindowSpec,
+    uniform_kv_cache_config,
+)
+from pagedkv.request import Request
+from pagedkv.semantics import PAGEDKV, Semantics
+from proofs.lockstep_pair import LockstepPair
+from proofs.pool_world import pool_key
+from proofs.search import Frozen, Transition, World, freeze, thaw
+
+ABSENT, WAITING, RUNNING = "absent", "waiting", "running"
+
+
+@dataclass(frozen=True)
+class ManagerSearchConfig:
+    """One manager configuration to search exhaustively.
+
+    Attributes:
+        num_blocks: blocks in the pool, the null block included.
+        block_size: tokens per block.
+        max_model_len: the longest request; a request reaching it finishes.
+        prompts: one prompt per request slot (r0, r1, ...), tokens from a tiny alphabet.
+        sliding_window: the window in tokens, or None for full attention.
+        samples: the tokens a step may sample (each one a separate transition).
+        enable_caching: prefix caching on or off.
+        use_eagle: drop the last block of every hit.
+        chunked_prefill: also admit with a one-token chunk.
+        misuse: include invalid calls (each must fail identically and change nothing).
+        semantics: pagedkv's or vLLM 0.8.5's side of the deliberate differences.
+        hash_algo: "sha256" or "builtin".
+    """
+
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    prompts: tuple[tuple[int, ...], ...]
+    sliding_window: int | None = None
+    samples: tuple[int, ...] = (0, 1)
+    enable_caching: bool = True
+    use_eagle: bool = False
+    chunked_prefill: bool = False
+    misuse: bool = True
+    semantics: Semantics = PAGEDKV
+    hash_algo: str = "sha256"
+
+    def __post_init__(self) -> None:
+        assert all(0 < len(p) <= self.max_model_len for p in self.prompts), "prompts must fit"
+
+    @property
+    def name(self) -> str:
+        attention = "full" if self.sliding_window is None else f"window={self.sliding_window}"
+        flags = "".join(
+            f" {flag}"
+            for flag, on in (
+                ("no-caching", not self.enable_caching),
+                ("eagle", self.use_eagle),
+                ("chunked", self.chunked_prefill),
+                (self.semantics.name, self.semantics != PAGEDKV),
+            )
+            if on
+        )
+        prompts = " ".join("".join(map(str, p)) for p in self.prompts)
+        return (
+            f"manager {attention} N={self.num_blocks} B={self.block_size} "
+            f"max_len={self.max_model_len} prompts=[{prompts}] samples={list(self.samples)}"
+            f"{flags}"
+        )
+
+    def manager_config(self) -> ManagerConfig:
+        """The `ManagerConfig` both managers are built from."""
+        kv_cache_spec: KVCacheSpec
+        if self.sliding_window is None:
+            kv_cache_spec = FullAttentionSpec(
+                block_size=self.block_size, num_kv_heads=1, head_size=1, dtype="float16"
+            )
+        else:
+            kv_cache_spec = SlidingWindowSpec(
+                block_size=self.block_size,
+                num_kv_heads=1,
+                head_size=1,
+                dtype="float16",
+                sliding_window=self.sliding_window,
+            )
+        return ManagerConfig(
+            uniform_kv_cache_config(kv_cache_spec, self.num_blocks),
+            self.max_model_len,
+            self.enable_caching,
+            self.hash_algo,
+            self.use_eagle,
+            False,  # stats counters grow without bound: they would make the state space infinite
+            self.semantics,
+        )
+
+
+@dataclass
+class _Slot:
+    """One request as the scheduler sees it; `request` is None while absent."""
+
+    status: str
+    request: Request | None = None
+
+
+Step = Callable[["ManagerWorld"], None]
+
+
+class ManagerWorld:
+    """A state of the manager search (see the module docstring for the transitions)."""
+
+    def __init__(
+        self,
+        pair: LockstepPair[ManagerUnderTest],
+        config: ManagerSearchConfig,
+        slots: dict[str, _Slot],
+    ) -> None:
+        self.pair = pair
+        self.config = config
+        self.slots = slots
+
+    def dump(self) -> Frozen:
+        # One freeze: the managers and the slots share the Request objects.
+        return freeze((self.pair.spec, self.pair.impl, self.slots))
+
+    def load(self, frozen: Frozen, state: ManagerSnapshot) -> ManagerWorld:
+        spec, impl, slots = thaw(frozen)
+        return ManagerWorld(LockstepPair.restored(spec, impl, state), self.config, slots)
+
+    def key(self) -> Hashable:
+        requests = tuple(
+            (slot.status,)
+            if slot.request is None
+            else (slot.status, tuple(slot.request.all_token_ids), slot.request.num_computed_tokens)
+            for slot in self.slots.values()
+        )
+        return manager_key(self.pair.state), requests
+
+    # -- transitions -------------------------------------------------------------------------
+
+    def transitions(self) -> Sequence[Transition]:
+        config = self.config
+        steps: list[Transition] = []
+        for request_id, slot in self.slots.items():
+            if slot.status != RUNNING:
+                for token in config.samples:
+                    steps.append(
+                        _transition(
+                            f"admit({request_id}, t={token})", _admit, request_id, token, False
+                        )
+                    )
+                if config.chunked_prefill:
+                    steps.append(
+                        _transition(f"admit_chunk({request_id})", _admit, request_id, None, True)
+                    )
+            else:
+                for token in config.samples:
+                    steps.append(
+                        _transition(f"step({request_id}, t={token})", _step, request_id, token)
+                    )
+                steps.append(_transition(f"preempt({request_id})", _preempt, request_id))
+            if slot.status != ABSENT:
+                steps.append(_transition(f"finish({request_id})", _finish, request_id))
+        steps.append(_simple_call("reset_prefix_cache()", lambda m: m.reset_prefix_cache()))
+        if config.misuse:
+            steps += self._misuse()
+        return steps
+
+    def _misuse(self) -> list[Transition]:
+        state: ManagerSnapshot = self.pair.state
+        config = self.config
+        running = [slot.request for slot in self.slots.values() if slot.status == RUNNING]
+        steps = [_simple_call("free(never-seen)", lambda m: m.free(_STRANGER))]
+        for request_id, slot in self.slots.items():
+            request = slot.request
+            if request is None:
+                continue
+            tracked = request_id in state.blocks or request_id in state.hashes
+            steps.append(_bad_allocation(request_id, 0))
+            if slot.status == RUNNING:
+                pending = request.num_tokens - request.num_computed_tokens
+                steps.append(_bad_allocation(request_id, pending + 1))
+                if not config.semantics.cap_at_max_model_len:
+                    steps.append(_bad_allocation(request_id, 1, lookahead=config.max_model_len + 1))
+                steps.append(_common_prefix(request_id, len(running)))
+            elif config.enable_caching:
+                steps.append(_bad_allocation(request_id, 1, hits=(config.num_blocks,)))
+            if tracked:
+                steps.append(_impostor_free(request_id))
+        return steps
+
+
+def manager_key(state: ManagerSnapshot) -> Hashable:
+    """Everything in a manager snapshot that can change what happens next."""
+    return (
+        pool_key(state.pool),
+        frozenset(state.blocks.items()),
+        frozenset(state.hashes.items()),
+        frozenset(state.num_cached.items()),
+        state.stats,
+    )
+
+
+def initial_manager_world(factory: ManagerFactory, config: ManagerSearchConfig) -> ManagerWorld:
+    """A fresh spec manager and a fresh `factory` manager, every request slot absent."""
+    manager_config = config.manager_config()
+    pair = LockstepPair(spec_manager(manager_config), factory(manager_config))
+    slots = {f"r{number}": _Slot(ABSENT) for number in range(len(config.prompts))}
+    return ManagerWorld(pair, config, slots)
+
+
+# -- the scheduler's moves -------------------------------------------------------------------
+
+_STRANGER = Request("never-seen", [0])
+
+
+def _transition(label: str, move: Callable[..., None], *args: object) -> Transition:
+    def run(world: World) -> None:
+        assert isinstance(world, ManagerWorld)
+        move(world, *args)
+
+    return Transition(label, run)
+
+
+def _simple_call(label: str, call: Callable[[ManagerUnderTest], object]) -> Transition:
+    """A transition that is one manager call, whatever its outcome (compared on both sides)."""
+
+    def run(world: World) -> None:
+        _both(world, label, call)
+
+    return Transition(label, run)
+
+
+def _both(world: World, name: str, call: Callable[[ManagerUnderTest], object]) -> object:
+    """The call on both managers; its result if it succeeded, else None (errors must match)."""
+    return world.pair.both(name, lambda manager, _: call(manager)).result
+
+
+def _admit(world: ManagerWorld, request_id: str, token: int | None, chunked: bool) -> None:
+    config = world.config
+    slot = world.slots[request_id]
+    if slot.request is None:
+        number = int(request_id[1:])
+        slot.request = Request(request_id, config.prompts[number])
+        slot.status = WAITING
+    request = slot.request
+    lookup = world.pair.both(
+        f"get_computed_blocks({request_id})", lambda m, _: m.get_computed_blocks(request)
+    )
+    assert lookup.ok and lookup.result is not None, "a lookup of a fresh request cannot fail"
+    hits, num_hit_tokens = lookup.result
+    remaining = request.num_tokens - num_hit_tokens
+    chunk = 1 if chunked else remaining
+    allocated = world.pair.both(
+        f"allocate_slots({request_id}, {chunk}, {hits})",
+        lambda m, _: m.allocate_slots(request, chunk, hits),
+    )
+    assert allocated.ok, f"admission of {request_id} raised {allocated.error!r}"
+    if allocated.result is None:
+        return  # does not fit: it stays waiting, with its hashes stored
+    slot.status = RUNNING
+    request.num_computed_tokens = num_hit_tokens + chunk
+    _maybe_sample(world, request_id, token)
+
+
+def _step(world: ManagerWorld, request_id: str, token: int) -> None:
+    request = world.slots[request_id].request
+    assert request is not None
+    pending = request.num_tokens - request.num_computed_tokens
+    allocated = world.pair.both(
+        f"allocate_slots({request_id}, {pending})",
+        lambda m, _: m.allocate_slots(request, pending),
+    )
+    assert allocated.ok, f"a step of {request_id} raised {allocated.error!r}"
+    if allocated.result is None:
+        _preempt(world, request_id)
+        return
+    request.num_computed_tokens += pending
+    _maybe_sample(world, request_id, token)
+
+
+def _maybe_sample(world: ManagerWorld, request_id: str, token: int | None) -> None:
+    """Once every token is computed, the step yields `token`; at max_model_len it finishes."""
+    request = world.slots[request_id].request
+    assert request is not None
+    if token is None or request.num_computed_tokens < request.num_tokens:
+        return  # a prefill chunk: nothing sampled yet
+    request.append_output_token_ids(token)
+    if request.num_tokens >= world.config.max_model_len:
+        _finish(world, request_id)
+
+
+def _preempt(world: ManagerWorld, request_id: str) -> None:
+    slot = world.slots[request_id]
+    request = slot.request
+    assert request is not None
+    _both(world, f"free({request_id})", lambda m: m.free(request))
+    request.num_computed_tokens = 0
+    slot.status = WAITING
+
+
+def _finish(world: ManagerWorld, request_id: str) -> None:
+    slot = world.slots[request_id]
+    request = slot.request
+    assert request is not None
+    _both(world, f"free({request_id})", lambda m: m.free(request))
+    _both(world, f"free_block_hashes({request_id})", lambda m: m.free_block_hashes(request))
+    slot.status, slot.request = ABSENT, None
+
+
+# -- misuse ----------------------------------------------------------------------------------
+
+
+def _bad_allocation(
+    request_id: str, num_tokens: int, *, hits: tuple[int, ...] = (), lookahead: int = 0
+) -> Transition:
+    label = f"allocate_slots({request_id}, {num_tokens}, {list(hits)}, lookahead={lookahead})"
+
+    def run(world: World) -> None:
+        assert isinstance(world, ManagerWorld)
+        request = world.slots[request_id].request
+        assert request is not None
+        outcome = world.pair.both(
+            label, lambda m, _: m.allocate_slots(request, num_tokens, hits or None, lookahead)
+        )
+        assert not outcome.ok, f"{label} is invalid but succeeded"
+
+    return Transition(label, run)
+
+
+def _impostor_free(request_id: str) -> Transition:
+    label = f"free(impostor of {request_id})"
+
+    def run(world: World) -> None:
+        assert isinstance(world, ManagerWorld)
+        request = world.slots[request_id].request
+        assert request is not None
+        impostor = copy.copy(request)  # same id, same tokens, another object
+        outcome = world.pair.both(label, lambda m, _: m.free(impostor))
+        assert not outcome.ok, f"{label} succeeded"
+
+    return Transition(label, run)
+
+
+def _common_prefix(request_id: str, num_running: int) -> Transition:
+    label = f"get_num_common_prefix_blocks({request_id}, {num_running})"
+
+    def run(world: World) -> None:
+        assert isinstance(world, ManagerWorld)
+        request = world.slots[request_id].request
+        assert request is not None
+        _both(world, label, lambda m: m.get_num_common_prefix_blocks(request, num_running))
+
+    return Transition(label, run)
