@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pagedkv.block import KVCacheBlock
+from pagedkv.block_counts import fits, num_full_blocks, num_new_blocks, num_required_blocks
 from pagedkv.block_hash import BlockHashType, get_hash_fn, hash_request_tokens
 from pagedkv.block_pool import BlockPool
 from pagedkv.errors import (
@@ -226,15 +227,9 @@ class KVCacheManager:
             self.specialized_manager.remove_skipped_blocks(req_blocks, request.num_computed_tokens)
         )
         new_computed = plan.new_computed
-        num_new = plan.num_required - len(req_blocks) - len(new_computed)
-        null_block = pool.null_block
-        count_null = self.semantics.capacity_counts_null_blocks
-        num_evictable_hits = sum(
-            1
-            for block in new_computed
-            if block.ref_cnt == 0 and (count_null or block is not null_block)
-        )
-        if num_new > pool.get_num_free_blocks() - num_evictable_hits:
+        num_new = num_new_blocks(plan.num_required, len(req_blocks), len(new_computed))
+        num_evictable_hits = self._num_evictable_hits(new_computed) if new_computed else 0
+        if not fits(num_new, pool.get_num_free_blocks(), num_evictable_hits):
             self._after_call()
             return None
         if self.enable_caching:
@@ -265,6 +260,17 @@ class KVCacheManager:
             self.num_cached_block[request_id] = plan.num_full
         self._after_call()
         return new_blocks
+
+    def _num_evictable_hits(self, new_computed: list[KVCacheBlock]) -> int:
+        """Hits with ref_cnt 0: touching takes them off the free queue, so they are not free
+        for this step. Null hits count only under vLLM semantics (difference 2)."""
+        null_block = self.block_pool.null_block
+        count_null = self.semantics.capacity_counts_null_blocks
+        return sum(
+            1
+            for block in new_computed
+            if block.ref_cnt == 0 and (count_null or block is not null_block)
+        )
 
     def _plan_allocation(
         self,
@@ -304,7 +310,9 @@ class KVCacheManager:
                 f"request {request_id!r}: {num_scheduled_real} tokens computed after this step, "
                 f"but the request has {request.num_tokens}"
             )
-        num_required = cdiv(num_computed_tokens + num_tokens + num_lookahead_tokens, block_size)
+        num_required = num_required_blocks(
+            num_computed_tokens, num_tokens, num_lookahead_tokens, block_size
+        )
         if num_required > self.max_num_blocks_per_req and (
             not self.semantics.cap_at_max_model_len
             or num_held + len(new_computed) >= self.max_num_blocks_per_req
@@ -315,7 +323,9 @@ class KVCacheManager:
                 f"{num_required} blocks needed, at most {self.max_num_blocks_per_req} "
                 f"(max_model_len {self.max_model_len}, block size {block_size})",
             )
-        num_full = num_scheduled_real // block_size
+        num_full = num_full_blocks(
+            num_computed_tokens, num_tokens, len(request.spec_token_ids), block_size
+        )
         num_cached = self.num_cached_block.get(request_id, len(new_computed))
         if self.enable_caching and num_full < num_cached:
             raise RequestError(

@@ -31,14 +31,15 @@ from pagedkv.spec.attention import (
     sliding_window_hit,
     sliding_window_skipped,
 )
+from pagedkv.spec.block_counts import (
+    ceil_div,
+    fits,
+    num_full_blocks,
+    num_new_blocks,
+    num_required_blocks,
+)
 from pagedkv.spec.block_hash import request_block_hashes
 from pagedkv.spec.block_pool import NULL_BLOCK_ID, SpecBlockPool
-
-
-def ceil_div(a: int, b: int) -> int:
-    """The least integer >= a / b (b > 0)."""
-    assert b > 0, "blocks hold at least one token"
-    return -(-a // b)
 
 
 class SpecKVCacheManager:
@@ -209,7 +210,9 @@ class SpecKVCacheManager:
                 f"request {request_id!r}: {real_tokens_after} tokens computed after this step, "
                 f"but the request has {request.num_tokens}"
             )
-        num_required = ceil_div(computed_tokens + num_tokens + num_lookahead_tokens, block_size)
+        num_required = num_required_blocks(
+            computed_tokens, num_tokens, num_lookahead_tokens, block_size
+        )
         num_held_after_hits = len(held) + len(hits)
         if num_required > self.max_num_blocks_per_req and (
             not self.semantics.cap_at_max_model_len
@@ -220,7 +223,9 @@ class SpecKVCacheManager:
                 "allocation past max_model_len",
                 f"{num_required} blocks needed, at most {self.max_num_blocks_per_req}",
             )
-        num_full = real_tokens_after // block_size
+        num_full = num_full_blocks(
+            computed_tokens, num_tokens, len(request.spec_token_ids), block_size
+        )
         num_cached = self.num_cached.get(request_id, len(hits))
         if self.enable_caching and num_full < num_cached:
             raise RequestError(
@@ -239,14 +244,14 @@ class SpecKVCacheManager:
             self.pool.free_blocks(removed)
             if request_id in self.blocks:
                 self.blocks[request_id] = held
-        num_new = num_required - len(held) - len(hits)
+        num_new = num_new_blocks(num_required, len(held), len(hits))
         num_free_hits = sum(
             1
             for block_id in hits
             if self.pool.ref_cnt[block_id] == 0
             and (block_id != NULL_BLOCK_ID or self.semantics.capacity_counts_null_blocks)
         )
-        if num_new > self.pool.get_num_free_blocks() - num_free_hits:
+        if not fits(num_new, self.pool.get_num_free_blocks(), num_free_hits):
             return None
         if self.enable_caching:
             self.pool.touch(hits)
