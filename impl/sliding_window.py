@@ -2,13 +2,68 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from pagedkv.block import KVCacheBlock
 from pagedkv.block_hash import BlockHashType
 from pagedkv.block_pool import BlockPool
 from pagedkv.kv_cache_interface import SlidingWindowSpec, cdiv
 from pagedkv.specialized_manager import SpecializedManager
+
+T = TypeVar("T")
+
+
+def first_useful_block(num_computed_tokens: int, sliding_window: int, block_size: int) -> int:
+    """The first block position the next token's window reaches; every block before it is skipped.
+
+    The token at position `num_computed_tokens` attends to tokens from
+    `num_computed_tokens - sliding_window + 1` on; block p covers `[p * B, (p + 1) * B)`. The
+    result is negative while the window still reaches block 0 (then nothing is skipped).
+
+    Complexity: O(1).
+    """
+    return (num_computed_tokens - sliding_window + 1) // block_size
+
+
+def num_window_blocks(sliding_window: int, block_size: int) -> int:
+    """Cached blocks a hit must end with: those holding the `sliding_window - 1` tokens before
+    the next one (the token being computed is itself in the window), i.e. cdiv(W - 1, B).
+
+    Complexity: O(1).
+    """
+    return cdiv(sliding_window - 1, block_size)
+
+
+def scan_window_hit(
+    num_blocks: int, num_needed: int, lookup: Callable[[int], T | None], null: T
+) -> list[T]:
+    """The longest prefix of `num_blocks` positions ending in `num_needed` consecutive hits.
+
+    `lookup(i)` is the block cached for position i, or None. Positions are looked up from the
+    right, each at most once, and the scan stops at the first run of `num_needed` hits: positions
+    left of that run are never looked up and come back as `null`. Without such a run the result
+    is the run of hits starting at position 0 (maybe empty, maybe shorter than `num_needed`).
+
+        lookup:  hit   miss  hit   hit   miss      num_needed = 2
+        result:  null  null  b2    b3              (positions 4, 3, 2 looked up)
+
+    Complexity: O(num_blocks) lookups at most.
+    """
+    hits: list[T] = [null] * num_blocks
+    run = 0
+    for i in range(num_blocks - 1, -1, -1):
+        block = lookup(i)
+        if block is None:
+            run = 0
+            continue
+        hits[i] = block
+        run += 1
+        if run >= num_needed:
+            del hits[i + run :]
+            return hits
+    del hits[run:]  # the run that starts at block 0 counts even if short
+    return hits
 
 
 class SlidingWindowManager(SpecializedManager):
@@ -27,8 +82,9 @@ class SlidingWindowManager(SpecializedManager):
     def __init__(self, kv_cache_spec: SlidingWindowSpec, block_pool: BlockPool) -> None:
         super().__init__(kv_cache_spec, block_pool)
         self.sliding_window = kv_cache_spec.sliding_window
-        # The token being computed is itself in the window, hence W - 1.
-        self.sliding_window_contiguous_blocks = cdiv(self.sliding_window - 1, self.block_size)
+        self.sliding_window_contiguous_blocks = num_window_blocks(
+            self.sliding_window, self.block_size
+        )
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHashType]) -> list[KVCacheBlock]:
         """The longest prefix ending in a run of `sliding_window_contiguous_blocks` cached blocks.
@@ -39,21 +95,12 @@ class SlidingWindowManager(SpecializedManager):
         Complexity: O(len(block_hashes)).
         """
         get_cached_block = self.block_pool.get_cached_block
-        needed = self.sliding_window_contiguous_blocks
-        hits: list[KVCacheBlock] = [self.null_block] * len(block_hashes)
-        run = 0
-        for i in range(len(block_hashes) - 1, -1, -1):
-            block = get_cached_block(block_hashes[i])
-            if block is None:
-                run = 0
-                continue
-            hits[i] = block
-            run += 1
-            if run >= needed:
-                del hits[i + run :]
-                return hits
-        del hits[run:]  # the run that starts at block 0 counts even if short
-        return hits
+        return scan_window_hit(
+            len(block_hashes),
+            self.sliding_window_contiguous_blocks,
+            lambda i: get_cached_block(block_hashes[i]),
+            self.null_block,
+        )
 
     def remove_skipped_blocks(
         self, blocks: list[KVCacheBlock], num_computed_tokens: int
@@ -68,11 +115,10 @@ class SlidingWindowManager(SpecializedManager):
 
         Complexity: O(number of blocks replaced).
         """
-        first_useful_token = num_computed_tokens - self.sliding_window + 1
-        first_useful_block = first_useful_token // self.block_size
+        first_useful = first_useful_block(num_computed_tokens, self.sliding_window, self.block_size)
         null_block = self.null_block
         removed = []
-        for i in range(first_useful_block - 1, -1, -1):
+        for i in range(first_useful - 1, -1, -1):
             block = blocks[i]
             if block is null_block:
                 break

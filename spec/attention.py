@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from pagedkv.block_hash import BlockHashType
+from pagedkv.spec.block_counts import ceil_div
 
 Lookup = Callable[[BlockHashType], "int | None"]
 """The first block cached under a hash, or None (the pool's get_cached_block)."""
@@ -30,37 +31,48 @@ def contiguous_blocks_needed(sliding_window: int, block_size: int) -> int:
 
     The token being computed is in its own window, so the cached part covers W - 1 tokens.
     """
-    return max(-(-(sliding_window - 1) // block_size), 1)
+    return max(ceil_div(sliding_window - 1, block_size), 1)
+
+
+def sliding_window_usable_prefix(
+    cached: Sequence[bool], sliding_window: int, block_size: int
+) -> tuple[int, int]:
+    """The longest usable prefix of a hit pattern, as (length, first cached position).
+
+    `cached[i]` says whether block i's hash is cached. A prefix of length L is usable if its last
+    `contiguous_blocks_needed` positions are all cached (only they are inside the window of token
+    L * B); positions before them are skipped. If no prefix is usable that way, the longest
+    prefix that is entirely cached is (skipping nothing).
+    """
+    needed = contiguous_blocks_needed(sliding_window, block_size)
+    for length in range(len(cached), needed - 1, -1):
+        if all(cached[length - needed : length]):
+            return length, length - needed
+    length = 0
+    while length < len(cached) and cached[length]:
+        length += 1
+    return length, 0
 
 
 def sliding_window_hit(
     lookup: Lookup, block_hashes: Sequence[BlockHashType], sliding_window: int, block_size: int
 ) -> list[int]:
-    """The longest usable prefix under a sliding window, skipped positions as the null block.
-
-    A prefix of length L is usable if its last `contiguous_blocks_needed` blocks are all cached
-    (only they are inside the window of token L * B); positions before them hold the null block.
-    If no prefix is usable that way, the longest prefix that is entirely cached is.
-    """
-    needed = contiguous_blocks_needed(sliding_window, block_size)
+    """The usable prefix of the hashes' blocks (`sliding_window_usable_prefix`), skipped
+    positions as the null block."""
     found = [lookup(block_hash) for block_hash in block_hashes]
-    for length in range(len(block_hashes), needed - 1, -1):
-        window = found[length - needed : length]
-        if all(block_id is not None for block_id in window):
-            return [NULL_BLOCK_ID] * (length - needed) + [b for b in window if b is not None]
-    cached_prefix: list[int] = []
-    for block_id in found:
-        if block_id is None:
-            break
-        cached_prefix.append(block_id)
-    return cached_prefix
+    length, first = sliding_window_usable_prefix(
+        [block_id is not None for block_id in found], sliding_window, block_size
+    )
+    return [NULL_BLOCK_ID] * first + [b for b in found[first:length] if b is not None]
 
 
 def sliding_window_skipped(num_computed_tokens: int, sliding_window: int, block_size: int) -> int:
     """How many leading block positions lie wholly before the window of the next token.
 
     The next token's window starts at token `num_computed_tokens - sliding_window + 1`; block p
-    covers tokens [p * B, (p + 1) * B), so it is skipped iff (p + 1) * B <= that start.
+    covers tokens [p * B, (p + 1) * B), so it is skipped iff (p + 1) * B <= that start. Only the
+    blocks that hold a token before that start can be skipped; count those that qualify.
     """
     first_useful_token = num_computed_tokens - sliding_window + 1
-    return max(first_useful_token // block_size, 0)
+    candidates = range(ceil_div(max(first_useful_token, 0), block_size))
+    return sum(1 for p in candidates if (p + 1) * block_size <= first_useful_token)
