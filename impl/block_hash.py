@@ -11,10 +11,10 @@ import hashlib
 import os
 import pickle
 from collections.abc import Callable, Sequence
-from typing import Literal, NamedTuple, TypeAlias
+from typing import Literal, NamedTuple, Protocol, TypeAlias
 
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.request import Request
+from pagedkv.request import PlaceholderRange, Request
 
 ExtraKey: TypeAlias = "int | str | tuple[str, str]"
 """A LoRA id (int), a multimodal content hash (str), or a tagged cache salt (tuple)."""
@@ -69,6 +69,75 @@ def need_extra_keys(request: Request) -> bool:
     )
 
 
+class PlaceholderTuples(Protocol):
+    """Multimodal placeholder ranges as `(offset, length)` tuples, sorted and disjoint."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int, /) -> tuple[int, int]: ...
+
+
+class _RangesAsTuples:
+    """`PlaceholderRange`s seen as `(offset, length)` tuples, without copying them."""
+
+    __slots__ = ("_positions",)
+
+    def __init__(self, positions: Sequence[PlaceholderRange]) -> None:
+        self._positions = positions
+
+    def __len__(self) -> int:
+        return len(self._positions)
+
+    def __getitem__(self, index: int, /) -> tuple[int, int]:
+        position = self._positions[index]
+        return position.offset, position.length
+
+
+def mm_inputs_in_block(
+    ranges: PlaceholderTuples,
+    start_token_idx: int,
+    end_token_idx: int,
+    start_mm_idx: int,
+    include_touching: bool = False,
+) -> tuple[list[int], int]:
+    """Which multimodal inputs from `start_mm_idx` on overlap the block `[start, end)`.
+
+    An input `(offset, length)` covers tokens `[offset, offset + length)`; `include_touching`
+    also takes one that ends exactly where the block starts (vLLM 0.8.5's quirk, difference 6).
+    The scan passes over inputs that end before the block and stops at the first input the
+    block has not reached, or at one that continues into the next block.
+
+    Returns:
+        The indices of the overlapping inputs, in order, and the index the next block's scan
+        starts from (without `include_touching`, every input before it ends at or before
+        `end_token_idx`, so a left-to-right scan over blocks is linear overall).
+
+    Complexity: O(1) plus the inputs passed over.
+    """
+    indices: list[int] = []
+    num_ranges = len(ranges)
+    mm_idx = start_mm_idx
+    if num_ranges:
+        offset, length = ranges[num_ranges - 1]
+        if offset + length < start_token_idx or (
+            offset + length == start_token_idx and not include_touching
+        ):
+            return indices, num_ranges  # every input ends before this block
+    while mm_idx < num_ranges:
+        offset, length = ranges[mm_idx]
+        if offset >= end_token_idx:
+            break  # the block has not reached this input
+        input_end = offset + length
+        if input_end < start_token_idx or (input_end == start_token_idx and not include_touching):
+            mm_idx += 1  # the block is past this input
+            continue
+        indices.append(mm_idx)
+        if input_end > end_token_idx:
+            break  # the input continues into the next block
+        mm_idx += 1  # the input ends here; the next one may start in this block too
+    return indices, mm_idx
+
+
 def generate_block_hash_extra_keys(
     request: Request,
     start_token_idx: int,
@@ -80,9 +149,10 @@ def generate_block_hash_extra_keys(
     """Extra keys of the block covering tokens `[start_token_idx, end_token_idx)`.
 
     Order: the LoRA id, then the hash of each multimodal input from `start_mm_idx` on that
-    overlaps the block, then the tagged cache salt (every block: tenant isolation must not rest
-    on hash values alone, see `pagedkv.spec.block_hash`). `include_touching` also
-    takes an input ending exactly where the block starts (vLLM 0.8.5's quirk, difference 6).
+    overlaps the block (`mm_inputs_in_block`), then the tagged cache salt (every block: tenant
+    isolation must not rest on hash values alone, see `pagedkv.spec.block_hash`).
+    `include_touching` also takes an input ending exactly where the block starts (vLLM 0.8.5's
+    quirk, difference 6).
 
     Returns:
         The keys (None when there are none) and the index of the first multimodal input the next
@@ -93,25 +163,17 @@ def generate_block_hash_extra_keys(
     keys: list[ExtraKey] = []
     if request.lora_id is not None:
         keys.append(request.lora_id)
-    positions = request.mm_positions
-    touching = include_touching
     mm_idx = start_mm_idx
-    if positions and (
-        positions[-1].end < start_token_idx
-        or (positions[-1].end == start_token_idx and not touching)
-    ):
-        mm_idx = len(positions)  # every input ends before this block
-    while mm_idx < len(positions):
-        position = positions[mm_idx]
-        if position.offset >= end_token_idx:
-            break  # the block has not reached this input
-        if position.end < start_token_idx or (position.end == start_token_idx and not touching):
-            mm_idx += 1  # the block is past this input
-            continue
-        keys.append(request.mm_hashes[mm_idx])
-        if position.end > end_token_idx:
-            break  # the input continues into the next block
-        mm_idx += 1  # the input ends here; the next one may start in this block too
+    if request.mm_positions:
+        indices, mm_idx = mm_inputs_in_block(
+            _RangesAsTuples(request.mm_positions),
+            start_token_idx,
+            end_token_idx,
+            start_mm_idx,
+            include_touching,
+        )
+        mm_hashes = request.mm_hashes
+        keys.extend(mm_hashes[i] for i in indices)
     if request.cache_salt is not None:
         keys.append((CACHE_SALT_TAG, request.cache_salt))
     return (tuple(keys) if keys else None), mm_idx

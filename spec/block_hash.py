@@ -7,13 +7,39 @@ testing each multimodal input for overlap, and each chain is recomputed from its
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pagedkv.block_hash import CACHE_SALT_TAG, NONE_HASH, BlockHashType, ExtraKey, HashFn
-from pagedkv.request import PlaceholderRange, Request
+from pagedkv.request import Request
 
 
-def overlaps(position: PlaceholderRange, start: int, end: int) -> bool:
-    """Whether a multimodal input shares a token with the block `[start, end)`."""
-    return position.offset < end and start < position.end
+def overlaps(offset: int, length: int, start: int, end: int) -> bool:
+    """Whether the input at tokens `[offset, offset + length)` shares one with `[start, end)`."""
+    return offset < end and start < offset + length
+
+
+def mm_inputs_in_block(ranges: Sequence[tuple[int, int]], start: int, end: int) -> list[int]:
+    """Indices of the multimodal inputs `(offset, length)` that overlap the block `[start, end)`."""
+    return [
+        index
+        for index, (offset, length) in enumerate(ranges)
+        if overlaps(offset, length, start, end)
+    ]
+
+
+def vllm_mm_inputs_in_block(ranges: Sequence[tuple[int, int]], start: int, end: int) -> list[int]:
+    """vLLM 0.8.5's choice for a block `cache_full_blocks` hashes itself (difference 6): only the
+    last input, when it overlaps the block or ends exactly where the block starts."""
+    if not ranges:
+        return []
+    offset, length = ranges[-1]
+    if overlaps(offset, length, start, end) or offset + length == start:
+        return [len(ranges) - 1]
+    return []
+
+
+def _ranges(request: Request) -> list[tuple[int, int]]:
+    return [(position.offset, position.length) for position in request.mm_positions]
 
 
 def block_extra_keys(request: Request, start: int, end: int) -> tuple[ExtraKey, ...] | None:
@@ -29,9 +55,9 @@ def block_extra_keys(request: Request, start: int, end: int) -> tuple[ExtraKey, 
     keys: list[ExtraKey] = []
     if request.lora_id is not None:
         keys.append(request.lora_id)
-    for position, mm_hash in zip(request.mm_positions, request.mm_hashes, strict=True):
-        if overlaps(position, start, end):
-            keys.append(mm_hash)
+    if request.mm_positions:
+        for index in mm_inputs_in_block(_ranges(request), start, end):
+            keys.append(request.mm_hashes[index])
     if request.cache_salt is not None:
         keys.append((CACHE_SALT_TAG, request.cache_salt))
     return tuple(keys) if keys else None
@@ -48,10 +74,8 @@ def vllm_new_block_extra_keys(
     keys: list[ExtraKey] = []
     if request.lora_id is not None:
         keys.append(request.lora_id)
-    if request.mm_positions:
-        last = request.mm_positions[-1]
-        if overlaps(last, start, end) or last.end == start:
-            keys.append(request.mm_hashes[-1])
+    for index in vllm_mm_inputs_in_block(_ranges(request), start, end):
+        keys.append(request.mm_hashes[index])
     if request.cache_salt is not None:
         keys.append((CACHE_SALT_TAG, request.cache_salt))
     return tuple(keys) if keys else None
