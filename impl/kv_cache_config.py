@@ -29,6 +29,14 @@ logger = logging.getLogger(__name__)
 GiB = 1 << 30
 
 
+def num_blocks_for_budget(available_memory: int, page_size_bytes: int, num_layers: int) -> int:
+    """The most blocks whose pages, one per layer, fit in `available_memory` bytes.
+
+    Complexity: O(1).
+    """
+    return available_memory // page_size_bytes // num_layers
+
+
 def _check_limits(max_model_len: int, max_num_batched_tokens: int | None) -> int:
     """Validate the limits; return max_num_batched_tokens, max_model_len when it is None."""
     if not isinstance(max_model_len, int) or isinstance(max_model_len, bool) or max_model_len < 1:
@@ -257,7 +265,7 @@ def get_kv_cache_config(
                 f"{first_name!r} has {spec} and layer {name!r} has {specs[name]}"
             )
     page_size = spec.page_size_bytes
-    num_blocks = available_memory // page_size // len(names)
+    num_blocks = num_blocks_for_budget(available_memory, page_size, len(names))
     if num_blocks_override is not None:
         logger.info(
             "num_blocks %d overridden by num_blocks_override=%d", num_blocks, num_blocks_override

@@ -109,6 +109,40 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def attention_page_size_bytes(
+    block_size: int, num_kv_heads: int, head_size: int, dtype_size: int, use_mla: bool
+) -> int:
+    """Bytes of one block of an attention layer: K and V (or one MLA latent) per token.
+
+    Complexity: O(1).
+    """
+    coef = 1 if use_mla else 2
+    return coef * block_size * num_kv_heads * head_size * dtype_size
+
+
+def full_attention_max_blocks(max_model_len: int, block_size: int) -> int:
+    """Blocks a full-attention layer needs for one request of `max_model_len` tokens.
+
+    Complexity: O(1).
+    """
+    return cdiv(max_model_len, block_size)
+
+
+def sliding_window_max_blocks(
+    sliding_window: int, max_model_len: int, max_num_batched_tokens: int, block_size: int
+) -> int:
+    """Blocks a sliding-window layer needs at most: `cdiv(min(W - 1 + T, L), B) + 1`.
+
+    A step keeps the last W - 1 computed tokens and adds at most T new ones, never more than L
+    in all; the window may start mid-block, hence one more block (B = 4, window `CDEF` spans
+    `[xxCD][EF..]`).
+
+    Complexity: O(1).
+    """
+    num_tokens = min(sliding_window - 1 + max_num_batched_tokens, max_model_len)
+    return cdiv(num_tokens, block_size) + 1
+
+
 def _check_positive_int(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise InvalidArgumentError(f"{name} must be an int >= 1, got {value!r}")
@@ -192,8 +226,13 @@ class AttentionSpec(KVCacheSpec):
     @property
     def page_size_bytes(self) -> int:
         """Bytes of one block of this layer (see the class docstring). Complexity: O(1)."""
-        coef = 1 if self.use_mla else 2
-        return coef * self.block_size * self.num_kv_heads * self.head_size * DTYPE_SIZES[self.dtype]
+        return attention_page_size_bytes(
+            self.block_size,
+            self.num_kv_heads,
+            self.head_size,
+            DTYPE_SIZES[self.dtype],
+            self.use_mla,
+        )
 
 
 @dataclass(frozen=True, init=False)
@@ -215,7 +254,7 @@ class FullAttentionSpec(AttentionSpec):
         """
         _check_positive_int("max_model_len", max_model_len)
         _check_positive_int("max_num_batched_tokens", max_num_batched_tokens)
-        return cdiv(max_model_len, self.block_size) * self.page_size_bytes
+        return full_attention_max_blocks(max_model_len, self.block_size) * self.page_size_bytes
 
 
 @dataclass(frozen=True, init=False)
@@ -259,11 +298,7 @@ class SlidingWindowSpec(AttentionSpec):
         return f"sliding_window_{self.sliding_window}_{self.block_size}_{self.page_size_bytes}"
 
     def max_memory_usage_bytes(self, max_model_len: int, max_num_batched_tokens: int) -> int:
-        """`cdiv(min(W - 1 + max_num_batched_tokens, max_model_len), B) + 1` pages.
-
-        A step keeps the last W - 1 computed tokens and adds at most `max_num_batched_tokens`
-        new ones, never more than `max_model_len` in all; the window may start mid-block, hence
-        one more block (B = 4, window `CDEF` spans `[xxCD][EF..]`).
+        """`sliding_window_max_blocks(W, max_model_len, max_num_batched_tokens, B)` pages.
 
         Raises:
             InvalidArgumentError: either argument < 1.
@@ -272,8 +307,10 @@ class SlidingWindowSpec(AttentionSpec):
         """
         _check_positive_int("max_model_len", max_model_len)
         _check_positive_int("max_num_batched_tokens", max_num_batched_tokens)
-        num_tokens = min(self.sliding_window - 1 + max_num_batched_tokens, max_model_len)
-        return (cdiv(num_tokens, self.block_size) + 1) * self.page_size_bytes
+        num_blocks = sliding_window_max_blocks(
+            self.sliding_window, max_model_len, max_num_batched_tokens, self.block_size
+        )
+        return num_blocks * self.page_size_bytes
 
 
 @dataclass(frozen=True)
