@@ -20,14 +20,13 @@ import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TypeVar
 
 from pagedkv.harness.adapters import load_factory, pagedkv_manager, pagedkv_pool
 from pagedkv.harness.protocol import ManagerFactory, PoolFactory
 from pagedkv.semantics import VLLM_0_8_5
-from proofs.manager_world import ManagerSearchConfig, initial_manager_world
-from proofs.pool_world import PoolSearchConfig, initial_pool_world
-from proofs.search import SearchResult, World, breadth_first
+from proofs.manager_world import ManagerSearchConfig, ManagerWorld, initial_manager_world
+from proofs.pool_world import PoolSearchConfig, PoolWorld, initial_pool_world
+from proofs.search import SearchResult, breadth_first
 
 DEFAULT_MAX_STATES = 2_000_000
 
@@ -62,10 +61,11 @@ _B1_TWINS = ((0, 1, 1), (0, 1, 1))  # equal prompts: whole-prompt hits
 _B2 = ((0, 1, 0), (0, 1, 1))  # one shared full block, then a partial one (block size 2)
 
 MANAGER_SCOPES: dict[str, tuple[ManagerSearchConfig, ...]] = {
-    # A window config needs max_model_len long enough that a request keeps running after a
-    # block left its window; otherwise the null blocks never outlive the step that made them.
+    # max_model_len must be long enough that requests keep running after their prompt (two at
+    # once, sharing blocks) and, under a window, after a block left it: a request that reaches
+    # max_model_len finishes within the step, and its state is never seen.
     "ci": (
-        ManagerSearchConfig(4, 1, 4, _B1),
+        ManagerSearchConfig(4, 1, 5, _B1),
         ManagerSearchConfig(4, 1, 4, _B1_THREE, samples=(0,)),
         ManagerSearchConfig(4, 2, 5, _B2),
         ManagerSearchConfig(4, 1, 4, _B1, chunked_prefill=True, use_eagle=True),
@@ -76,7 +76,7 @@ MANAGER_SCOPES: dict[str, tuple[ManagerSearchConfig, ...]] = {
         ManagerSearchConfig(4, 2, 6, _B2, sliding_window=2, samples=(0,)),
         # vLLM 0.8.5 under a sliding window drives the null block's ref_cnt down without bound
         # (every free of a windowed request decrements it): an infinite state space.
-        ManagerSearchConfig(4, 1, 4, _B1, semantics=VLLM_0_8_5, misuse=False),
+        ManagerSearchConfig(4, 1, 5, _B1, semantics=VLLM_0_8_5, misuse=False),
     ),
     "large": (
         ManagerSearchConfig(5, 1, 5, _B1_THREE),
@@ -91,8 +91,6 @@ MANAGER_SCOPES: dict[str, tuple[ManagerSearchConfig, ...]] = {
 
 # -- searches --------------------------------------------------------------------------------
 
-W = TypeVar("W", bound=World)
-
 
 @contextmanager
 def _quiet() -> Iterator[None]:
@@ -105,23 +103,44 @@ def _quiet() -> Iterator[None]:
         logging.disable(previous)
 
 
-def _explore(name: str, make: Callable[[], W], max_states: int) -> SearchResult:
-    with _quiet():
-        return breadth_first(name, make, max_states=max_states)
-
-
 def explore_pool(
-    factory: PoolFactory, config: PoolSearchConfig, *, max_states: int = DEFAULT_MAX_STATES
+    factory: PoolFactory,
+    config: PoolSearchConfig,
+    *,
+    max_states: int = DEFAULT_MAX_STATES,
+    visit: Callable[[PoolWorld], None] | None = None,
 ) -> SearchResult:
-    """Search every reachable state of the pool `config` describes, `factory`'s pool vs spec."""
-    return _explore(config.name, lambda: initial_pool_world(factory, config), max_states)
+    """Search every reachable state of the pool `config` describes, `factory`'s pool vs spec.
+
+    `visit` sees each distinct state once (see `proofs.search.breadth_first`).
+    """
+    with _quiet():
+        return breadth_first(
+            config.name,
+            lambda: initial_pool_world(factory, config),
+            max_states=max_states,
+            visit=visit,
+        )
 
 
 def explore_manager(
-    factory: ManagerFactory, config: ManagerSearchConfig, *, max_states: int = DEFAULT_MAX_STATES
+    factory: ManagerFactory,
+    config: ManagerSearchConfig,
+    *,
+    max_states: int = DEFAULT_MAX_STATES,
+    visit: Callable[[ManagerWorld], None] | None = None,
 ) -> SearchResult:
-    """Search every reachable state of the manager `config` describes, `factory`'s vs spec."""
-    return _explore(config.name, lambda: initial_manager_world(factory, config), max_states)
+    """Search every reachable state of the manager `config` describes, `factory`'s vs spec.
+
+    `visit` sees each distinct state once (see `proofs.search.breadth_first`).
+    """
+    with _quiet():
+        return breadth_first(
+            config.name,
+            lambda: initial_manager_world(factory, config),
+            max_states=max_states,
+            visit=visit,
+        )
 
 
 # -- command line ----------------------------------------------------------------------------

@@ -149,12 +149,17 @@ class SearchResult:
 
 
 def breadth_first(
-    name: str, make_initial: Callable[[], W], *, max_states: int = 2_000_000
+    name: str,
+    make_initial: Callable[[], W],
+    *,
+    max_states: int = 2_000_000,
+    visit: Callable[[W], None] | None = None,
 ) -> SearchResult:
     """Explore every state reachable from `make_initial()`, breadth first.
 
     The first failing transition found is on a shortest failing path (breadth-first order), so
-    its trace is shortest. `max_states` bounds a search that would run away.
+    its trace is shortest. `max_states` bounds a search that would run away. `visit`, if given,
+    sees each distinct state once, when it is first reached (for coverage checks).
     """
     start = time.perf_counter()
     num_transitions = 0
@@ -164,6 +169,8 @@ def breadth_first(
     except Exception as error:  # the initial states already disagree
         return SearchResult(name, 0, 0, 0, 0.0, True, Failure((), (), _describe(error)))
     root = initial.key()
+    if visit is not None:
+        visit(initial)
     parents: dict[Hashable, tuple[Hashable, str] | None] = {root: None}
     # Each state waiting to be expanded is kept frozen, with its (immutable) snapshot.
     frontier: deque[tuple[Hashable, Frozen, Any, int]] = deque(
@@ -197,6 +204,8 @@ def breadth_first(
                         name, len(parents), num_transitions, depth, seconds, False, None
                     )
                 parents[new_key] = (key, transition.label)
+                if visit is not None:
+                    visit(work)
                 frontier.append((new_key, work.dump(), work.pair.state, level + 1))
             work = None
     seconds = time.perf_counter() - start
