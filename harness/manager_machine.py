@@ -277,6 +277,8 @@ class ManagerMachine(LockstepMachine):
                     "impostor",
                     "foreign hits",
                     "computed outside slots",
+                    "more drafts than scheduled",
+                    "hashes dropped while running",
                     "unknown request",
                 )
             ),
@@ -329,6 +331,20 @@ class ManagerMachine(LockstepMachine):
                 )
             finally:
                 request.num_computed_tokens = saved
+        elif kind == "more drafts than scheduled":
+            request.spec_token_ids = [0, 0]
+            try:
+                self.both(
+                    f"allocate_slots({request!r}, 1) with 2 drafts",
+                    lambda manager, _: manager.allocate_slots(request, 1),
+                )
+            finally:
+                request.spec_token_ids = []
+        elif kind == "hashes dropped while running":
+            self.both(
+                f"free_block_hashes({request!r})",
+                lambda manager, _: manager.free_block_hashes(request),
+            )
         elif kind == "unknown request":
             stranger = Request("never-seen", [0])
             self.both("free(never-seen)", lambda manager, _: manager.free(stranger))

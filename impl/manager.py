@@ -74,9 +74,10 @@ class KVCacheManager:
         use_eagle: drop the last matched block of a hit (EAGLE needs its hidden states).
         log_stats: gather `PrefixCacheStats`.
         semantics: pagedkv's or vLLM 0.8.5's side of the deliberate differences.
-        debug_invariants: run `check_invariants()` after every state-changing call (for
-            deployments that prefer an exception to a silent corruption). None reads the
-            `PAGEDKV_CHECK_INVARIANTS` environment variable.
+        debug_invariants: run `check_invariants()` after state-changing calls (for
+            deployments that prefer an exception to a silent corruption): True or 1 after every
+            call, an int n > 1 after every n-th call (the check is O(num_gpu_blocks)), False or
+            0 never. None reads the `PAGEDKV_CHECK_INVARIANTS` environment variable (an int).
     """
 
     def __init__(
@@ -89,7 +90,7 @@ class KVCacheManager:
         log_stats: bool = False,
         *,
         semantics: Semantics = PAGEDKV,
-        debug_invariants: bool | None = None,
+        debug_invariants: bool | int | None = None,
     ) -> None:
         if len(kv_cache_config.kv_cache_groups) != 1:
             raise KVCacheConfigError(
@@ -122,8 +123,16 @@ class KVCacheManager:
         self.num_cached_block: dict[str, int] = {}
         self._requests: dict[str, Request] = {}
         if debug_invariants is None:
-            debug_invariants = os.environ.get(CHECK_INVARIANTS_ENV, "") not in ("", "0")
-        self.debug_invariants = debug_invariants
+            setting = os.environ.get(CHECK_INVARIANTS_ENV, "0").strip() or "0"
+            if not setting.isdigit():
+                raise InvalidArgumentError(
+                    f"{CHECK_INVARIANTS_ENV} must be a number of calls (0: off), got {setting!r}"
+                )
+            debug_invariants = int(setting)
+        if int(debug_invariants) < 0:
+            raise InvalidArgumentError(f"debug_invariants must be >= 0, got {debug_invariants}")
+        self.debug_invariants = int(debug_invariants)
+        self._calls_until_check = self.debug_invariants
 
     @property
     def usage(self) -> float:
@@ -204,8 +213,9 @@ class KVCacheManager:
             The newly allocated blocks (maybe none), or None if they do not fit.
 
         Raises:
-            InvalidArgumentError: num_tokens <= 0 or lookahead < 0; hits with caching off; more
-                tokens scheduled than the request has.
+            InvalidArgumentError: num_tokens <= 0, lookahead < 0, or more speculative tokens
+                than num_tokens; hits with caching off; more tokens scheduled than the request
+                has.
             RequestError: another Request object uses the id; num_computed_tokens outside the
                 request's slots; hits for a request that already holds blocks; a hit that is not
                 the request's cached block at its position; fewer full blocks than already
@@ -291,6 +301,11 @@ class KVCacheManager:
                 f"request {request_id!r}: num_lookahead_tokens must be >= 0, got "
                 f"{num_lookahead_tokens}"
             )
+        if len(request.spec_token_ids) > num_tokens:
+            raise InvalidArgumentError(
+                f"request {request_id!r}: {len(request.spec_token_ids)} speculative tokens but "
+                f"only {num_tokens} scheduled (speculative tokens are part of num_tokens)"
+            )
         self._check_identity(request)
         num_held = len(self.req_to_blocks.get(request_id, ()))
         new_computed = list(new_computed_blocks) if new_computed_blocks else []
@@ -358,9 +373,16 @@ class KVCacheManager:
         """Drop the request's stored block hashes (when it finishes, not when preempted).
 
         Raises:
-            RequestError: another Request object uses this request id.
+            RequestError: another Request object uses this request id, or the request still
+                holds blocks (its cached blocks need their hashes: `free` it first).
         """
         self._check_identity(request)
+        if request.request_id in self.req_to_blocks:
+            raise RequestError(
+                request.request_id,
+                "free_block_hashes of a request that still holds blocks",
+                "free it first; a running request's cached blocks need their stored hashes",
+            )
         self.req_to_block_hashes.pop(request.request_id, None)
         self._forget_if_done(request.request_id)
         self._after_call()
@@ -464,7 +486,11 @@ class KVCacheManager:
             self._requests.pop(request_id, None)
 
     def _after_call(self) -> None:
-        if self.debug_invariants:
+        if not self.debug_invariants:
+            return
+        self._calls_until_check -= 1
+        if self._calls_until_check <= 0:
+            self._calls_until_check = self.debug_invariants
             self.check_invariants()
 
     def check_invariants(self) -> None:

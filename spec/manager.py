@@ -157,7 +157,8 @@ class SpecKVCacheManager:
         """Reserve slots for `num_tokens` scheduled tokens; None when they do not fit.
 
         Preconditions, in order:
-          1. num_tokens > 0; 2. num_lookahead_tokens >= 0 (InvalidArgumentError);
+          1. num_tokens > 0; 2. num_lookahead_tokens >= 0; 2b. no more speculative tokens
+             than num_tokens (InvalidArgumentError);
           3. the id names no other Request object (RequestError);
           4. 0 <= num_computed_tokens <= blocks held * B (RequestError);
           5. if there are hits: caching is on (InvalidArgumentError); the request holds no
@@ -191,6 +192,11 @@ class SpecKVCacheManager:
             raise InvalidArgumentError(
                 f"request {request_id!r}: num_lookahead_tokens must be >= 0, got "
                 f"{num_lookahead_tokens}"
+            )
+        if len(request.spec_token_ids) > num_tokens:
+            raise InvalidArgumentError(
+                f"request {request_id!r}: {len(request.spec_token_ids)} speculative tokens but "
+                f"only {num_tokens} scheduled (speculative tokens are part of num_tokens)"
             )
         self._require_same_request(request)
         held = self.blocks.get(request_id, [])
@@ -340,9 +346,16 @@ class SpecKVCacheManager:
     def free_block_hashes(self, request: Request) -> None:
         """Drop the stored hashes of a finished request.
 
-        Preconditions: the id names no other Request object (RequestError).
+        Preconditions: the id names no other Request object; the request holds no blocks
+        (its cached blocks need their stored hashes) (RequestError).
         """
         self._require_same_request(request)
+        if request.request_id in self.blocks:
+            raise RequestError(
+                request.request_id,
+                "free_block_hashes of a request that still holds blocks",
+                "free it first; a running request's cached blocks need their stored hashes",
+            )
         self.hashes.pop(request.request_id, None)
         self._forget_if_done(request.request_id)
 

@@ -309,6 +309,14 @@ class Scene:
         manager.get_computed_blocks(self.waiting)
 
 
+def _with_drafts(request: Request, drafts: list[int], call: Callable[[], object]) -> object:
+    request.spec_token_ids = drafts
+    try:
+        return call()
+    finally:
+        request.spec_token_ids = []
+
+
 HOSTILE: list[tuple[str, Callable[[ManagerUnderTest, Scene], object], type[Exception], str]] = [
     ("no tokens", lambda m, s: m.allocate_slots(s.running, 0), InvalidArgumentError, "> 0"),
     ("negative tokens", lambda m, s: m.allocate_slots(s.running, -3), InvalidArgumentError, "> 0"),
@@ -325,6 +333,12 @@ HOSTILE: list[tuple[str, Callable[[ManagerUnderTest, Scene], object], type[Excep
         "max_model_len",
     ),
     (
+        "more drafts than scheduled tokens",
+        lambda m, s: _with_drafts(s.running, [1, 1], lambda: m.allocate_slots(s.running, 1)),
+        InvalidArgumentError,
+        "2 speculative tokens but only 1 scheduled",
+    ),
+    (
         "tokens it does not have",
         lambda m, s: m.allocate_slots(s.running, 2),
         InvalidArgumentError,
@@ -337,6 +351,12 @@ HOSTILE: list[tuple[str, Callable[[ManagerUnderTest, Scene], object], type[Excep
         "another Request",
     ),
     ("impostor free", lambda m, s: m.free(Request("b", range(5))), RequestError, "another Request"),
+    (
+        "hashes dropped while running",
+        lambda m, s: m.free_block_hashes(s.running),
+        RequestError,
+        "still holds blocks",
+    ),
     (
         "hits for a running request",
         lambda m, s: m.allocate_slots(s.running, 1, [1]),
@@ -452,3 +472,26 @@ def test_runtime_invariant_checking_is_a_switch(monkeypatch: pytest.MonkeyPatch)
     checked.block_pool.blocks[1].ref_cnt = 5  # corrupt it: the next call must notice
     with pytest.raises(AssertionError, match="ref_cnt"):
         checked.free(request)
+
+
+def test_runtime_checking_can_sample_every_nth_call() -> None:
+    from pagedkv import KVCacheManager
+
+    config = manager_config()
+    manager = KVCacheManager(config.kv_cache_config, 64, debug_invariants=3)
+    request = Request("a", range(8))
+    manager.allocate_slots(request, 8)  # call 1: not checked
+    manager.block_pool.blocks[1].ref_cnt = 5  # corrupt it
+    request.num_computed_tokens = 8
+    request.append_output_token_ids(0)
+    manager.allocate_slots(request, 1)  # call 2: not checked
+    with pytest.raises(AssertionError, match="ref_cnt"):
+        manager.free(request)  # call 3: checked
+
+
+def test_a_bad_checking_setting_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pagedkv import KVCacheManager
+
+    monkeypatch.setenv("PAGEDKV_CHECK_INVARIANTS", "yes")
+    with pytest.raises(InvalidArgumentError, match="PAGEDKV_CHECK_INVARIANTS"):
+        KVCacheManager(manager_config().kv_cache_config, 64)
