@@ -22,7 +22,7 @@ from proofs.search import SearchResult
 
 POOL = PoolSearchConfig(3, 1, ((0, 0), (0, 1)))
 FULL = ManagerSearchConfig(4, 1, 4, ((0, 1), (0, 1, 1)))
-WINDOW = ManagerSearchConfig(4, 1, 5, ((0, 1), (0, 1, 1)), sliding_window=2)
+WINDOW = ManagerSearchConfig(4, 1, 5, ((0, 1), (0, 1, 1)), sliding_window=2, samples=(0,))
 BUSY = ManagerSearchConfig(4, 1, 5, ((0, 1), (0, 1, 1)))  # both requests may run at once
 
 
