@@ -74,17 +74,20 @@ MANAGER_SCOPES: dict[str, tuple[ManagerSearchConfig, ...]] = {
         ManagerSearchConfig(4, 1, 5, _B1_TWINS, sliding_window=2, samples=(1,)),
         ManagerSearchConfig(4, 1, 5, _B1, sliding_window=2, samples=(0,), use_eagle=True),
         ManagerSearchConfig(4, 2, 6, _B2, sliding_window=2, samples=(0,)),
+        ManagerSearchConfig(4, 1, 6, _B1, sliding_window=3, samples=(0,)),  # hits need 2 blocks
         # vLLM 0.8.5 under a sliding window drives the null block's ref_cnt down without bound
         # (every free of a windowed request decrements it): an infinite state space.
         ManagerSearchConfig(4, 1, 5, _B1, semantics=VLLM_0_8_5, misuse=False),
     ),
     "large": (
-        ManagerSearchConfig(5, 1, 5, _B1_THREE),
+        ManagerSearchConfig(5, 1, 5, _B1_THREE, samples=(0,)),
+        ManagerSearchConfig(5, 1, 6, _B1),
+        ManagerSearchConfig(5, 1, 6, _B1, semantics=VLLM_0_8_5, misuse=False),
         ManagerSearchConfig(4, 1, 5, _B1_THREE, sliding_window=2, samples=(0,)),
         ManagerSearchConfig(4, 2, 6, _B2, sliding_window=2),
         ManagerSearchConfig(4, 1, 5, _B1, sliding_window=2, chunked_prefill=True, use_eagle=True),
-        ManagerSearchConfig(5, 2, 7, _B2, sliding_window=3),
-        ManagerSearchConfig(5, 1, 5, _B1, semantics=VLLM_0_8_5, misuse=False),
+        ManagerSearchConfig(5, 1, 6, _B1, sliding_window=3),
+        ManagerSearchConfig(4, 2, 7, _B2, sliding_window=3, samples=(0,)),
     ),
 }
 """Manager configurations per scope: `ci` runs in CI, `large` on demand."""
