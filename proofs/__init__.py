@@ -1,5 +1,5 @@
-"""Checks beyond the example and property tests: exhaustive state search and z3 lemmas.
+"""Checks beyond the example and property tests; `proofs/README.md` says what each establishes.
 
-Not part of the installed package: run from the repository root (`python -m proofs.exhaustive`,
-`python -m proofs.z3_lemmas`). See `proofs/README.md` for what each check establishes.
+Not part of the installed package: run its commands from the repository root, e.g.
+`python -m proofs.exhaustive` or `python -m proofs.z3_lemmas`.
 """
