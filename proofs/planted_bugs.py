@@ -1,0 +1,233 @@
+"""Planted bugs: which checker catches each deliberately broken variant of impl.
+
+Every variant of `proofs.planted_catalog` faces every checker of `proofs.planted_checkers`
+(state machine, exhaustive search, CrossHair, scenario tests), each bounded and deterministic.
+Each variant runs in its own process (`--worker`), several at a time, so that planting one never
+leaks into another. Every variant must be caught by at least two checkers.
+
+    python -m proofs.planted_bugs [--variant NAME]... [--jobs N] [--write]
+    python -m proofs.planted_bugs --control        # nothing planted: every checker must pass
+
+`--write` regenerates `proofs/planted-bugs.md` (only from a run of every variant).
+
+Exit status: 0 when every variant ran is caught by at least `MIN_CATCHES` checkers and no
+checker failed to run (with `--control`: when no checker fails at all), 1 otherwise, 2 on bad
+arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+from proofs.planted_catalog import VARIANTS, VARIANTS_BY_NAME, Variant, planted
+from proofs.planted_checkers import (
+    CHECKER_FUNCTIONS,
+    CHECKERS,
+    CROSSHAIR_BOUNDS,
+    ROOT,
+    SCENARIO_MODULES,
+    SM_EXAMPLES,
+    SM_STEPS,
+    CheckerName,
+    Verdict,
+)
+
+MIN_CATCHES = 2
+TABLE_PATH = ROOT / "proofs" / "planted-bugs.md"
+WORKER_TIMEOUT = 600.0
+IN_PROCESS: frozenset[CheckerName] = frozenset({"state machine", "exhaustive"})
+CONTROL = "control"
+"""The pseudo-variant that plants nothing."""
+
+Results = dict[str, list[Verdict]]
+"""Variant name -> one verdict per checker, in `CHECKERS` order."""
+
+
+def run_variant(variant: Variant | None) -> list[Verdict]:
+    """Every checker against `variant` (None: nothing planted), planted in this process for the
+    checkers that run here; CrossHair and the scenario tests reach it in their own processes."""
+    verdicts = []
+    for checker in CHECKERS:
+        with planted(variant if checker in IN_PROCESS else None):
+            verdicts.append(CHECKER_FUNCTIONS[checker](variant))
+    return verdicts
+
+
+def _worker_command(name: str) -> list[str]:
+    return [sys.executable, "-m", "proofs.planted_bugs", "--worker", name]
+
+
+def run_in_worker(name: str) -> list[Verdict]:
+    """Run one variant (or the control) in a fresh process; a crash is an error verdict."""
+    start = time.monotonic()
+    try:
+        done = subprocess.run(
+            _worker_command(name),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=WORKER_TIMEOUT,
+            check=False,
+        )
+        lines = done.stdout.strip().splitlines()
+        if done.returncode == 0 and lines:
+            return [Verdict(**verdict) for verdict in json.loads(lines[-1])]
+        problem = f"worker exit {done.returncode}: " + " | ".join(
+            (done.stdout + done.stderr).strip().splitlines()[-3:]
+        )
+    except subprocess.TimeoutExpired:
+        problem = f"worker killed after {WORKER_TIMEOUT:.0f} s"
+    seconds = round(time.monotonic() - start, 1)
+    return [Verdict(checker, "error", problem, seconds) for checker in CHECKERS]
+
+
+def run_all(names: Sequence[str], jobs: int) -> Results:
+    """Each named variant in its own worker process, `jobs` at a time, results in name order."""
+    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+        futures = {name: pool.submit(run_in_worker, name) for name in _slowest_first(names)}
+        return {name: futures[name].result() for name in names}
+
+
+def _slowest_first(names: Sequence[str]) -> list[str]:
+    """Variants the exhaustive search misses search the whole scope (about half a minute):
+    start those first so the workers finish together. Known from the last written table."""
+    slow = set(_recorded_misses("exhaustive"))
+    return sorted(names, key=lambda name: name not in slow)
+
+
+def _recorded_misses(checker: CheckerName) -> list[str]:
+    recorded = read_table(TABLE_PATH) if TABLE_PATH.exists() else {}
+    column = CHECKERS.index(checker)
+    return [name for name, statuses in recorded.items() if statuses[column] == "missed"]
+
+
+# -- verdicts and the table ------------------------------------------------------------------
+
+
+def catches(verdicts: Sequence[Verdict]) -> int:
+    return sum(verdict.status == "caught" for verdict in verdicts)
+
+
+def problems(results: Results, *, control: bool = False) -> list[str]:
+    """Why the run fails: a checker that could not run, a variant caught too rarely, or (for the
+    control) a checker that fails with nothing planted."""
+    found = []
+    for name, verdicts in results.items():
+        for verdict in verdicts:
+            if verdict.status == "error":
+                found.append(f"{name}: {verdict.checker} could not run: {verdict.evidence}")
+            elif control and verdict.status == "caught":
+                found.append(f"{name}: {verdict.checker} fails unplanted: {verdict.evidence}")
+        if not control and catches(verdicts) < MIN_CATCHES:
+            found.append(
+                f"{name}: caught by {catches(verdicts)} checkers, fewer than {MIN_CATCHES}"
+            )
+    return found
+
+
+def render_table(results: Results) -> str:
+    """The markdown table: one row per variant, one column per checker."""
+    header = ["variant", "the mistake", *CHECKERS, "caught by"]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+    ]
+    for name, verdicts in results.items():
+        description = VARIANTS_BY_NAME[name].description if name in VARIANTS_BY_NAME else ""
+        cells = [f"`{name}`", description, *(v.status for v in verdicts), str(catches(verdicts))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render_evidence(results: Results) -> str:
+    """What each checker reported, variant by variant, with its time."""
+    lines = []
+    for name, verdicts in results.items():
+        lines.append(f"- `{name}`")
+        lines.extend(
+            f"  - {v.checker} ({v.status}, {v.seconds:.1f} s): {v.evidence}" for v in verdicts
+        )
+    return "\n".join(lines)
+
+
+def render_document(results: Results, seconds: float, jobs: int) -> str:
+    return f"""# Planted bugs: which checker catches each
+
+Generated by `python -m proofs.planted_bugs --write` ({seconds:.0f} s with {jobs} workers).
+Each variant is a realistic mistake planted into impl (`proofs/planted_catalog.py`); every one
+must be caught by at least {MIN_CATCHES} checkers. `tests/test_planted_bugs.py` reruns every
+checker on every variant and requires that again (a cell may change with the code: the state
+machines also draw constants found in the loaded modules, see `planted_checkers.SM_SETTINGS`).
+Bounds (`proofs/planted_checkers.py`): state machines derandomized, {SM_EXAMPLES} examples of
+{SM_STEPS} steps per machine, no shrinking; exhaustive search: the `ci` scope; CrossHair: the
+contracts and pairs that call the replaced function, {CROSSHAIR_BOUNDS.per_condition_timeout:.0f} s
+each; scenario tests: {", ".join(f"`{m}`" for m in SCENARIO_MODULES)} with the `ci` profile.
+`n/a`: the checker cannot see the variant (CrossHair sees only the pure functions).
+
+{render_table(results)}
+
+## What caught each
+
+{render_evidence(results)}
+"""
+
+
+def read_table(path: Path) -> dict[str, tuple[str, ...]]:
+    """Variant name -> checker statuses, from a table `render_document` wrote."""
+    rows: dict[str, tuple[str, ...]] = {}
+    for line in path.read_text().splitlines():
+        if not line.startswith("| `"):
+            continue
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0].strip("`")] = tuple(cells[2 : 2 + len(CHECKERS)])
+    return rows
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m proofs.planted_bugs", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--variant", action="append", choices=sorted(VARIANTS_BY_NAME))
+    parser.add_argument("--control", action="store_true", help="plant nothing")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--write", action="store_true", help=f"write {TABLE_PATH.name}")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker is not None:
+        variant = None if args.worker == CONTROL else VARIANTS_BY_NAME[args.worker]
+        print(json.dumps([asdict(verdict) for verdict in run_variant(variant)]))
+        return 0
+    if args.write and (args.variant or args.control):
+        parser.error("--write needs a run of every variant")
+    names = [CONTROL] if args.control else args.variant or [v.name for v in VARIANTS]
+    start = time.monotonic()
+    results = run_all(names, args.jobs)
+    seconds = time.monotonic() - start
+    print(render_table(results))
+    print()
+    print(render_evidence(results))
+    found = problems(results, control=args.control)
+    for problem in found:
+        print(f"PROBLEM: {problem}")
+    verdict = "FAILED" if found else "ok"
+    print(f"planted bugs: {verdict}: {len(names)} variants in {seconds:.0f} s, {args.jobs} workers")
+    if args.write and not found:
+        TABLE_PATH.write_text(render_document(results, seconds, args.jobs))
+        print(f"wrote {TABLE_PATH.relative_to(ROOT)}")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

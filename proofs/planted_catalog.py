@@ -1,0 +1,446 @@
+"""Planted bugs: deliberately broken variants of pagedkv's implementation, and how to plant them.
+
+Each `Variant` is one realistic mistake, written as the code would look with it: a method of an
+impl class replaced (`MethodPatch`), or a module-level function replaced wherever impl binds it
+(`FunctionPatch`, e.g. `pagedkv.manager` imports `num_required_blocks` by name). Nothing in
+`impl/` is edited: `planted(variant)` swaps the attributes in this process and restores them on
+exit, so checkers run unchanged against the broken code. The spec shares only types, constants
+and hash functions with impl (`tests/test_packaging.py`), none of which a variant replaces, so
+the spec stays correct while a variant is planted.
+
+`proofs.planted_bugs` runs every checker against every variant and tabulates what caught it.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pagedkv
+from pagedkv import block_counts, block_hash, block_pool, free_queue, manager, sliding_window
+from pagedkv.block import KVCacheBlock
+from pagedkv.block_hash import ExtraKey
+from pagedkv.errors import BlockStateError, FreeQueueError
+from pagedkv.request import Request
+
+# The untouched functions, captured before anything is planted (a variant may wrap them).
+_MM_INPUTS_IN_BLOCK = block_hash.mm_inputs_in_block
+_EXTRA_KEYS = block_hash.generate_block_hash_extra_keys
+
+
+@dataclass(frozen=True)
+class MethodPatch:
+    """Replace `owner.attribute` (a method of an impl class) with `replacement`."""
+
+    owner: type
+    attribute: str
+    replacement: Callable[..., Any]
+
+    def bindings(self) -> list[tuple[object, str, object]]:
+        """(object, attribute, original value) for every place this patch changes."""
+        return [(self.owner, self.attribute, self.owner.__dict__[self.attribute])]
+
+
+@dataclass(frozen=True)
+class FunctionPatch:
+    """Replace a module-level function of impl everywhere impl binds it by name.
+
+    Every loaded `pagedkv.*` module outside `pagedkv.spec`, `pagedkv.harness` and `pagedkv.gpu`
+    whose attribute is `original` gets `replacement`: callers in the defining module and callers
+    that imported the name (`from pagedkv.block_counts import fits`) all see the broken one.
+    """
+
+    original: Callable[..., Any]
+    replacement: Callable[..., Any]
+
+    def bindings(self) -> list[tuple[object, str, object]]:
+        found: list[tuple[object, str, object]] = []
+        for name, module in sorted(sys.modules.items()):
+            if not _is_impl_module(name) or module is None:
+                continue
+            for attribute, value in vars(module).items():
+                if value is self.original:
+                    found.append((module, attribute, value))
+        if not found:
+            raise LookupError(f"no impl module binds {self.original.__qualname__}")
+        return found
+
+
+def _is_impl_module(name: str) -> bool:
+    if name != "pagedkv" and not name.startswith("pagedkv."):
+        return False
+    return not name.startswith(("pagedkv.spec", "pagedkv.harness", "pagedkv.gpu"))
+
+
+Patch = MethodPatch | FunctionPatch
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One planted bug.
+
+    Attributes:
+        name: a short identifier (used on command lines and in the table).
+        description: the mistake, in one line.
+        patches: what planting it replaces.
+    """
+
+    name: str
+    description: str
+    patches: tuple[Patch, ...]
+
+    @property
+    def replaced_functions(self) -> tuple[FunctionPatch, ...]:
+        """The module-level functions it replaces (CrossHair's contracts can call those)."""
+        return tuple(patch for patch in self.patches if isinstance(patch, FunctionPatch))
+
+
+def _changes(variant: Variant) -> list[tuple[object, str, object, object]]:
+    """(object, attribute, original, replacement) for every binding the variant changes."""
+    return [
+        (owner, attribute, original, patch.replacement)
+        for patch in variant.patches
+        for owner, attribute, original in patch.bindings()
+    ]
+
+
+@contextmanager
+def planted(variant: Variant | None) -> Iterator[None]:
+    """Plant `variant` (None: nothing) in this process for the duration of the block."""
+    changes = [] if variant is None else _changes(variant)
+    applied: list[tuple[object, str, object]] = []
+    try:
+        for owner, attribute, original, replacement in changes:
+            setattr(owner, attribute, replacement)
+            applied.append((owner, attribute, original))
+        yield
+    finally:
+        for owner, attribute, original in reversed(applied):
+            setattr(owner, attribute, original)
+
+
+def plant_for_good(variant: Variant) -> None:
+    """Plant `variant` for the rest of this process (meant for a dedicated subprocess)."""
+    for owner, attribute, _, replacement in _changes(variant):
+        setattr(owner, attribute, replacement)
+
+
+def rebound(function: Callable[..., Any], **globals_: object) -> Callable[..., Any]:
+    """`function`'s own code, reading the given global names from a copy of its globals."""
+    copy = types.FunctionType(
+        function.__code__,
+        {**function.__globals__, **globals_},
+        function.__name__,
+        function.__defaults__,
+        function.__closure__,
+    )
+    copy.__kwdefaults__ = function.__kwdefaults__
+    copy.__annotations__ = dict(function.__annotations__)
+    copy.__doc__ = function.__doc__
+    copy.__qualname__ = function.__qualname__
+    return copy
+
+
+# -- the block pool and its free queue ---------------------------------------------------------
+
+
+def _append_at_head(self: free_queue.FreeKVCacheBlockQueue, block: KVCacheBlock) -> None:
+    """FreeKVCacheBlockQueue.append linking the block at the head: freed last, evicted first."""
+    if self.contains(block):
+        raise FreeQueueError(block.block_id, "append of a block already in the free queue")
+    head = self.free_list_head
+    block.next_free_block = head
+    if head is None:
+        self.free_list_tail = block
+    else:
+        head.prev_free_block = block
+    self.free_list_head = block
+    self.num_free_blocks += 1
+
+
+def _touch_without_unlink(self: block_pool.BlockPool, blocks: Sequence[KVCacheBlock]) -> None:
+    """BlockPool.touch taking the reference but leaving a free block in the free queue."""
+    for block in blocks:
+        self._check_owned(block)
+    for block in blocks:
+        if block is self.null_block:
+            if self.semantics.null_block_refcounted:
+                block.ref_cnt += 1
+            continue
+        block.ref_cnt += 1
+
+
+def _evict_keeping_hash(self: block_pool.BlockPool, block: KVCacheBlock) -> bool:
+    """BlockPool._maybe_evict_cached_block dropping the index entry but not the block's hash."""
+    cached_hash = block.block_hash
+    if cached_hash is None:
+        return False
+    cached = self.cached_block_hash_to_block[cached_hash]
+    del cached[block.block_id]
+    if not cached:
+        del self.cached_block_hash_to_block[cached_hash]
+    return True
+
+
+def _free_blocks_null_queued(
+    self: block_pool.BlockPool, ordered_blocks: Iterable[KVCacheBlock]
+) -> None:
+    """BlockPool.free_blocks whose null-block guard covers only the decrement: the null block's
+    ref_cnt is 0 under pagedkv semantics, so freeing it links it into the free queue."""
+    blocks = list(ordered_blocks)
+    null_block = self.null_block
+    seen: set[int] = set()
+    for block in blocks:
+        self._check_owned(block)
+        if block is null_block:
+            continue
+        if block.ref_cnt <= 0:
+            raise BlockStateError(block.block_id, "free of a block whose ref_cnt is 0")
+        if block.block_id in seen:
+            raise BlockStateError(block.block_id, "the same block twice in one free_blocks call")
+        seen.add(block.block_id)
+    for block in blocks:
+        if block is not null_block or self.semantics.null_block_refcounted:
+            block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            self.free_block_queue.append(block)
+
+
+# -- block hashes --------------------------------------------------------------------------------
+
+
+def _extra_keys_without_salt(
+    request: Request,
+    start_token_idx: int,
+    end_token_idx: int,
+    start_mm_idx: int,
+    *,
+    include_touching: bool = False,
+) -> tuple[tuple[ExtraKey, ...] | None, int]:
+    """generate_block_hash_extra_keys with LoRA and multimodal keys but no cache salt."""
+    keys: list[ExtraKey] = []
+    if request.lora_id is not None:
+        keys.append(request.lora_id)
+    mm_idx = start_mm_idx
+    if request.mm_positions:
+        ranges = [(position.offset, position.length) for position in request.mm_positions]
+        indices, mm_idx = _MM_INPUTS_IN_BLOCK(
+            ranges, start_token_idx, end_token_idx, start_mm_idx, include_touching
+        )
+        keys.extend(request.mm_hashes[i] for i in indices)
+    return (tuple(keys) if keys else None), mm_idx
+
+
+def _vllm_new_block_keys(
+    request: Request,
+    start_token_idx: int,
+    end_token_idx: int,
+    start_mm_idx: int,
+    *,
+    include_touching: bool = False,
+) -> tuple[tuple[ExtraKey, ...] | None, int]:
+    """vLLM 0.8.5's keys for a block cache_full_blocks hashes (from the last multimodal input,
+    one ending where the block starts included), whatever the semantics asked for."""
+    last = max(len(request.mm_positions) - 1, 0)
+    return _EXTRA_KEYS(request, start_token_idx, end_token_idx, last, include_touching=True)
+
+
+def _mm_inputs_closed_interval(
+    ranges: block_hash.PlaceholderTuples,
+    start_token_idx: int,
+    end_token_idx: int,
+    start_mm_idx: int,
+    include_touching: bool = False,
+) -> tuple[list[int], int]:
+    """mm_inputs_in_block testing overlap on closed intervals: an input that ends exactly where
+    the block starts joins the block (`input_end < start` where `<=` was meant)."""
+    return _MM_INPUTS_IN_BLOCK(ranges, start_token_idx, end_token_idx, start_mm_idx, True)
+
+
+# -- allocate_slots arithmetic -------------------------------------------------------------------
+
+
+def _required_blocks_floor(
+    num_computed_tokens: int, num_tokens: int, num_lookahead_tokens: int, block_size: int
+) -> int:
+    """num_required_blocks by floor division: the step's last, partial block is missing."""
+    return (num_computed_tokens + num_tokens + num_lookahead_tokens) // block_size
+
+
+def _fits_ignoring_evictable_hits(num_new: int, num_free: int, num_evictable_hits: int) -> bool:
+    """fits forgetting that touching a free prefix hit takes it off the free queue."""
+    return num_new <= num_free
+
+
+# -- the manager ---------------------------------------------------------------------------------
+
+
+def _evictable_hits_counting_null(
+    self: manager.KVCacheManager, new_computed: list[KVCacheBlock]
+) -> int:
+    """_num_evictable_hits as vLLM 0.8.5 counts them, whatever the semantics: the null block's
+    ref_cnt is 0 under pagedkv semantics, so each null hit is counted as leaving the queue."""
+    return sum(1 for block in new_computed if block.ref_cnt == 0)
+
+
+def _free_head_first(self: manager.KVCacheManager, request: Request) -> None:
+    """KVCacheManager.free releasing blocks head first even with caching on (no reversed())."""
+    self._check_identity(request)
+    request_id = request.request_id
+    self.block_pool.free_blocks(self.req_to_blocks.get(request_id, []))
+    self.req_to_blocks.pop(request_id, None)
+    self.num_cached_block.pop(request_id, None)
+    self._forget_if_done(request_id)
+    self._after_call()
+
+
+def _computed_blocks_without_last_block_rule(
+    self: manager.KVCacheManager, request: Request
+) -> tuple[list[KVCacheBlock], int]:
+    """get_computed_blocks looking up every full block, so a fully cached prompt computes
+    nothing and yields no logits."""
+    if not self.enable_caching:
+        return [], 0
+    self._check_identity(request)
+    request_id = request.request_id
+    block_hashes = self.req_to_block_hashes.get(request_id)
+    if not block_hashes:
+        block_hashes = block_hash.hash_request_tokens(
+            self.caching_hash_fn, self.block_size, request
+        )
+        self.req_to_block_hashes[request_id] = block_hashes
+        self._requests[request_id] = request
+    stats = self.prefix_cache_stats
+    if stats is not None:
+        stats.requests += 1
+    if request.prompt_logprobs:
+        self._after_call()
+        return [], 0
+    hits = self.specialized_manager.find_longest_cache_hit(block_hashes)
+    if self.use_eagle and hits:
+        hits.pop()
+    if stats is not None:
+        stats.queries += len(block_hashes)
+        stats.hits += len(hits)
+    self._after_call()
+    return hits, len(hits) * self.block_size
+
+
+# -- sliding window ------------------------------------------------------------------------------
+
+
+def _first_useful_block_off_by_one(
+    num_computed_tokens: int, sliding_window: int, block_size: int
+) -> int:
+    """first_useful_block from the window's start + 1: a block the next token still attends to
+    is freed."""
+    return (num_computed_tokens - sliding_window + 2) // block_size
+
+
+def _window_blocks_floor(sliding_window: int, block_size: int) -> int:
+    """num_window_blocks by floor division: a hit may end with too few cached blocks."""
+    return (sliding_window - 1) // block_size
+
+
+# -- the catalog ---------------------------------------------------------------------------------
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant(
+        "free_to_head",
+        "a freed block joins the free queue at the head, so it is evicted first",
+        (MethodPatch(free_queue.FreeKVCacheBlockQueue, "append", _append_at_head),),
+    ),
+    Variant(
+        "touch_keeps_queued",
+        "touch takes a reference to a free cached block but leaves it in the free queue",
+        (MethodPatch(block_pool.BlockPool, "touch", _touch_without_unlink),),
+    ),
+    Variant(
+        "eviction_keeps_hash",
+        "eviction drops the index entry but the reused block keeps its old hash",
+        (MethodPatch(block_pool.BlockPool, "_maybe_evict_cached_block", _evict_keeping_hash),),
+    ),
+    Variant(
+        "null_block_freed",
+        "free_blocks guards only the null block's decrement, so it joins the free queue",
+        (MethodPatch(block_pool.BlockPool, "free_blocks", _free_blocks_null_queued),),
+    ),
+    Variant(
+        "capacity_counts_null",
+        "the capacity check counts null hits as evictable under pagedkv semantics",
+        (
+            MethodPatch(
+                manager.KVCacheManager, "_num_evictable_hits", _evictable_hits_counting_null
+            ),
+        ),
+    ),
+    Variant(
+        "fits_ignores_hits",
+        "the capacity check forgets that touching a free prefix hit takes it off the queue",
+        (FunctionPatch(block_counts.fits, _fits_ignoring_evictable_hits),),
+    ),
+    Variant(
+        "required_floor",
+        "required blocks by floor division: the step's partial last block is not allocated",
+        (FunctionPatch(block_counts.num_required_blocks, _required_blocks_floor),),
+    ),
+    Variant(
+        "forward_free",
+        "free releases a request's blocks head first with caching on (prefix evicted first)",
+        (MethodPatch(manager.KVCacheManager, "free", _free_head_first),),
+    ),
+    Variant(
+        "no_last_block_rule",
+        "a fully cached prompt is a full hit: its last block is not recomputed",
+        (
+            MethodPatch(
+                manager.KVCacheManager,
+                "get_computed_blocks",
+                _computed_blocks_without_last_block_rule,
+            ),
+        ),
+    ),
+    Variant(
+        "window_off_by_one",
+        "the sliding window's first useful block is one token late: a needed block is freed",
+        (FunctionPatch(sliding_window.first_useful_block, _first_useful_block_off_by_one),),
+    ),
+    Variant(
+        "window_blocks_floor",
+        "a sliding-window hit needs floor((W - 1) / B) cached blocks instead of the ceiling",
+        (FunctionPatch(sliding_window.num_window_blocks, _window_blocks_floor),),
+    ),
+    Variant(
+        "salt_ignored",
+        "block extra keys leave the cache salt out: tenants share blocks",
+        (FunctionPatch(block_hash.generate_block_hash_extra_keys, _extra_keys_without_salt),),
+    ),
+    Variant(
+        "mm_closed_interval",
+        "a multimodal input ending where a block starts joins the block (closed intervals)",
+        (FunctionPatch(block_hash.mm_inputs_in_block, _mm_inputs_closed_interval),),
+    ),
+    Variant(
+        "vllm_mm_keys",
+        "cache_full_blocks keys blocks it completes the vLLM 0.8.5 way under pagedkv semantics",
+        (
+            MethodPatch(
+                block_pool.BlockPool,
+                "cache_full_blocks",
+                rebound(
+                    block_pool.BlockPool.cache_full_blocks,
+                    generate_block_hash_extra_keys=_vllm_new_block_keys,
+                ),
+            ),
+        ),
+    ),
+)
+"""Every planted bug, in the order the table lists them: pool, manager, window, hashing."""
+
+VARIANTS_BY_NAME: dict[str, Variant] = {variant.name: variant for variant in VARIANTS}
+
+assert pagedkv.BlockPool is block_pool.BlockPool  # the patched classes are the exported ones

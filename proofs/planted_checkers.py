@@ -1,0 +1,292 @@
+"""The four checkers a planted bug must face, each bounded and deterministic.
+
+- state machine: the differential state machines of `pagedkv.harness` (full-attention manager,
+  sliding-window manager, block pool, in that order), derandomized, `SM_EXAMPLES` examples of
+  `SM_STEPS` steps each, no shrinking; the first machine that fails catches the bug.
+- exhaustive: `proofs.exhaustive`'s `ci` scope, manager configurations first, then the pool's;
+  the first configuration whose search fails catches it.
+- crosshair: the contracts and pairs rebound to the variant (`proofs.planted_crosshair`),
+  contracts first, each in its own `crosshair` process bounded by `CROSSHAIR_BOUNDS`; only a
+  counterexample that reproduces concretely counts. Not applicable when the variant replaces no
+  function a contract calls.
+- scenario tests: `SCENARIO_MODULES` under pytest in a subprocess with the variant planted by
+  `proofs.planted_plugin` (the `ci` hypothesis profile); a failing test catches it.
+
+Every checker except the scenario tests runs in the calling process and expects the variant to
+be planted there already (`proofs.planted_catalog.planted`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.errors import HypothesisException
+from hypothesis.reporting import with_reporter
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
+
+from pagedkv.harness.adapters import pagedkv_manager, pagedkv_pool
+from pagedkv.harness.manager_machine import make_manager_machine
+from pagedkv.harness.pool_machine import make_pool_machine
+from proofs.crosshair_contracts import Contract
+from proofs.crosshair_runner import Bounds, Check, run_check
+from proofs.exhaustive import MANAGER_SCOPES, POOL_SCOPES, explore_manager, explore_pool
+from proofs.planted_catalog import Variant
+from proofs.planted_crosshair import CHECKS_BY_VARIANT
+from proofs.search import SearchResult
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CheckerName = Literal["state machine", "exhaustive", "crosshair", "scenario tests"]
+CHECKERS: tuple[CheckerName, ...] = ("state machine", "exhaustive", "crosshair", "scenario tests")
+
+Status = Literal["caught", "missed", "n/a", "error"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one checker did with one variant.
+
+    Attributes:
+        checker: which checker.
+        status: caught (it failed, as it must), missed (it passed), n/a (it cannot see the
+            variant), error (it could not run: a verdict nobody may count).
+        evidence: what caught it (the machine, configuration or test and the first line of the
+            error), or why it is n/a or an error.
+        seconds: wall-clock time spent.
+    """
+
+    checker: CheckerName
+    status: Status
+    evidence: str
+    seconds: float
+
+
+EVIDENCE_LENGTH = 200
+
+_DIFFERING_FIELD = re.compile(r"^\s+(?P<field>[\w.]+): spec ", re.MULTILINE)
+
+
+def summarize(text: str) -> str:
+    """The first line of a failure, plus the names of the snapshot fields that differ (a
+    divergence lists each as `  field: spec ...`), cut to `EVIDENCE_LENGTH` characters."""
+    lines = text.strip().splitlines()
+    summary = lines[0] if lines else ""
+    fields = list(dict.fromkeys(match["field"] for match in _DIFFERING_FIELD.finditer(text)))
+    if fields:
+        summary += " " + ", ".join(fields)
+    if len(summary) > EVIDENCE_LENGTH:
+        summary = summary[: EVIDENCE_LENGTH - 3] + "..."
+    return summary
+
+
+def _first_line(error: BaseException) -> str:
+    return summarize(f"{type(error).__name__}: {error}")
+
+
+# -- state machines ------------------------------------------------------------------------------
+
+SM_EXAMPLES = 400
+SM_STEPS = 50
+
+SM_SETTINGS = settings(
+    settings.get_profile("default"),  # not whatever profile the environment loaded (CI=true)
+    max_examples=SM_EXAMPLES,
+    stateful_step_count=SM_STEPS,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    phases=(Phase.generate,),
+    suppress_health_check=list(HealthCheck),
+    report_multiple_bugs=False,
+    print_blob=False,
+)
+"""Derandomized, no shrinking: a catch is all we need. Derandomized means the same examples for
+the same code: hypothesis also draws constants it finds in the loaded local modules, so editing
+those modules may change which examples run (and a borderline catch)."""
+
+MACHINES: tuple[tuple[str, Callable[[], type[RuleBasedStateMachine]]], ...] = (
+    ("full-attention manager", lambda: make_manager_machine(pagedkv_manager, sliding_window=False)),
+    ("sliding-window manager", lambda: make_manager_machine(pagedkv_manager, sliding_window=True)),
+    ("block pool", lambda: make_pool_machine(pagedkv_pool)),
+)
+
+
+def check_state_machines(variant: Variant | None) -> Verdict:
+    """Run each machine until one fails (caught) or all pass their bounded run (missed)."""
+    start = time.monotonic()
+    for name, make_machine in MACHINES:
+        try:
+            with with_reporter(lambda _: None), _quiet():
+                run_state_machine_as_test(make_machine(), settings=SM_SETTINGS)
+        except HypothesisException as error:
+            return Verdict("state machine", "error", f"{name}: {_first_line(error)}", _since(start))
+        except Exception as error:  # a divergence, a broken invariant, or what the impl raised
+            return Verdict(
+                "state machine", "caught", f"{name}: {_first_line(error)}", _since(start)
+            )
+    summary = f"{len(MACHINES)} machines x {SM_EXAMPLES} examples x {SM_STEPS} steps pass"
+    return Verdict("state machine", "missed", summary, _since(start))
+
+
+# -- exhaustive search ---------------------------------------------------------------------------
+
+EXHAUSTIVE_MAX_STATES = 50_000
+"""Far above the largest `ci` configuration (about 4,000 states): a bug that makes the state
+space blow up is reported as an error, not searched for minutes."""
+
+
+def check_exhaustive(variant: Variant | None) -> Verdict:
+    """Search the `ci` scope, managers first; stop at the first failing configuration."""
+    start = time.monotonic()
+    searches: list[Callable[[], SearchResult]] = [
+        *(
+            (lambda c=config: explore_manager(pagedkv_manager, c, max_states=EXHAUSTIVE_MAX_STATES))
+            for config in MANAGER_SCOPES["ci"]
+        ),
+        *(
+            (lambda c=config: explore_pool(pagedkv_pool, c, max_states=EXHAUSTIVE_MAX_STATES))
+            for config in POOL_SCOPES["ci"]
+        ),
+    ]
+    states = 0
+    for search in searches:
+        result = search()
+        states += result.states
+        if result.failure is not None:
+            trace = result.failure.trace
+            last = f", the last {trace[-1]}" if trace else ""
+            evidence = summarize(
+                f"{result.name}: {len(trace)}-step trace{last}: {result.failure.error}"
+            )
+            return Verdict("exhaustive", "caught", evidence, _since(start))
+        if not result.complete:
+            evidence = f"{result.name}: stopped at {EXHAUSTIVE_MAX_STATES:,} states"
+            return Verdict("exhaustive", "error", evidence, _since(start))
+    evidence = f"{len(searches)} configurations, {states:,} states, no failure"
+    return Verdict("exhaustive", "missed", evidence, _since(start))
+
+
+# -- CrossHair -----------------------------------------------------------------------------------
+
+CROSSHAIR_BOUNDS = Bounds(
+    per_condition_timeout=10.0, per_path_timeout=2.0, max_iterations=1000, total_timeout=120.0
+)
+CROSSHAIR_SUITE = "proofs.planted_crosshair"
+
+
+def check_crosshair(variant: Variant | None) -> Verdict:
+    """Run the variant's rebound contracts, then its pairs; stop at the first counterexample
+    that reproduces concretely."""
+    start = time.monotonic()
+    items = CHECKS_BY_VARIANT.get(variant.name, ()) if variant is not None else ()
+    if not items:
+        return Verdict("crosshair", "n/a", "no contract calls what it replaces", 0.0)
+    deadline = time.monotonic() + CROSSHAIR_BOUNDS.total_timeout
+    errors: list[str] = []
+    ordered = sorted(items, key=lambda item: not isinstance(item, Contract))
+    for item in ordered:
+        outcome = run_check(Check(CROSSHAIR_SUITE, item), CROSSHAIR_BOUNDS, deadline)
+        if outcome.status == "counterexample":
+            evidence = summarize(f"{outcome.name}: {outcome.detail}")
+            return Verdict("crosshair", "caught", evidence, _since(start))
+        if outcome.status == "error":
+            errors.append(f"{outcome.name}: {outcome.detail.splitlines()[0]}")
+    if errors:
+        return Verdict("crosshair", "error", "; ".join(errors), _since(start))
+    evidence = f"{len(items)} checks, no counterexample within bounds"
+    return Verdict("crosshair", "missed", evidence, _since(start))
+
+
+# -- scenario tests ------------------------------------------------------------------------------
+
+SCENARIO_MODULES = (
+    "tests/test_block_pool.py",
+    "tests/test_manager.py",
+    "tests/test_tenant_isolation.py",
+    "tests/test_block_hash.py",
+    "tests/test_readme.py",
+)
+SCENARIO_TIMEOUT = 300.0
+PLANT_ENV = "PAGEDKV_PLANTED"
+"""The environment variable naming the variant `proofs.planted_plugin` plants."""
+
+_FAILED = re.compile(r"^FAILED (?P<test>\S+)", re.MULTILINE)
+
+
+def check_scenarios(variant: Variant | None) -> Verdict:
+    """Run the scenario modules with the variant planted; a failing test catches it."""
+    start = time.monotonic()
+    env = {**os.environ, "HYPOTHESIS_PROFILE": "ci"}
+    env.pop(PLANT_ENV, None)
+    if variant is not None:
+        env[PLANT_ENV] = variant.name
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "proofs.planted_plugin",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--no-header",
+        "--tb=no",
+        "-rf",
+        *SCENARIO_MODULES,
+    ]
+    try:
+        done = subprocess.run(
+            command,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=SCENARIO_TIMEOUT,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return Verdict("scenario tests", "error", "pytest timed out", _since(start))
+    failed = [match["test"].removeprefix("tests/") for match in _FAILED.finditer(done.stdout)]
+    if done.returncode == 0:
+        return Verdict("scenario tests", "missed", "every test passes", _since(start))
+    if done.returncode == 1 and failed:
+        shown = ", ".join(failed[:3]) + (f" and {len(failed) - 3} more" if len(failed) > 3 else "")
+        evidence = f"{len(failed)} failed: {shown}"
+        return Verdict("scenario tests", "caught", evidence, _since(start))
+    tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+    evidence = summarize(f"pytest exit {done.returncode}: " + " | ".join(tail))
+    return Verdict("scenario tests", "error", evidence, _since(start))
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence the warnings refused prefix-cache resets log (many of them in a machine run)."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+
+
+def _since(start: float) -> float:
+    return round(time.monotonic() - start, 1)
+
+
+CHECKER_FUNCTIONS: dict[CheckerName, Callable[[Variant | None], Verdict]] = {
+    "state machine": check_state_machines,
+    "exhaustive": check_exhaustive,
+    "crosshair": check_crosshair,
+    "scenario tests": check_scenarios,
+}

@@ -1,0 +1,134 @@
+"""Planted bugs: every deliberately broken variant of impl is caught by at least two checkers.
+
+The full table (`test_every_variant_is_caught_by_two_checkers`) runs every checker against every
+variant in worker processes, two at a time (about two minutes on two cores), and prints it. The
+other tests keep the machinery honest: planting is undone, a patch reaches every binding, the
+scenario checker passes with nothing planted, and the committed table lists the catalog.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pagedkv import block_counts, block_pool, manager
+from pagedkv.block_pool import BlockPool
+from proofs import planted_bugs, planted_plugin
+from proofs.planted_bugs import (
+    MIN_CATCHES,
+    TABLE_PATH,
+    catches,
+    problems,
+    read_table,
+    render_document,
+    render_table,
+    run_all,
+)
+from proofs.planted_catalog import VARIANTS, VARIANTS_BY_NAME, FunctionPatch, planted
+from proofs.planted_checkers import CHECKERS, PLANT_ENV, Verdict, check_scenarios
+from proofs.planted_crosshair import CHECKS_BY_VARIANT
+
+
+@pytest.mark.slow
+def test_every_variant_is_caught_by_two_checkers() -> None:
+    results = run_all([variant.name for variant in VARIANTS], jobs=2)
+    print()
+    print(render_table(results))
+    assert problems(results) == []
+    assert all(catches(verdicts) >= MIN_CATCHES for verdicts in results.values())
+
+
+def test_the_committed_table_lists_every_variant_and_each_is_caught_twice() -> None:
+    recorded = read_table(TABLE_PATH)
+    assert list(recorded) == [variant.name for variant in VARIANTS]
+    for name, statuses in recorded.items():
+        assert len(statuses) == len(CHECKERS)
+        assert statuses.count("caught") >= MIN_CATCHES, name
+        assert "error" not in statuses, name
+
+
+def test_scenario_tests_pass_with_nothing_planted() -> None:
+    """The control: the plugin alone changes nothing, so a failing scenario test is the bug's."""
+    verdict = check_scenarios(None)
+    assert (verdict.status, verdict.evidence) == ("missed", "every test passes")
+
+
+def test_planting_is_undone_on_exit_even_after_an_error() -> None:
+    variant = VARIANTS_BY_NAME["fits_ignores_hits"]
+    original_fits, original_touch = block_counts.fits, BlockPool.touch
+    with pytest.raises(RuntimeError), planted(variant):
+        assert vars(manager)["fits"] is not original_fits
+        assert block_counts.fits(1, 1, 1) != original_fits(1, 1, 1)
+        raise RuntimeError
+    assert block_counts.fits is original_fits
+    assert vars(manager)["fits"] is original_fits
+    assert BlockPool.touch is original_touch
+
+
+def test_a_function_patch_reaches_every_module_that_binds_the_function() -> None:
+    patch = VARIANTS_BY_NAME["fits_ignores_hits"].patches[0]
+    assert isinstance(patch, FunctionPatch)
+    owners = {owner for owner, _, _ in patch.bindings()}
+    assert owners == {block_counts, manager}
+
+
+def test_a_method_patch_replaces_the_method_of_the_class() -> None:
+    variant = VARIANTS_BY_NAME["touch_keeps_queued"]
+    with planted(variant):
+        pool = block_pool.BlockPool(4, enable_caching=True)
+        (block,) = pool.get_new_blocks(1)
+        pool.free_blocks([block])
+        pool.touch([block])
+        assert pool.free_block_queue.contains(block)  # the planted bug
+    pool = block_pool.BlockPool(4, enable_caching=True)
+    (block,) = pool.get_new_blocks(1)
+    pool.free_blocks([block])
+    pool.touch([block])
+    assert not pool.free_block_queue.contains(block)
+
+
+def test_crosshair_sees_exactly_the_variants_that_replace_a_pure_function() -> None:
+    visible = {name for name, items in CHECKS_BY_VARIANT.items() if items}
+    expected = {variant.name for variant in VARIANTS if variant.replaced_functions}
+    assert visible == expected - {"salt_ignored"}  # no contract calls the extra-key builder
+
+
+def test_the_plugin_refuses_an_unknown_variant(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PLANT_ENV, "no_such_variant")
+    with pytest.raises(pytest.UsageError, match="no_such_variant"):
+        planted_plugin.pytest_configure(pytest.Config.__new__(pytest.Config))
+
+
+def _verdicts(*statuses: str) -> list[Verdict]:
+    return [
+        Verdict(checker, status, "", 0.0)  # type: ignore[arg-type]
+        for checker, status in zip(CHECKERS, statuses, strict=True)
+    ]
+
+
+def test_problems_name_rare_catches_errors_and_control_failures() -> None:
+    results = {
+        "twice": _verdicts("caught", "caught", "n/a", "missed"),
+        "once": _verdicts("caught", "missed", "n/a", "missed"),
+        "broken": _verdicts("caught", "caught", "error", "missed"),
+    }
+    assert problems(results) == [
+        "once: caught by 1 checkers, fewer than 2",
+        "broken: crosshair could not run: ",
+    ]
+    control = {"control": _verdicts("missed", "caught", "n/a", "missed")}
+    assert problems(control, control=True) == ["control: exhaustive fails unplanted: "]
+
+
+def test_the_document_round_trips_through_read_table(tmp_path: Path) -> None:
+    results = {variant.name: _verdicts("caught", "missed", "n/a", "caught") for variant in VARIANTS}
+    table = tmp_path / "planted-bugs.md"
+    table.write_text(render_document(results, 1.0, 2))
+    assert read_table(table) == {name: ("caught", "missed", "n/a", "caught") for name in results}
+
+
+def test_write_needs_a_run_of_every_variant() -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        planted_bugs.main(["--write", "--variant", "free_to_head"])
+    assert exit_info.value.code == 2
