@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-import z3  # type: ignore[import-untyped]
+import z3
 
 TIMEOUT_MS = 10_000
 """Bound on each z3 check (the lemma and each of its divisors); the lemmas take milliseconds."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-import z3  # type: ignore[import-untyped]
+import z3
 
 from proofs import z3_lemmas
 from proofs.z3_lemmas import (
