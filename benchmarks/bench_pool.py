@@ -28,7 +28,7 @@ from pagedkv import BlockHashType, BlockPool, Request
 from pagedkv.harness.adapters import ObjectPoolAdapter, SpecPoolAdapter
 from pagedkv.spec import SpecBlockPool
 
-Op = tuple[str, object]
+Op = tuple[str, Any]  # (call name, its arguments in block ids)
 NO_TOKENS = Request("bench", [])  # every hash is given, so the request's tokens are never read
 
 
