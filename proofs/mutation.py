@@ -1,0 +1,367 @@
+"""Mutation score: mutmut 3.8.1 over the core modules of impl, gated on the killed fraction.
+
+    python -m proofs.mutation [--jobs N] [--gate 0.95]   # build, run mutmut, write the score
+    python -m proofs.mutation --check                     # the committed score file only
+
+mutmut names a mutant's module after its file path (it strips only a `src.` prefix) and puts
+`mutants/`, `mutants/src` or `mutants/source` first on sys.path; pagedkv's folders are mapped onto
+the package by setuptools (`impl/` is `pagedkv`, `spec/` is `pagedkv.spec`, ...), which it cannot
+see. So the run happens in a generated staging tree with a conventional layout, `build/mutation/`:
+`src/pagedkv/` (impl, with `spec/` and `harness/` copied in as subpackages), `tests/` (the
+selected test files and their helpers), the few `proofs/` modules a selected test imports, and a
+`pyproject.toml` with the `[tool.mutmut]` and pytest settings. Only `MUTATED_MODULES` are
+mutated. mutmut's own forced-fail check proves the tests import the mutants, not the editable
+install in `.venv` (`mutants/src` comes first on sys.path).
+
+Tests run with the `mutation` hypothesis profile (`tests/conftest.py`: derandomized, 30 examples,
+no shrinking), so every mutant meets the same examples.
+
+The run writes `proofs/mutation-score.json`: killed / total, every survivor with its diff and,
+for those argued equivalent (`EQUIVALENT`), the argument; the date, the mutmut version and a
+hash of the mutated sources. `mutmut run` exits 0 even when mutants survive; the score is read
+from `mutants/mutmut-cicd-stats.json`.
+
+A mutant counts as detected when a test kills it or the tests time out on it (an endless loop),
+as mutmut's own badge counts them.
+
+Exit status: 0 when detected / total >= the gate, 1 below it (or when mutmut fails), 2 on bad
+arguments. `--check` applies the gate to the committed file and also fails when the sources
+changed since it was written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGING = ROOT / "build" / "mutation"
+SCORE_PATH = ROOT / "proofs" / "mutation-score.json"
+MUTMUT_VERSION = "3.8.1"
+GATE = 0.95
+
+MUTATED_MODULES = (
+    "block.py",
+    "free_queue.py",
+    "block_pool.py",
+    "block_hash.py",
+    "block_counts.py",
+    "manager.py",
+    "sliding_window.py",
+    "specialized_manager.py",
+    "request.py",
+    "prefix_cache_stats.py",
+)
+"""The core modules of `impl/` whose functions mutmut mutates."""
+
+SELECTED_TESTS = (
+    "test_block_pool.py",
+    "test_manager.py",
+    "test_invariants.py",
+    "test_block_hash.py",
+    "test_tenant_isolation.py",
+    "test_pure_functions.py",
+    "test_request.py",
+    "test_prefix_cache_stats.py",
+    "test_pool_state_machine.py",
+    "test_manager_state_machine.py",
+    "test_invariant_reports.py",
+    "test_refusal_messages.py",
+    "test_mutation_kills.py",
+)
+"""The tests each mutant faces (those that reach it): fast scenarios and the state machines."""
+
+TEST_HELPERS = ("conftest.py", "manager_fixtures.py")
+PROOFS_MODULES = (
+    "__init__.py",
+    "crosshair_contracts.py",
+    "crosshair_pairs.py",
+    "crosshair_runner.py",
+)
+"""The `proofs` modules `tests/test_pure_functions.py` imports."""
+
+PACKAGES = {"impl": "src/pagedkv", "spec": "src/pagedkv/spec", "harness": "src/pagedkv/harness"}
+
+_DEFAULT_UNREACHABLE = (
+    "the default is never used: with caching on, allocate_slots records num_cached_block and "
+    "req_to_block_hashes for every request it gives blocks (nothing can fail in between), free "
+    "drops them with the blocks, and free_block_hashes refuses while blocks are held"
+)
+_FALSY_PARENT = (
+    "hash_block_tokens seeds a chain from NONE_HASH for any falsy parent (`parent or NONE_HASH`): "
+    "None and '' give the same hash"
+)
+_BIG_ENDIAN_DEFAULT = (
+    "int.from_bytes defaults to byteorder 'big' since Python 3.11 (the run's Python; on 3.10 the "
+    "argument is required and every call would raise)"
+)
+
+EQUIVALENT: dict[str, str] = {
+    "pagedkv.block_pool.xǁBlockPoolǁget_new_blocks__mutmut_15": (
+        "`ref_cnt = 1` for `ref_cnt += 1`: a block popped from the free queue has ref_cnt 0 (the "
+        "invariant 'a block is in the free queue iff its ref_cnt is 0'), so both give 1"
+    ),
+    "pagedkv.block_pool.xǁBlockPoolǁ_maybe_evict_cached_block__mutmut_3": (
+        "the return value (whether a hash was dropped) is read by no caller: get_new_blocks "
+        "ignores it"
+    ),
+    "pagedkv.block_pool.xǁBlockPoolǁ_maybe_evict_cached_block__mutmut_6": (
+        "the return value (whether a hash was dropped) is read by no caller: get_new_blocks "
+        "ignores it"
+    ),
+    "pagedkv.block_pool.xǁBlockPoolǁcache_full_blocks__mutmut_16": (
+        "the initial parent value is read only when num_cached_blocks == 0; " + _FALSY_PARENT
+    ),
+    "pagedkv.block_hash.x_hash_request_tokens__mutmut_10": (
+        "the initial parent is the first block's; " + _FALSY_PARENT
+    ),
+    "pagedkv.manager.xǁKVCacheManagerǁallocate_slots__mutmut_33": (
+        "`_num_evictable_hits([])` is 0, the value the skipped branch gives"
+    ),
+    "pagedkv.manager.xǁKVCacheManagerǁallocate_slots__mutmut_48": (
+        "with num_new == 0 the branch calls get_new_blocks(0), which returns [] and changes nothing"
+    ),
+    "pagedkv.manager.xǁKVCacheManagerǁallocate_slots__mutmut_55": (
+        "dropping the free count from min(): fits() guaranteed num_new <= free - evictable hits, "
+        "and touching takes at most the evictable hits off the queue, so num_new never exceeds "
+        "the free count left"
+    ),
+    "pagedkv.manager.xǁKVCacheManagerǁ_check_cached_blocks__mutmut_4": _DEFAULT_UNREACHABLE,
+    "pagedkv.manager.xǁKVCacheManagerǁ_check_cached_blocks__mutmut_6": _DEFAULT_UNREACHABLE,
+    "pagedkv.manager.xǁKVCacheManagerǁ_check_cached_blocks__mutmut_7": _DEFAULT_UNREACHABLE,
+    "pagedkv.manager.xǁKVCacheManagerǁ_check_cached_blocks__mutmut_10": _DEFAULT_UNREACHABLE,
+    "pagedkv.manager.xǁKVCacheManagerǁ_check_cached_blocks__mutmut_12": _DEFAULT_UNREACHABLE,
+    "pagedkv.block_hash.x_sha256__mutmut_4": _BIG_ENDIAN_DEFAULT,
+    "pagedkv.block_hash.x__none_hash__mutmut_10": _BIG_ENDIAN_DEFAULT,
+    "pagedkv.block_hash.x_mm_inputs_in_block__mutmut_8": (
+        "`and` for `or` disables the shortcut for a block past every input; the loop then passes "
+        "over each input (sorted and disjoint, all ending before the block) and returns the same "
+        "([], len(ranges))"
+    ),
+}
+"""Survivor -> why no test can kill it (it behaves exactly like the original). Keyed by mutmut's
+mutant name, which is stable while the mutated sources are (`sources_sha256`)."""
+
+
+# -- the staging tree --------------------------------------------------------------------------
+
+
+def sources_sha256() -> str:
+    """One hash of the mutated modules' bytes, in `MUTATED_MODULES` order."""
+    digest = hashlib.sha256()
+    for name in MUTATED_MODULES:
+        digest.update(name.encode() + b"\0" + (ROOT / "impl" / name).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def staging_pyproject() -> str:
+    """`[tool.mutmut]` and pytest settings for the staging tree (the repository's, adapted)."""
+    only_mutate = ", ".join(f'"src/pagedkv/{name}"' for name in MUTATED_MODULES)
+    return f"""# Generated by proofs/mutation.py; do not edit.
+[tool.mutmut]
+source_paths = ["src/pagedkv"]
+only_mutate = [{only_mutate}]
+also_copy = ["proofs"]
+pytest_add_cli_args_test_selection = ["tests"]
+pytest_add_cli_args = ["-p", "no:cacheprovider"]
+use_git_change_detection = false
+
+[tool.pytest.ini_options]
+testpaths = ["tests"]
+addopts = ["--strict-markers"]
+filterwarnings = ["error"]
+markers = [
+    "gpu: needs a CUDA device",
+    "slow: longer than a few seconds",
+]
+"""
+
+
+def build_staging(staging: Path = STAGING) -> None:
+    """(Re)create the staging tree from the working tree."""
+    if staging.exists():
+        shutil.rmtree(staging)
+    for folder, target in PACKAGES.items():
+        destination = staging / target
+        destination.mkdir(parents=True)
+        for source in sorted((ROOT / folder).glob("*.py")):
+            shutil.copy2(source, destination / source.name)
+    shutil.copy2(ROOT / "impl" / "py.typed", staging / "src" / "pagedkv" / "py.typed")
+    (staging / "tests").mkdir()
+    for name in (*TEST_HELPERS, *SELECTED_TESTS):
+        shutil.copy2(ROOT / "tests" / name, staging / "tests" / name)
+    (staging / "proofs").mkdir()
+    for name in PROOFS_MODULES:
+        shutil.copy2(ROOT / "proofs" / name, staging / "proofs" / name)
+    (staging / "pyproject.toml").write_text(staging_pyproject())
+
+
+# -- running mutmut ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Survivor:
+    """A mutant no selected test killed (or one that timed out, had no test, ...)."""
+
+    name: str
+    status: str
+    diff: str
+    equivalent: str | None = None
+
+
+@dataclass
+class Score:
+    """What one mutmut run found; `score` is detected / total, where a mutant is detected when a
+    test fails (killed) or the tests run past mutmut's time limit (timeout: an endless loop)."""
+
+    killed: int
+    total: int
+    counts: dict[str, int]
+    survivors: list[Survivor]
+    date: str
+    seconds: float
+    mutmut: str = MUTMUT_VERSION
+    hypothesis_profile: str = "mutation"
+    modules: list[str] = field(default_factory=lambda: list(MUTATED_MODULES))
+    tests: list[str] = field(default_factory=lambda: list(SELECTED_TESTS))
+    sources_sha256: str = ""
+
+    @property
+    def detected(self) -> int:
+        return self.killed + self.counts.get("timeout", 0)
+
+    @property
+    def score(self) -> float:
+        return self.detected / self.total if self.total else 0.0
+
+
+def _mutmut(args: Sequence[str], staging: Path, *, timeout: float | None = None) -> str:
+    env = {**os.environ, "HYPOTHESIS_PROFILE": "mutation", "PYTHONHASHSEED": "0"}
+    env.pop("CI", None)  # CI=true would make hypothesis load its ci profile underneath
+    done = subprocess.run(
+        [sys.executable, "-m", "mutmut", *args],
+        cwd=staging,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"mutmut {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+        )
+    return done.stdout
+
+
+_RESULT = re.compile(r"^\s+(?P<name>\S+): (?P<status>.+)$", re.MULTILINE)
+
+
+def run_mutmut(jobs: int, staging: Path = STAGING) -> Score:
+    """Run mutmut in the staging tree, then read what it found (`read_results`)."""
+    start = time.monotonic()
+    _mutmut(["run", "--max-children", str(jobs)], staging)
+    return read_results(time.monotonic() - start, staging)
+
+
+def read_results(seconds: float, staging: Path = STAGING) -> Score:
+    """The score of the finished run in `staging`, and each mutant it did not kill with its diff."""
+    _mutmut(["export-cicd-stats"], staging)
+    counts = json.loads((staging / "mutants" / "mutmut-cicd-stats.json").read_text())
+    survivors = []
+    for match in _RESULT.finditer(_mutmut(["results"], staging)):
+        name, status = match["name"], match["status"].strip()
+        diff = _mutmut(["show", name], staging).split("\n", 1)[1].strip()
+        survivors.append(Survivor(name, status, diff, EQUIVALENT.get(name)))
+    return Score(
+        killed=int(counts["killed"]),
+        total=int(counts["total"]),
+        counts={key: int(value) for key, value in counts.items()},
+        survivors=survivors,
+        date=datetime.date.today().isoformat(),
+        seconds=round(seconds),
+        sources_sha256=sources_sha256(),
+    )
+
+
+# -- the score file ----------------------------------------------------------------------------
+
+
+def write_score(score: Score, path: Path = SCORE_PATH) -> None:
+    data = asdict(score)
+    data["detected"] = score.detected
+    data["score"] = round(score.score, 4)
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def read_score(path: Path = SCORE_PATH) -> Score:
+    data = json.loads(path.read_text())
+    data.pop("score")
+    data.pop("detected")
+    data["survivors"] = [Survivor(**survivor) for survivor in data["survivors"]]
+    return Score(**data)
+
+
+def gate_problems(score: Score, gate: float = GATE) -> list[str]:
+    """Why `score` fails the gate: too few killed, or counts that do not add up."""
+    found = []
+    if score.score < gate:
+        found.append(f"{score.detected}/{score.total} detected ({score.score:.1%}) < {gate:.0%}")
+    if score.total - score.killed != len(score.survivors):
+        found.append(f"{score.total - score.killed} not killed but {len(score.survivors)} listed")
+    return found
+
+
+def report(score: Score) -> str:
+    timeouts = score.counts.get("timeout", 0)
+    lines = [
+        f"mutation score: {score.detected}/{score.total} detected ({score.score:.1%}): "
+        f"{score.killed} killed, {timeouts} timed out; mutmut {score.mutmut}, {score.seconds:.0f} s"
+    ]
+    for survivor in score.survivors:
+        why = f" (equivalent: {survivor.equivalent})" if survivor.equivalent else ""
+        lines.append(f"  {survivor.status}: {survivor.name}{why}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m proofs.mutation", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--gate", type=float, default=GATE)
+    parser.add_argument("--check", action="store_true", help="check the committed score file")
+    args = parser.parse_args(argv)
+    if args.check:
+        score = read_score()
+        found = gate_problems(score, args.gate)
+        if score.sources_sha256 != sources_sha256():
+            found.append("the mutated sources changed since the score was written")
+    else:
+        build_staging()
+        try:
+            score = run_mutmut(max(args.jobs, 1))
+        except RuntimeError as error:
+            print(error, file=sys.stderr)
+            return 1
+        write_score(score)
+        found = gate_problems(score, args.gate)
+    print(report(score))
+    for problem in found:
+        print(f"FAILED: {problem}")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

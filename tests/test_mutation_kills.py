@@ -1,0 +1,245 @@
+"""Small contracts the mutation run (`python -m proofs.mutation`) found stated by no test.
+
+Each test states one behaviour of a public class or function: the defaults and attributes of
+`KVCacheManager`, the reprs that logs and failure reports print, `TokenView` equality, the chain
+seed `NONE_HASH`, `PrefixCachingMetrics`' window, and the helpers on `KVCacheBlock`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pagedkv import (
+    VLLM_0_8_5,
+    AttentionSpec,
+    BlockPool,
+    FullAttentionSpec,
+    InvalidArgumentError,
+    KVCacheBlock,
+    KVCacheConfigError,
+    KVCacheManager,
+    PlaceholderRange,
+    PrefixCacheStats,
+    PrefixCachingMetrics,
+    Request,
+    SlidingWindowSpec,
+    generate_block_hash_extra_keys,
+    hash_request_tokens,
+    sha256,
+    uniform_kv_cache_config,
+)
+from pagedkv import block_hash as block_hash_module
+from pagedkv.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+from pagedkv.manager import CHECK_INVARIANTS_ENV
+from pagedkv.request import TokenView
+
+FULL = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype="float16")
+
+
+# -- KVCacheManager: construction ------------------------------------------------------------
+
+
+def test_manager_defaults_gather_no_stats_and_keep_their_arguments() -> None:
+    manager = KVCacheManager(uniform_kv_cache_config(FULL, 10), max_model_len=64)
+    assert (manager.max_model_len, manager.log_stats, manager.enable_caching) == (64, False, True)
+    assert manager.prefix_cache_stats is None
+    assert manager.make_prefix_cache_stats() is None
+    assert manager.specialized_manager.kv_cache_spec is FULL
+
+
+def test_the_pool_gets_the_managers_caching_switch_and_semantics() -> None:
+    manager = KVCacheManager(
+        uniform_kv_cache_config(FULL, 10), 64, enable_caching=False, semantics=VLLM_0_8_5
+    )
+    assert manager.block_pool.enable_caching is False
+    assert manager.block_pool.semantics is VLLM_0_8_5
+
+
+def test_a_manager_needs_exactly_one_kv_cache_group() -> None:
+    window = SlidingWindowSpec(
+        block_size=4, num_kv_heads=1, head_size=1, dtype="float16", sliding_window=8
+    )
+    tensor = KVCacheTensor(size=FULL.page_size_bytes * 10)
+    config = KVCacheConfig(
+        10,
+        {"full": tensor, "window": tensor},
+        [KVCacheGroupSpec(("full",), FULL), KVCacheGroupSpec(("window",), window)],
+    )
+    with pytest.raises(KVCacheConfigError) as info:
+        KVCacheManager(config, 64)
+    assert str(info.value) == "KVCacheManager needs exactly one KV cache group, got 2"
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class _OtherAttentionSpec(AttentionSpec):
+    """An attention type the manager has no policy for."""
+
+    @property
+    def type_id(self) -> str:
+        return "other"
+
+    def max_memory_usage_bytes(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        return 0
+
+
+def test_an_attention_type_without_a_policy_is_refused_by_name() -> None:
+    other = _OtherAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype="float16")
+    with pytest.raises(KVCacheConfigError) as info:
+        KVCacheManager(uniform_kv_cache_config(other, 10), 64)
+    assert str(info.value) == "no attention manager for _OtherAttentionSpec"
+
+
+def test_max_model_len_must_be_positive() -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        KVCacheManager(uniform_kv_cache_config(FULL, 10), max_model_len=0)
+    assert str(info.value) == "max_model_len must be > 0, got 0"
+
+
+def test_negative_checking_is_refused() -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        KVCacheManager(uniform_kv_cache_config(FULL, 10), 64, debug_invariants=-1)
+    assert str(info.value) == "debug_invariants must be >= 0, got -1"
+
+
+def test_a_blank_checking_variable_means_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CHECK_INVARIANTS_ENV, "  ")
+    manager = KVCacheManager(uniform_kv_cache_config(FULL, 10), 64)
+    assert manager.debug_invariants == 0
+
+
+def test_allocate_slots_reserves_no_lookahead_unless_asked() -> None:
+    manager = KVCacheManager(uniform_kv_cache_config(FULL, 10), 64)
+    request = Request("a", range(4))
+    new = manager.allocate_slots(request, 4)
+    assert new is not None
+    assert [block.block_id for block in new] == [1]
+
+
+# -- blocks and the free queue ----------------------------------------------------------------
+
+
+def test_incr_ref_and_decr_ref_count_by_one() -> None:
+    block = KVCacheBlock(3)
+    for _ in range(3):
+        block.incr_ref()
+    assert block.ref_cnt == 3
+    block.decr_ref()
+    assert block.ref_cnt == 2
+
+
+def test_a_block_repr_shows_its_neighbours_in_the_free_queue() -> None:
+    pool = BlockPool(4, True)  # free queue: 1, 2, 3
+    assert repr(pool.blocks[2]) == (
+        "KVCacheBlock(block_id=2, ref_cnt=0, block_hash=None, prev_free_block=1, next_free_block=3)"
+    )
+
+
+# -- hashes ------------------------------------------------------------------------------------
+
+
+def test_the_chain_seed_comes_from_pythonhashseed_or_is_random(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PYTHONHASHSEED", "7")
+    assert block_hash_module._none_hash() == sha256("7")
+    monkeypatch.delenv("PYTHONHASHSEED")
+    seeds = {block_hash_module._none_hash() for _ in range(3)}
+    assert len(seeds) == 3  # 256 random bits each: a repeat would be a broken generator
+    assert all(0 <= seed < 2**256 for seed in seeds)
+    assert sha256("7") not in seeds
+
+
+def test_extra_keys_without_multimodal_inputs_keep_the_scan_position() -> None:
+    request = Request("a", [1, 2], lora_id=3)
+    assert generate_block_hash_extra_keys(request, 0, 2, 5) == ((3,), 5)
+
+
+def test_hashing_with_an_empty_block_size_is_refused() -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        hash_request_tokens(sha256, 0, Request("a", [1]))
+    assert str(info.value) == "block_size must be > 0, got 0"
+
+
+# -- requests ----------------------------------------------------------------------------------
+
+
+def test_a_bad_placeholder_range_is_refused_with_its_numbers() -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        PlaceholderRange(-1, 2)
+    assert str(info.value) == (
+        "placeholder range needs offset >= 0 and length > 0, got offset=-1, length=2"
+    )
+
+
+def test_a_token_view_equals_the_same_tokens_in_any_sequence_type() -> None:
+    view = TokenView([1, 2])
+    assert view == [1, 2]
+    assert view == (1, 2)
+    assert view == TokenView([1, 2])
+    assert view != [2, 1]
+    assert view != TokenView([1])
+    assert view != "12"
+    assert repr(view) == "[1, 2]"
+
+
+def test_a_request_repr_shows_its_extras_and_redacts_the_salt() -> None:
+    plain = Request("a", [1, 2])
+    assert repr(plain) == "Request('a', tokens=[1, 2], num_computed_tokens=0)"
+    full = Request(
+        "b",
+        [1, 2],
+        mm_positions=[PlaceholderRange(0, 1)],
+        mm_hashes=["img"],
+        lora_id=3,
+        cache_salt="secret",
+    )
+    assert repr(full) == (
+        "Request('b', tokens=[1, 2], num_computed_tokens=0, "
+        "mm_positions=(PlaceholderRange(offset=0, length=1),), lora_id=3, "
+        "cache_salt=<redacted>)"
+    )
+
+
+# -- prefix-cache metrics ----------------------------------------------------------------------
+
+
+def test_the_window_is_a_thousand_requests_unless_given() -> None:
+    assert PrefixCachingMetrics().max_recent_requests == 1000
+
+
+def test_a_window_of_one_request_is_valid_and_zero_is_refused() -> None:
+    assert PrefixCachingMetrics(1).max_recent_requests == 1
+    with pytest.raises(InvalidArgumentError) as info:
+        PrefixCachingMetrics(0)
+    assert str(info.value) == "max_recent_requests must be >= 1, got 0"
+
+
+def test_the_window_holds_exactly_max_recent_requests_then_drops_the_oldest_batch() -> None:
+    metrics = PrefixCachingMetrics(max_recent_requests=3)
+    metrics.observe(PrefixCacheStats(requests=1, queries=5, hits=1))
+    metrics.observe(PrefixCacheStats(requests=2, queries=3, hits=3))  # 3 requests: all kept
+    assert (
+        metrics.aggregated_requests,
+        metrics.aggregated_query_total,
+        metrics.aggregated_query_hit,
+    ) == (3, 8, 4)
+    metrics.observe(PrefixCacheStats(requests=2, queries=7, hits=2))  # 5 > 3: the first drops
+    assert (
+        metrics.aggregated_requests,
+        metrics.aggregated_query_total,
+        metrics.aggregated_query_hit,
+    ) == (4, 10, 5)
+
+
+def test_a_reset_zeroes_every_aggregate() -> None:
+    metrics = PrefixCachingMetrics()
+    metrics.observe(PrefixCacheStats(requests=2, queries=5, hits=1))
+    metrics.reset()
+    assert (
+        metrics.aggregated_requests,
+        metrics.aggregated_query_total,
+        metrics.aggregated_query_hit,
+        len(metrics.query_queue),
+    ) == (0, 0, 0, 0)

@@ -1,0 +1,95 @@
+"""The committed mutation score (`proofs/mutation-score.json`) passes the gate and names survivors.
+
+mutmut itself runs on demand (`python -m proofs.mutation`, a quarter of an hour on two cores),
+never here: this checks the last result it wrote, and that the staging tree it runs in is laid
+out the way mutmut expects.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from proofs import mutation
+from proofs.mutation import (
+    EQUIVALENT,
+    GATE,
+    MUTATED_MODULES,
+    SCORE_PATH,
+    SELECTED_TESTS,
+    Score,
+    Survivor,
+    gate_problems,
+    read_score,
+    write_score,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_committed_score_passes_the_gate() -> None:
+    score = read_score(SCORE_PATH)
+    assert gate_problems(score) == []
+    assert score.score >= GATE
+    assert score.mutmut == "3.8.1"
+    assert score.modules == list(MUTATED_MODULES)
+    assert score.tests == list(SELECTED_TESTS)
+
+
+def test_every_survivor_is_named_with_its_diff_and_argued_equivalent() -> None:
+    score = read_score(SCORE_PATH)
+    for survivor in score.survivors:
+        assert survivor.name.startswith("pagedkv."), survivor.name
+        assert survivor.diff.startswith("---"), survivor.name
+        if survivor.status == "survived":
+            assert survivor.equivalent == EQUIVALENT.get(survivor.name), survivor.name
+            assert survivor.equivalent, f"{survivor.name} survives without an argument"
+
+
+def test_every_equivalence_argument_names_a_listed_survivor() -> None:
+    listed = {survivor.name for survivor in read_score(SCORE_PATH).survivors}
+    assert set(EQUIVALENT) <= listed
+
+
+def test_the_selected_tests_and_mutated_modules_exist() -> None:
+    for name in SELECTED_TESTS:
+        assert (ROOT / "tests" / name).is_file(), name
+    for name in MUTATED_MODULES:
+        assert (ROOT / "impl" / name).is_file(), name
+
+
+def test_a_score_round_trips_through_its_file(tmp_path: Path) -> None:
+    score = Score(
+        killed=18,
+        total=20,
+        counts={"killed": 18, "survived": 1, "timeout": 1, "total": 20},
+        survivors=[
+            Survivor("pagedkv.m.x_f__mutmut_1", "survived", "--- a\n+++ b", "same result"),
+            Survivor("pagedkv.m.x_g__mutmut_2", "timeout", "--- a\n+++ b"),
+        ],
+        date="2026-01-01",
+        seconds=60.0,
+    )
+    path = tmp_path / "score.json"
+    write_score(score, path)
+    assert read_score(path) == score
+    assert (score.detected, score.score) == (19, 0.95)
+    assert gate_problems(score) == []
+    assert gate_problems(score, 0.96) == ["19/20 detected (95.0%) < 96%"]
+
+
+def test_the_staging_tree_has_the_layout_mutmut_expects(tmp_path: Path) -> None:
+    staging = tmp_path / "mutation"
+    mutation.build_staging(staging)
+    package = staging / "src" / "pagedkv"
+    for name in MUTATED_MODULES:
+        assert (package / name).read_bytes() == (ROOT / "impl" / name).read_bytes()
+    assert (package / "spec" / "block_pool.py").is_file()
+    assert (package / "harness" / "pool_machine.py").is_file()
+    for name in ("conftest.py", "manager_fixtures.py", *SELECTED_TESTS):
+        assert (staging / "tests" / name).is_file(), name
+    assert (staging / "proofs" / "crosshair_contracts.py").is_file()
+    config = (staging / "pyproject.toml").read_text()
+    only_mutate = ", ".join(f'"src/pagedkv/{name}"' for name in MUTATED_MODULES)
+    assert 'source_paths = ["src/pagedkv"]' in config.splitlines()
+    assert f"only_mutate = [{only_mutate}]" in config.splitlines()
+    assert 'filterwarnings = ["error"]' in config.splitlines()
