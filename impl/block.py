@@ -23,12 +23,6 @@ class KVCacheBlock:
         self.prev_free_block: KVCacheBlock | None = None
         self.next_free_block: KVCacheBlock | None = None
 
-    def incr_ref(self) -> None:
-        self.ref_cnt += 1
-
-    def decr_ref(self) -> None:
-        self.ref_cnt -= 1
-
     @property
     def block_hash(self) -> BlockHashType | None:
         """The hash of the block's full contents, or None while it is not cached."""

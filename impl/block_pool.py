@@ -91,17 +91,16 @@ class BlockPool:
             blocks.append(block)
         return blocks
 
-    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
+    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> None:
         """Drop `block` from the index and clear its hash, if it has one. Complexity: O(1)."""
         block_hash = block.block_hash
         if block_hash is None:
-            return False
+            return
         cached = self.cached_block_hash_to_block[block_hash]
         del cached[block.block_id]
         if not cached:
             del self.cached_block_hash_to_block[block_hash]
         block.reset_hash()
-        return True
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Take one more reference to each block (a prefix-cache hit).

@@ -59,6 +59,7 @@ _B1 = ((0, 1), (0, 1, 1))  # r1's prompt extends r0's (block size 1)
 _B1_THREE = ((0, 1), (0, 1, 1), (0,))  # and a third that is r0's first block
 _B1_TWINS = ((0, 1, 1), (0, 1, 1))  # equal prompts: whole-prompt hits
 _B2 = ((0, 1, 0), (0, 1, 1))  # one shared full block, then a partial one (block size 2)
+_B2_LONG = ((0, 1, 0, 0, 1), (0, 1, 0, 0, 0))  # two shared full blocks, then a partial one
 
 MANAGER_SCOPES: dict[str, tuple[ManagerSearchConfig, ...]] = {
     # max_model_len must be long enough that requests keep running after their prompt (two at
@@ -75,6 +76,8 @@ MANAGER_SCOPES: dict[str, tuple[ManagerSearchConfig, ...]] = {
         ManagerSearchConfig(4, 1, 5, _B1, sliding_window=2, samples=(0,), use_eagle=True),
         ManagerSearchConfig(4, 2, 6, _B2, sliding_window=2, samples=(0,)),
         ManagerSearchConfig(4, 1, 6, _B1, sliding_window=3, samples=(0,)),  # hits need 2 blocks
+        # cdiv(W - 1, B) = 2 but (W - 1) // B = 1: the only CI window where they differ
+        ManagerSearchConfig(5, 2, 7, _B2_LONG, sliding_window=4, samples=(0,)),
         # vLLM 0.8.5 under a sliding window drives the null block's ref_cnt down without bound
         # (every free of a windowed request decrements it): an infinite state space.
         ManagerSearchConfig(4, 1, 5, _B1, semantics=VLLM_0_8_5, misuse=False),

@@ -112,14 +112,6 @@ EQUIVALENT: dict[str, str] = {
         "`ref_cnt = 1` for `ref_cnt += 1`: a block popped from the free queue has ref_cnt 0 (the "
         "invariant 'a block is in the free queue iff its ref_cnt is 0'), so both give 1"
     ),
-    "pagedkv.block_pool.xǁBlockPoolǁ_maybe_evict_cached_block__mutmut_3": (
-        "the return value (whether a hash was dropped) is read by no caller: get_new_blocks "
-        "ignores it"
-    ),
-    "pagedkv.block_pool.xǁBlockPoolǁ_maybe_evict_cached_block__mutmut_6": (
-        "the return value (whether a hash was dropped) is read by no caller: get_new_blocks "
-        "ignores it"
-    ),
     "pagedkv.block_pool.xǁBlockPoolǁcache_full_blocks__mutmut_16": (
         "the initial parent value is read only when num_cached_blocks == 0; " + _FALSY_PARENT
     ),

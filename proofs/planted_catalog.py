@@ -174,16 +174,15 @@ def _touch_without_unlink(self: block_pool.BlockPool, blocks: Sequence[KVCacheBl
         block.ref_cnt += 1
 
 
-def _evict_keeping_hash(self: block_pool.BlockPool, block: KVCacheBlock) -> bool:
+def _evict_keeping_hash(self: block_pool.BlockPool, block: KVCacheBlock) -> None:
     """BlockPool._maybe_evict_cached_block dropping the index entry but not the block's hash."""
     cached_hash = block.block_hash
     if cached_hash is None:
-        return False
+        return
     cached = self.cached_block_hash_to_block[cached_hash]
     del cached[block.block_id]
     if not cached:
         del self.cached_block_hash_to_block[cached_hash]
-    return True
 
 
 def _free_blocks_null_queued(

@@ -55,8 +55,8 @@ class TouchKeepsQueuedPool(BlockPool):
 class EvictionKeepsHashPool(BlockPool):
     """get_new_blocks hands out a cached block without dropping it from the index."""
 
-    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
-        return False
+    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> None:
+        return
 
 
 def free_to_head(num_gpu_blocks: int, enable_caching: bool, semantics: Semantics) -> PoolUnderTest:

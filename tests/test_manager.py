@@ -289,6 +289,18 @@ def test_sliding_window_table_before_and_after_skipping(side: str) -> None:
     assert manager.snapshot().pool.ref_cnt[4] == 2
 
 
+def test_sliding_window_skip_boundary_is_exact(side: str) -> None:
+    """Block size 2, window 4: with 8 tokens computed the next token (8) sees tokens 5..8, so
+    blocks 0 and 1 (tokens 0-3) are skipped and block 2 (tokens 4-5, token 5 still needed) is
+    kept."""
+    manager = make(side, block_size=2, sliding_window=4)
+    request = Request("a", range(8))
+    assert admit(manager, request) == [1, 2, 3, 4]
+    assert decode(manager, request) == [5]
+    assert manager.snapshot().blocks["a"] == (0, 0, 3, 4, 5)
+    assert free_order(manager)[-2:] == (2, 1)  # newest first
+
+
 def test_sliding_window_hit_falls_back_to_a_short_cached_start(side: str) -> None:
     manager = make(side, block_size=2, sliding_window=8)  # 4 blocks must be cached
     admit(manager, Request("a", range(5)))  # blocks 1, 2 cached

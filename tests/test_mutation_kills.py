@@ -17,7 +17,6 @@ from pagedkv import (
     BlockPool,
     FullAttentionSpec,
     InvalidArgumentError,
-    KVCacheBlock,
     KVCacheConfigError,
     KVCacheManager,
     PlaceholderRange,
@@ -118,15 +117,6 @@ def test_allocate_slots_reserves_no_lookahead_unless_asked() -> None:
 
 
 # -- blocks and the free queue ----------------------------------------------------------------
-
-
-def test_incr_ref_and_decr_ref_count_by_one() -> None:
-    block = KVCacheBlock(3)
-    for _ in range(3):
-        block.incr_ref()
-    assert block.ref_cnt == 3
-    block.decr_ref()
-    assert block.ref_cnt == 2
 
 
 def test_a_block_repr_shows_its_neighbours_in_the_free_queue() -> None:
