@@ -91,6 +91,53 @@ def show(outcome: Outcome[Any]) -> str:
     return f"raised {type(outcome.error).__name__}: {outcome.error}"
 
 
+def compare_call(
+    name: str,
+    spec: Any,
+    impl: Any,
+    call: Callable[[Any, str], T],
+    spec_before: object,
+    impl_before: object,
+    on_outcomes: Callable[[Outcome[T], Outcome[T]], None] | None = None,
+) -> Outcome[T]:
+    """Apply `call` to `spec`, then to `impl` (both with `snapshot()`), and demand one outcome.
+
+    Equal results, or the same exception class with each side's snapshot still equal to its
+    `*_before`. `on_outcomes` sees both outcomes before they are compared (to log them).
+
+    Raises:
+        Divergence: different error classes, different results, or a failed call that changed
+            the object under test.
+        InvariantViolation: the spec broke an invariant, or a failed call changed the spec.
+    """
+    spec_outcome = attempt(lambda: call(spec, "spec"))
+    if isinstance(spec_outcome.error, InvariantViolation):
+        raise spec_outcome.error  # the spec itself is broken
+    impl_outcome = attempt(lambda: call(impl, "impl"))
+    if on_outcomes is not None:
+        on_outcomes(spec_outcome, impl_outcome)
+    if type(spec_outcome.error) is not type(impl_outcome.error):
+        raise Divergence(
+            f"{name}: spec {show(spec_outcome)}, but the one under test {show(impl_outcome)}"
+        )
+    if not spec_outcome.ok:
+        if spec.snapshot() != spec_before:
+            raise InvariantViolation("a failed call changes nothing", f"spec, {name}")
+        impl_after = impl.snapshot()
+        if impl_after != impl_before:
+            raise Divergence(
+                f"{name} raised {show(impl_outcome)} but changed the one under test:\n"
+                + describe(impl_before, impl_after)
+            )
+        return spec_outcome
+    if spec_outcome.result != impl_outcome.result:
+        raise Divergence(
+            f"{name}: spec returned {spec_outcome.result!r}, "
+            f"the one under test {impl_outcome.result!r}"
+        )
+    return spec_outcome
+
+
 class LockstepMachine(RuleBasedStateMachine):
     """Base of the differential machines: `both()`, misuse draws, and the per-step comparison.
 
@@ -112,33 +159,13 @@ class LockstepMachine(RuleBasedStateMachine):
 
     def both(self, name: str, call: Callable[[Any, str], T]) -> Outcome[T]:
         """Apply `call` to the spec, then to the object under test, and compare what happened."""
-        spec_before, impl_before = self.spec.snapshot(), self.impl.snapshot()
-        spec_outcome = attempt(lambda: call(self.spec, "spec"))
-        if isinstance(spec_outcome.error, InvariantViolation):
-            raise spec_outcome.error  # the spec itself is broken
-        impl_outcome = attempt(lambda: call(self.impl, "impl"))
+        outcome = compare_call(
+            name, self.spec, self.impl, call, self.spec.snapshot(), self.impl.snapshot()
+        )
         self.stats.operations += 1
-        if type(spec_outcome.error) is not type(impl_outcome.error):
-            raise Divergence(
-                f"{name}: spec {show(spec_outcome)}, but the one under test {show(impl_outcome)}"
-            )
-        if not spec_outcome.ok:
+        if not outcome.ok:
             self.stats.matched_errors += 1
-            if self.spec.snapshot() != spec_before:
-                raise InvariantViolation("a failed call changes nothing", f"spec, {name}")
-            impl_after = self.impl.snapshot()
-            if impl_after != impl_before:
-                raise Divergence(
-                    f"{name} raised {show(impl_outcome)} but changed the one under test:\n"
-                    + describe(impl_before, impl_after)
-                )
-            return spec_outcome
-        if spec_outcome.result != impl_outcome.result:
-            raise Divergence(
-                f"{name}: spec returned {spec_outcome.result!r}, "
-                f"the one under test {impl_outcome.result!r}"
-            )
-        return spec_outcome
+        return outcome
 
     def outcome_ok(self, name: str, call: Callable[[Any, str], Any]) -> bool:
         return self.both(name, call).ok

@@ -137,6 +137,7 @@ class ManagerMachine(LockstepMachine):
                 min_tokens=1,
                 extra_keys=data.draw(st.booleans(), label="extra keys"),
                 salts=self.semantics != VLLM_0_8_5,  # vLLM 0.8.5 has no cache salt
+                block_size=self.block_size,
             ),
             label="request",
         )

@@ -312,6 +312,7 @@ class PoolMachine(LockstepMachine):
                 max_tokens=4 * self.block_size,
                 extra_keys=data.draw(st.booleans(), label="extra keys"),
                 salts=self.semantics != VLLM_0_8_5,  # vLLM 0.8.5 has no cache salt
+                block_size=self.block_size,
             ),
             label="request",
         )

@@ -16,13 +16,18 @@ SALTS = ("tenant-1", "tenant-2")
 
 
 @st.composite
-def placeholder_ranges(draw: st.DrawFn, num_tokens: int) -> tuple[PlaceholderRange, ...]:
-    """0-2 sorted, disjoint ranges inside `[0, num_tokens)`."""
+def placeholder_ranges(
+    draw: st.DrawFn, num_tokens: int, block_size: int = 1
+) -> tuple[PlaceholderRange, ...]:
+    """0-2 sorted, disjoint ranges inside `[0, num_tokens)`, often starting or ending on a block
+    boundary (where off-by-one mistakes in the overlap rule show)."""
     if num_tokens == 0:
         return ()
-    cuts = draw(
-        st.lists(st.integers(0, num_tokens), min_size=0, max_size=4, unique=True).map(sorted)
+    cut = st.one_of(
+        st.integers(0, num_tokens),
+        st.integers(0, num_tokens // block_size).map(lambda k: k * block_size),
     )
+    cuts = draw(st.lists(cut, min_size=0, max_size=4, unique=True).map(sorted))
     ranges = [
         PlaceholderRange(start, end - start)
         for start, end in zip(cuts[0::2], cuts[1::2], strict=False)
@@ -41,6 +46,7 @@ def requests(
     extra_keys: bool = True,
     min_tokens: int = 0,
     salts: bool = True,
+    block_size: int = 1,
 ) -> Request:
     """A request with a prompt of `min_tokens..max_tokens` tokens from `range(alphabet)`.
 
@@ -49,7 +55,7 @@ def requests(
     prompt = draw(st.lists(st.integers(0, alphabet - 1), min_size=min_tokens, max_size=max_tokens))
     if not extra_keys:
         return Request(request_id, prompt)
-    positions = draw(placeholder_ranges(len(prompt)))
+    positions = draw(placeholder_ranges(len(prompt), block_size))
     mm_hashes = [draw(st.sampled_from(MM_HASHES)) for _ in positions]
     return Request(
         request_id,

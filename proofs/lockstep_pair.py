@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-from pagedkv.errors import InvariantViolation
-from pagedkv.harness.lockstep import Divergence, Outcome, attempt, describe, show
+from pagedkv.harness.lockstep import Divergence, Outcome, compare_call, describe, show
 
 R = TypeVar("R")
 
@@ -63,34 +62,16 @@ class LockstepPair(Generic[T]):
                 the object under test, or different states after the call.
             InvariantViolation: a failed call changed the spec, or an invariant check failed.
         """
-        before = self.state
-        spec_outcome = attempt(lambda: call(self.spec, "spec"))
-        if isinstance(spec_outcome.error, InvariantViolation):
-            raise spec_outcome.error  # the spec itself is broken
-        impl_outcome = attempt(lambda: call(self.impl, "impl"))
-        if self.log is not None:
-            self.log.append(f"{name} {show(spec_outcome)}")
-        if type(spec_outcome.error) is not type(impl_outcome.error):
-            raise Divergence(
-                f"{name}: spec {show(spec_outcome)}, but the one under test {show(impl_outcome)}"
-            )
-        if not spec_outcome.ok:
-            if self.spec.snapshot() != before:
-                raise InvariantViolation("a failed call changes nothing", f"spec, {name}")
-            impl_after = self.impl.snapshot()
-            if impl_after != before:
-                raise Divergence(
-                    f"{name} raised {show(impl_outcome)} but changed the one under test:\n"
-                    + describe(before, impl_after)
-                )
-            return spec_outcome
-        if spec_outcome.result != impl_outcome.result:
-            raise Divergence(
-                f"{name}: spec returned {spec_outcome.result!r}, "
-                f"the one under test {impl_outcome.result!r}"
-            )
-        self.settle(name)
-        return spec_outcome
+        log = self.log
+
+        def record(spec_outcome: Outcome[R], _: Outcome[R]) -> None:
+            if log is not None:
+                log.append(f"{name} {show(spec_outcome)}")
+
+        outcome = compare_call(name, self.spec, self.impl, call, self.state, self.state, record)
+        if outcome.ok:
+            self.settle(name)
+        return outcome
 
     def settle(self, after: str) -> None:
         """Demand equal snapshots and passing invariant checks on both sides; record the state."""
