@@ -218,8 +218,8 @@ class KVCacheManager:
                 has.
             RequestError: another Request object uses the id; num_computed_tokens outside the
                 request's slots; hits for a request that already holds blocks; a hit that is not
-                the request's cached block at its position; fewer full blocks than already
-                cached.
+                the request's cached block at its position, or a sliding-window hit of the wrong
+                shape; fewer full blocks than already cached.
             BlockStateError: a hit that does not belong to the pool, or a null hit under full
                 attention.
             MaxModelLenExceededError: the request would need more than
