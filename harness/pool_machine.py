@@ -147,12 +147,7 @@ class PoolMachine(LockstepMachine):
         """A request that looks up its prefix and touches the hits, as a manager does."""
         request = self.draw_request(data)
         hashes = self.chain(request)
-        hits: list[int] = []
-        for block_hash in hashes:
-            block_id = self.lookup(block_hash)
-            if block_id is None:
-                break
-            hits.append(block_id)
+        hits = self.lookup_prefix(hashes)
         if self.outcome_ok(f"touch({hits})", lambda pool, _: pool.touch(hits)):
             self.held.extend(hits)
             self.sequences.append(
@@ -165,12 +160,7 @@ class PoolMachine(LockstepMachine):
         """What a manager does for a new request: hit, touch, allocate the rest, cache full ones."""
         request = self.draw_request(data)
         hashes = self.chain(request)
-        hits: list[int] = []
-        for block_hash in hashes:
-            block_id = self.lookup(block_hash)
-            if block_id is None:
-                break
-            hits.append(block_id)
+        hits = self.lookup_prefix(hashes)
         assert self.spec is not None
         num_needed = -(-request.num_tokens // self.block_size) - len(hits)
         num_evictable_hits = sum(
@@ -295,6 +285,16 @@ class PoolMachine(LockstepMachine):
             sequence.num_cached = num_full
             self.seen_hashes.extend(sequence.spec_hashes)
         return ok
+
+    def lookup_prefix(self, hashes: list[BlockHashType]) -> list[int]:
+        """The cached prefix of a chain, looked up hash by hash on both sides until a miss."""
+        hits: list[int] = []
+        for block_hash in hashes:
+            block_id = self.lookup(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
 
     def lookup(self, block_hash: BlockHashType) -> int | None:
         """get_cached_block on both; the block id found, or None."""
