@@ -2,14 +2,16 @@
 
 A `LockstepMachine` holds a spec object and an object under test, both with `snapshot()` and
 `check_invariants()`. `both()` applies one call to each and demands the same outcome: equal
-results, or the same exception class with neither side changed. After every step the snapshots
-must be equal and both invariant checks must pass.
+results, or the same exception class with neither side changed; with `same_messages` (pagedkv's
+own objects) the same message too, so the spec's wording of each refusal is the one to keep.
+After every step the snapshots must be equal and both invariant checks must pass.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
@@ -30,14 +32,16 @@ class Divergence(AssertionError):
 
 @dataclass
 class CampaignStats:
-    """Counters shared by every example of a campaign; `on_progress` is called ~10x a second."""
+    """Counters shared by every example of a campaign; `on_progress` is called ~10x a second.
+
+    `outcomes` counts (operation, outcome) pairs: the method name, and "returned", "returned
+    None" or the class of the error both sides raised. It shows what a campaign exercised.
+    """
 
     steps: int = 0
-    operations: int = 0
-    matched_errors: int = 0
-    invariant_checks: int = 0
     examples: int = 0
     state_keys: set[int] = field(default_factory=set)
+    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
     on_progress: Callable[[CampaignStats], None] | None = None
     _last_progress: float = 0.0
 
@@ -49,6 +53,35 @@ class CampaignStats:
             if now - self._last_progress >= 0.1:
                 self._last_progress = now
                 self.on_progress(self)
+
+    def record(self, name: str, outcome: Outcome[Any]) -> None:
+        """Count one compared call; `name` is the call as shown, e.g. "touch([1, 2])"."""
+        if outcome.error is not None:
+            kind = type(outcome.error).__name__
+        else:
+            kind = "returned None" if outcome.result is None else "returned"
+        self.outcomes[name.partition("(")[0], kind] += 1
+
+    def outcomes_by_operation(self) -> dict[str, set[str]]:
+        """Operation name -> the outcomes it had ("returned", "returned None", error classes)."""
+        seen: dict[str, set[str]] = {}
+        for operation, kind in self.outcomes:
+            seen.setdefault(operation, set()).add(kind)
+        return seen
+
+    @property
+    def invariant_checks(self) -> int:
+        """Each step runs the spec's and the implementation's check_invariants()."""
+        return 2 * self.steps
+
+    @property
+    def operations(self) -> int:
+        return sum(self.outcomes.values())
+
+    @property
+    def matched_errors(self) -> int:
+        """Calls that raised the same error class on both sides (and changed neither)."""
+        return sum(n for (_, kind), n in self.outcomes.items() if not kind.startswith("returned"))
 
 
 @dataclass
@@ -99,15 +132,17 @@ def compare_call(
     spec_before: object,
     impl_before: object,
     on_outcomes: Callable[[Outcome[T], Outcome[T]], None] | None = None,
+    same_messages: bool = False,
 ) -> Outcome[T]:
     """Apply `call` to `spec`, then to `impl` (both with `snapshot()`), and demand one outcome.
 
-    Equal results, or the same exception class with each side's snapshot still equal to its
-    `*_before`. `on_outcomes` sees both outcomes before they are compared (to log them).
+    Equal results, or the same exception class (and, with `same_messages`, the same message)
+    with each side's snapshot still equal to its `*_before`. `on_outcomes` sees both outcomes
+    before they are compared (to log them).
 
     Raises:
-        Divergence: different error classes, different results, or a failed call that changed
-            the object under test.
+        Divergence: different error classes or messages, different results, or a failed call
+            that changed the object under test.
         InvariantViolation: the spec broke an invariant, or a failed call changed the spec.
     """
     spec_outcome = attempt(lambda: call(spec, "spec"))
@@ -121,6 +156,11 @@ def compare_call(
             f"{name}: spec {show(spec_outcome)}, but the one under test {show(impl_outcome)}"
         )
     if not spec_outcome.ok:
+        if same_messages and str(spec_outcome.error) != str(impl_outcome.error):
+            raise Divergence(
+                f"{name}: both raised {type(spec_outcome.error).__name__}, but the spec says "
+                f"{str(spec_outcome.error)!r} and the one under test {str(impl_outcome.error)!r}"
+            )
         if spec.snapshot() != spec_before:
             raise InvariantViolation("a failed call changes nothing", f"spec, {name}")
         impl_after = impl.snapshot()
@@ -146,6 +186,7 @@ class LockstepMachine(RuleBasedStateMachine):
     """
 
     misuse: ClassVar[bool] = True
+    same_messages: ClassVar[bool] = False  # pagedkv's own objects word refusals as the spec does
     stats: ClassVar[CampaignStats] = CampaignStats()
 
     def __init__(self) -> None:
@@ -160,11 +201,15 @@ class LockstepMachine(RuleBasedStateMachine):
     def both(self, name: str, call: Callable[[Any, str], T]) -> Outcome[T]:
         """Apply `call` to the spec, then to the object under test, and compare what happened."""
         outcome = compare_call(
-            name, self.spec, self.impl, call, self.spec.snapshot(), self.impl.snapshot()
+            name,
+            self.spec,
+            self.impl,
+            call,
+            self.spec.snapshot(),
+            self.impl.snapshot(),
+            same_messages=self.same_messages,
         )
-        self.stats.operations += 1
-        if not outcome.ok:
-            self.stats.matched_errors += 1
+        self.stats.record(name, outcome)
         return outcome
 
     def outcome_ok(self, name: str, call: Callable[[Any, str], Any]) -> bool:
@@ -187,5 +232,4 @@ class LockstepMachine(RuleBasedStateMachine):
         self.agree_beyond_snapshots()
         self.spec.check_invariants()
         self.impl.check_invariants()
-        self.stats.invariant_checks += 2
         self.stats.step(hash((self.state_key(), spec_state.key())))

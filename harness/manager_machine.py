@@ -414,7 +414,11 @@ def make_manager_machine(
     misuse: bool = True,
     stats: CampaignStats | None = None,
 ) -> type[ManagerMachine]:
-    """A `ManagerMachine` subclass checking `factory`'s managers for one attention type."""
+    """A `ManagerMachine` subclass checking `factory`'s managers for one attention type.
+
+    pagedkv's own manager must also word every refusal exactly as the spec does; other managers
+    are held to the error class.
+    """
     return type(
         "SlidingWindowManagerMachine" if sliding_window else "FullAttentionManagerMachine",
         (ManagerMachine,),
@@ -423,6 +427,7 @@ def make_manager_machine(
             "semantics": semantics,
             "sliding_window": sliding_window,
             "misuse": misuse,
+            "same_messages": factory is pagedkv_manager,
             "stats": stats if stats is not None else CampaignStats(),
         },
     )

@@ -49,6 +49,7 @@ class PoolMachine(LockstepMachine):
         self.held: list[int] = []  # references this test owns (a multiset of block ids)
         self.sequences: list[_Sequence] = []
         self.seen_hashes: list[BlockHashType] = []
+        self.drawn: list[Request] = []  # every request drawn so far, oldest first
         self.num_requests = 0
 
     # -- set-up -------------------------------------------------------------------------------
@@ -304,18 +305,39 @@ class PoolMachine(LockstepMachine):
         return outcome.result
 
     def draw_request(self, data: st.DataObject) -> Request:
+        """A fresh request, or a follow-up that extends an earlier one (same tokens and extra
+        keys, then more tokens): follow-ups are what make prefix hits common."""
         self.num_requests += 1
-        return data.draw(
-            requests(
-                f"req-{self.num_requests}",
-                alphabet=self.alphabet,
-                max_tokens=4 * self.block_size,
-                extra_keys=data.draw(st.booleans(), label="extra keys"),
-                salts=self.semantics != VLLM_0_8_5,  # vLLM 0.8.5 has no cache salt
-                block_size=self.block_size,
-            ),
-            label="request",
-        )
+        request_id = f"req-{self.num_requests}"
+        short = [r for r in self.drawn[-8:] if r.num_tokens <= 4 * self.block_size]
+        if short and data.draw(st.sampled_from((False, True)), label="follow-up"):
+            earlier = data.draw(st.sampled_from(short), label="earlier")
+            more = data.draw(
+                st.lists(st.integers(0, self.alphabet - 1), max_size=2 * self.block_size),
+                label="more tokens",
+            )
+            request = Request(
+                request_id,
+                [*earlier.all_token_ids, *more],
+                mm_positions=earlier.mm_positions,
+                mm_hashes=earlier.mm_hashes,
+                lora_id=earlier.lora_id,
+                cache_salt=earlier.cache_salt,
+            )
+        else:
+            request = data.draw(
+                requests(
+                    request_id,
+                    alphabet=self.alphabet,
+                    max_tokens=4 * self.block_size,
+                    extra_keys=data.draw(st.booleans(), label="extra keys"),
+                    salts=self.semantics != VLLM_0_8_5,  # vLLM 0.8.5 has no cache salt
+                    block_size=self.block_size,
+                ),
+                label="request",
+            )
+        self.drawn.append(request)
+        return request
 
     def chain(self, request: Request) -> list[BlockHashType]:
         hashes = request_block_hashes(self.hash_fn, self.block_size, request)
@@ -355,7 +377,11 @@ def make_pool_machine(
     misuse: bool = True,
     stats: CampaignStats | None = None,
 ) -> type[PoolMachine]:
-    """A `PoolMachine` subclass that checks `factory`'s pools against the spec."""
+    """A `PoolMachine` subclass that checks `factory`'s pools against the spec.
+
+    pagedkv's own pool must also word every refusal exactly as the spec does; other pools are
+    held to the error class.
+    """
     return type(
         "PoolMachine",
         (PoolMachine,),
@@ -363,6 +389,7 @@ def make_pool_machine(
             "factory": staticmethod(factory),
             "semantics": semantics,
             "misuse": misuse,
+            "same_messages": factory is pagedkv_pool,
             "stats": stats if stats is not None else CampaignStats(),
         },
     )

@@ -38,20 +38,23 @@ class LockstepPair(Generic[T]):
         impl: the side under test.
         state: the spec's snapshot, equal to the impl's, after the last call.
         log: when not None, every call is appended to it with its outcome (for traces).
+        same_messages: whether a refusal must also carry the spec's message, word for word.
     """
 
-    def __init__(self, spec: T, impl: T) -> None:
+    def __init__(self, spec: T, impl: T, same_messages: bool = False) -> None:
         self.spec = spec
         self.impl = impl
+        self.same_messages = same_messages
         self.log: list[str] | None = None
         self.state: Any = None
         self.settle("initial state")
 
     @classmethod
-    def restored(cls, spec: T, impl: T, state: Any) -> LockstepPair[T]:
+    def restored(cls, spec: T, impl: T, state: Any, same_messages: bool = False) -> LockstepPair[T]:
         """A pair rebuilt from copies of two sides that already agreed on `state`."""
         pair = cls.__new__(cls)
         pair.spec, pair.impl, pair.state, pair.log = spec, impl, state, None
+        pair.same_messages = same_messages
         return pair
 
     def both(self, name: str, call: SideCall[T, R]) -> Outcome[R]:
@@ -68,7 +71,16 @@ class LockstepPair(Generic[T]):
             if log is not None:
                 log.append(f"{name} {show(spec_outcome)}")
 
-        outcome = compare_call(name, self.spec, self.impl, call, self.state, self.state, record)
+        outcome = compare_call(
+            name,
+            self.spec,
+            self.impl,
+            call,
+            self.state,
+            self.state,
+            record,
+            same_messages=self.same_messages,
+        )
         if outcome.ok:
             self.settle(name)
         return outcome

@@ -26,7 +26,7 @@ import copy
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
-from pagedkv.harness.adapters import spec_manager
+from pagedkv.harness.adapters import pagedkv_manager, spec_manager
 from pagedkv.harness.protocol import (
     ManagerConfig,
     ManagerFactory,
@@ -159,7 +159,8 @@ class ManagerWorld:
 
     def load(self, frozen: Frozen, state: ManagerSnapshot) -> ManagerWorld:
         spec, impl, slots = thaw(frozen)
-        return ManagerWorld(LockstepPair.restored(spec, impl, state), self.config, slots)
+        pair = LockstepPair.restored(spec, impl, state, self.pair.same_messages)
+        return ManagerWorld(pair, self.config, slots)
 
     def key(self) -> Hashable:
         requests = tuple(
@@ -238,7 +239,11 @@ def manager_key(state: ManagerSnapshot) -> Hashable:
 def initial_manager_world(factory: ManagerFactory, config: ManagerSearchConfig) -> ManagerWorld:
     """A fresh spec manager and a fresh `factory` manager, every request slot absent."""
     manager_config = config.manager_config()
-    pair = LockstepPair(spec_manager(manager_config), factory(manager_config))
+    pair = LockstepPair(
+        spec_manager(manager_config),
+        factory(manager_config),
+        same_messages=factory is pagedkv_manager,
+    )
     slots = {f"r{number}": _Slot(ABSENT) for number in range(len(config.prompts))}
     return ManagerWorld(pair, config, slots)
 

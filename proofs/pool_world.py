@@ -25,7 +25,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from pagedkv.block_hash import BlockHashType, HashFn, get_hash_fn
-from pagedkv.harness.adapters import spec_pool
+from pagedkv.harness.adapters import pagedkv_pool, spec_pool
 from pagedkv.harness.lockstep import Divergence
 from pagedkv.harness.protocol import PoolFactory, PoolSnapshot, PoolUnderTest
 from pagedkv.request import Request
@@ -114,9 +114,8 @@ class PoolWorld:
     def load(self, frozen: Frozen, state: PoolSnapshot) -> PoolWorld:
         # The configuration, prompts and hash function never change: they are shared.
         spec, impl = thaw(frozen)
-        return PoolWorld(
-            LockstepPair.restored(spec, impl, state), self.config, self.prompts, self.hash_fn
-        )
+        pair = LockstepPair.restored(spec, impl, state, self.pair.same_messages)
+        return PoolWorld(pair, self.config, self.prompts, self.hash_fn)
 
     def key(self) -> Hashable:
         return pool_key(self.pair.state)
@@ -308,7 +307,8 @@ def initial_pool_world(factory: PoolFactory, config: PoolSearchConfig) -> PoolWo
     )
     spec = spec_pool(config.num_blocks, config.enable_caching, config.semantics)
     impl = factory(config.num_blocks, config.enable_caching, config.semantics)
-    return PoolWorld(LockstepPair(spec, impl), config, prompts, hash_fn)
+    pair = LockstepPair(spec, impl, same_messages=factory is pagedkv_pool)
+    return PoolWorld(pair, config, prompts, hash_fn)
 
 
 # -- single calls ----------------------------------------------------------------------------

@@ -182,7 +182,8 @@ class SpecBlockPool:
             )
         if len(block_hashes) < num_cached_blocks:
             raise InvalidArgumentError(
-                f"{len(block_hashes)} stored block hashes < num_cached_blocks {num_cached_blocks}"
+                f"request {request.request_id!r} has {len(block_hashes)} stored block hashes, "
+                f"fewer than num_cached_blocks ({num_cached_blocks})"
             )
         if num_cached_blocks == num_full_blocks:
             return

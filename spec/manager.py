@@ -66,7 +66,10 @@ class SpecKVCacheManager:
         semantics: Semantics = PAGEDKV,
     ) -> None:
         if len(kv_cache_config.kv_cache_groups) != 1:
-            raise KVCacheConfigError("KVCacheManager needs exactly one KV cache group")
+            raise KVCacheConfigError(
+                f"KVCacheManager needs exactly one KV cache group, got "
+                f"{len(kv_cache_config.kv_cache_groups)}"
+            )
         if max_model_len <= 0:
             raise InvalidArgumentError(f"max_model_len must be > 0, got {max_model_len}")
         kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
@@ -227,7 +230,8 @@ class SpecKVCacheManager:
             raise MaxModelLenExceededError(
                 request_id,
                 "allocation past max_model_len",
-                f"{num_required} blocks needed, at most {self.max_num_blocks_per_req}",
+                f"{num_required} blocks needed, at most {self.max_num_blocks_per_req} "
+                f"(max_model_len {self.max_model_len}, block size {block_size})",
             )
         num_full = num_full_blocks(
             computed_tokens, num_tokens, len(request.spec_token_ids), block_size
@@ -324,8 +328,14 @@ class SpecKVCacheManager:
             num_nulls = len(hits) - len(list(itertools.dropwhile(lambda b: b == 0, hits)))
             cached = hits[num_nulls:]
             needed = contiguous_blocks_needed(self.sliding_window, self.block_size)
-            if NULL_BLOCK_ID in cached or len(cached) < needed - int(self.use_eagle):
-                raise RequestError(request_id, "new_computed_blocks is not a sliding-window hit")
+            needed -= int(self.use_eagle)
+            if NULL_BLOCK_ID in cached or len(cached) < needed:
+                raise RequestError(
+                    request_id,
+                    "new_computed_blocks is not a sliding-window hit",
+                    f"{num_nulls} null blocks, then {len(cached)} blocks; "
+                    f"the window needs {needed}",
+                )
 
     # -- release -----------------------------------------------------------------------------
 
@@ -382,7 +392,9 @@ class SpecKVCacheManager:
         known = self.requests.get(request.request_id)
         if known is not None and known is not request:
             raise RequestError(
-                request.request_id, "request id already in use by another Request object"
+                request.request_id,
+                "request id already in use by another Request object",
+                "free it and drop its hashes (free_block_hashes) before reusing the id",
             )
 
     def _forget_if_done(self, request_id: str) -> None:

@@ -8,13 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import broken_pools
 import pytest
-from hypothesis import settings
-from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv.cli import main
-from pagedkv.harness.pool_machine import make_pool_machine
 
 TESTS_DIR = Path(__file__).parent
 
@@ -143,11 +139,3 @@ def test_unloadable_impl_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["verify", "--impl", "not-a-target"]) == 2
     assert main(["verify", "--manager-impl", "no_such_module:factory"]) == 2
     assert "cannot load the implementation" in capsys.readouterr().err
-
-
-def test_state_machine_fails_on_a_broken_pool() -> None:
-    machine = make_pool_machine(broken_pools.touch_keeps_queued)
-    with pytest.raises(AssertionError, match="states differ"):
-        run_state_machine_as_test(
-            machine, settings=settings(settings.default, report_multiple_bugs=False)
-        )
