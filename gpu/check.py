@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from pagedkv.gpu.attention_metadata import validate_metadata
 from pagedkv.gpu.attention_plan import H200, AttentionPlan, DeviceLimits, plan_attention
 from pagedkv.gpu.kernel_variants import ATTENTION_DTYPES, CHECKED_BLOCK_SIZES, HEAD_SIZES
-from pagedkv.gpu.synthetic_batch import BatchShape, dense_attention, make_batch
+from pagedkv.gpu.synthetic_batch import BatchShape, dense_attention, make_batch, paged_reference
 
 if TYPE_CHECKING:
     import torch
@@ -198,20 +198,10 @@ def dry_run(report: Report) -> None:
     """Reference vs dense SDPA for every case (CPU, small), plans and bytes for the table."""
     import torch
 
-    from pagedkv.gpu.reference import reference_paged_attention
-
     report.environment = {"device": "none (dry run)", "torch": torch.__version__}
     for case in correctness_cases(small=True):
         batch = make_batch(case.shape, dtype=_torch_dtype(case.dtype), seed=len(report.correctness))
-        ref = reference_paged_attention(
-            batch.query,
-            batch.key_cache,
-            batch.value_cache,
-            batch.query_start_loc,
-            batch.seq_lens,
-            batch.block_table,
-            sliding_window=case.shape.sliding_window,
-        )
+        ref = paged_reference(batch)
         expected = dense_attention(batch)
         report.correctness.append(_compare(case, ref, expected, "reference vs SDPA"))
     for batch_size in DECODE_BATCHES:
@@ -317,7 +307,7 @@ def device_correctness(report: Report) -> None:
 
     from pagedkv.gpu.attention import paged_attention, plan_step
     from pagedkv.gpu.kv_write import write_kv
-    from pagedkv.gpu.reference import reference_paged_attention, reference_write_kv
+    from pagedkv.gpu.reference import reference_write_kv
 
     for index, case in enumerate(correctness_cases(small=False)):
         batch = make_batch(case.shape, dtype=_torch_dtype(case.dtype), device="cuda", seed=index)
@@ -342,15 +332,7 @@ def device_correctness(report: Report) -> None:
             num_splits=case.num_splits,
         )
         out = paged_attention(batch.query, batch.key_cache, batch.value_cache, plan)
-        ref = reference_paged_attention(
-            batch.query,
-            batch.key_cache,
-            batch.value_cache,
-            batch.query_start_loc,
-            batch.seq_lens,
-            batch.block_table,
-            sliding_window=case.shape.sliding_window,
-        )
+        ref = paged_reference(batch)
         torch.cuda.synchronize()
         result = _compare(case, out, ref, "attention kernel vs reference")
         result["num_splits"] = plan.num_splits

@@ -188,3 +188,22 @@ def dense_attention(batch: SyntheticBatch, scale: float | None = None) -> torch.
             out[start : start + q_len] = o[0].transpose(0, 1)
         start += q_len
     return out
+
+
+def paged_reference(batch: SyntheticBatch, scale: float | None = None) -> torch.Tensor:
+    """The torch reference run over the batch's own paged cache and metadata (its window too).
+
+    Complexity: that of `reference_paged_attention`.
+    """
+    from pagedkv.gpu.reference import reference_paged_attention
+
+    return reference_paged_attention(
+        batch.query,
+        batch.key_cache,
+        batch.value_cache,
+        batch.query_start_loc,
+        batch.seq_lens,
+        batch.block_table,
+        scale=scale,
+        sliding_window=batch.shape.sliding_window,
+    )

@@ -242,32 +242,12 @@ def _stats_tuple(stats: PrefixCacheStats | None) -> tuple[bool, int, int, int] |
 
 def spec_manager(config: ManagerConfig) -> ManagerUnderTest:
     """The reference manager, as a manager under test."""
-    return SpecManagerAdapter(
-        SpecKVCacheManager(
-            config.kv_cache_config,
-            config.max_model_len,
-            config.enable_caching,
-            config.caching_hash_algo,
-            config.use_eagle,
-            config.log_stats,
-            semantics=config.semantics,
-        )
-    )
+    return SpecManagerAdapter(config.build(SpecKVCacheManager))
 
 
 def pagedkv_manager(config: ManagerConfig) -> ManagerUnderTest:
     """pagedkv's `KVCacheManager`, as a manager under test (the default `--manager-impl`)."""
-    return ObjectManagerAdapter(
-        KVCacheManager(
-            config.kv_cache_config,
-            config.max_model_len,
-            config.enable_caching,
-            config.caching_hash_algo,
-            config.use_eagle,
-            config.log_stats,
-            semantics=config.semantics,
-        )
-    )
+    return ObjectManagerAdapter(config.build(KVCacheManager))
 
 
 def spec_pool(num_gpu_blocks: int, enable_caching: bool, semantics: Semantics) -> PoolUnderTest:

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from pagedkv.block_hash import BlockHashType, HashFn
 from pagedkv.kv_cache_interface import KVCacheConfig
 from pagedkv.prefix_cache_stats import PrefixCacheStats
 from pagedkv.request import Request
 from pagedkv.semantics import Semantics
+
+M = TypeVar("M")
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,18 @@ class ManagerConfig:
     use_eagle: bool
     log_stats: bool
     semantics: Semantics
+
+    def build(self, manager_class: Callable[..., M]) -> M:
+        """`manager_class` called with these arguments, the way KVCacheManager takes them."""
+        return manager_class(
+            self.kv_cache_config,
+            self.max_model_len,
+            self.enable_caching,
+            self.caching_hash_algo,
+            self.use_eagle,
+            self.log_stats,
+            semantics=self.semantics,
+        )
 
 
 @dataclass(frozen=True)

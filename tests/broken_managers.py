@@ -15,17 +15,7 @@ from pagedkv.sliding_window import SlidingWindowManager
 
 
 def _build(cls: type[KVCacheManager], config: ManagerConfig) -> ManagerUnderTest:
-    return ObjectManagerAdapter(
-        cls(
-            config.kv_cache_config,
-            config.max_model_len,
-            config.enable_caching,
-            config.caching_hash_algo,
-            config.use_eagle,
-            config.log_stats,
-            semantics=config.semantics,
-        )
-    )
+    return ObjectManagerAdapter(config.build(cls))
 
 
 class ForwardFreeManager(KVCacheManager):

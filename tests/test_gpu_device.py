@@ -11,8 +11,8 @@ import torch
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.attention import paged_attention, paged_attention_varlen, plan_step
 from pagedkv.gpu.kv_write import write_kv
-from pagedkv.gpu.reference import reference_paged_attention, reference_write_kv
-from pagedkv.gpu.synthetic_batch import BatchShape, SyntheticBatch, make_batch
+from pagedkv.gpu.reference import reference_write_kv
+from pagedkv.gpu.synthetic_batch import BatchShape, make_batch, paged_reference
 
 
 def _has_device() -> bool:
@@ -27,18 +27,6 @@ needs_device = pytest.mark.skipif(
     not _has_device(), reason="needs a CUDA device visible to both cupy and torch"
 )
 TOLERANCE = {torch.float32: 2e-4, torch.float16: 3e-3, torch.bfloat16: 2e-2}
-
-
-def _reference(batch: SyntheticBatch) -> torch.Tensor:
-    return reference_paged_attention(
-        batch.query,
-        batch.key_cache,
-        batch.value_cache,
-        batch.query_start_loc,
-        batch.seq_lens,
-        batch.block_table,
-        sliding_window=batch.shape.sliding_window,
-    )
 
 
 @pytest.mark.gpu
@@ -67,7 +55,7 @@ def test_attention_kernel_matches_the_reference(
         num_splits=num_splits,
     )
     out = paged_attention(batch.query, batch.key_cache, batch.value_cache, plan)
-    expected = _reference(batch)
+    expected = paged_reference(batch)
     assert out.isfinite().all()
     torch.testing.assert_close(out, expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
 

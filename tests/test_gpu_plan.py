@@ -27,8 +27,7 @@ from pagedkv.gpu.attention_plan import (
     choose_num_splits,
     plan_attention,
 )
-from pagedkv.gpu.reference import reference_paged_attention
-from pagedkv.gpu.synthetic_batch import BatchShape, make_batch
+from pagedkv.gpu.synthetic_batch import BatchShape, make_batch, paged_reference
 
 
 def _metadata(
@@ -341,15 +340,7 @@ def test_the_kernel_algorithm_matches_the_reference(
         num_splits=num_splits,
     )
     assert plan.traits.tile_tokens == 32  # several tiles per range
-    expected = reference_paged_attention(
-        batch.query,
-        batch.key_cache,
-        batch.value_cache,
-        batch.query_start_loc,
-        batch.seq_lens,
-        batch.block_table,
-        sliding_window=window,
-    )
+    expected = paged_reference(batch)
     emulated = emulate_kernel(
         plan,
         batch.query.double().numpy(),

@@ -14,9 +14,9 @@ from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.reference import reference_paged_attention, reference_write_kv
 from pagedkv.gpu.synthetic_batch import (
     BatchShape,
-    SyntheticBatch,
     dense_attention,
     make_batch,
+    paged_reference,
     visibility_mask,
 )
 
@@ -25,19 +25,6 @@ KINDS = {
     "chunked-prefill": ((5, 1, 9, 3), (12, 20, 9, 31)),
     "prefill": ((13, 4, 1), (13, 4, 1)),
 }
-
-
-def _reference(batch: SyntheticBatch, scale: float | None = None) -> torch.Tensor:
-    return reference_paged_attention(
-        batch.query,
-        batch.key_cache,
-        batch.value_cache,
-        batch.query_start_loc,
-        batch.seq_lens,
-        batch.block_table,
-        scale=scale,
-        sliding_window=batch.shape.sliding_window,
-    )
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -50,7 +37,7 @@ def test_paged_reference_equals_dense_sdpa(
     query_lens, seq_lens = KINDS[kind]
     shape = BatchShape(query_lens, seq_lens, num_heads, num_kv_heads, 8, block_size, window)
     batch = make_batch(shape, dtype=torch.float32, seed=block_size)
-    out = _reference(batch)
+    out = paged_reference(batch)
     assert out.isfinite().all()
     torch.testing.assert_close(out, dense_attention(batch), rtol=1e-5, atol=1e-5)
 
@@ -61,14 +48,14 @@ def test_half_precision_reference_rounds_the_fp32_result(
 ) -> None:
     shape = BatchShape((3, 1, 8), (20, 9, 8), 4, 2, 64, 16, None)
     batch = make_batch(shape, dtype=dtype, seed=3)
-    out = _reference(batch)
+    out = paged_reference(batch)
     assert out.dtype == dtype
     torch.testing.assert_close(out.float(), dense_attention(batch), rtol=tolerance, atol=tolerance)
 
 
 def test_the_scale_argument_is_applied() -> None:
     batch = make_batch(BatchShape((2,), (6,), 2, 1, 8, 4), dtype=torch.float32)
-    torch.testing.assert_close(_reference(batch, scale=0.3), dense_attention(batch, scale=0.3))
+    torch.testing.assert_close(paged_reference(batch, scale=0.3), dense_attention(batch, scale=0.3))
 
 
 def test_rows_past_the_last_sequence_are_zero() -> None:
