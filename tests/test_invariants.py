@@ -1,8 +1,9 @@
 """check_invariants() catches each kind of corruption, in the spec and in the implementation.
 
 Every invariant is stated once in `SpecBlockPool.check_invariants` and mirrored by
-`BlockPool.check_invariants` (which also checks the free queue's links). Each test corrupts one
-thing and expects the violation to be named.
+`BlockPool.check_invariants` (which also checks the free queue's links); the request-level ones
+are stated in `SpecKVCacheManager.check_invariants`. Each test corrupts one thing and expects the
+violation to be named. (`tests/test_invariant_reports.py` pins the implementation's reports.)
 """
 
 from __future__ import annotations
@@ -11,9 +12,19 @@ from collections.abc import Callable
 
 import pytest
 
-from pagedkv import BlockHashType, BlockPool, InvariantViolation, Request, sha256
+from pagedkv import (
+    BlockHashType,
+    BlockPool,
+    FullAttentionSpec,
+    InvariantViolation,
+    Request,
+    SlidingWindowSpec,
+    sha256,
+    uniform_kv_cache_config,
+)
 from pagedkv.spec import BlockState, Event, SpecBlockPool, block_state
 from pagedkv.spec import block_pool as spec_block_pool
+from pagedkv.spec.manager import SpecKVCacheManager
 
 H = BlockHashType(1, (1,), None)
 
@@ -113,3 +124,131 @@ def test_every_spec_state_change_is_checked_against_the_table(
     pool = SpecBlockPool(3, True)
     with pytest.raises(InvariantViolation, match="free --get_new_blocks--> in use"):
         pool.get_new_blocks(1)
+
+
+# -- the spec manager: each request-level invariant, corrupted once ------------------------------
+
+
+def _spec_manager(
+    *, caching: bool = True, window: int | None = None, max_model_len: int = 64
+) -> SpecKVCacheManager:
+    kv_spec = (
+        FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype="float16")
+        if window is None
+        else SlidingWindowSpec(
+            block_size=4, num_kv_heads=1, head_size=1, dtype="float16", sliding_window=window
+        )
+    )
+    return SpecKVCacheManager(
+        uniform_kv_cache_config(kv_spec, 10), max_model_len=max_model_len, enable_caching=caching
+    )
+
+
+def _admit(manager: SpecKVCacheManager, request_id: str, num_tokens: int) -> Request:
+    """Admit a request of `num_tokens` tokens with its whole prompt computed (no hits)."""
+    request = Request(request_id, range(num_tokens))
+    manager.get_computed_blocks(request)
+    assert manager.allocate_slots(request, num_tokens) is not None
+    request.num_computed_tokens = num_tokens
+    manager.check_invariants()
+    return request
+
+
+def _null_under_full_attention(m: SpecKVCacheManager) -> None:
+    _admit(m, "a", 6)
+    m.blocks["a"].insert(0, 0)
+
+
+def _null_after_a_real_block(m: SpecKVCacheManager) -> None:
+    _admit(m, "a", 6)
+    m.blocks["a"].append(0)
+
+
+def _too_many_blocks(m: SpecKVCacheManager) -> None:
+    _admit(m, "a", 8)
+    m.blocks["a"].append(m.blocks["a"][0])
+    m.pool.ref_cnt[m.blocks["a"][0]] += 1  # the extra holder counted, so only the length is off
+
+
+def _ref_cnt_off(m: SpecKVCacheManager) -> None:
+    _admit(m, "a", 6)
+    m.pool.ref_cnt[1] = 2
+
+
+def _shared_without_hash(m: SpecKVCacheManager) -> None:
+    _admit(m, "a", 6)  # blocks 1, 2
+    _admit(m, "b", 3)  # block 3
+    m.blocks["b"].append(1)
+    m.pool.ref_cnt[1] = 2
+
+
+def _tracked_without_blocks(m: SpecKVCacheManager) -> None:
+    _admit(m, "a", 6)
+    m.requests["ghost"] = Request("ghost", [1])
+
+
+def _more_cached_than_full(m: SpecKVCacheManager) -> None:
+    _admit(m, "a", 6)  # one full block, one stored hash
+    m.hashes["a"].append(H)
+    m.num_cached["a"] = 2
+
+
+def _cached_block_with_another_hash(m: SpecKVCacheManager) -> None:
+    _admit(m, "a", 9)
+    m.hashes["a"][1] = H
+
+
+def _stored_hash_off_the_chain(m: SpecKVCacheManager) -> None:
+    request = Request("a", range(12))
+    m.get_computed_blocks(request)  # stores the 3 hashes of the full blocks
+    assert m.allocate_slots(request, 4) is not None  # a chunk: 1 block cached
+    request.num_computed_tokens = 4
+    m.hashes["a"][2] = H  # stored, not cached: only the chain check sees it
+
+
+def _stored_hash_past_the_tokens(m: SpecKVCacheManager) -> None:
+    _admit(m, "a", 6)  # one full block, one stored hash
+    m.hashes["a"].append(H)
+
+
+def _parent_evicted_before_child(m: SpecKVCacheManager) -> None:
+    request = _admit(m, "a", 9)  # blocks 1 and 2 cached, 1's hash is 2's parent
+    m.free(request)
+    root = m.pool.block_hash[1]
+    assert root is not None
+    del m.pool.index[root]  # as if block 1 were evicted first, which tail-first freeing prevents
+    m.pool.block_hash[1] = None
+
+
+SPEC_MANAGER_CORRUPTIONS: list[tuple[str, dict[str, int], Callable[[SpecKVCacheManager], None]]] = [
+    ("null blocks only as a prefix", {}, _null_under_full_attention),
+    (
+        "null blocks only as a prefix, and only under sliding",
+        {"window": 4},
+        _null_after_a_real_block,
+    ),
+    ("a request holds at most cdiv(max_model_len", {"max_model_len": 8}, _too_many_blocks),
+    ("a block's ref_cnt is the number of requests holding it", {}, _ref_cnt_off),
+    ("a block held by two requests is cached", {"caching": False}, _shared_without_hash),
+    ("every tracked request has blocks or stored hashes", {}, _tracked_without_blocks),
+    ("a request's cached blocks are full blocks with stored hashes", {}, _more_cached_than_full),
+    ("a request's cached block carries the hash", {}, _cached_block_with_another_hash),
+    ("stored hashes are the chain of the request's tokens", {}, _stored_hash_off_the_chain),
+    ("stored hashes are the chain of the request's tokens", {}, _stored_hash_past_the_tokens),
+    ("prefix closure", {}, _parent_evicted_before_child),
+]
+
+
+@pytest.mark.parametrize(
+    ("invariant", "options", "corrupt"),
+    SPEC_MANAGER_CORRUPTIONS,
+    ids=[corrupt.__name__.strip("_") for _, _, corrupt in SPEC_MANAGER_CORRUPTIONS],
+)
+def test_spec_manager_names_the_broken_invariant(
+    invariant: str, options: dict[str, int], corrupt: Callable[[SpecKVCacheManager], None]
+) -> None:
+    manager = _spec_manager(**options)  # type: ignore[arg-type]
+    corrupt(manager)
+    with pytest.raises(InvariantViolation) as info:
+        manager.check_invariants()
+    assert info.value.invariant.startswith(invariant)
