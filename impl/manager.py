@@ -76,8 +76,9 @@ class KVCacheManager:
         semantics: pagedkv's or vLLM 0.8.5's side of the deliberate differences.
         debug_invariants: run `check_invariants()` after state-changing calls (for
             deployments that prefer an exception to a silent corruption): True or 1 after every
-            call, an int n > 1 after every n-th call (the check is O(num_gpu_blocks)), False or
-            0 never. None reads the `PAGEDKV_CHECK_INVARIANTS` environment variable (an int).
+            call, an int n > 1 after every n-th call (the check is O(num_gpu_blocks) plus
+            rehashing the tokens of the requests holding blocks), False or 0 never. None reads
+            the `PAGEDKV_CHECK_INVARIANTS` environment variable (an int).
     """
 
     def __init__(
@@ -496,10 +497,14 @@ class KVCacheManager:
     def check_invariants(self) -> None:
         """The pool's invariants and the request-level ones (the spec manager states them).
 
+        All but prefix closure: that needs each hash's parent, which only the spec keeps (as
+        ghost state); the lock-step harness holds this index equal to the spec's.
+
         Raises:
             InvariantViolation: the first broken invariant and the state that breaks it.
 
-        Complexity: O(num_gpu_blocks + blocks held + stored hashes).
+        Complexity: O(num_gpu_blocks + tokens of the requests holding blocks), the tokens
+        rehashed to check the stored chains.
         """
         pool = self.block_pool
         pool.check_invariants()
@@ -556,4 +561,15 @@ class KVCacheManager:
                     "a request's cached block carries the hash its tokens chain to",
                     f"request {request_id!r}, position {position}: {block!r}, stored "
                     f"{stored[position]}",
+                )
+        if self.semantics.vllm_new_block_mm_keys:
+            return  # vLLM 0.8.5 stores some hashes with other multimodal keys than the chain's
+        expected = hash_request_tokens(self.caching_hash_fn, self.block_size, request)
+        for position, block_hash in enumerate(stored):
+            chained = expected[position] if position < len(expected) else None
+            if block_hash != chained:
+                raise InvariantViolation(
+                    "stored hashes are the chain of the request's tokens",
+                    f"request {request_id!r}, position {position}: stored {block_hash}, "
+                    f"its tokens chain to {chained}",
                 )

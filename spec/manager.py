@@ -464,11 +464,14 @@ class SpecKVCacheManager:
                 )
         if not self.semantics.vllm_new_block_mm_keys:
             expected = request_block_hashes(self.hash_fn, self.block_size, request)
-            if stored != expected[: len(stored)]:
-                raise InvariantViolation(
-                    "stored hashes are the chain of the request's tokens",
-                    f"request {request_id!r}",
-                )
+            for position, block_hash in enumerate(stored):
+                chained = expected[position] if position < len(expected) else None
+                if block_hash != chained:
+                    raise InvariantViolation(
+                        "stored hashes are the chain of the request's tokens",
+                        f"request {request_id!r}, position {position}: stored {block_hash}, "
+                        f"its tokens chain to {chained}",
+                    )
 
     def _check_prefix_closure(self) -> None:
         """Full attention: every cached hash's parent is cached too (tail-first freeing)."""

@@ -348,6 +348,31 @@ def test_a_cached_block_with_another_hash_is_reported() -> None:
     )
 
 
+def test_a_stored_hash_off_the_chain_is_reported() -> None:
+    manager = _manager()
+    request = Request("a", range(12))
+    manager.get_computed_blocks(request)  # stores the 3 hashes of the full blocks
+    assert manager.allocate_slots(request, 4) is not None  # a chunk: 1 block cached
+    request.num_computed_tokens = 4
+    manager.check_invariants()
+    chained = manager.req_to_block_hashes["a"][2]
+    manager.req_to_block_hashes["a"][2] = H  # stored, not cached: only the chain check sees it
+    assert _report(manager.check_invariants) == (
+        "stored hashes are the chain of the request's tokens",
+        f"request 'a', position 2: stored {H}, its tokens chain to {chained}",
+    )
+
+
+def test_a_stored_hash_past_the_tokens_is_reported() -> None:
+    manager = _manager()
+    _run(manager, Request("a", range(6)))  # one full block, one stored hash
+    manager.req_to_block_hashes["a"].append(H)
+    assert _report(manager.check_invariants) == (
+        "stored hashes are the chain of the request's tokens",
+        f"request 'a', position 1: stored {H}, its tokens chain to None",
+    )
+
+
 def test_a_windowed_request_passes_over_its_null_blocks() -> None:
     """Null blocks hold no hash: the cached-block check passes over them."""
     manager = _manager(window=4)
