@@ -82,7 +82,7 @@ SELECTED_TESTS = (
 )
 """The tests each mutant faces (those that reach it): fast scenarios and the state machines."""
 
-TEST_HELPERS = ("conftest.py", "manager_fixtures.py")
+TEST_HELPERS = ("conftest.py", "manager_fixtures.py", "broken_pools.py", "broken_managers.py")
 PROOFS_MODULES = (
     "__init__.py",
     "crosshair_contracts.py",
@@ -166,7 +166,7 @@ source_paths = ["src/pagedkv"]
 only_mutate = [{only_mutate}]
 also_copy = ["proofs"]
 pytest_add_cli_args_test_selection = ["tests"]
-pytest_add_cli_args = ["-p", "no:cacheprovider"]
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-m", "not slow"]
 use_git_change_detection = false
 
 [tool.pytest.ini_options]

@@ -124,7 +124,8 @@ def test_stats_count_lookups_and_hits_and_renew(side: str) -> None:
     manager = make(side, log_stats=True)
     admit(manager, Request("a", range(8)))  # 2 hashes, last left out: 1 query, 0 hits
     admit(manager, Request("b", range(8)))  # 1 query, 1 hit
-    assert manager.make_prefix_cache_stats() == PrefixCacheStats(False, 2, 2, 1)
+    admit(manager, Request("c", range(9)))  # 2 queries, 2 hits: hits add up across lookups
+    assert manager.make_prefix_cache_stats() == PrefixCacheStats(False, 3, 4, 3)
     assert manager.make_prefix_cache_stats() == PrefixCacheStats()
     assert make(side).make_prefix_cache_stats() is None
 
@@ -436,10 +437,21 @@ def test_a_sliding_window_hit_must_have_the_shape_of_one(side: str) -> None:
     hits, _ = manager.get_computed_blocks(other)
     assert hits == [0, 0, 3, 4]
     before = manager.snapshot()
-    for bogus in ([0, 0, 0, 4], [0, 2, 0, 4]):
+    for bogus in ([0, 0, 0, 4], [0, 2, 0, 4], [0, 0]):  # [0, 0]: nulls and nothing after
         with pytest.raises(RequestError, match="sliding-window hit"):
             manager.allocate_slots(other, 1, bogus)
     assert manager.snapshot() == before
+
+
+def test_an_eagle_sliding_window_hit_is_one_block_short_of_the_window(side: str) -> None:
+    """Window 4, block size 2: a hit ends with 2 cached blocks; EAGLE drops the last one, and
+    the shorter hit is still accepted."""
+    manager = make(side, block_size=2, sliding_window=4, use_eagle=True)
+    admit(manager, Request("a", range(8)))
+    other = Request("b", range(9))
+    assert manager.get_computed_blocks(other) == ([0, 0, 3], 6)
+    assert manager.allocate_slots(other, 3, [0, 0, 3]) == [5, 6]
+    assert manager.snapshot().blocks["b"] == (0, 0, 3, 5, 6)
 
 
 def test_hits_with_caching_off_are_refused(side: str) -> None:

@@ -67,6 +67,7 @@ def _run(sliding_window: bool, **options: Any) -> tuple[CampaignStats, int]:
     return stats, hits
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sliding_window", [False, True], ids=["full", "sliding"])
 def test_the_machine_reaches_every_call_hits_and_refusals(sliding_window: bool) -> None:
     stats, hits = _run(sliding_window)
@@ -82,6 +83,7 @@ def test_the_machine_reaches_every_call_hits_and_refusals(sliding_window: bool) 
     assert stats.steps > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sliding_window", [False, True], ids=["full", "sliding"])
 def test_the_vllm_machine_makes_valid_calls_only(sliding_window: bool) -> None:
     """Without misuse every call must succeed: a matched error there would be a vacuous step."""
@@ -90,6 +92,7 @@ def test_the_vllm_machine_makes_valid_calls_only(sliding_window: bool) -> None:
     assert stats.matched_errors == 0, stats.outcomes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("factory", "sliding_window"),
     [

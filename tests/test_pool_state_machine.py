@@ -35,6 +35,7 @@ POOL_OPERATIONS = {
 }
 
 
+@pytest.mark.slow
 def test_the_machine_reaches_every_operation_and_every_refusal() -> None:
     stats = CampaignStats()
     run_state_machine_as_test(
@@ -51,6 +52,7 @@ def test_the_machine_reaches_every_operation_and_every_refusal() -> None:
     assert stats.steps > 0
 
 
+@pytest.mark.slow
 def test_the_vllm_machine_makes_valid_calls_only() -> None:
     """Without misuse every call must succeed: a matched error there would be a vacuous step."""
     stats = CampaignStats()
@@ -61,6 +63,7 @@ def test_the_vllm_machine_makes_valid_calls_only() -> None:
     assert "returned" in stats.outcomes_by_operation()["get_cached_block"]
 
 
+@pytest.mark.slow
 def test_the_machine_fails_on_a_broken_pool() -> None:
     machine = make_pool_machine(broken_pools.touch_keeps_queued)
     with pytest.raises(Divergence, match="states differ"):
