@@ -62,7 +62,7 @@ STAND_INS = {
         "class Request:\n    pass\n"
     ),
 }
-LOGGERS = ("vllm.v1.core.block_pool", "vllm.v1.core.kv_cache_manager")
+LOGGERS = ("vllm",)
 """vLLM logs a warning for every refused prefix-cache reset: thousands in a campaign."""
 
 
