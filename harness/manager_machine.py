@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
 from pagedkv.harness.adapters import SpecManagerAdapter, pagedkv_manager, spec_manager
+from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.lockstep import CampaignStats, LockstepMachine
 from pagedkv.harness.protocol import ManagerConfig, ManagerFactory, ManagerUnderTest
 from pagedkv.harness.requests import requests
@@ -47,6 +48,7 @@ class ManagerMachine(LockstepMachine):
     factory: ClassVar[ManagerFactory] = staticmethod(pagedkv_manager)
     semantics: ClassVar[Semantics] = PAGEDKV
     sliding_window: ClassVar[bool] = False
+    domain: ClassVar[Domain] = FULL_DOMAIN
 
     def __init__(self) -> None:
         super().__init__()
@@ -88,6 +90,9 @@ class ManagerMachine(LockstepMachine):
             # wide, or accepted draft tokens reaching past it. Real windows are far wider than
             # a block plus a few drafts (up to 2 here); pagedkv chains through the stored hash.
             window = max(window, block_size + 3)
+        window = max(window, self.domain.min_window)
+        if self.sliding_window and not self.domain.eagle_with_sliding_window:
+            use_eagle = False
         if self.sliding_window:
             kv_cache_spec = SlidingWindowSpec(
                 block_size=block_size,
@@ -138,6 +143,7 @@ class ManagerMachine(LockstepMachine):
                 extra_keys=data.draw(st.booleans(), label="extra keys"),
                 salts=self.semantics != VLLM_0_8_5,  # vLLM 0.8.5 has no cache salt
                 block_size=self.block_size,
+                multimodal=self.domain.multimodal,
             ),
             label="request",
         )
@@ -413,8 +419,10 @@ def make_manager_machine(
     semantics: Semantics = PAGEDKV,
     misuse: bool = True,
     stats: CampaignStats | None = None,
+    domain: Domain = FULL_DOMAIN,
 ) -> type[ManagerMachine]:
-    """A `ManagerMachine` subclass checking `factory`'s managers for one attention type.
+    """A `ManagerMachine` subclass checking `factory`'s managers for one attention type, on
+    `domain`.
 
     pagedkv's own manager must also word every refusal exactly as the spec does; other managers
     are held to the error class.
@@ -427,6 +435,7 @@ def make_manager_machine(
             "semantics": semantics,
             "sliding_window": sliding_window,
             "misuse": misuse,
+            "domain": domain,
             "same_messages": factory is pagedkv_manager,
             "stats": stats if stats is not None else CampaignStats(),
         },

@@ -17,6 +17,7 @@ from hypothesis.stateful import initialize, precondition, rule
 
 from pagedkv.block_hash import BlockHashType, HashFn, get_hash_fn
 from pagedkv.harness.adapters import pagedkv_pool, spec_pool
+from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.lockstep import CampaignStats, Divergence, LockstepMachine
 from pagedkv.harness.protocol import PoolFactory, PoolUnderTest
 from pagedkv.harness.requests import requests
@@ -41,6 +42,7 @@ class PoolMachine(LockstepMachine):
 
     factory: ClassVar[PoolFactory] = staticmethod(pagedkv_pool)
     semantics: ClassVar[Semantics] = PAGEDKV
+    domain: ClassVar[Domain] = FULL_DOMAIN
 
     def __init__(self) -> None:
         super().__init__()
@@ -333,6 +335,7 @@ class PoolMachine(LockstepMachine):
                     extra_keys=data.draw(st.booleans(), label="extra keys"),
                     salts=self.semantics != VLLM_0_8_5,  # vLLM 0.8.5 has no cache salt
                     block_size=self.block_size,
+                    multimodal=self.domain.multimodal,
                 ),
                 label="request",
             )
@@ -376,8 +379,9 @@ def make_pool_machine(
     semantics: Semantics = PAGEDKV,
     misuse: bool = True,
     stats: CampaignStats | None = None,
+    domain: Domain = FULL_DOMAIN,
 ) -> type[PoolMachine]:
-    """A `PoolMachine` subclass that checks `factory`'s pools against the spec.
+    """A `PoolMachine` subclass that checks `factory`'s pools against the spec, on `domain`.
 
     pagedkv's own pool must also word every refusal exactly as the spec does; other pools are
     held to the error class.
@@ -389,6 +393,7 @@ def make_pool_machine(
             "factory": staticmethod(factory),
             "semantics": semantics,
             "misuse": misuse,
+            "domain": domain,
             "same_messages": factory is pagedkv_pool,
             "stats": stats if stats is not None else CampaignStats(),
         },

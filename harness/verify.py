@@ -31,6 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.harness.adapters import load_factory, pagedkv_manager, pagedkv_pool
 from pagedkv.harness.campaign import CampaignResult, ProgressBar, run_campaign
+from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.lockstep import CampaignStats
 from pagedkv.harness.manager_machine import make_manager_machine
 from pagedkv.harness.pool_machine import make_pool_machine
@@ -127,6 +128,7 @@ class Campaign:
     stats: CampaignStats
     steps: int
     factory: Guarded | None = field(default=None, compare=False)
+    domain: Domain = FULL_DOMAIN
 
 
 def plan_campaigns(args: argparse.Namespace, against: Against | None = None) -> list[Campaign]:
@@ -139,6 +141,7 @@ def plan_campaigns(args: argparse.Namespace, against: Against | None = None) -> 
     if against is not None:
         semantics = against.adapter.semantics
     misuse = against is None and not args.no_misuse and semantics == SEMANTICS_BY_NAME["pagedkv"]
+    domain = FULL_DOMAIN if against is None else against.adapter.domain
     campaigns = []
     if args.layer in ("pool", "all"):
         pool_name = args.impl if against is None else against.name
@@ -147,11 +150,25 @@ def plan_campaigns(args: argparse.Namespace, against: Against | None = None) -> 
         pool_guard = _guard(pool_factory, pool_name)
         stats = CampaignStats()
         machine = make_pool_machine(
-            pool_guard or pool_factory, semantics=semantics, misuse=misuse, stats=stats
+            pool_guard or pool_factory,
+            semantics=semantics,
+            misuse=misuse,
+            stats=stats,
+            domain=domain,
         )
         steps = args.steps or DEFAULT_POOL_STEPS
         campaigns.append(
-            Campaign("block pool", pool_name, semantics, misuse, machine, stats, steps, pool_guard)
+            Campaign(
+                "block pool",
+                pool_name,
+                semantics,
+                misuse,
+                machine,
+                stats,
+                steps,
+                pool_guard,
+                domain,
+            )
         )
     if args.layer in ("manager", "all"):
         manager_name = args.manager_impl if against is None else against.name
@@ -168,6 +185,7 @@ def plan_campaigns(args: argparse.Namespace, against: Against | None = None) -> 
                 semantics=semantics,
                 misuse=misuse,
                 stats=stats,
+                domain=domain,
             )
             kind = "sliding window" if attention == "sliding" else "full attention"
             steps = args.steps or DEFAULT_MANAGER_STEPS
@@ -181,6 +199,7 @@ def plan_campaigns(args: argparse.Namespace, against: Against | None = None) -> 
                     stats,
                     steps,
                     manager_guard,
+                    domain,
                 )
             )
     return campaigns
@@ -268,6 +287,10 @@ def format_report(campaign: Campaign, result: CampaignResult) -> str:
         f"pagedkv verify — {campaign.layer}: spec vs {campaign.impl}",
         f"  semantics              {campaign.semantics.name}"
         f"{'' if campaign.misuse else ' (valid calls only)'}",
+        *(
+            [f"  domain                 {campaign.domain.describe()}"]
+            * bool(campaign.domain.describe())
+        ),
         f"  steps                  {stats.steps:,} in {stats.examples:,} runs",
         f"  operations checked     {stats.operations:,} "
         f"({stats.matched_errors:,} raised the same error in both and changed nothing)",

@@ -62,6 +62,7 @@ STAND_INS = {
         "class Request:\n    pass\n"
     ),
 }
+HASH_SEEDING = "vLLM's NONE_HASH set to pagedkv's"
 LOGGERS = ("vllm",)
 """vLLM logs a warning for every refused prefix-cache reset: thousands in a campaign."""
 

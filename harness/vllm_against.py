@@ -14,7 +14,8 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from pagedkv.harness import vllm_085
+from pagedkv.harness import vllm_033, vllm_085
+from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.protocol import ManagerFactory, PoolFactory
 from pagedkv.harness.setup_check import SetupError
 from pagedkv.harness.vllm_wheel import (
@@ -24,7 +25,7 @@ from pagedkv.harness.vllm_wheel import (
     release_key,
     source_tree,
 )
-from pagedkv.semantics import VLLM_0_8_5, Semantics
+from pagedkv.semantics import VLLM_0_8_5, VLLM_0_33, Semantics
 
 _AGAINST = re.compile(r"^vllm(==(?P<version>[\w.+-]+))?$")
 LATEST_ALIASES = ("latest", "newest")
@@ -40,6 +41,10 @@ class VllmAdapter:
         modules: the wheel members to fetch.
         stand_ins: our replacements for the rest of vllm, path -> source.
         load: builds the factories once the fetched tree is importable.
+        loggers: vllm's loggers to quiet (a refused reset logs a warning each time).
+        domain: where the campaigns draw from: outside it the release differs from every
+            semantics the spec has, for reasons docs/semantics.md lists.
+        hash_seeding: how both sides' hash chains are made to start alike, for the user.
     """
 
     version: str
@@ -48,6 +53,8 @@ class VllmAdapter:
     stand_ins: Mapping[str, str]
     load: Callable[[Semantics], tuple[PoolFactory, ManagerFactory]]
     loggers: tuple[str, ...] = ()
+    domain: Domain = FULL_DOMAIN
+    hash_seeding: str = ""
 
 
 ADAPTERS: dict[str, VllmAdapter] = {
@@ -58,6 +65,17 @@ ADAPTERS: dict[str, VllmAdapter] = {
         vllm_085.STAND_INS,
         vllm_085.load,
         vllm_085.LOGGERS,
+        hash_seeding=vllm_085.HASH_SEEDING,
+    ),
+    vllm_033.VERSION: VllmAdapter(
+        vllm_033.VERSION,
+        VLLM_0_33,
+        vllm_033.MODULES,
+        vllm_033.STAND_INS,
+        vllm_033.load,
+        vllm_033.LOGGERS,
+        vllm_033.DOMAIN,
+        vllm_033.HASH_SEEDING,
     ),
 }
 NEWEST_TESTED = max(ADAPTERS, key=release_key)
@@ -135,5 +153,7 @@ def prepare(text: str) -> Against:
     except Exception as error:
         raise SetupError(f"cannot import vllm {version}'s KV cache modules: {error!r}") from error
     notes.append(f"vllm {version}'s KV cache modules from {root}")
-    notes.append("hash chains: vllm's NONE_HASH set to pagedkv's (PYTHONHASHSEED not needed)")
+    notes.append(f"hash chains: {adapter.hash_seeding} (PYTHONHASHSEED not needed)")
+    if adapter.domain.describe():
+        notes.append(f"checked on {adapter.domain.describe()} (docs/semantics.md says why)")
     return Against(version, adapter, pool_factory, manager_factory, tuple(notes))

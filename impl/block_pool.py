@@ -128,7 +128,8 @@ class BlockPool:
         """Drop one reference to each block; a block reaching 0 joins the queue tail.
 
         The caller's order is the eviction order (first freed, first evicted). The null block is
-        passed over.
+        passed over. Under `free_uncached_to_head`, blocks without a hash go to the head instead,
+        in the caller's order, ahead of every queued block (they hold nothing worth keeping).
 
         Raises:
             BlockStateError: a block does not belong to this pool, has ref_cnt 0, or appears
@@ -151,6 +152,8 @@ class BlockPool:
                 )
             seen.add(block.block_id)
         append = self.free_block_queue.append
+        uncached_first = self.semantics.free_uncached_to_head
+        to_head: list[KVCacheBlock] = []
         for block in blocks:
             if block is null_block:
                 if self.semantics.null_block_refcounted:
@@ -158,7 +161,12 @@ class BlockPool:
                 continue
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                append(block)
+                if uncached_first and block.block_hash is None:
+                    to_head.append(block)
+                else:
+                    append(block)
+        for block in reversed(to_head):
+            self.free_block_queue.appendleft(block)
 
     def cache_full_blocks(
         self,
@@ -312,7 +320,11 @@ class BlockPool:
         return self.free_block_queue.num_free_blocks
 
     def get_usage(self) -> float:
-        """Fraction of blocks not free, the null block counted as used. Complexity: O(1)."""
+        """Fraction of blocks not free, the null block counted as used (or, under
+        `usage_excludes_null_block`, left out of both counts). Complexity: O(1)."""
+        if self.semantics.usage_excludes_null_block:
+            usable = self.num_gpu_blocks - 1
+            return 1.0 - self.get_num_free_blocks() / usable if usable else 0.0
         return 1.0 - self.get_num_free_blocks() / self.num_gpu_blocks
 
     def _check_owned(self, block: KVCacheBlock) -> None:

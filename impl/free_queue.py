@@ -82,6 +82,25 @@ class FreeKVCacheBlockQueue:
         self.free_list_tail = block
         self.num_free_blocks += 1
 
+    def appendleft(self, block: KVCacheBlock) -> None:
+        """Link `block` at the head: it is the next block handed out.
+
+        Raises:
+            FreeQueueError: `block` is already in the queue.
+
+        Complexity: O(1).
+        """
+        if self.contains(block):
+            raise FreeQueueError(block.block_id, "append of a block already in the free queue")
+        head = self.free_list_head
+        if head is None:
+            self.free_list_tail = block
+        else:
+            head.prev_free_block = block
+            block.next_free_block = head
+        self.free_list_head = block
+        self.num_free_blocks += 1
+
     def _unlink(self, block: KVCacheBlock) -> None:
         prev, nxt = block.prev_free_block, block.next_free_block
         if prev is None:

@@ -352,7 +352,8 @@ class KVCacheManager:
         return _Allocation(new_computed, num_required, num_full, num_cached)
 
     def free(self, request: Request) -> None:
-        """Release the request's blocks: tail first when caching (evicted first), else in order.
+        """Release the request's blocks: tail first when caching (evicted first), else in order
+        (tail first as well under `free_tail_first_without_caching`).
 
         Keeps its block hashes (a preempted request reuses them). An unknown request is a no-op.
 
@@ -364,7 +365,8 @@ class KVCacheManager:
         self._check_identity(request)
         request_id = request.request_id
         blocks = self.req_to_blocks.get(request_id, [])
-        self.block_pool.free_blocks(reversed(blocks) if self.enable_caching else blocks)
+        tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
+        self.block_pool.free_blocks(reversed(blocks) if tail_first else blocks)
         self.req_to_blocks.pop(request_id, None)
         self.num_cached_block.pop(request_id, None)
         self._forget_if_done(request_id)

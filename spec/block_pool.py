@@ -69,7 +69,10 @@ class SpecBlockPool:
         return len(self.free_order)
 
     def get_usage(self) -> float:
-        """The null block counts as used."""
+        """The null block counts as used; with `usage_excludes_null_block` it is left out."""
+        if self.semantics.usage_excludes_null_block:
+            usable = self.num_gpu_blocks - 1
+            return 1.0 - (len(self.free_order) / usable) if usable else 0.0
         return 1.0 - (len(self.free_order) / self.num_gpu_blocks)
 
     # -- operations --------------------------------------------------------------------------
@@ -117,6 +120,8 @@ class SpecBlockPool:
         """One reference fewer to each block, in the given order; at 0 a block joins the tail.
 
         The null block is passed over (or, with `null_block_refcounted`, counted like vLLM).
+        With `free_uncached_to_head`, the blocks without a hash go to the head instead, in the
+        given order, ahead of every queued block.
         Preconditions, per block in order: it is a block of this pool; unless it is the null
         block, its ref_cnt is > 0 and it was not listed before in this call (BlockStateError).
         """
@@ -130,6 +135,7 @@ class SpecBlockPool:
             if block_id in seen:
                 raise BlockStateError(block_id, "the same block twice in one free_blocks call")
             seen.add(block_id)
+        to_head: list[int] = []  # under free_uncached_to_head: unhashed blocks, reused first
         for block_id in ordered_block_ids:
             if block_id == NULL_BLOCK_ID:
                 if self.semantics.null_block_refcounted:
@@ -138,7 +144,11 @@ class SpecBlockPool:
             with self._transition(block_id, Event.RELEASE):
                 self.ref_cnt[block_id] -= 1
                 if self.ref_cnt[block_id] == 0:
-                    self.free_order.append(block_id)
+                    if self.semantics.free_uncached_to_head and self.block_hash[block_id] is None:
+                        to_head.append(block_id)
+                    else:
+                        self.free_order.append(block_id)
+        self.free_order[:0] = to_head
 
     def cache_full_blocks(
         self,

@@ -340,7 +340,8 @@ class SpecKVCacheManager:
     # -- release -----------------------------------------------------------------------------
 
     def free(self, request: Request) -> None:
-        """Free the request's blocks, last first when caching (first evicted), else in order.
+        """Free the request's blocks, last first when caching (first evicted), else in order
+        (last first as well under `free_tail_first_without_caching`).
 
         Its stored hashes stay. Unknown request: nothing happens.
         Preconditions: the id names no other Request object (RequestError).
@@ -348,7 +349,8 @@ class SpecKVCacheManager:
         self._require_same_request(request)
         request_id = request.request_id
         held = self.blocks.get(request_id, [])
-        self.pool.free_blocks(list(reversed(held)) if self.enable_caching else held)
+        tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
+        self.pool.free_blocks(list(reversed(held)) if tail_first else held)
         self.blocks.pop(request_id, None)
         self.num_cached.pop(request_id, None)
         self._forget_if_done(request_id)
