@@ -350,6 +350,7 @@ class Vllm033Manager:
 
 def load(semantics: Semantics) -> tuple[PoolFactory, ManagerFactory]:
     """Pool and manager factories over vLLM 0.33.0's classes (its tree must be on sys.path)."""
+    torch = _torch()  # before vLLM's modules import it
     from vllm.utils.hashing import sha256
     from vllm.v1 import kv_cache_interface as interface
     from vllm.v1.core import kv_cache_utils
@@ -364,7 +365,6 @@ def load(semantics: Semantics) -> tuple[PoolFactory, ManagerFactory]:
         RUNNING=RequestStatus.RUNNING,
         WAITING=RequestStatus.WAITING,
     )
-    torch = _torch()
 
     def hasher(block_size: int) -> Any:
         return kv_cache_utils.get_request_block_hasher(block_size, sha256)

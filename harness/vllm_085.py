@@ -152,6 +152,7 @@ class Vllm085Manager(ObjectManagerAdapter):
 
 def load(semantics: Semantics) -> tuple[PoolFactory, ManagerFactory]:
     """Pool and manager factories over vLLM 0.8.5's classes (its tree must be on sys.path)."""
+    torch = _torch()  # before vLLM's modules import it
     from vllm.v1.core import kv_cache_utils
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -165,7 +166,6 @@ def load(semantics: Semantics) -> tuple[PoolFactory, ManagerFactory]:
 
     kv_cache_utils.NONE_HASH = NONE_HASH  # one seed for both hash chains (see the docstring)
     running = sys.modules["vllm.v1.request"].RequestStatus.RUNNING
-    torch = _torch()
 
     def vllm_pool(num_gpu_blocks: int, enable_caching: bool, _: Semantics) -> Vllm085Pool:
         return Vllm085Pool(BlockPool(num_gpu_blocks, enable_caching), RequestViews(running))

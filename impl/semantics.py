@@ -1,9 +1,9 @@
-"""Switches between pagedkv's deliberate differences and vLLM v0.8.5 behaviour.
+"""Switches between pagedkv's deliberate differences and vLLM's behaviour (0.8.5, 0.33.0).
 
-SEMANTICS.md lists where pagedkv differs from vLLM on purpose. Each difference that changes the
-outcome of a *valid* call sequence has a switch here, so a conformance run can turn it off. Misuse
-(freeing a free block, removing a block that is not queued, ...) raises in both modes: vLLM
-leaves it undefined (silent corruption), so there is nothing to conform to.
+docs/semantics.md lists where pagedkv differs from vLLM on purpose. Each difference that changes
+the outcome of a *valid* call sequence has a switch here, so a conformance run can turn it off.
+Misuse (freeing a free block, removing a block that is not queued, ...) raises in both modes:
+vLLM leaves it undefined (silent corruption), so there is nothing to conform to.
 
 The default hash (difference 3) is the manager's `caching_hash_algo` argument, and the cache salt
 (difference 4) changes nothing for requests without one, which is every vLLM 0.8.5 request. The

@@ -45,7 +45,7 @@ def _ranges(request: Request) -> list[tuple[int, int]]:
 def block_extra_keys(request: Request, start: int, end: int) -> tuple[ExtraKey, ...] | None:
     """LoRA id, then every multimodal input overlapping the block, then the tagged salt.
 
-    The salt joins every block, not only the first (as SEMANTICS.md's difference 4 words it):
+    The salt joins every block, not only the first (docs/semantics.md, difference 4):
     an index key is (hash value, tokens, extra keys), and the parent chain enters it only
     through the hash value. With the salt in block 0 only, two tenants' identical later blocks
     would have equal keys up to the hash value, and a sliding-window lookup (which probes blocks

@@ -1,4 +1,4 @@
-"""KVCacheManager scenarios, one per rule of SEMANTICS.md's manager section.
+"""KVCacheManager scenarios, one per rule of docs/semantics.md's manager section.
 
 Every scenario runs on the spec manager and on the implementation (through the same id-based
 adapter), with exact block ids and free-queue orders. Block size 4 and 10 blocks unless stated:

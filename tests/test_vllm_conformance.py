@@ -137,3 +137,20 @@ def test_the_differences_outside_the_vllm_0_33_domain_are_still_there() -> None:
     # Under a one-token window vLLM caches nothing; pagedkv caches the full block.
     assert report["one_token_window"]["spec"][1] is True
     assert not any(report["one_token_window"]["vllm"])
+
+
+@pytest.mark.parametrize("against", ["vllm==0.8.5", "vllm==0.33.0"])
+def test_against_needs_no_torch(against: str) -> None:
+    """`pip install 'pagedkv[verify]'` has no torch: the dtypes vLLM's specs name are stood in."""
+    script = (
+        "import sys; sys.modules['torch'] = None; "  # as if torch were not installed
+        "from pagedkv.cli import main; "
+        f"sys.exit(main(['verify', '--quiet', '--against', '{against}', '--steps', '100']))"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=False
+    )
+    if completed.returncode == 2 and "urlopen error" in completed.stderr:
+        pytest.skip(f"{against}: the package index is unreachable and nothing is cached")
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert completed.stdout.count("OK: no divergence") == 3
