@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagedkv.request import Request
+
 
 @dataclass(frozen=True)
 class Domain:
@@ -19,6 +21,22 @@ class Domain:
     min_window: int = 1
     eagle_with_sliding_window: bool = True
     multimodal: bool = True
+
+    def admit(self, request: Request) -> Request:
+        """`request` as the domain allows it: without multimodal inputs if it has none.
+
+        (The machines restrict drawn requests here rather than in the strategy, so that the
+        strategy, and the derandomized examples CI draws from it, stay as they are.)
+        """
+        if self.multimodal or not request.mm_positions:
+            return request
+        return Request(
+            request.request_id,
+            request.prompt_token_ids,
+            lora_id=request.lora_id,
+            cache_salt=request.cache_salt,
+            prompt_logprobs=request.prompt_logprobs,
+        )
 
     def describe(self) -> str:
         """The restrictions in words, or "" for the full domain."""

@@ -143,10 +143,10 @@ class ManagerMachine(LockstepMachine):
                 extra_keys=data.draw(st.booleans(), label="extra keys"),
                 salts=self.semantics != VLLM_0_8_5,  # vLLM 0.8.5 has no cache salt
                 block_size=self.block_size,
-                multimodal=self.domain.multimodal,
             ),
             label="request",
         )
+        request = self.domain.admit(request)
         shares_a_prefix = data.draw(st.booleans(), label="shares a prefix")
         if self.prompts and shares_a_prefix:
             # Most traffic shares system prompts: start with blocks of an earlier prompt.

@@ -335,10 +335,10 @@ class PoolMachine(LockstepMachine):
                     extra_keys=data.draw(st.booleans(), label="extra keys"),
                     salts=self.semantics != VLLM_0_8_5,  # vLLM 0.8.5 has no cache salt
                     block_size=self.block_size,
-                    multimodal=self.domain.multimodal,
                 ),
                 label="request",
             )
+            request = self.domain.admit(request)
         self.drawn.append(request)
         return request
 

@@ -47,17 +47,15 @@ def requests(
     min_tokens: int = 0,
     salts: bool = True,
     block_size: int = 1,
-    multimodal: bool = True,
 ) -> Request:
     """A request with a prompt of `min_tokens..max_tokens` tokens from `range(alphabet)`.
 
-    With `extra_keys`, maybe multimodal ranges (if `multimodal`) and a LoRA id, and (if `salts`)
-    a cache salt.
+    With `extra_keys`, maybe multimodal ranges and a LoRA id, and (if `salts`) a cache salt.
     """
     prompt = draw(st.lists(st.integers(0, alphabet - 1), min_size=min_tokens, max_size=max_tokens))
     if not extra_keys:
         return Request(request_id, prompt)
-    positions = draw(placeholder_ranges(len(prompt), block_size)) if multimodal else ()
+    positions = draw(placeholder_ranges(len(prompt), block_size))
     mm_hashes = [draw(st.sampled_from(MM_HASHES)) for _ in positions]
     return Request(
         request_id,

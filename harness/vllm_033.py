@@ -40,9 +40,7 @@ from pagedkv.harness.protocol import (
     PoolSnapshot,
 )
 from pagedkv.harness.vllm_033_stand_ins import MODULES, STAND_INS
-from pagedkv.harness.vllm_085 import _torch
-from pagedkv.kv_cache_interface import AttentionSpec
-from pagedkv.kv_cache_interface import SlidingWindowSpec as OurSlidingWindowSpec
+from pagedkv.harness.vllm_views import RequestViews, torch_or_stand_in, vllm_attention_spec
 from pagedkv.request import Request
 from pagedkv.semantics import Semantics
 from pagedkv.spec.block_hash import request_block_hashes
@@ -96,13 +94,15 @@ class HashTranslation:
         Raises:
             HashPairingError: either hash is already paired with another.
         """
-        known_key = self.to_vllm.setdefault(ours, vllm_key)
-        known_ours = self.to_ours.setdefault(vllm_key, ours)
+        known_key = self.to_vllm.get(ours, vllm_key)
+        known_ours = self.to_ours.get(vllm_key, ours)
         if known_key != vllm_key or known_ours != ours:
             raise HashPairingError(
                 f"pagedkv's {ours} pairs with two vLLM keys or vLLM's key pairs with two "
                 f"pagedkv hashes ({known_ours}): the two sides key these blocks differently"
             )
+        self.to_vllm[ours] = vllm_key
+        self.to_ours[vllm_key] = ours
 
     def ours(self, vllm_key: bytes | None) -> BlockHashType | None:
         if vllm_key is None:
@@ -126,7 +126,7 @@ class RequestView:
     from the request's current tokens by `refresh()`."""
 
     def __init__(self, request: Request, hasher: Any) -> None:
-        self._request = request
+        self.request = request
         self._hasher = hasher
         self.block_hashes: list[bytes] = []
         self.lora_request = (
@@ -153,21 +153,11 @@ class RequestView:
         return self
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._request, name)
+        return getattr(self.request, name)
 
 
-class RequestViews:
-    """One `RequestView` per pagedkv request object."""
-
-    def __init__(self, hasher: Any) -> None:
-        self.hasher = hasher
-        self.views: dict[int, RequestView] = {}
-
-    def __call__(self, request: Request) -> RequestView:
-        view = self.views.get(id(request))
-        if view is None or view._request is not request:
-            view = self.views[id(request)] = RequestView(request, self.hasher)
-        return view.refresh()
+def request_views(hasher: Any) -> RequestViews[RequestView]:
+    return RequestViews(lambda request: RequestView(request, hasher))
 
 
 def hashing_off(request: RequestView) -> list[bytes]:
@@ -183,14 +173,14 @@ class Vllm033Pool(ObjectPoolAdapter):
         self.api = api
         self.translation = HashTranslation()
         self.hasher_for = hasher_for
-        self.views: RequestViews | None = None
+        self.views: RequestViews[RequestView] | None = None
 
-    def _views(self, block_size: int) -> RequestViews:
+    def _views(self, block_size: int) -> RequestViews[RequestView]:
         """The request views; on first use the pool learns the block size, which a pool of one
         KV cache group hashes at (`hash_block_size`: the factory is not told the block size)."""
         if self.views is None:
             self.pool.hash_block_size = block_size
-            self.views = RequestViews(self.hasher_for(block_size))
+            self.views = request_views(self.hasher_for(block_size))
         assert self.pool.hash_block_size == block_size, "one block size per pool"
         return self.views
 
@@ -204,9 +194,8 @@ class Vllm033Pool(ObjectPoolAdapter):
         block_size: int,
         hash_fn: HashFn,
     ) -> None:
-        view = self._views(block_size)(request)
-        self.pair(request, view, hash_fn, block_size)
-        ours = request_block_hashes(hash_fn, block_size, request)
+        view = self._views(block_size)(request).refresh()
+        ours = self.pair(request, view, hash_fn, block_size)
         self.pool.cache_full_blocks(
             view, self._blocks(block_ids), num_cached_blocks, num_full_blocks, block_size, GROUP_ID
         )
@@ -220,13 +209,16 @@ class Vllm033Pool(ObjectPoolAdapter):
         found = self.pool.get_cached_block(self.api.get_block_hash(key), [GROUP_ID])
         return None if found is None else int(found[0].block_id)
 
-    def pair(self, request: Request, view: RequestView, hash_fn: HashFn, block_size: int) -> None:
-        """Pair pagedkv's and vLLM's hashes of every full block of the request."""
+    def pair(
+        self, request: Request, view: RequestView, hash_fn: HashFn, block_size: int
+    ) -> list[BlockHashType]:
+        """Pair pagedkv's and vLLM's hashes of every full block of the request; pagedkv's."""
         ours = request_block_hashes(hash_fn, block_size, request)
         for our_hash, vllm_hash in zip(ours, view.block_hashes, strict=False):
             self.translation.pair(
                 our_hash, self.api.make_block_hash_with_group_id(vllm_hash, GROUP_ID)
             )
+        return ours
 
     def snapshot(self) -> PoolSnapshot:
         pool = self.pool
@@ -257,12 +249,12 @@ class Vllm033Manager:
         self.block_size = config.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
         self.hash_fn = get_hash_fn(config.caching_hash_algo)
         self.pool = Vllm033Pool(manager.block_pool, api, lambda _: hasher)
-        self.views = RequestViews(hasher if config.enable_caching else hashing_off)
+        self.views = request_views(hasher if config.enable_caching else hashing_off)
         self.running: set[str] = set()
         self.single_type = manager.coordinator.single_type_managers[0]
 
     def _view(self, request: Request) -> RequestView:
-        view = self.views(request)
+        view = self.views(request).refresh()
         view.status = self.api.RUNNING if request.request_id in self.running else self.api.WAITING
         self.pool.pair(request, view, self.hash_fn, self.block_size)
         return view
@@ -303,7 +295,7 @@ class Vllm033Manager:
 
     def free_block_hashes(self, request: Request) -> None:
         """vLLM keeps hashes on the request: a finished request's view is dropped."""
-        self.views.views.pop(id(request), None)
+        self.views.forget(request)
 
     def reset_prefix_cache(self) -> bool:
         return bool(self.manager.reset_prefix_cache())
@@ -350,7 +342,7 @@ class Vllm033Manager:
 
 def load(semantics: Semantics) -> tuple[PoolFactory, ManagerFactory]:
     """Pool and manager factories over vLLM 0.33.0's classes (its tree must be on sys.path)."""
-    torch = _torch()  # before vLLM's modules import it
+    torch = torch_or_stand_in()  # before vLLM's modules import it
     from vllm.utils.hashing import sha256
     from vllm.v1 import kv_cache_interface as interface
     from vllm.v1.core import kv_cache_utils
@@ -374,19 +366,7 @@ def load(semantics: Semantics) -> tuple[PoolFactory, ManagerFactory]:
         return Vllm033Pool(pool, api, hasher)
 
     def vllm_manager(config: ManagerConfig) -> Vllm033Manager:
-        ours = config.kv_cache_config.kv_cache_groups[0].kv_cache_spec
-        assert isinstance(ours, AttentionSpec), "the harness builds attention specs only"
-        common = {
-            "block_size": ours.block_size,
-            "num_kv_heads": ours.num_kv_heads,
-            "head_size": ours.head_size,
-            "dtype": getattr(torch, ours.dtype),
-        }
-        spec = (
-            interface.SlidingWindowSpec(**common, sliding_window=ours.sliding_window)
-            if isinstance(ours, OurSlidingWindowSpec)
-            else interface.FullAttentionSpec(**common)
-        )
+        spec = vllm_attention_spec(config, interface, torch)
         num_blocks = config.kv_cache_config.num_blocks
         page = spec.page_size_bytes
         kv_cache_config = interface.KVCacheConfig(
@@ -397,12 +377,12 @@ def load(semantics: Semantics) -> tuple[PoolFactory, ManagerFactory]:
         manager = KVCacheManager(
             kv_cache_config,
             config.max_model_len,
-            scheduler_block_size=ours.block_size,
-            hash_block_size=ours.block_size,
+            scheduler_block_size=spec.block_size,
+            hash_block_size=spec.block_size,
             enable_caching=config.enable_caching,
             use_eagle=config.use_eagle,
             log_stats=config.log_stats,
         )
-        return Vllm033Manager(manager, api, config, hasher(ours.block_size))
+        return Vllm033Manager(manager, api, config, hasher(spec.block_size))
 
     return vllm_pool, vllm_manager

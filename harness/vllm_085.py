@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 from pagedkv.block_hash import NONE_HASH
 from pagedkv.harness.adapters import ObjectManagerAdapter, ObjectPoolAdapter
 from pagedkv.harness.protocol import ManagerConfig, ManagerFactory, PoolFactory
+from pagedkv.harness.vllm_views import RequestViews, torch_or_stand_in, vllm_attention_spec
 from pagedkv.kv_cache_interface import AttentionSpec
-from pagedkv.kv_cache_interface import SlidingWindowSpec as OurSlidingWindowSpec
 from pagedkv.prefix_cache_stats import PrefixCacheStats
 from pagedkv.request import Request
 from pagedkv.semantics import Semantics
@@ -75,7 +75,7 @@ class VllmRequest:
     """
 
     def __init__(self, request: Request, running_status: object) -> None:
-        self._request = request
+        self.request = request
         self.lora_request = (
             None if request.lora_id is None else SimpleNamespace(lora_int_id=request.lora_id)
         )
@@ -85,27 +85,17 @@ class VllmRequest:
         self.status = running_status
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._request, name)
+        return getattr(self.request, name)
 
 
-class RequestViews:
-    """One `VllmRequest` per pagedkv request object, so vLLM sees a stable object per request."""
-
-    def __init__(self, running_status: object) -> None:
-        self.running_status = running_status
-        self.views: dict[int, VllmRequest] = {}
-
-    def __call__(self, request: Request) -> VllmRequest:
-        found = self.views.get(id(request))
-        if found is None or found._request is not request:
-            found = self.views[id(request)] = VllmRequest(request, self.running_status)
-        return found
+def request_views(running_status: object) -> RequestViews[VllmRequest]:
+    return RequestViews(lambda request: VllmRequest(request, running_status))
 
 
 class Vllm085Pool(ObjectPoolAdapter):
     """vLLM 0.8.5's `BlockPool` through block ids; requests are shown as vLLM reads them."""
 
-    def __init__(self, pool: Any, views: RequestViews) -> None:
+    def __init__(self, pool: Any, views: RequestViews[VllmRequest]) -> None:
         super().__init__(pool)
         self.views = views
 
@@ -116,7 +106,7 @@ class Vllm085Pool(ObjectPoolAdapter):
 class Vllm085Manager(ObjectManagerAdapter):
     """vLLM 0.8.5's `KVCacheManager` through block ids and pagedkv requests."""
 
-    def __init__(self, manager: Any, views: RequestViews) -> None:
+    def __init__(self, manager: Any, views: RequestViews[VllmRequest]) -> None:
         super().__init__(manager)
         self.views = views
 
@@ -152,44 +142,27 @@ class Vllm085Manager(ObjectManagerAdapter):
 
 def load(semantics: Semantics) -> tuple[PoolFactory, ManagerFactory]:
     """Pool and manager factories over vLLM 0.8.5's classes (its tree must be on sys.path)."""
-    torch = _torch()  # before vLLM's modules import it
+    torch = torch_or_stand_in()  # before vLLM's modules import it
+    from vllm.v1 import kv_cache_interface as interface
     from vllm.v1.core import kv_cache_utils
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheManager
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        KVCacheConfig,
-        KVCacheGroupSpec,
-        KVCacheTensor,
-        SlidingWindowSpec,
-    )
 
     kv_cache_utils.NONE_HASH = NONE_HASH  # one seed for both hash chains (see the docstring)
     running = sys.modules["vllm.v1.request"].RequestStatus.RUNNING
 
     def vllm_pool(num_gpu_blocks: int, enable_caching: bool, _: Semantics) -> Vllm085Pool:
-        return Vllm085Pool(BlockPool(num_gpu_blocks, enable_caching), RequestViews(running))
+        return Vllm085Pool(BlockPool(num_gpu_blocks, enable_caching), request_views(running))
 
     def vllm_manager(config: ManagerConfig) -> Vllm085Manager:
         ours = config.kv_cache_config.kv_cache_groups[0].kv_cache_spec
         assert isinstance(ours, AttentionSpec), "the harness builds attention specs only"
-        common = {
-            "block_size": ours.block_size,
-            "num_kv_heads": ours.num_kv_heads,
-            "head_size": ours.head_size,
-            "dtype": getattr(torch, ours.dtype),
-            "use_mla": ours.use_mla,
-        }
-        spec = (
-            SlidingWindowSpec(**common, sliding_window=ours.sliding_window)
-            if isinstance(ours, OurSlidingWindowSpec)
-            else FullAttentionSpec(**common)
-        )
+        spec = vllm_attention_spec(config, interface, torch, use_mla=ours.use_mla)
         num_blocks = config.kv_cache_config.num_blocks
-        kv_cache_config = KVCacheConfig(
+        kv_cache_config = interface.KVCacheConfig(
             num_blocks,
-            {"layers.0": KVCacheTensor(spec.page_size_bytes * num_blocks)},
-            [KVCacheGroupSpec(["layers.0"], spec)],
+            {"layers.0": interface.KVCacheTensor(spec.page_size_bytes * num_blocks)},
+            [interface.KVCacheGroupSpec(["layers.0"], spec)],
         )
         manager = KVCacheManager(
             kv_cache_config,
@@ -199,39 +172,6 @@ def load(semantics: Semantics) -> tuple[PoolFactory, ManagerFactory]:
             config.use_eagle,
             config.log_stats,
         )
-        return Vllm085Manager(manager, RequestViews(running))
+        return Vllm085Manager(manager, request_views(running))
 
     return vllm_pool, vllm_manager
-
-
-def _torch() -> Any:
-    """torch, or, where it is not installed, the dtypes vLLM 0.8.5's KV cache specs name.
-
-    vLLM's `kv_cache_interface` imports torch only for `torch.dtype` (an annotation) and the
-    dtype's `itemsize`; a verify run needs nothing else of it.
-    """
-    try:
-        import torch
-    except ImportError:
-        return _install_dtype_stand_in()
-    return torch
-
-
-def _install_dtype_stand_in() -> Any:
-    """A module named `torch` holding only dtypes, registered for vLLM's imports."""
-
-    class dtype:  # noqa: N801 - vLLM reads `torch.dtype`
-        def __init__(self, name: str, itemsize: int) -> None:
-            self.name = name
-            self.itemsize = itemsize
-
-        def __repr__(self) -> str:
-            return f"torch.{self.name}"
-
-    itemsizes = {"float16": 2, "bfloat16": 2, "float32": 4, "float8_e4m3fn": 1, "uint8": 1}
-    module: Any = ModuleType("torch", "pagedkv's stand-in: only the dtypes vLLM's specs name")
-    module.dtype = dtype
-    for name, itemsize in itemsizes.items():
-        setattr(module, name, dtype(name, itemsize))
-    sys.modules["torch"] = module
-    return module
