@@ -89,6 +89,17 @@ _MISTRAL_FIELDS: Mapping[str, int | bool] = {
     "sliding_window": 4096,
 }
 
+_QWEN2_FIELDS: Mapping[str, int | bool] = {
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "hidden_size": 4096,
+    "max_position_embeddings": 32_768,
+    "sliding_window": 4096,
+    "use_sliding_window": False,
+    "max_window_layers": 28,
+}
+
 TRANSFORMERS_DEFAULTS: Mapping[str, ModelTypeDefaults] = {
     "gemma2": ModelTypeDefaults(
         {
@@ -138,20 +149,7 @@ TRANSFORMERS_DEFAULTS: Mapping[str, ModelTypeDefaults] = {
     ),
     "mistral": ModelTypeDefaults(_MISTRAL_FIELDS, _every_layer),
     "ministral": ModelTypeDefaults(_MISTRAL_FIELDS, _every_layer),
-    "qwen2": ModelTypeDefaults(
-        {
-            "num_hidden_layers": 32,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 32,
-            "hidden_size": 4096,
-            "max_position_embeddings": 32_768,
-            "sliding_window": 4096,
-            "use_sliding_window": False,
-            "max_window_layers": 28,
-        },
-        _from_max_window_layers,
-        window_needs_switch=True,
-    ),
+    "qwen2": ModelTypeDefaults(_QWEN2_FIELDS, _from_max_window_layers, window_needs_switch=True),
     "qwen2_moe": ModelTypeDefaults(
         {
             "num_hidden_layers": 24,
@@ -167,19 +165,7 @@ TRANSFORMERS_DEFAULTS: Mapping[str, ModelTypeDefaults] = {
         window_needs_switch=True,
     ),
     "qwen3": ModelTypeDefaults(
-        {
-            "num_hidden_layers": 32,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 32,
-            "head_dim": 128,
-            "hidden_size": 4096,
-            "max_position_embeddings": 32_768,
-            "sliding_window": 4096,
-            "use_sliding_window": False,
-            "max_window_layers": 28,
-        },
-        _from_max_window_layers,
-        window_needs_switch=True,
+        {**_QWEN2_FIELDS, "head_dim": 128}, _from_max_window_layers, window_needs_switch=True
     ),
     "qwen3_moe": ModelTypeDefaults(
         {
