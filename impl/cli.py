@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("pagedkv.harness.verify", "differential campaign: spec vs an implementation"),
-    "plan": ("pagedkv.plan", "KV cache memory plan for a model and a memory budget"),
+    "plan": ("pagedkv.plan_cli", "KV cache memory plan for a model and a memory budget"),
 }
 EXTRAS: dict[str, str] = {"hypothesis": "verify"}
 """Top-level module -> the optional extra (pyproject.toml) that installs it."""
