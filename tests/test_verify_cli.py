@@ -150,8 +150,8 @@ def keyerror_pool(num_gpu_blocks: int, enable_caching: bool, semantics: Semantic
 
 
 def late_keyerror_pool(num_gpu_blocks: int, enable_caching: bool, semantics: Semantics) -> object:
-    """Builds pools, except of 7 blocks, which the pre-campaign check does not try."""
-    if num_gpu_blocks == 7:
+    """Builds the pools of 4 blocks the pre-campaign check tries, and no larger one."""
+    if num_gpu_blocks > 4:
         return {}["pool"]
     return pagedkv_pool(num_gpu_blocks, enable_caching, semantics)
 
