@@ -72,6 +72,7 @@ class AttentionTraits:
         rows: query rows (token x head-in-group pairs) per CTA.
         tile_tokens: keys per shared-memory tile.
         smem_bytes: dynamic shared memory per CTA.
+        min_ctas_per_sm: the second `__launch_bounds__` argument (registers allow this many).
     """
 
     dtype: str
@@ -80,6 +81,7 @@ class AttentionTraits:
     rows: int
     tile_tokens: int
     smem_bytes: int
+    min_ctas_per_sm: int
 
 
 def attention_traits(dtype: str, head_size: int) -> AttentionTraits:
@@ -115,6 +117,7 @@ def attention_traits(dtype: str, head_size: int) -> AttentionTraits:
         rows=ATTENTION_ROWS,
         tile_tokens=tile,
         smem_bytes=kv_bytes + q_bytes + score_bytes + stat_bytes,
+        min_ctas_per_sm=(2 if elem == 4 else 3) if head_size == 256 else (3 if elem == 4 else 4),
     )
 
 
@@ -149,6 +152,8 @@ def _traits_asserts() -> str:
                 f'"tile tokens {dtype} {head}");',
                 f'static_assert({cuda}::kRows == {traits.rows}, "rows {dtype} {head}");',
                 f'static_assert({cuda}::kThreads == {traits.threads}, "threads {dtype} {head}");',
+                f"static_assert({cuda}::kMinCtasPerSm == {traits.min_ctas_per_sm}, "
+                f'"ctas per sm {dtype} {head}");',
             ]
     return "\n".join(lines) + "\n"
 

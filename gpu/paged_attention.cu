@@ -43,6 +43,10 @@ struct AttentionTraits {
   static constexpr int kScoreBytes = kRows * kTileN * 4;
   static constexpr int kStatBytes = 4 * kRows * 4;          // alpha, m, l (float), qpos (int)
   static constexpr int kSmemBytes = kKvBytes + kQBytes + kScoreBytes + kStatBytes;
+  // CTAs per SM the launch bounds promise: 4 caps registers at 128 per thread. The 8 x HEAD/32
+  // accumulators fit without spills only with fewer CTAs for fp32 (3: 168 registers) and for
+  // HEAD 256 (3 for 16-bit types, 2 for fp32). ptxas' report is checked for spills in CI.
+  static constexpr int kMinCtasPerSm = HEAD == 256 ? (kElem == 4 ? 2 : 3) : (kElem == 4 ? 3 : 4);
 
   static_assert(HEAD == 64 || HEAD == 128 || HEAD == 256, "head size 64, 128 or 256");
   static_assert(kTileN * HEAD * kElem == 8192, "a K tile is 8 KiB");
@@ -57,7 +61,8 @@ struct AttentionTraits {
 };
 
 template <typename T, int HEAD>
-__global__ void __launch_bounds__(128, 4) paged_attention_kernel(
+__global__ void __launch_bounds__(128, (AttentionTraits<T, HEAD>::kMinCtasPerSm))
+    paged_attention_kernel(
     const T* __restrict__ q, const long long q_stride_token, const long long q_stride_head,
     const T* __restrict__ k_cache, const T* __restrict__ v_cache,
     const long long cache_stride_block, const long long cache_stride_token,
@@ -101,11 +106,14 @@ __global__ void __launch_bounds__(128, 4) paged_attention_kernel(
   const int last_pos = context + (row0 + n_rows - 1) / group_size;
   const int kv_begin = sliding_window > 0 ? max(0, first_pos - sliding_window + 1) : 0;
   const int kv_end = last_pos + 1;
-  const int per_split =
-      ((kv_end - kv_begin + num_splits - 1) / num_splits + kTileN - 1) / kTileN * kTileN;
-  const int kv_start = kv_begin + split * per_split;
-  const int kv_stop = min(kv_end, kv_start + per_split);
-  const int n_tiles = kv_stop > kv_start ? (kv_stop - kv_start + kTileN - 1) / kTileN : 0;
+  // Equal splits: the range's tiles are dealt out so that two splits differ by at most one.
+  const int range_tiles = (kv_end - kv_begin + kTileN - 1) / kTileN;
+  const int tile_lo = static_cast<int>(static_cast<long long>(split) * range_tiles / num_splits);
+  const int tile_hi =
+      static_cast<int>(static_cast<long long>(split + 1) * range_tiles / num_splits);
+  const int kv_start = kv_begin + tile_lo * kTileN;
+  const int kv_stop = min(kv_end, kv_begin + tile_hi * kTileN);
+  const int n_tiles = tile_hi - tile_lo;
   const int* __restrict__ table = block_table + seq * block_table_stride;
   const int offset_mask = (1 << block_size_log2) - 1;
 
