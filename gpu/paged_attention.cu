@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(128, (AttentionTraits<T, HEAD>::kMinCtasPerSm)
   constexpr int kWarps = Tr::kWarps;
   constexpr int kRowsPerWarp = kRows / kWarps;
 
-  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* smem = dynamic_smem();
   T* s_kv = reinterpret_cast<T*>(smem);                       // [buffer][K, V][kTileElems]
   float* s_q = reinterpret_cast<float*>(smem + Tr::kKvBytes);  // [kRows][HEAD], pre-scaled
   float* s_score = s_q + kRows * HEAD;                        // [kRows][kTileN]

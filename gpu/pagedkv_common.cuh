@@ -3,6 +3,11 @@
 // Compiled by NVRTC (never nvcc-only features): no <cstdint> (use <cuda/std/cstdint>), no
 // INFINITY (use CUDART_INF_F from <math_constants.h>); the fp16/bf16 headers come from CuPy's
 // include options. Targets sm_80 and newer (cp.async).
+//
+// The CPU SIMT emulator (gpu/emulator) compiles the same kernel text with a host compiler and
+// PAGEDKV_EMULATOR defined: the few helpers below that are inline PTX or shared-memory
+// declarations take the emulator's equivalents there. This header is the only place that
+// differs; kernel bodies never test PAGEDKV_EMULATOR.
 #pragma once
 
 #include <cuda/std/cstdint>
@@ -60,6 +65,21 @@ __device__ __forceinline__ void load_floats(const T* __restrict__ src, float* ds
   }
 }
 
+#ifdef PAGEDKV_EMULATOR
+using ::simt::cp_async16;
+using ::simt::dynamic_smem;
+__device__ __forceinline__ void cp_async_commit() { ::simt::cp_async_commit(); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  ::simt::cp_async_wait(kPending);
+}
+#else
+// The CTA's dynamic shared memory (the launch's `shared_mem` bytes), 16-byte aligned.
+__device__ __forceinline__ unsigned char* dynamic_smem() {
+  extern __shared__ __align__(16) unsigned char pagedkv_dynamic_smem[];
+  return pagedkv_dynamic_smem;
+}
+
 // 16-byte global -> shared copy that bypasses L1; copies zeros instead when `pred` is false
 // (src-size 0: nothing is read, `src` only has to be a valid address).
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* src, bool pred) {
@@ -74,9 +94,14 @@ __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+// Waits until at most kPending of this thread's committed cp.async groups are in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
+#endif
+
+__device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
 
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll

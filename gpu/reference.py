@@ -152,20 +152,21 @@ def reference_attention_terms(
         pages = torch.as_tensor(metadata.block_table[seq], device=device).long()
         blocks = pages[positions // block_size]
         offsets = positions % block_size
-        keys = key_cache[blocks, offsets].to(f64).repeat_interleave(group, dim=1)
-        values = value_cache[blocks, offsets].to(f64).repeat_interleave(group, dim=1)
-        q = query[rows].to(f64)
-        scores = torch.einsum("qhd,khd->hqk", q, keys) * scale
+        keys = key_cache[blocks, offsets].to(f64)  # [k, kv_heads, d]
+        values = value_cache[blocks, offsets].to(f64)
+        q = query[rows].to(f64).view(q_len, num_kv_heads, group, head_size)
+        scores = torch.einsum("qhgd,khd->hgqk", q, keys) * scale
         query_positions = torch.arange(seq_len - q_len, seq_len, device=device)[:, None]
         visible = positions[None, :] <= query_positions
         if sliding_window is not None:
             visible &= positions[None, :] > query_positions - sliding_window
         probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
-        out[rows] = torch.einsum("hqk,khd->qhd", probs, values)
-        weighted_abs[rows] = torch.einsum("hqk,khd->qhd", probs, values.abs())
-        key_norms = keys.norm(dim=-1).transpose(0, 1)[:, None, :]  # [h, 1, k]
+        out[rows] = torch.einsum("hgqk,khd->qhgd", probs, values).flatten(1, 2)
+        weighted_abs[rows] = torch.einsum("hgqk,khd->qhgd", probs, values.abs()).flatten(1, 2)
+        key_norms = keys.norm(dim=-1).transpose(0, 1)[:, None, :]  # [kv_heads, 1, k]
         max_key_norm = key_norms.masked_fill(~visible, 0.0).amax(dim=-1).transpose(0, 1)
-        score_norm[rows] = scale * q.norm(dim=-1) * max_key_norm
+        norms = q.norm(dim=-1) * max_key_norm[:, :, None]  # [q, kv_heads, group]
+        score_norm[rows] = scale * norms.flatten(1, 2)
         num_keys[rows] = visible.sum(dim=-1)[:, None].expand(q_len, query.shape[1])
     return ReferenceTerms(out, weighted_abs, score_norm, num_keys)
 
