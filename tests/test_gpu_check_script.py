@@ -1,8 +1,15 @@
-"""`python -m pagedkv.gpu.check --dry-run` runs end to end on CPU and writes its report."""
+"""The first-device script and `python -m pagedkv.gpu.check` run end to end on CPU (dry run).
+
+`bash gpu/first_device.sh OUT --dry-run` is what a session with a device runs first, without
+`--dry-run`: one run of it here covers its steps and the check's dry-run report.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,11 +18,40 @@ from pagedkv.gpu import check
 from pagedkv.gpu.check import DECODE_BATCHES, DECODE_CONTEXTS, Report, correctness_cases, main
 from pagedkv.gpu.kernel_variants import ATTENTION_DTYPES, CHECKED_BLOCK_SIZES, HEAD_SIZES
 
+REPO = Path(__file__).resolve().parent.parent
 
-def test_the_dry_run_writes_a_complete_report(tmp_path: Path) -> None:
-    assert main(["--dry-run", "--out", str(tmp_path / "report")]) == 0
-    payload = json.loads((tmp_path / "report" / "check.json").read_text())
-    text = (tmp_path / "report" / "check.txt").read_text()
+
+@pytest.fixture(scope="module")
+def dry_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("first-device")
+    result = subprocess.run(
+        ["bash", str(REPO / "gpu" / "first_device.sh"), str(out), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=os.environ | {"PYTHON": sys.executable},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out
+
+
+def test_the_first_device_script_runs_every_step_dry(dry_run_dir: Path) -> None:
+    steps = json.loads((dry_run_dir / "first_device.json").read_text())
+    assert list(steps) == ["cubins", "device tests", "check"]
+    assert all(step["passed"] for step in steps.values())
+    cubins = steps["cubins"]
+    assert cubins["arch"] == 90
+    assert {m["source"] for m in cubins["modules"]} == {"paged_attention.cu", "kv_write.cu"}
+    assert all(m["loaded"] == 0 for m in cubins["modules"]), "nothing loads without a device"
+    assert cubins["tools"]["cuobjdump"] and cubins["tools"]["nvdisasm"]
+    assert "skipped" in steps["device tests"]["summary"]
+    assert steps["check"]["exit_status"] == 0
+
+
+def test_the_dry_run_writes_a_complete_report(dry_run_dir: Path) -> None:
+    payload = json.loads((dry_run_dir / "check.json").read_text())
+    text = (dry_run_dir / "check.txt").read_text()
 
     assert payload["mode"] == "dry run"
     assert payload["failures"] == []

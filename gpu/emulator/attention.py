@@ -112,9 +112,7 @@ def emulate_paged_attention(
     if plan.num_work:
         views = (describe(q, "query"), describe(k, "key_cache"), describe(out, "out"))
         calls = attention_calls(plan, *views, pointers, scale)
-        launches = [
-            Launch(c.kernel, c.grid, c.block, c.shared_bytes, c.args, seed) for c in calls
-        ]
+        launches = [Launch(c.kernel, c.grid, c.block, c.shared_bytes, c.args, seed) for c in calls]
         run_launches(build or attention_build(), memory, launches)
     return from_raw(memory.arrays["out"], out)
 
