@@ -25,7 +25,9 @@ from pagedkv.gpu.kernel_variants import (
     ATTENTION_SOURCE,
     MERGE_PAIRS_PER_CTA,
     MERGE_THREADS,
+    AttentionKernel,
     attention_kernel_name,
+    attention_source,
     merge_kernel_name,
 )
 from pagedkv.gpu.launch import KernelCall, common_device, i32, i64, launch_context, pointer
@@ -107,6 +109,7 @@ def plan_step(
     sliding_window: int | None = None,
     limits: DeviceLimits | None = None,
     num_splits: int | None = None,
+    kernel: AttentionKernel | None = None,
 ) -> AttentionPlan:
     """Validate a step's metadata against the query and cache shapes and plan the launch.
 
@@ -118,6 +121,7 @@ def plan_step(
         limits: the device for the split policy; None: read from the query's device, or an
             H200 when the query is on the host.
         num_splits: force a split count; None: the policy.
+        kernel: "mma" (tensor cores, fp16/bf16) or "simt"; None: "mma" where it applies.
 
     Raises:
         InvalidArgumentError: any metadata rule (see `validate_metadata`) or shape mismatch.
@@ -147,6 +151,7 @@ def plan_step(
         dtype=q.dtype,
         limits=limits or DeviceLimits(),
         num_splits=num_splits,
+        kernel=kernel,
     )
 
 
@@ -236,7 +241,7 @@ def paged_attention(
             "partial_lse": cupy.empty(shape, np.float32) if split else np.uint64(0),
         }
         for call in attention_calls(plan, q, k, o, pointers, scale):
-            call.launch(get_kernel(ATTENTION_SOURCE, call.kernel, device))
+            call.launch(get_kernel(call.source, call.kernel, device))
     return out
 
 
@@ -270,9 +275,11 @@ def attention_calls(
     metadata = plan.metadata
     num_tokens = metadata.num_query_tokens
     split = plan.num_splits > 1
+    kernel = plan.traits.kernel
     calls = [
         KernelCall(
-            attention_kernel_name(plan.dtype, plan.head_size),
+            attention_source(kernel),
+            attention_kernel_name(plan.dtype, plan.head_size, kernel),
             plan.grid,
             (plan.traits.threads, 1, 1),
             plan.traits.smem_bytes,
@@ -310,6 +317,7 @@ def attention_calls(
         pairs = num_tokens * plan.num_heads
         calls.append(
             KernelCall(
+                ATTENTION_SOURCE,
                 merge_kernel_name(plan.dtype),
                 (-(-pairs // MERGE_PAIRS_PER_CTA), 1, 1),
                 (MERGE_THREADS, 1, 1),

@@ -2,8 +2,9 @@
 
 Host-only and pure (NumPy), so it is tested on CPU. Each work item is (sequence, first row):
 rows of a sequence are (token, head-in-group) pairs, `row = token * group_size + head`, and one
-CTA takes `rows` (8) consecutive rows of one KV head, so a decode step of a GQA group of up to 8
-query heads reads that KV head's pages once. The grid is (work items, KV heads, splits).
+CTA takes `traits.rows` consecutive rows of one KV head (16 for the tensor-core kernel, 8 for the
+SIMT one), so a decode step of a GQA group of up to that many query heads reads that KV head's
+pages once. The grid is (work items, KV heads, splits).
 
 Split-KV: when items x KV heads leave the device's resident slots idle, every CTA's key range
 is cut into `num_splits` chunks, each CTA writes an fp32 partial output and log-sum-exp, and a
@@ -22,7 +23,7 @@ import numpy as np
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.attention_metadata import AttentionMetadata
-from pagedkv.gpu.kernel_variants import AttentionTraits, attention_traits
+from pagedkv.gpu.kernel_variants import AttentionKernel, AttentionTraits, attention_traits
 
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 64
@@ -137,6 +138,7 @@ def plan_attention(
     dtype: str,
     limits: DeviceLimits = H200,
     num_splits: int | None = None,
+    kernel: AttentionKernel | None = None,
 ) -> AttentionPlan:
     """Cut a step into work items and decide the split.
 
@@ -148,6 +150,7 @@ def plan_attention(
         dtype: "float16", "bfloat16" or "float32".
         limits: the device, for the split policy.
         num_splits: force a split count (1..MAX_SPLITS), e.g. in tests; None: the policy.
+        kernel: "mma" or "simt"; None: "mma" for fp16/bf16, "simt" for fp32.
 
     Returns:
         The plan; its work list covers every query row exactly once.
@@ -163,7 +166,7 @@ def plan_attention(
         )
     if num_splits is not None and not 1 <= num_splits <= MAX_SPLITS:
         raise InvalidArgumentError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
-    traits = attention_traits(dtype, head_size)
+    traits = attention_traits(dtype, head_size, kernel)
     group = num_heads // num_kv_heads
     query_lens = metadata.query_lens.astype(np.int64)
     context = metadata.seq_lens.astype(np.int64) - query_lens

@@ -39,7 +39,15 @@ from typing import TYPE_CHECKING, Any
 from pagedkv.gpu.attention_metadata import validate_metadata
 from pagedkv.gpu.attention_plan import H200, AttentionPlan, DeviceLimits, plan_attention
 from pagedkv.gpu.error_bound import compare_to_reference
-from pagedkv.gpu.kernel_variants import ATTENTION_DTYPES, CHECKED_BLOCK_SIZES, HEAD_SIZES
+from pagedkv.gpu.kernel_variants import (
+    ATTENTION_DTYPES,
+    ATTENTION_KERNELS,
+    CHECKED_BLOCK_SIZES,
+    HEAD_SIZES,
+    MMA_DTYPES,
+    AttentionKernel,
+    attention_traits,
+)
 from pagedkv.gpu.reference import ReferenceTerms, reference_attention_terms
 from pagedkv.gpu.synthetic_batch import (
     BatchShape,
@@ -66,14 +74,20 @@ FLUSH_BYTES = 512 << 20
 
 @dataclass(frozen=True)
 class Case:
-    """One correctness case: a batch kind for one variant."""
+    """One correctness case: a batch kind for one kernel variant."""
 
     name: str
+    kernel: AttentionKernel
     dtype: str
     head_size: int
     block_size: int
     shape: BatchShape
     num_splits: int | None = None
+
+    @property
+    def default_kernel(self) -> bool:
+        """Whether `plan_step` picks this kernel for this dtype by itself."""
+        return attention_traits(self.dtype, self.head_size).kernel == self.kernel
 
 
 def batch_kinds(
@@ -117,10 +131,20 @@ def batch_kinds(
 
 
 def correctness_cases(small: bool) -> list[Case]:
-    """Every (variant, batch kind) pair."""
+    """Every (kernel, dtype, head size, block size, batch kind): both kernels for fp16/bf16."""
     return [
-        Case(f"{dtype}/D{head}/B{block}/{kind}", dtype, head, block, shape, splits)
+        Case(
+            f"{kernel}/{dtype}/D{head}/B{block}/{kind}",
+            kernel,
+            dtype,
+            head,
+            block,
+            shape,
+            splits,
+        )
+        for kernel in ATTENTION_KERNELS
         for dtype in ATTENTION_DTYPES
+        if kernel == "simt" or dtype in MMA_DTYPES
         for head in HEAD_SIZES
         for block in CHECKED_BLOCK_SIZES
         for kind, shape, splits in batch_kinds(head, block, small)
@@ -240,6 +264,8 @@ def dry_run(report: Report) -> None:
 
     report.environment = {"device": "none (dry run)", "torch": torch.__version__}
     for case in correctness_cases(small=True):
+        if not case.default_kernel:
+            continue  # the reference and its bound do not depend on the kernel
         batch = make_batch(case.shape, dtype=_torch_dtype(case.dtype), seed=len(report.correctness))
         sdpa = dense_attention(batch).to(batch.query.dtype)
         report.correctness.append(
@@ -264,21 +290,26 @@ def _decode_row(
     kernel_us: float | None,
     baseline_us: float | None,
     copy_gbps: float | None,
-    check: dict[str, Any] | None = None,
+    checks: dict[str, dict[str, Any]] | None = None,
+    simt_us: float | None = None,
 ) -> dict[str, Any]:
+    """One table row; the timed kernel is the plan's (tensor cores for bf16), `simt_us` the
+    SIMT kernel's time on the same cell for comparison, `checks` each kernel's output check."""
     moved = decode_bytes(plan)
     gbps = moved / kernel_us / 1e3 if kernel_us else None
     return {
         "batch": batch,
         "context": context,
-        "correct": None if check is None else check["passed"],
-        "check": check,
+        "kernel": plan.traits.kernel,
+        "correct": None if checks is None else all(c["passed"] for c in checks.values()),
+        "checks": checks,
         "bytes": moved,
         "num_splits": plan.num_splits,
         "ctas": plan.num_work * plan.num_kv_heads * plan.num_splits,
         "kernel_us": kernel_us,
         "gbps": gbps,
         "pct_of_copy": 100 * gbps / copy_gbps if gbps and copy_gbps else None,
+        "simt_us": simt_us,
         "baseline_us": baseline_us,
         "speedup": baseline_us / kernel_us if kernel_us and baseline_us else None,
     }
@@ -364,6 +395,7 @@ def device_correctness(report: Report) -> None:
             batch.block_table,
             sliding_window=case.shape.sliding_window,
             num_splits=case.num_splits,
+            kernel=case.kernel,
         )
         out = paged_attention(batch.query, batch.key_cache, batch.value_cache, plan)
         torch.cuda.synchronize()
@@ -411,9 +443,9 @@ def _time_decode_cell(
     limits: DeviceLimits,
     repeats: int,
     flush: Callable[[], object],
-) -> tuple[AttentionPlan, dict[str, Any], float, float | None]:
-    """Plan one cell, check its output against the float64 reference, then time the kernel
-    and the baseline on it (baseline None: out of memory)."""
+) -> dict[str, Any]:
+    """Plan one cell for both kernels, check each output against the float64 reference, then
+    time both kernels and the baseline (baseline None: out of memory)."""
     import torch
 
     from pagedkv.gpu.attention import paged_attention, plan_step
@@ -424,21 +456,34 @@ def _time_decode_cell(
     query = torch.randn((batch, *heads), dtype=torch.bfloat16, device="cuda")
     starts = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
     lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
-    plan = plan_step(query, k_cache, starts, lens, table, limits=limits)
-    out = torch.full_like(query, float("nan"))
-    paged_attention(query, k_cache, v_cache, plan, out=out)
+    plans = {
+        kernel: plan_step(query, k_cache, starts, lens, table, limits=limits, kernel=kernel)
+        for kernel in ATTENTION_KERNELS
+    }
     terms = reference_attention_terms(query, k_cache, v_cache, starts, lens, table)
-    check = compare_to_reference(out, terms, "bfloat16")
+    checks, times = {}, {}
+    for kernel, plan in plans.items():
+        out = torch.full_like(query, float("nan"))
+
+        def call(plan: AttentionPlan = plan, out: torch.Tensor = out) -> object:
+            return paged_attention(query, k_cache, v_cache, plan, out=out)
+
+        call()
+        checks[kernel] = compare_to_reference(out, terms, "bfloat16")
+        times[kernel] = time_cuda(call, repeats, before=flush)
     del terms
-    kernel_us = time_cuda(
-        lambda: paged_attention(query, k_cache, v_cache, plan, out=out), repeats, before=flush
-    )
     baseline = _baseline(query, k_cache, v_cache, table)
     try:
         baseline_us: float | None = time_cuda(baseline, max(3, repeats // 2), before=flush)
     except torch.OutOfMemoryError:
         baseline_us = None  # the dense copies of the largest cell did not fit: no speed-up
-    return plan, check, kernel_us, baseline_us
+    return {
+        "plan": plans["mma"],
+        "kernel_us": times["mma"],
+        "simt_us": times["simt"],
+        "checks": checks,
+        "baseline_us": baseline_us,
+    }
 
 
 def device_decode_table(report: Report, limits: DeviceLimits, repeats: int) -> None:
@@ -458,11 +503,18 @@ def device_decode_table(report: Report, limits: DeviceLimits, repeats: int) -> N
         for context in DECODE_CONTEXTS:
             pages = -(-context // DECODE_BLOCK_SIZE)
             table = permutation[: batch * pages].view(batch, pages).contiguous()
-            plan, check, kernel_us, baseline_us = _time_decode_cell(
-                caches, table, context, limits, repeats, flush
-            )
+            cell = _time_decode_cell(caches, table, context, limits, repeats, flush)
             report.decode.append(
-                _decode_row(batch, context, plan, kernel_us, baseline_us, report.copy_gbps, check)
+                _decode_row(
+                    batch,
+                    context,
+                    cell["plan"],
+                    cell["kernel_us"],
+                    cell["baseline_us"],
+                    report.copy_gbps,
+                    cell["checks"],
+                    cell["simt_us"],
+                )
             )
             torch.cuda.empty_cache()  # the reference's and the baseline's dense copies
 
@@ -543,9 +595,10 @@ def format_report(report: Report) -> str:
     lines += [
         "",
         f"decode, bf16, D={DECODE_HEAD_SIZE}, {DECODE_HEADS[0]} q / {DECODE_HEADS[1]} kv heads, "
-        f"block {DECODE_BLOCK_SIZE}, L2 flushed, CUDA-event medians",
+        f"block {DECODE_BLOCK_SIZE}, L2 flushed, CUDA-event medians; us, GB/s and %copy are the "
+        f"tensor-core kernel's, simt us the SIMT kernel's on the same cell",
         f"{'batch':>5} {'context':>7} {'MB':>9} {'splits':>6} {'CTAs':>6} {'output':>7} "
-        f"{'us':>9} {'GB/s':>7} {'%copy':>6} {'torch us':>9} {'speedup':>7}",
+        f"{'us':>9} {'GB/s':>7} {'%copy':>6} {'simt us':>9} {'torch us':>9} {'speedup':>7}",
     ]
     verdicts = {None: "n/a", True: "ok", False: "WRONG"}
     for row in report.decode:
@@ -553,7 +606,8 @@ def format_report(report: Report) -> str:
             f"{row['batch']:>5} {row['context']:>7} {row['bytes'] / 1e6:>9.1f} "
             f"{row['num_splits']:>6} {row['ctas']:>6} {verdicts[row['correct']]:>7} "
             f"{_fmt(row['kernel_us'], '9.1f')} {_fmt(row['gbps'], '7.0f')} "
-            f"{_fmt(row['pct_of_copy'], '6.1f')} {_fmt(row['baseline_us'], '9.1f')} "
+            f"{_fmt(row['pct_of_copy'], '6.1f')} {_fmt(row['simt_us'], '9.1f')} "
+            f"{_fmt(row['baseline_us'], '9.1f')} "
             f"{_fmt(row['speedup'], '7.2f')}"
         )
     target = next((r for r in report.decode if (r["batch"], r["context"]) == (64, 4096)), None)

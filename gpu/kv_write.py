@@ -149,7 +149,7 @@ def write_kv(
     )
     if call is not None:
         with launch_context(backend, device):
-            call.launch(get_kernel(WRITE_SOURCE, call.kernel, device))
+            call.launch(get_kernel(call.source, call.kernel, device))
 
 
 def write_kv_call(views: list[ArrayView], pointers: Mapping[str, Any]) -> KernelCall | None:
@@ -173,6 +173,7 @@ def write_kv_call(views: list[ArrayView], pointers: Mapping[str, Any]) -> Kernel
     row_vecs = row_bytes // width
     threads = min(WRITE_MAX_THREADS, -(-num_kv_heads * row_vecs // 32) * 32)
     return KernelCall(
+        WRITE_SOURCE,
         write_kernel_name(width, slots.dtype),
         (num_tokens, 1, 1),
         (threads, 1, 1),

@@ -1,4 +1,4 @@
-// Device helpers shared by pagedkv's kernels: element conversions, vector loads, cp.async.
+// Device helpers shared by pagedkv's kernels: element conversions, vector loads, cp.async, mma.
 //
 // Compiled by NVRTC (never nvcc-only features): no <cstdint> (use <cuda/std/cstdint>), no
 // INFINITY (use CUDART_INF_F from <math_constants.h>); the fp16/bf16 headers come from CuPy's
@@ -73,6 +73,11 @@ template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   ::simt::cp_async_wait(kPending);
 }
+template <typename T>
+__attribute__((noinline)) void mma_m16n8k16(float* d, const unsigned int* a, const unsigned int* b,
+                                            const float* c) {
+  ::simt::mma_m16n8k16<T>(d, a, b, c, __builtin_return_address(0));
+}
 #else
 // The CTA's dynamic shared memory (the launch's `shared_mem` bytes), 16-byte aligned.
 __device__ __forceinline__ unsigned char* dynamic_smem() {
@@ -98,6 +103,34 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// D = A B + C for one warp: A 16x16 (row-major), B 16x8 (column-major) of T, C and D 16x8 fp32,
+// in the fragment layouts of the PTX ISA (mma.sync.aligned.m16n8k16.row.col). Every lane of the
+// warp must call it; d may alias c.
+template <typename T>
+__device__ __forceinline__ void mma_m16n8k16(float* d, const unsigned int* a,
+                                             const unsigned int* b, const float* c);
+template <>
+__device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float* d, const unsigned int* a,
+                                                            const unsigned int* b,
+                                                            const float* c) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%10, %11, %12, %13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]),
+        "f"(c[2]), "f"(c[3]));
+}
+template <>
+__device__ __forceinline__ void mma_m16n8k16<__half>(float* d, const unsigned int* a,
+                                                     const unsigned int* b, const float* c) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%10, %11, %12, %13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]),
+        "f"(c[2]), "f"(c[3]));
 }
 #endif
 

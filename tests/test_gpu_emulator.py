@@ -33,7 +33,12 @@ from pagedkv.gpu.emulator.attention import (
 from pagedkv.gpu.emulator.build import EmulatorBuild, build_emulator
 from pagedkv.gpu.emulator.launch import EmulatedMemory, EmulatorError, Launch, run_launches
 from pagedkv.gpu.error_bound import compare_to_reference
-from pagedkv.gpu.kernel_variants import ATTENTION_SOURCE, KernelSource
+from pagedkv.gpu.kernel_variants import (
+    ATTENTION_SOURCE,
+    MMA_ATTENTION_SOURCE,
+    AttentionKernel,
+    KernelSource,
+)
 from pagedkv.gpu.nvrtc_build import source_text
 from pagedkv.gpu.reference import reference_write_kv
 from pagedkv.gpu.synthetic_batch import BatchShape, SyntheticBatch, make_batch
@@ -42,7 +47,11 @@ pytestmark = pytest.mark.slow
 
 
 def _run_case(
-    batch: SyntheticBatch, dtype: str, splits: int | None, **kwargs: Any
+    batch: SyntheticBatch,
+    dtype: str,
+    splits: int | None,
+    kernel: AttentionKernel | None = None,
+    **kwargs: Any,
 ) -> dict[str, Any]:
     plan = plan_step(
         batch.query,
@@ -53,6 +62,7 @@ def _run_case(
         sliding_window=batch.shape.sliding_window,
         num_splits=splits,
         limits=DeviceLimits(),
+        kernel=kernel,
     )
     out = emulate_paged_attention(batch.query, batch.key_cache, batch.value_cache, plan, **kwargs)
     return compare_to_reference(out, batch_terms(batch), dtype) | {"splits": plan.num_splits}
@@ -61,10 +71,19 @@ def _run_case(
 # --- every check case and the decode cells ------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", correctness_cases(small=False), ids=lambda case: case.name)
+EMULATED_CASES = [
+    case
+    for case in correctness_cases(small=False)
+    if case.default_kernel or case.name.endswith(("/decode-split", "/sliding-window"))
+]
+"""Every check case of the kernel each dtype uses by default (tensor cores for fp16/bf16,
+SIMT for fp32), and the SIMT kernel's fp16/bf16 variants on two batch kinds: 132 of 180."""
+
+
+@pytest.mark.parametrize("case", EMULATED_CASES, ids=lambda case: case.name)
 def test_every_check_case_matches_the_reference_on_the_emulator(case: Case) -> None:
     batch = make_batch(case.shape, dtype=getattr(torch, case.dtype), seed=len(case.name))
-    result = _run_case(batch, case.dtype, case.num_splits, seed=len(case.name))
+    result = _run_case(batch, case.dtype, case.num_splits, case.kernel, seed=len(case.name))
     assert result["passed"], result
 
 
@@ -181,7 +200,7 @@ __global__ void takes_int(int n, float* out) { out[0] = static_cast<float>(n); }
 
 @pytest.fixture(scope="module")
 def probes() -> EmulatorBuild:
-    return build_emulator(PROBES, text=PROBE_TEXT)
+    return build_emulator(PROBES, texts={PROBES.file_name: PROBE_TEXT})
 
 
 def _probe(
@@ -255,7 +274,7 @@ def test_an_argument_of_the_wrong_type_is_refused(probes: EmulatorBuild) -> None
 
 # --- kernel mutants -----------------------------------------------------------------------------
 
-ATTENTION_MUTANTS: dict[str, tuple[str, str]] = {
+SIMT_MUTANTS: dict[str, tuple[str, str]] = {
     "barrier (A) removed": (
         "__syncthreads();  // (A) this tile landed; every warp finished the previous tile",
         "",
@@ -275,9 +294,33 @@ ATTENTION_MUTANTS: dict[str, tuple[str, str]] = {
         "    if (tile + 1 < n_tiles) load_tile(tile + 1, buf ^ 1);\n    cp_async_wait<1>();\n"
         "    __syncthreads();  // (A)\n",
     ),
-    "first load moved after its use": (
-        "  if (n_tiles > 0) load_tile(0, 0);\n",
+    "first load moved after its use": ("  if (n_tiles > 0) load_tile(0, 0);\n", ""),
+    "off by one: the key range ends before the query's own key": (
+        "const int kv_end = last_pos + 1;",
+        "const int kv_end = last_pos;",
+    ),
+}
+MMA_MUTANTS: dict[str, tuple[str, str]] = {
+    "barrier (A) removed": (
+        "__syncthreads();  // (A) this tile landed; every warp finished the previous tile",
         "",
+    ),
+    "barrier (B) removed": ("__syncthreads();  // (B) every warp's row maxima", ""),
+    "barrier (C) removed": ("__syncthreads();  // (C) probabilities and partial sums complete", ""),
+    "wait dropped": ("    cp_async_wait<kStages - 2>();\n", ""),
+    "prefetch issued before the barrier": (
+        "    __syncthreads();  // (A) this tile landed; every warp finished the previous tile\n"
+        "    issue(tile + kStages - 1, next_block);\n",
+        "    issue(tile + kStages - 1, next_block);\n"
+        "    __syncthreads();  // (A) this tile landed; every warp finished the previous tile\n",
+    ),
+    "block ids looked up for the wrong tile": (
+        "    next_block = lookup(tile + kStages);\n",
+        "    next_block = lookup(tile + kStages - 1);\n",
+    ),
+    "row maxima not shared across warps": (
+        "tile_max = fmaxf(tile_max, s_max[w * kRows + g + 8 * h]);",
+        "tile_max = fmaxf(tile_max, s_max[warp * kRows + g + 8 * h]);",
     ),
     "off by one: the key range ends before the query's own key": (
         "const int kv_end = last_pos + 1;",
@@ -291,51 +334,66 @@ DROPPED_KEY = (
 """A kernel that drops the last key of every split but the last one."""
 
 
-def _mutant_text(mutation: tuple[str, str]) -> str:
-    text = source_text(ATTENTION_SOURCE)
+def _mutant_text(source: KernelSource, mutation: tuple[str, str]) -> str:
+    text = source_text(source)
     before, after = mutation
     assert text.count(before) == 1, f"the mutation's anchor is in the kernel once: {before!r}"
     return text.replace(before, after)
 
 
 @pytest.fixture(scope="module")
-def mutant_builds() -> dict[str, EmulatorBuild]:
-    """Every mutant compiled (two at a time: g++ runs in its own process)."""
-    mutations = {**ATTENTION_MUTANTS, "dropped key": DROPPED_KEY}
+def mutant_builds() -> dict[tuple[AttentionKernel, str], EmulatorBuild]:
+    """Every mutant compiled (two at a time: g++ runs in its own process). A tensor-core mutant
+    is built with the real SIMT source beside it (its merge kernel)."""
+    jobs: dict[tuple[AttentionKernel, str], Any] = {}
+    for name, mutation in {**SIMT_MUTANTS, "dropped key": DROPPED_KEY}.items():
+        text = _mutant_text(ATTENTION_SOURCE, mutation)
+        jobs[("simt", name)] = (ATTENTION_SOURCE, {ATTENTION_SOURCE.file_name: text})
+    for name, mutation in MMA_MUTANTS.items():
+        text = _mutant_text(MMA_ATTENTION_SOURCE, mutation)
+        sources = (ATTENTION_SOURCE, MMA_ATTENTION_SOURCE)
+        jobs[("mma", name)] = (sources, {MMA_ATTENTION_SOURCE.file_name: text})
     with ThreadPoolExecutor(max_workers=2) as pool:
-        builds = pool.map(
-            lambda m: build_emulator(ATTENTION_SOURCE, text=_mutant_text(m)), mutations.values()
-        )
-        return dict(zip(mutations, builds, strict=True))
+        builds = pool.map(lambda job: build_emulator(job[0], texts=job[1]), jobs.values())
+        return dict(zip(jobs, builds, strict=True))
 
 
-def _mutant_survives(build: EmulatorBuild, splits: int | None, seed: int) -> bool:
+def _mutant_survives(
+    build: EmulatorBuild, kernel: AttentionKernel, splits: int | None, seed: int
+) -> bool:
     shape = BatchShape((1, 5, 1), (300, 60, 41), 8, 2, 128, 16)
     batch = make_batch(shape, dtype=torch.bfloat16, seed=seed)
     try:
-        return bool(_run_case(batch, "bfloat16", splits, seed=seed, build=build)["passed"])
+        return bool(_run_case(batch, "bfloat16", splits, kernel, seed=seed, build=build)["passed"])
     except EmulatorError:
         return False
 
 
-@pytest.mark.parametrize("mutant", sorted(ATTENTION_MUTANTS))
+MUTANTS = [("simt", name) for name in SIMT_MUTANTS] + [("mma", name) for name in MMA_MUTANTS]
+
+
+@pytest.mark.parametrize(("kernel", "mutant"), MUTANTS, ids=[f"{k}: {m}" for k, m in MUTANTS])
 def test_every_kernel_mutant_fails_on_the_emulator(
-    mutant: str, mutant_builds: dict[str, EmulatorBuild]
+    kernel: AttentionKernel,
+    mutant: str,
+    mutant_builds: dict[tuple[AttentionKernel, str], EmulatorBuild],
 ) -> None:
     """Killed when any of four runs (with and without splits, two thread orders) fails: a race
     shows under some orders only, and the seeds are fixed, so the verdict is the same each run."""
-    build = mutant_builds[mutant]
+    build = mutant_builds[(kernel, mutant)]
     runs = [(splits, seed) for splits in (None, 3) for seed in (0, 1)]
-    assert not all(_mutant_survives(build, *run) for run in runs), f"{mutant} survived {runs}"
+    assert not all(_mutant_survives(build, kernel, *run) for run in runs), f"{mutant} survived"
 
 
-def test_the_real_kernel_passes_the_mutant_batches() -> None:
-    real = build_emulator(ATTENTION_SOURCE)
-    assert all(_mutant_survives(real, s, seed) for s in (None, 3) for seed in (0, 1))
+@pytest.mark.parametrize("kernel", ["simt", "mma"])
+def test_the_real_kernels_pass_the_mutant_batches(kernel: AttentionKernel) -> None:
+    real = build_emulator((ATTENTION_SOURCE, MMA_ATTENTION_SOURCE))
+    runs = [(splits, seed) for splits in (None, 3) for seed in (0, 1)]
+    assert all(_mutant_survives(real, kernel, *run) for run in runs)
 
 
 def test_the_old_bf16_tolerance_passed_a_kernel_that_drops_a_key_per_split(
-    mutant_builds: dict[str, EmulatorBuild],
+    mutant_builds: dict[tuple[AttentionKernel, str], EmulatorBuild],
 ) -> None:
     """Issue 15: atol 1.6e-2 + rtol 2e-2 against a bf16 reference let this mutant through; the
     dtype-derived bound against the float64 reference does not."""
@@ -347,9 +405,11 @@ def test_the_old_bf16_tolerance_passed_a_kernel_that_drops_a_key_per_split(
         batch.seq_lens,
         batch.block_table,
         num_splits=2,
+        kernel="simt",
     )
+    build = mutant_builds[("simt", "dropped key")]
     out = emulate_paged_attention(
-        batch.query, batch.key_cache, batch.value_cache, plan, build=mutant_builds["dropped key"]
+        batch.query, batch.key_cache, batch.value_cache, plan, build=build
     )
     terms = batch_terms(batch)
     old_reference = terms.out.to(torch.bfloat16).float()

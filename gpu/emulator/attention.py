@@ -17,7 +17,7 @@ from pagedkv.gpu.attention import attention_calls
 from pagedkv.gpu.attention_plan import AttentionPlan
 from pagedkv.gpu.emulator.build import EmulatorBuild, build_emulator
 from pagedkv.gpu.emulator.launch import EmulatedMemory, Launch, Pointer, run_launches
-from pagedkv.gpu.kernel_variants import ATTENTION_SOURCE, WRITE_SOURCE
+from pagedkv.gpu.kernel_variants import ATTENTION_SOURCE, MMA_ATTENTION_SOURCE, WRITE_SOURCE
 from pagedkv.gpu.kv_write import check_slots, check_write_arrays, write_kv_call
 
 if TYPE_CHECKING:
@@ -29,8 +29,8 @@ NULL = Pointer(-1)
 
 @functools.cache
 def attention_build() -> EmulatorBuild:
-    """The emulator build of paged_attention.cu (compiled once per process and cached)."""
-    return build_emulator(ATTENTION_SOURCE)
+    """The emulator build of both attention sources (compiled once per process and cached)."""
+    return build_emulator((ATTENTION_SOURCE, MMA_ATTENTION_SOURCE))
 
 
 @functools.cache
@@ -73,7 +73,8 @@ def emulate_paged_attention(
         plan: from `plan_step` / `plan_attention`.
         scale: softmax scale; None: 1 / sqrt(head_size).
         seed: CTA and thread order.
-        build: an emulator build of the attention source (a mutant, say); None: the real one.
+        build: an emulator build holding both attention sources (a mutant, say); None: the
+            real one.
 
     Returns:
         The output; rows the kernels do not write hold NaN.
