@@ -51,9 +51,10 @@ from pagedkv.gpu.kernel_variants import (
 from pagedkv.gpu.reference import ReferenceTerms, reference_attention_terms
 from pagedkv.gpu.synthetic_batch import (
     BatchShape,
-    SyntheticBatch,
+    batch_terms,
     dense_attention,
     make_batch,
+    plan_batch,
 )
 
 if TYPE_CHECKING:
@@ -245,19 +246,6 @@ def plan_decode_cell(batch: int, context: int, limits: DeviceLimits) -> Attentio
 # Dry run: no device.
 
 
-def batch_terms(batch: SyntheticBatch) -> ReferenceTerms:
-    """The float64 reference of a synthetic batch (its window too)."""
-    return reference_attention_terms(
-        batch.query,
-        batch.key_cache,
-        batch.value_cache,
-        batch.query_start_loc,
-        batch.seq_lens,
-        batch.block_table,
-        sliding_window=batch.shape.sliding_window,
-    )
-
-
 def dry_run(report: Report) -> None:
     """Dense SDPA within the bound for every case (CPU, small), plans and bytes for the table."""
     import torch
@@ -370,7 +358,7 @@ def device_correctness(report: Report) -> None:
     """Every case: write kernel vs reference write (bitwise), attention kernel vs reference."""
     import torch
 
-    from pagedkv.gpu.attention import paged_attention, plan_step
+    from pagedkv.gpu.attention import paged_attention
     from pagedkv.gpu.kv_write import write_kv
     from pagedkv.gpu.reference import reference_write_kv
 
@@ -387,16 +375,7 @@ def device_correctness(report: Report) -> None:
         report.correctness.append(
             {"name": case.name, "check": "write kernel vs reference", "passed": same}
         )
-        plan = plan_step(
-            batch.query,
-            batch.key_cache,
-            batch.query_start_loc,
-            batch.seq_lens,
-            batch.block_table,
-            sliding_window=case.shape.sliding_window,
-            num_splits=case.num_splits,
-            kernel=case.kernel,
-        )
+        plan = plan_batch(batch, num_splits=case.num_splits, kernel=case.kernel)
         out = paged_attention(batch.query, batch.key_cache, batch.value_cache, plan)
         torch.cuda.synchronize()
         result = _compare(case, out, batch_terms(batch), "attention kernel vs float64 reference")

@@ -124,13 +124,7 @@ def write_kv(
 
     Complexity: O(n) host work when checking, plus one launch.
     """
-    views = [
-        describe(key, "key"),
-        describe(value, "value"),
-        describe(key_cache, "key_cache"),
-        describe(value_cache, "value_cache"),
-        describe(slot_mapping, "slot_mapping"),
-    ]
+    views = write_views(key, value, key_cache, value_cache, slot_mapping)
     backend, device = common_device(views)
     k, v, kc, vc, slots = views
     check_write_arrays(k, v, kc, vc, slots)
@@ -150,6 +144,23 @@ def write_kv(
     if call is not None:
         with launch_context(backend, device):
             call.launch(get_kernel(call.source, call.kernel, device))
+
+
+def write_views(
+    key: ArrayLike,
+    value: ArrayLike,
+    key_cache: ArrayLike,
+    value_cache: ArrayLike,
+    slot_mapping: ArrayLike,
+) -> list[ArrayView]:
+    """The five arrays of a KV write, described under their argument names. Complexity: O(1)."""
+    return [
+        describe(key, "key"),
+        describe(value, "value"),
+        describe(key_cache, "key_cache"),
+        describe(value_cache, "value_cache"),
+        describe(slot_mapping, "slot_mapping"),
+    ]
 
 
 def write_kv_call(views: list[ArrayView], pointers: Mapping[str, Any]) -> KernelCall | None:

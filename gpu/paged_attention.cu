@@ -96,24 +96,16 @@ __global__ void __launch_bounds__(128, (AttentionTraits<T, HEAD>::kMinCtasPerSm)
   const int split = blockIdx.z;
   const int num_splits = gridDim.z;
 
-  const int seq = work_seq[blockIdx.x];
-  const int row0 = work_row[blockIdx.x];
-  const int q_start = query_start_loc[seq];
-  const int q_len = query_start_loc[seq + 1] - q_start;
-  const int context = seq_lens[seq] - q_len;
-  const int n_rows = min(kRows, q_len * group_size - row0);
-  const int first_pos = context + row0 / group_size;
-  const int last_pos = context + (row0 + n_rows - 1) / group_size;
-  const int kv_begin = sliding_window > 0 ? max(0, first_pos - sliding_window + 1) : 0;
-  const int kv_end = last_pos + 1;
-  // Equal splits: the range's tiles are dealt out so that two splits differ by at most one.
-  const int range_tiles = (kv_end - kv_begin + kTileN - 1) / kTileN;
-  const int tile_lo = static_cast<int>(static_cast<long long>(split) * range_tiles / num_splits);
-  const int tile_hi =
-      static_cast<int>(static_cast<long long>(split + 1) * range_tiles / num_splits);
-  const int kv_start = kv_begin + tile_lo * kTileN;
-  const int kv_stop = min(kv_end, kv_begin + tile_hi * kTileN);
-  const int n_tiles = tile_hi - tile_lo;
+  const CtaKeys keys = cta_keys<kRows, kTileN>(query_start_loc, seq_lens, work_seq, work_row,
+                                                 group_size, sliding_window);
+  const int seq = keys.seq;
+  const int row0 = keys.row0;
+  const int q_start = keys.q_start;
+  const int context = keys.context;
+  const int n_rows = keys.n_rows;
+  const int kv_start = keys.kv_start;
+  const int kv_stop = keys.kv_stop;
+  const int n_tiles = keys.n_tiles;
   const int* __restrict__ table = block_table + seq * block_table_stride;
   const int offset_mask = (1 << block_size_log2) - 1;
 

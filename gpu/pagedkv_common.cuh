@@ -136,6 +136,52 @@ __device__ __forceinline__ void mma_m16n8k16<__half>(float* d, const unsigned in
 
 __device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
 
+// What one attention CTA works on, shared by both attention kernels. Work item blockIdx.x holds
+// rows [row0, row0 + n_rows) of sequence seq (row = token_in_seq * group_size + head_in_group);
+// query j of a sequence with q_len new tokens out of seq_len sits at position
+// seq_len - q_len + j and sees keys p' <= p and, with a window W > 0, p' > p - W. The CTA reads
+// [first row's window start, last row's position], cut into gridDim.z splits whose tiles of
+// kTileN keys are dealt out evenly: two splits differ by at most one tile.
+struct CtaKeys {
+  int seq;       // the sequence
+  int row0;      // its first row
+  int q_start;   // its first query token
+  int context;   // positions before its first query token
+  int n_rows;    // live rows, <= kRows
+  int kv_start;  // this split's first key
+  int kv_stop;   // one past its last key
+  int n_tiles;   // tiles of kTileN keys from kv_start
+};
+
+template <int kRows, int kTileN>
+__device__ __forceinline__ CtaKeys cta_keys(const int* __restrict__ query_start_loc,
+                                            const int* __restrict__ seq_lens,
+                                            const int* __restrict__ work_seq,
+                                            const int* __restrict__ work_row, int group_size,
+                                            int sliding_window) {
+  CtaKeys c;
+  c.seq = work_seq[blockIdx.x];
+  c.row0 = work_row[blockIdx.x];
+  c.q_start = query_start_loc[c.seq];
+  const int q_len = query_start_loc[c.seq + 1] - c.q_start;
+  c.context = seq_lens[c.seq] - q_len;
+  c.n_rows = min(kRows, q_len * group_size - c.row0);
+  const int first_pos = c.context + c.row0 / group_size;
+  const int last_pos = c.context + (c.row0 + c.n_rows - 1) / group_size;
+  const int kv_begin = sliding_window > 0 ? max(0, first_pos - sliding_window + 1) : 0;
+  const int kv_end = last_pos + 1;
+  const int split = blockIdx.z;
+  const int num_splits = gridDim.z;
+  const int range_tiles = (kv_end - kv_begin + kTileN - 1) / kTileN;
+  const int tile_lo = static_cast<int>(static_cast<long long>(split) * range_tiles / num_splits);
+  const int tile_hi =
+      static_cast<int>(static_cast<long long>(split + 1) * range_tiles / num_splits);
+  c.kv_start = kv_begin + tile_lo * kTileN;
+  c.kv_stop = min(kv_end, kv_begin + tile_hi * kTileN);
+  c.n_tiles = tile_hi - tile_lo;
+  return c;
+}
+
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {

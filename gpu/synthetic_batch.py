@@ -11,13 +11,16 @@ copies with `torch.nn.functional.scaled_dot_product_attention` and an explicit m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.step_metadata import NULL_BLOCK_ID
 
 if TYPE_CHECKING:
     import torch
+
+    from pagedkv.gpu.attention_plan import AttentionPlan
+    from pagedkv.gpu.reference import ReferenceTerms
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,41 @@ def paged_reference(batch: SyntheticBatch, scale: float | None = None) -> torch.
     from pagedkv.gpu.reference import reference_paged_attention
 
     return reference_paged_attention(
+        batch.query,
+        batch.key_cache,
+        batch.value_cache,
+        batch.query_start_loc,
+        batch.seq_lens,
+        batch.block_table,
+        scale=scale,
+        sliding_window=batch.shape.sliding_window,
+    )
+
+
+def plan_batch(batch: SyntheticBatch, **options: Any) -> AttentionPlan:
+    """`plan_step` over the batch's own tensors and window; `options` go to `plan_step`
+    (num_splits, kernel, limits)."""
+    from pagedkv.gpu.attention import plan_step
+
+    return plan_step(
+        batch.query,
+        batch.key_cache,
+        batch.query_start_loc,
+        batch.seq_lens,
+        batch.block_table,
+        sliding_window=batch.shape.sliding_window,
+        **options,
+    )
+
+
+def batch_terms(batch: SyntheticBatch, scale: float | None = None) -> ReferenceTerms:
+    """The float64 reference terms of the batch (its window too).
+
+    Complexity: that of `reference_attention_terms`.
+    """
+    from pagedkv.gpu.reference import reference_attention_terms
+
+    return reference_attention_terms(
         batch.query,
         batch.key_cache,
         batch.value_cache,

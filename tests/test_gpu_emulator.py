@@ -16,13 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from pagedkv.gpu.attention import plan_step
 from pagedkv.gpu.attention_plan import DeviceLimits
 from pagedkv.gpu.check import (
     DECODE_HEAD_SIZE,
     DECODE_HEADS,
     Case,
-    batch_terms,
     correctness_cases,
     decode_shape,
 )
@@ -34,14 +32,21 @@ from pagedkv.gpu.emulator.build import EmulatorBuild, build_emulator
 from pagedkv.gpu.emulator.launch import EmulatedMemory, EmulatorError, Launch, run_launches
 from pagedkv.gpu.error_bound import compare_to_reference
 from pagedkv.gpu.kernel_variants import (
+    ATTENTION_KERNELS,
     ATTENTION_SOURCE,
     MMA_ATTENTION_SOURCE,
     AttentionKernel,
     KernelSource,
 )
-from pagedkv.gpu.nvrtc_build import source_text
+from pagedkv.gpu.nvrtc_build import KERNEL_DIR, source_text
 from pagedkv.gpu.reference import reference_write_kv
-from pagedkv.gpu.synthetic_batch import BatchShape, SyntheticBatch, make_batch
+from pagedkv.gpu.synthetic_batch import (
+    BatchShape,
+    SyntheticBatch,
+    batch_terms,
+    make_batch,
+    plan_batch,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -53,17 +58,7 @@ def _run_case(
     kernel: AttentionKernel | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    plan = plan_step(
-        batch.query,
-        batch.key_cache,
-        batch.query_start_loc,
-        batch.seq_lens,
-        batch.block_table,
-        sliding_window=batch.shape.sliding_window,
-        num_splits=splits,
-        limits=DeviceLimits(),
-        kernel=kernel,
-    )
+    plan = plan_batch(batch, num_splits=splits, limits=DeviceLimits(), kernel=kernel)
     out = emulate_paged_attention(batch.query, batch.key_cache, batch.value_cache, plan, **kwargs)
     return compare_to_reference(out, batch_terms(batch), dtype) | {"splits": plan.num_splits}
 
@@ -117,9 +112,7 @@ def test_the_h200_plan_of_the_largest_ci_cells_splits_as_the_table_does() -> Non
         DECODE_HEAD_SIZE,
     )
     batch = make_batch(shape, dtype=torch.bfloat16)
-    plan = plan_step(
-        batch.query, batch.key_cache, batch.query_start_loc, batch.seq_lens, batch.block_table
-    )
+    plan = plan_batch(batch)
     assert plan.grid == (8, 8, 8)
 
 
@@ -274,88 +267,105 @@ def test_an_argument_of_the_wrong_type_is_refused(probes: EmulatorBuild) -> None
 
 # --- kernel mutants -----------------------------------------------------------------------------
 
-SIMT_MUTANTS: dict[str, tuple[str, str]] = {
-    "barrier (A) removed": (
+SIMT, MMA, COMMON = "paged_attention.cu", "paged_attention_mma.cu", "pagedkv_common.cuh"
+Mutation = tuple[str, str, str]
+"""(file, text, replacement): the text occurs once in the file."""
+
+MUTANTS: dict[tuple[AttentionKernel, str], Mutation] = {
+    ("simt", "barrier (A) removed"): (
+        SIMT,
         "__syncthreads();  // (A) this tile landed; every warp finished the previous tile",
         "",
     ),
-    "barrier (B) removed": ("__syncthreads();  // (B) scores complete", ""),
-    "barrier (C) removed": (
+    ("simt", "barrier (B) removed"): (SIMT, "__syncthreads();  // (B) scores complete", ""),
+    ("simt", "barrier (C) removed"): (
+        SIMT,
         "__syncthreads();  // (C) probabilities and rescale factors complete",
         "",
     ),
-    "wait dropped": (
+    ("simt", "wait dropped"): (
+        SIMT,
         "    cp_async_wait_all();\n    __syncthreads();  // (A)",
         "    __syncthreads();  // (A)",
     ),
-    "prefetch moved above the barrier": (
+    ("simt", "prefetch moved above the barrier"): (
+        SIMT,
         "    cp_async_wait_all();\n    __syncthreads();  // (A) this tile landed; every warp"
         " finished the previous tile\n    if (tile + 1 < n_tiles) load_tile(tile + 1, buf ^ 1);\n",
         "    if (tile + 1 < n_tiles) load_tile(tile + 1, buf ^ 1);\n    cp_async_wait<1>();\n"
         "    __syncthreads();  // (A)\n",
     ),
-    "first load moved after its use": ("  if (n_tiles > 0) load_tile(0, 0);\n", ""),
-    "off by one: the key range ends before the query's own key": (
-        "const int kv_end = last_pos + 1;",
-        "const int kv_end = last_pos;",
+    ("simt", "first load moved after its use"): (
+        SIMT,
+        "  if (n_tiles > 0) load_tile(0, 0);\n",
+        "",
     ),
-}
-MMA_MUTANTS: dict[str, tuple[str, str]] = {
-    "barrier (A) removed": (
+    ("mma", "barrier (A) removed"): (
+        MMA,
         "__syncthreads();  // (A) this tile landed; every warp finished the previous tile",
         "",
     ),
-    "barrier (B) removed": ("__syncthreads();  // (B) every warp's row maxima", ""),
-    "barrier (C) removed": ("__syncthreads();  // (C) probabilities and partial sums complete", ""),
-    "wait dropped": ("    cp_async_wait<kStages - 2>();\n", ""),
-    "prefetch issued before the barrier": (
+    ("mma", "barrier (B) removed"): (MMA, "__syncthreads();  // (B) every warp's row maxima", ""),
+    ("mma", "barrier (C) removed"): (
+        MMA,
+        "__syncthreads();  // (C) probabilities and partial sums complete",
+        "",
+    ),
+    ("mma", "wait dropped"): (MMA, "    cp_async_wait<kStages - 2>();\n", ""),
+    ("mma", "prefetch issued before the barrier"): (
+        MMA,
         "    __syncthreads();  // (A) this tile landed; every warp finished the previous tile\n"
         "    issue(tile + kStages - 1, next_block);\n",
         "    issue(tile + kStages - 1, next_block);\n"
         "    __syncthreads();  // (A) this tile landed; every warp finished the previous tile\n",
     ),
-    "block ids looked up for the wrong tile": (
+    ("mma", "block ids looked up for the wrong tile"): (
+        MMA,
         "    next_block = lookup(tile + kStages);\n",
         "    next_block = lookup(tile + kStages - 1);\n",
     ),
-    "row maxima not shared across warps": (
+    ("mma", "row maxima not shared across warps"): (
+        MMA,
         "tile_max = fmaxf(tile_max, s_max[w * kRows + g + 8 * h]);",
         "tile_max = fmaxf(tile_max, s_max[warp * kRows + g + 8 * h]);",
     ),
-    "off by one: the key range ends before the query's own key": (
-        "const int kv_end = last_pos + 1;",
-        "const int kv_end = last_pos;",
-    ),
 }
-DROPPED_KEY = (
-    "const int kv_stop = min(kv_end, kv_begin + tile_hi * kTileN);",
-    "const int kv_stop = min(kv_end, kv_begin + tile_hi * kTileN) - (split + 1 < num_splits);",
+OFF_BY_ONE: Mutation = (
+    COMMON,
+    "const int kv_end = last_pos + 1;",
+    "const int kv_end = last_pos;",
 )
-"""A kernel that drops the last key of every split but the last one."""
+"""The shared key range ends before the query's own key (both kernels)."""
+DROPPED_KEY: Mutation = (
+    COMMON,
+    "c.kv_stop = min(kv_end, kv_begin + tile_hi * kTileN);",
+    "c.kv_stop = min(kv_end, kv_begin + tile_hi * kTileN) - (split + 1 < num_splits);",
+)
+"""Every split but the last one drops its last key (both kernels)."""
+for _kernel in ATTENTION_KERNELS:
+    MUTANTS[(_kernel, "off by one: the key range ends before the query's own key")] = OFF_BY_ONE
 
 
-def _mutant_text(source: KernelSource, mutation: tuple[str, str]) -> str:
-    text = source_text(source)
-    before, after = mutation
-    assert text.count(before) == 1, f"the mutation's anchor is in the kernel once: {before!r}"
-    return text.replace(before, after)
+def _mutated(mutation: Mutation) -> dict[str, str]:
+    file_name, before, after = mutation
+    sources = {s.file_name: s for s in (ATTENTION_SOURCE, MMA_ATTENTION_SOURCE)}
+    text = (
+        source_text(sources[file_name])
+        if file_name in sources
+        else (KERNEL_DIR / file_name).read_text()
+    )
+    assert text.count(before) == 1, f"the mutation's anchor is in {file_name} once: {before!r}"
+    return {file_name: text.replace(before, after)}
 
 
 @pytest.fixture(scope="module")
-def mutant_builds() -> dict[tuple[AttentionKernel, str], EmulatorBuild]:
-    """Every mutant compiled (two at a time: g++ runs in its own process). A tensor-core mutant
-    is built with the real SIMT source beside it (its merge kernel)."""
-    jobs: dict[tuple[AttentionKernel, str], Any] = {}
-    for name, mutation in {**SIMT_MUTANTS, "dropped key": DROPPED_KEY}.items():
-        text = _mutant_text(ATTENTION_SOURCE, mutation)
-        jobs[("simt", name)] = (ATTENTION_SOURCE, {ATTENTION_SOURCE.file_name: text})
-    for name, mutation in MMA_MUTANTS.items():
-        text = _mutant_text(MMA_ATTENTION_SOURCE, mutation)
-        sources = (ATTENTION_SOURCE, MMA_ATTENTION_SOURCE)
-        jobs[("mma", name)] = (sources, {MMA_ATTENTION_SOURCE.file_name: text})
+def mutant_builds() -> dict[Mutation, EmulatorBuild]:
+    """Every mutation compiled once, with both attention sources (two compiles at a time)."""
+    mutations = sorted({*MUTANTS.values(), DROPPED_KEY})
+    sources = (ATTENTION_SOURCE, MMA_ATTENTION_SOURCE)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        builds = pool.map(lambda job: build_emulator(job[0], texts=job[1]), jobs.values())
-        return dict(zip(jobs, builds, strict=True))
+        builds = pool.map(lambda m: build_emulator(sources, texts=_mutated(m)), mutations)
+        return dict(zip(mutations, builds, strict=True))
 
 
 def _mutant_survives(
@@ -369,18 +379,13 @@ def _mutant_survives(
         return False
 
 
-MUTANTS = [("simt", name) for name in SIMT_MUTANTS] + [("mma", name) for name in MMA_MUTANTS]
-
-
-@pytest.mark.parametrize(("kernel", "mutant"), MUTANTS, ids=[f"{k}: {m}" for k, m in MUTANTS])
+@pytest.mark.parametrize(("kernel", "mutant"), sorted(MUTANTS), ids=str)
 def test_every_kernel_mutant_fails_on_the_emulator(
-    kernel: AttentionKernel,
-    mutant: str,
-    mutant_builds: dict[tuple[AttentionKernel, str], EmulatorBuild],
+    kernel: AttentionKernel, mutant: str, mutant_builds: dict[Mutation, EmulatorBuild]
 ) -> None:
     """Killed when any of four runs (with and without splits, two thread orders) fails: a race
     shows under some orders only, and the seeds are fixed, so the verdict is the same each run."""
-    build = mutant_builds[(kernel, mutant)]
+    build = mutant_builds[MUTANTS[(kernel, mutant)]]
     runs = [(splits, seed) for splits in (None, 3) for seed in (0, 1)]
     assert not all(_mutant_survives(build, kernel, *run) for run in runs), f"{mutant} survived"
 
@@ -393,21 +398,13 @@ def test_the_real_kernels_pass_the_mutant_batches(kernel: AttentionKernel) -> No
 
 
 def test_the_old_bf16_tolerance_passed_a_kernel_that_drops_a_key_per_split(
-    mutant_builds: dict[tuple[AttentionKernel, str], EmulatorBuild],
+    mutant_builds: dict[Mutation, EmulatorBuild],
 ) -> None:
     """Issue 15: atol 1.6e-2 + rtol 2e-2 against a bf16 reference let this mutant through; the
     dtype-derived bound against the float64 reference does not."""
     batch = make_batch(BatchShape((1,), (4096,), 8, 8, 128, 16), dtype=torch.bfloat16, seed=0)
-    plan = plan_step(
-        batch.query,
-        batch.key_cache,
-        batch.query_start_loc,
-        batch.seq_lens,
-        batch.block_table,
-        num_splits=2,
-        kernel="simt",
-    )
-    build = mutant_builds[("simt", "dropped key")]
+    plan = plan_batch(batch, num_splits=2, kernel="simt")
+    build = mutant_builds[DROPPED_KEY]
     out = emulate_paged_attention(
         batch.query, batch.key_cache, batch.value_cache, plan, build=build
     )

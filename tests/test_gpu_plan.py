@@ -29,7 +29,7 @@ from pagedkv.gpu.attention_plan import (
     plan_attention,
     split_tiles,
 )
-from pagedkv.gpu.synthetic_batch import BatchShape, make_batch, paged_reference
+from pagedkv.gpu.synthetic_batch import BatchShape, make_batch, paged_reference, plan_batch
 
 
 def _metadata(
@@ -378,15 +378,7 @@ def test_the_kernel_algorithm_matches_the_reference(
         sliding_window=window,
     )
     batch = make_batch(shape, dtype=torch.float32, seed=num_splits)
-    plan = plan_step(
-        batch.query,
-        batch.key_cache,
-        batch.query_start_loc,
-        batch.seq_lens,
-        batch.block_table,
-        sliding_window=window,
-        num_splits=num_splits,
-    )
+    plan = plan_batch(batch, num_splits=num_splits)
     assert plan.traits.tile_tokens == 32  # several tiles per range
     expected = paged_reference(batch)
     emulated = emulate_kernel(

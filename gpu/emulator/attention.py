@@ -18,7 +18,7 @@ from pagedkv.gpu.attention_plan import AttentionPlan
 from pagedkv.gpu.emulator.build import EmulatorBuild, build_emulator
 from pagedkv.gpu.emulator.launch import EmulatedMemory, Launch, Pointer, run_launches
 from pagedkv.gpu.kernel_variants import ATTENTION_SOURCE, MMA_ATTENTION_SOURCE, WRITE_SOURCE
-from pagedkv.gpu.kv_write import check_slots, check_write_arrays, write_kv_call
+from pagedkv.gpu.kv_write import check_slots, check_write_arrays, write_kv_call, write_views
 
 if TYPE_CHECKING:
     import torch
@@ -136,13 +136,7 @@ def emulate_write_kv(
     """
     key, value = key.contiguous(), value.contiguous()
     key_cache, value_cache = key_cache.contiguous(), value_cache.contiguous()
-    views = [
-        describe(key, "key"),
-        describe(value, "value"),
-        describe(key_cache, "key_cache"),
-        describe(value_cache, "value_cache"),
-        describe(slot_mapping, "slot_mapping"),
-    ]
+    views = write_views(key, value, key_cache, value_cache, slot_mapping)
     check_write_arrays(*views)
     check_slots(slot_mapping.numpy(), key_cache.shape[0] * key_cache.shape[1])
     memory = EmulatedMemory()

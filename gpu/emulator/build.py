@@ -105,7 +105,8 @@ def build_emulator(
 
     Args:
         sources: translation units and their name expressions.
-        texts: file name -> the text to compile instead of `source_text` (kernel mutants).
+        texts: file name -> the text to compile instead of `source_text` (kernel mutants);
+            a `.cuh` of `pagedkv/gpu` may be replaced too (it is found first by `#include`).
         extra_flags: more compiler flags (e.g. `-fsanitize=undefined`).
 
     Returns:
@@ -120,14 +121,16 @@ def build_emulator(
     cxx = compiler()
     sources = sources if isinstance(sources, tuple) else (sources,)
     texts = dict(texts or {})
-    unknown = set(texts) - {source.file_name for source in sources}
+    headers = {path.name for path in KERNEL_DIR.glob("*.cuh")}
+    unknown = set(texts) - {source.file_name for source in sources} - headers
     if unknown:
-        raise ValueError(f"texts for files that are not among the sources: {sorted(unknown)}")
+        raise ValueError(f"texts for files that are neither sources nor headers: {sorted(unknown)}")
     kernel_texts = {s.file_name: texts.get(s.file_name) or source_text(s) for s in sources}
+    header_texts = {name: text for name, text in texts.items() if name in headers}
     names = tuple(name for source in sources for name in source.name_expressions)
     flags = (*COMPILER_FLAGS, *extra_flags)
     digest = hashlib.sha256()
-    for part in (repr(sorted(kernel_texts.items())), repr(names), repr(flags)):
+    for part in (repr(sorted({**kernel_texts, **header_texts}.items())), repr(names), repr(flags)):
         digest.update(part.encode())
     digest.update(_compiler_identity(cxx).encode())
     for header in sorted([*KERNEL_DIR.glob("*.cuh"), *EMULATOR_DIR.rglob("*.h")]):
@@ -141,6 +144,8 @@ def build_emulator(
         for file_name, text in kernel_texts.items():
             (work / file_name).write_text(text)
             kernel_files.append(work / file_name)
+        for file_name, text in header_texts.items():
+            (work / file_name).write_text(text)
         unit = work / "emulator.cpp"
         unit.write_text(translation_unit(tuple(kernel_files), names))
         command = [

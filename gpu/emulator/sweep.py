@@ -26,23 +26,14 @@ def run_cell(batch_size: int, context: int, kernel: str, seed: int) -> dict[str,
     """One cell on the emulator with one kernel and thread order."""
     import torch
 
-    from pagedkv.gpu.attention import plan_step
     from pagedkv.gpu.attention_plan import DeviceLimits
-    from pagedkv.gpu.check import batch_terms, decode_shape
+    from pagedkv.gpu.check import decode_shape
     from pagedkv.gpu.emulator.attention import emulate_paged_attention
     from pagedkv.gpu.error_bound import compare_to_reference
-    from pagedkv.gpu.synthetic_batch import make_batch
+    from pagedkv.gpu.synthetic_batch import batch_terms, make_batch, plan_batch
 
     batch = make_batch(decode_shape(batch_size, context), dtype=torch.bfloat16, seed=context)
-    plan = plan_step(
-        batch.query,
-        batch.key_cache,
-        batch.query_start_loc,
-        batch.seq_lens,
-        batch.block_table,
-        limits=DeviceLimits(),
-        kernel="mma" if kernel == "mma" else "simt",
-    )
+    plan = plan_batch(batch, limits=DeviceLimits(), kernel="mma" if kernel == "mma" else "simt")
     before = os.times()
     out = emulate_paged_attention(batch.query, batch.key_cache, batch.value_cache, plan, seed=seed)
     after = os.times()
