@@ -390,3 +390,31 @@ def test_the_kernel_algorithm_matches_the_reference(
     )
     assert np.isfinite(emulated).all()
     np.testing.assert_allclose(emulated, expected.double().numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_tensor_core_kernel_is_the_default_for_16_bit_types_only() -> None:
+    batch = make_batch(BatchShape((1,), (40,), 8, 2, 128, 16), dtype=torch.bfloat16)
+    plan = plan_batch(batch)
+    assert (plan.traits.kernel, plan.traits.rows, plan.traits.tile_tokens) == ("mma", 16, 32)
+    assert plan_batch(batch, kernel="simt").traits.rows == 8
+    fp32 = make_batch(BatchShape((1,), (40,), 8, 2, 128, 16), dtype=torch.float32)
+    assert plan_batch(fp32).traits.kernel == "simt"
+    with pytest.raises(InvalidArgumentError, match="tensor-core kernel takes"):
+        plan_batch(fp32, kernel="mma")
+
+
+def test_a_launch_over_48_kib_of_shared_memory_opts_in_first() -> None:
+    from pagedkv.gpu.kernel_variants import MMA_ATTENTION_SOURCE
+    from pagedkv.gpu.launch import OPT_IN_SHARED_BYTES, KernelCall
+
+    launched: list[tuple[int, int]] = []
+
+    class FakeKernel:
+        max_dynamic_shared_size_bytes = 0
+
+        def __call__(self, grid: object, block: object, args: object, shared_mem: int) -> None:
+            launched.append((shared_mem, self.max_dynamic_shared_size_bytes))
+
+    for smem in (OPT_IN_SHARED_BYTES, 56_768):
+        KernelCall(MMA_ATTENTION_SOURCE, "k", (1, 1, 1), (128, 1, 1), smem, ()).launch(FakeKernel())
+    assert launched == [(OPT_IN_SHARED_BYTES, 0), (56_768, 56_768)]
