@@ -194,22 +194,12 @@ def dense_attention(batch: SyntheticBatch, scale: float | None = None) -> torch.
 
 
 def paged_reference(batch: SyntheticBatch, scale: float | None = None) -> torch.Tensor:
-    """The torch reference run over the batch's own paged cache and metadata (its window too).
+    """The torch reference run over the batch's own paged cache and metadata (its window too),
+    in the batch's dtype, as `reference_paged_attention` returns it.
 
     Complexity: that of `reference_paged_attention`.
     """
-    from pagedkv.gpu.reference import reference_paged_attention
-
-    return reference_paged_attention(
-        batch.query,
-        batch.key_cache,
-        batch.value_cache,
-        batch.query_start_loc,
-        batch.seq_lens,
-        batch.block_table,
-        scale=scale,
-        sliding_window=batch.shape.sliding_window,
-    )
+    return batch_terms(batch, scale).out.to(batch.query.dtype)
 
 
 def plan_batch(batch: SyntheticBatch, **options: Any) -> AttentionPlan:
