@@ -29,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -245,8 +246,8 @@ def print_report(reports: dict[str, dict[str, Any]], missing: str | None) -> Non
     trace = pure["trace"]
     print(
         f"pagedkv vs {baseline}: CPU time (process_time_ns), {pure['rounds']} alternating rounds,"
-        f" paired medians\nratio = pagedkv / {baseline} (below 1: pagedkv is faster), paired with"
-        " the baseline's runs in the same worker process"
+        f" paired medians\nratio = pagedkv / {baseline} (below 1: pagedkv is faster), each build"
+        " paired with\nthe baseline's runs in its own worker process"
     )
     if missing:
         print(f"compiled build: not measured: {missing}")
@@ -256,11 +257,18 @@ def print_report(reports: dict[str, dict[str, Any]], missing: str | None) -> Non
     calls = sorted(trace["calls"].items(), key=lambda item: -item[1])
     print(
         f"\nserving trace: {trace['requests']:,} requests over {ISSUE_TRACE.num_system_prompts} "
-        f"system prompts, {MAX_RUNNING} running, block size 16, {NUM_BLOCKS:,} blocks\n"
-        f"  {sum(trace['calls'].values()):,} calls: "
-        + ", ".join(f"{count:,} {kind}" for kind, count in calls)
-        + "\n  each manager first replayed it checked call by call: same blocks, same hits"
+        f"system prompts, {MAX_RUNNING} running, block size 16, {NUM_BLOCKS:,} blocks"
     )
+    kinds = ", ".join(f"{count:,} {kind}" for kind, count in calls)
+    print(
+        textwrap.fill(
+            f"{sum(trace['calls'].values()):,} calls: {kinds}",
+            98,
+            initial_indent="  ",
+            subsequent_indent="    ",
+        )
+    )
+    print("  each manager first replayed it checked call by call: same blocks, same hits")
     _header("serving trace (ns per call, averaged over every call)", baseline)
     for hash_algo in HASHES:
         row, other = trace[hash_algo], compiled["trace"][hash_algo] if compiled else None
@@ -281,7 +289,7 @@ def print_report(reports: dict[str, dict[str, Any]], missing: str | None) -> Non
     _header("O(1) steps at 1k and 1M blocks, builtin hash (ns per call)", baseline)
     for name, row in scale["steps"].items():
         _line(name, row, other_scale["steps"][name] if other_scale else None)
-    print(f"  {'1M / 1k blocks, per call':<42}{baseline:>18} {'pure':>10} {'compiled':>17}")
+    print("  time per call at 1M blocks / at 1k blocks")
     for name in ("decode inside a block", "decode needs a new block"):
         cells: list[float] = []
         for report in (pure, compiled):
@@ -292,8 +300,8 @@ def print_report(reports: dict[str, dict[str, Any]], missing: str | None) -> Non
             if not cells:
                 cells.append(large["baseline_ns_per_op"] / small["baseline_ns_per_op"])
             cells.append(large["pagedkv_ns_per_op"] / small["pagedkv_ns_per_op"])
-        builds = "".join(f"{cell:>11.2f}       " for cell in cells[1:])
-        print(f"  {name:<42}{cells[0]:>18.2f}{builds}")
+        builds = " ".join(f"{cell:>10.2f} {'':>6}" for cell in cells[1:])
+        print(f"  {name:<42}{cells[0]:>18.2f} {builds}".rstrip())
     _header("1M blocks and 128k tokens (ms)", baseline)
     _line(
         "build a 1M-block KVCacheManager",
