@@ -50,6 +50,6 @@ def test_the_vllm_benchmark_runs_against_pagedkv_itself(capsys: pytest.CaptureFi
     argv = ["--quick", "--baseline", "pagedkv", "--conversations", "8", "--compiled-site", "-"]
     assert bench_vllm.main(argv) == 0
     report = capsys.readouterr().out
-    assert "every call checked against the recording first" in report
+    assert "checked call by call: same blocks, same hits" in report
     assert "compiled build: not measured" in report
     assert "decode inside a block" in report
