@@ -2,8 +2,11 @@
 
 `import pagedkv` gives the optimized implementation; `import pagedkv.spec` the executable
 specification it is checked against. Nothing outside the standard library is imported here.
+`pagedkv.COMPILED` says whether this install runs the hot modules compiled with mypyc
+(`COMPILED_MODULES` lists them) or as pure Python.
 """
 
+from pagedkv._build_info import MYPYC_MODULES, compiled_modules
 from pagedkv.block import KVCacheBlock
 from pagedkv.block_hash import (
     NONE_HASH,
@@ -51,7 +54,14 @@ from pagedkv.semantics import PAGEDKV, VLLM_0_8_5, Semantics
 
 __version__ = "0.1.0"
 
+COMPILED_MODULES: tuple[str, ...] = compiled_modules()
+"""The hot modules this process runs compiled (mypyc); empty for a pure-Python install."""
+COMPILED: bool = COMPILED_MODULES == MYPYC_MODULES
+"""True when every module the compiled build compiles runs compiled here."""
+
 __all__ = [
+    "COMPILED",
+    "COMPILED_MODULES",
     "NONE_HASH",
     "PAGEDKV",
     "VLLM_0_8_5",
