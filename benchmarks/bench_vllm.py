@@ -337,9 +337,6 @@ def main(argv: list[str] | None = None) -> int:
         default=ROOT / "build" / "compiled" / "site",
         help="where the compiled build is installed (./dev compiled)",
     )
-    parser.add_argument(
-        "--cache", type=Path, default=Path.home() / ".cache" / "pagedkv", help="vLLM download"
-    )
     parser.add_argument("--json", type=Path, default=None, help="also write the reports here")
     parser.add_argument("--worker", choices=("pure", "compiled"), help=argparse.SUPPRESS)
     parser.add_argument("--vllm-modules", type=Path, default=None, help=argparse.SUPPRESS)
@@ -349,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(run_worker(args), sys.stdout)
         return 0
     if args.baseline == "vllm":
-        args.vllm_modules = fetch_vllm_modules(args.cache)
+        args.vllm_modules = fetch_vllm_modules()  # cached; PAGEDKV_CACHE moves it
     reports = {"pure": _spawn("pure", None, args)}
     missing = None
     if not (args.compiled_site / "pagedkv").is_dir():

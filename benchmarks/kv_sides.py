@@ -1,10 +1,10 @@
 """The two managers a side-by-side benchmark drives: pagedkv's, and vLLM 0.8.5's own code.
 
 A `Side` builds a manager (block size 16, full attention, prefix caching on) and the request
-objects that manager reads. vLLM's modules are fetched at run time (never committed) by
-`proofs.vllm_conformance.fetch_vllm`; its requests are `VllmShapedRequest`s, written here to cost
-what vLLM's own `Request` costs the manager: plain attributes, a read-only token view whose
-indexing is a Python method, `num_tokens` a property.
+objects that manager reads. vLLM's modules are fetched at run time, never committed
+(`pagedkv.harness.vllm_wheel.source_tree`); its requests are `VllmShapedRequest`s, written here
+to cost what vLLM's own `Request` costs the manager: plain attributes, a read-only token view
+whose indexing is a Python method, `num_tokens` a property.
 """
 
 from __future__ import annotations
@@ -95,11 +95,12 @@ class VllmShapedRequest:
         return len(self._all_token_ids)
 
 
-def fetch_vllm_modules(cache: Path) -> Path:
-    """Download vLLM 0.8.5's wheel once and extract its KV cache modules (with stand-ins)."""
-    from proofs.vllm_conformance import fetch_vllm
+def fetch_vllm_modules() -> Path:
+    """vLLM 0.8.5's KV cache modules with their stand-ins, fetched once into pagedkv's cache."""
+    from pagedkv.harness import vllm_085
+    from pagedkv.harness.vllm_wheel import source_tree
 
-    return fetch_vllm(cache)
+    return source_tree("0.8.5", vllm_085.MODULES, vllm_085.STAND_INS)
 
 
 def vllm_side(modules: Path) -> Side:
