@@ -1,4 +1,5 @@
-"""The `pagedkv` command: `pagedkv verify` (the differential campaign), `pagedkv plan` (KV memory).
+"""The `pagedkv` command: `pagedkv verify` (the differential campaign), `pagedkv plan` (KV memory),
+`pagedkv run` (the end-to-end engine, `pagedkv[engine]`).
 
 Each subcommand lives in its own module, exposing `add_arguments(parser)` and `run(args) -> int`;
 it is imported only when chosen, so `pagedkv plan` never imports hypothesis.
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("pagedkv.harness.verify", "differential campaign: spec vs an implementation"),
     "plan": ("pagedkv.plan", "KV cache memory plan for a model and a memory budget"),
+    "run": ("pagedkv.engine.run_command", "serve a workload end to end on a paged KV cache"),
 }
 
 
