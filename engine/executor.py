@@ -13,7 +13,7 @@ query over its sequence's cached keys, through the block table). Two implementat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias
 
 from pagedkv.errors import InvalidArgumentError
@@ -47,6 +47,10 @@ class AttentionExecutor(Protocol):
         """Attention of the step's queries, [num_tokens, num_heads, head_size], over layer
         `layer`'s cache; returns the same shape."""
         ...
+
+
+ExecutorFactory: TypeAlias = "Callable[[Sequence[LayerKVCache]], AttentionExecutor]"
+"""Makes an executor over the per-layer caches (one per layer, in layer order)."""
 
 
 def make_executor(name: ExecutorName, caches: Sequence[LayerKVCache]) -> AttentionExecutor:

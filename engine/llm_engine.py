@@ -21,7 +21,7 @@ import torch
 
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.engine_request import EngineRequest
-from pagedkv.engine.executor import ExecutorName, make_executor
+from pagedkv.engine.executor import ExecutorFactory, ExecutorName, make_executor
 from pagedkv.engine.metrics import RunSummary, StepRecord
 from pagedkv.engine.model import check_llama
 from pagedkv.engine.paged_llama import PagedLlamaRunner
@@ -64,8 +64,9 @@ class LLMEngine:
         model: a Llama-layout causal LM (`pagedkv.engine.model`), in eval mode; its device and
             dtype are the caches'.
         config: pool and scheduling limits.
-        executor: "reference" (torch, any device), "cupy" (the CUDA kernels) or
-            "cupy-dry-run" (the kernels' glue and checks, computing with the reference).
+        executor: "reference" (torch, any device), "cupy" (the CUDA kernels),
+            "cupy-dry-run" (the kernels' glue and checks, computing with the reference), or a
+            factory making an executor from the per-layer caches.
         keep_logits: keep every sampled token's logits row (for the dense check).
 
     Raises:
@@ -77,7 +78,7 @@ class LLMEngine:
         model: Any,
         config: EngineConfig,
         *,
-        executor: ExecutorName = "reference",
+        executor: ExecutorName | ExecutorFactory = "reference",
         keep_logits: bool = False,
     ) -> None:
         check_llama(model)
@@ -106,7 +107,12 @@ class LLMEngine:
         )
         caches = allocate_kv_caches(kv_cache_config, backend="torch", device=str(self.device))
         layer_names = kv_cache_config.kv_cache_groups[0].layer_names
-        self.executor = make_executor(executor, [caches[name] for name in layer_names])
+        layer_caches = [caches[name] for name in layer_names]
+        self.executor = (
+            make_executor(executor, layer_caches)
+            if isinstance(executor, str)
+            else executor(layer_caches)
+        )
         self.timer = StageTimer(self.device)
         self.runner = PagedLlamaRunner(model, self.executor, self.timer)
         self.scheduler = Scheduler(config, self.manager)

@@ -30,24 +30,30 @@ from pagedkv.manager import KVCacheManager
 
 @dataclass(frozen=True)
 class ScheduledChunk:
-    """Tokens `[num_computed_tokens, num_computed_tokens + num_tokens)` of one request."""
+    """Tokens `[num_computed_tokens, num_computed_tokens + num_tokens)` of one request.
+
+    Attributes:
+        item: the request.
+        num_computed_tokens: its tokens in the cache before the step.
+        num_tokens: tokens computed this step.
+        samples: the chunk reaches the request's last token, so the model samples the next.
+        is_decode: the one token sampled last step (or a recompute's last token, the same).
+    """
 
     item: EngineRequest
     num_computed_tokens: int
     num_tokens: int
+    samples: bool
+    is_decode: bool
 
-    @property
-    def samples(self) -> bool:
-        """Whether this chunk reaches the request's last token, so the model samples one."""
-        return self.num_computed_tokens + self.num_tokens == self.item.request.num_tokens
-
-    @property
-    def is_decode(self) -> bool:
-        """The one token sampled last step (or a recompute's last token, which is the same)."""
-        request = self.item.request
-        return (
-            self.num_tokens == 1 and self.samples and request.num_tokens > request.num_prompt_tokens
-        )
+    @classmethod
+    def of(cls, item: EngineRequest, num_tokens: int) -> ScheduledChunk:
+        """The chunk of `num_tokens` tokens after the request's computed ones."""
+        request = item.request
+        computed = request.num_computed_tokens
+        samples = computed + num_tokens == request.num_tokens
+        past_prompt = request.num_tokens > request.num_prompt_tokens
+        return cls(item, computed, num_tokens, samples, samples and num_tokens == 1 and past_prompt)
 
 
 @dataclass
@@ -176,9 +182,7 @@ class Scheduler:
                 if victim is item:
                     break
             else:
-                output.scheduled.append(
-                    ScheduledChunk(item, item.request.num_computed_tokens, num_tokens)
-                )
+                output.scheduled.append(ScheduledChunk.of(item, num_tokens))
                 budget -= num_tokens
                 index += 1
         if output.preempted:
@@ -193,11 +197,11 @@ class Scheduler:
             self.running.append(item)
             item.status = RequestStatus.RUNNING
             item.request.num_computed_tokens = num_hit_tokens
+            output.scheduled.append(ScheduledChunk.of(item, num_tokens))
             self.stats.num_admissions += 1
             self.stats.num_lookup_tokens += item.request.num_tokens
             self.stats.num_hit_tokens += num_hit_tokens
             output.num_admitted += 1
-            output.scheduled.append(ScheduledChunk(item, num_hit_tokens, num_tokens))
             budget -= num_tokens
         return output
 
