@@ -68,7 +68,8 @@ def format_report(
         ),
         _line(
             "preemptions",
-            f"{summary.num_preemptions:,} ({num_preempted_requests} requests recomputed)",
+            f"{summary.num_preemptions:,} ({num_preempted_requests} "
+            f"{'request' if num_preempted_requests == 1 else 'requests'} recomputed)",
         ),
         _line("evictions", f"{summary.num_evictions:,} cached blocks reused for new content"),
         _line("peak pool usage", f"{100 * summary.peak_pool_usage:.1f}%"),
@@ -80,7 +81,10 @@ def format_report(
 
 def _check_line(check: DenseCheck) -> str:
     total = len(check.comparisons)
-    bound = f"max |logit diff| {check.max_logit_diff:.1e} (tolerance {check.atol:.0e})"
+    bound = (
+        f"max |logit diff| {check.max_logit_diff:.1e} <= {check.atol:.1e} (transformers' own "
+        f"generate vs forward: {check.noise_floor:.1e})"
+    )
     if check.passed:
         return (
             f"OK: {total} of {total} requests equal transformers' generate token for token "

@@ -37,6 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prompts", type=Path, metavar="FILE.jsonl", help="requests from a JSONL file instead"
     )
     workload.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=384,
+        metavar="N",
+        help="synthetic prompts: system prompts of N/8 to 5N/12 tokens, user messages of N/48 "
+        "to N/6, follow-up turns while shorter than N (384)",
+    )
+    workload.add_argument(
         "--max-tokens",
         type=int,
         default=48,
@@ -54,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=0, help="seeds the synthetic weights and trace (0)"
     )
     pool = parser.add_argument_group("KV pool and scheduling")
-    pool.add_argument("--num-blocks", type=int, default=96, help="blocks in the pool (96)")
+    pool.add_argument("--num-blocks", type=int, default=64, help="blocks in the pool (64)")
     pool.add_argument("--block-size", type=int, default=16, help="tokens per block (16)")
     pool.add_argument("--max-num-seqs", type=int, default=16, help="running requests (16)")
     pool.add_argument(
@@ -226,9 +234,10 @@ class _Session:
             return requests, f"{len(requests)} requests from {args.prompts}"
         if args.requests < 1:
             raise InvalidArgumentError(f"--requests must be >= 1, got {args.requests}")
-        trace = ChatTraceConfig(
+        trace = ChatTraceConfig.scaled(
             num_requests=args.requests,
-            max_tokens=(max(1, args.max_tokens // 4), args.max_tokens),
+            max_prompt_tokens=args.prompt_tokens,
+            max_tokens=args.max_tokens,
             seed=args.seed,
         )
         requests = synthetic_chat_trace(trace, vocab_size=vocab_size, stop_token_ids=stops)
@@ -322,6 +331,7 @@ def _write_json(path: Path, session: _Session, result: RunResult, check: DenseCh
         else {
             "passed": check.passed,
             "atol": check.atol,
+            "noise_floor": check.noise_floor,
             "max_logit_diff": check.max_logit_diff,
             "min_margin": check.min_margin,
             "failures": [c.request_id for c in check.failures],

@@ -53,6 +53,31 @@ class ChatTraceConfig:
     arrivals_per_step: float = 1.0
     seed: int = 0
 
+    @classmethod
+    def scaled(
+        cls, *, num_requests: int, max_prompt_tokens: int, max_tokens: int, seed: int = 0
+    ) -> ChatTraceConfig:
+        """The default trace's proportions, scaled to prompts of at most about
+        `max_prompt_tokens` (a follow-up may add one user message past it) and outputs of
+        `[max_tokens / 4, max_tokens]` tokens.
+
+        Raises:
+            InvalidArgumentError: `max_prompt_tokens` < 8 or `max_tokens` < 1.
+        """
+        if max_prompt_tokens < 8 or max_tokens < 1:
+            raise InvalidArgumentError(
+                f"prompts need at least 8 tokens and outputs 1, got {max_prompt_tokens} and "
+                f"{max_tokens}"
+            )
+        return cls(
+            num_requests=num_requests,
+            max_tokens=(max(1, max_tokens // 4), max_tokens),
+            system_prompt_tokens=(max(1, max_prompt_tokens // 8), 5 * max_prompt_tokens // 12),
+            user_tokens=(max(1, max_prompt_tokens // 48), max(1, max_prompt_tokens // 6)),
+            max_prompt_tokens=max_prompt_tokens,
+            seed=seed,
+        )
+
     def __post_init__(self) -> None:
         for name in ("max_tokens", "system_prompt_tokens", "user_tokens"):
             low, high = getattr(self, name)
