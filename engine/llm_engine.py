@@ -196,7 +196,7 @@ class LLMEngine:
         """
         for item in requests:
             self.add_request(item)
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.process_time()
         while self.has_unfinished_requests:
             finished = self.step()
             if on_step is not None:
@@ -204,6 +204,7 @@ class LLMEngine:
         self.timer.collect()
         summary = self.summary
         summary.seconds += time.perf_counter() - began  # over every run() of this engine
+        summary.cpu_seconds += time.process_time() - began_cpu
         summary.stage_seconds = dict(self.timer.seconds)
         items = list(self.requests)
         summary.num_requests = len(items)

@@ -49,6 +49,7 @@ class RunSummary:
             recomputes after preemption, decodes).
         num_steps: engine steps.
         seconds: wall-clock time of the run (the model and the engine, no dense check).
+        cpu_seconds: the process's CPU time over the same span (all threads).
         stage_seconds: time in the executor, by stage ("kv_write", "attention").
         num_preemptions, num_evictions, prefix_hit_rate, num_hit_tokens, num_lookup_tokens:
             from the scheduler (`SchedulerStats`, `EvictionCounter`).
@@ -61,6 +62,7 @@ class RunSummary:
     num_computed_tokens: int = 0
     num_steps: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
     stage_seconds: dict[str, float] = field(default_factory=dict)
     num_preemptions: int = 0
     num_evictions: int = 0

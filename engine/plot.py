@@ -40,7 +40,7 @@ def plot_steps(steps: Sequence[StepRecord], path: str | Path, *, title: str) -> 
             ms=4,
             label=f"step with a preemption ({len(preempting)})",
         )
-        usage.legend(loc="lower right", fontsize=8)
+        usage.legend(loc="lower center", fontsize=8)
 
     hits.plot(x, [100 * r.prefix_hit_rate for r in steps], color="tab:green", lw=1.2)
     hits.set_ylabel("prefix-cache hit rate (%)", color="tab:green")

@@ -54,7 +54,7 @@ def format_report(
             "throughput",
             f"{summary.generated_tokens_per_second:,.1f} generated tokens/s, "
             f"{summary.computed_tokens_per_second:,.1f} computed tokens/s "
-            f"({summary.seconds:.2f} s wall clock)",
+            f"({summary.seconds:.2f} s wall clock, {summary.cpu_seconds:.2f} s CPU)",
         ),
         _line(
             "attention share",
