@@ -115,11 +115,11 @@ class LLMEngine:
         )
         self.timer = StageTimer(self.device)
         self.runner = PagedLlamaRunner(model, self.executor, self.timer)
-        self.scheduler = Scheduler(config, self.manager)
+        self.summary = RunSummary()
+        self.scheduler = Scheduler(config, self.manager, self.summary)
         self.keep_logits = keep_logits
         self.step_index = 0
         self.steps: list[StepRecord] = []
-        self.summary = RunSummary()
         self.requests: list[EngineRequest] = []  # every request added, in order
         self.pending: list[EngineRequest] = []  # not arrived yet, by arrival step
         self.logit_rows: dict[str, list[torch.Tensor]] = {}
@@ -269,7 +269,4 @@ class LLMEngine:
         summary = self.summary
         summary.num_steps += 1
         summary.peak_pool_usage = max(summary.peak_pool_usage, usage)
-        summary.num_preemptions = stats.num_preemptions
         summary.num_evictions = scheduler.evictions.num_evictions
-        summary.num_hit_tokens = stats.num_hit_tokens
-        summary.num_lookup_tokens = stats.num_lookup_tokens

@@ -38,8 +38,32 @@ class StepRecord:
 
 
 @dataclass
-class RunSummary:
-    """Totals of a run.
+class SchedulerStats:
+    """Counts since the scheduler was made.
+
+    Attributes:
+        num_preemptions: requests preempted (each time counts).
+        num_admissions: requests admitted, readmissions after preemption included.
+        num_lookup_tokens: tokens of the requests admitted (what the prefix cache was asked).
+        num_hit_tokens: of those, tokens served from the prefix cache.
+        num_finished: requests finished.
+    """
+
+    num_preemptions: int = 0
+    num_admissions: int = 0
+    num_lookup_tokens: int = 0
+    num_hit_tokens: int = 0
+    num_finished: int = 0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Hit tokens over tokens looked up at admission; 0.0 before any admission."""
+        return self.num_hit_tokens / self.num_lookup_tokens if self.num_lookup_tokens else 0.0
+
+
+@dataclass
+class RunSummary(SchedulerStats):
+    """Totals of a run: the scheduler's counts (it counts into this object) and the run's.
 
     Attributes:
         num_requests: requests completed.
@@ -51,8 +75,7 @@ class RunSummary:
         seconds: wall-clock time of the run (the model and the engine, no dense check).
         cpu_seconds: the process's CPU time over the same span (all threads).
         stage_seconds: time in the executor, by stage ("kv_write", "attention").
-        num_preemptions, num_evictions, prefix_hit_rate, num_hit_tokens, num_lookup_tokens:
-            from the scheduler (`SchedulerStats`, `EvictionCounter`).
+        num_evictions: cached blocks evicted (`EvictionCounter`).
         peak_pool_usage: the highest `pool_usage` after any step.
     """
 
@@ -64,15 +87,8 @@ class RunSummary:
     seconds: float = 0.0
     cpu_seconds: float = 0.0
     stage_seconds: dict[str, float] = field(default_factory=dict)
-    num_preemptions: int = 0
     num_evictions: int = 0
-    num_hit_tokens: int = 0
-    num_lookup_tokens: int = 0
     peak_pool_usage: float = 0.0
-
-    @property
-    def prefix_hit_rate(self) -> float:
-        return self.num_hit_tokens / self.num_lookup_tokens if self.num_lookup_tokens else 0.0
 
     @property
     def generated_tokens_per_second(self) -> float:

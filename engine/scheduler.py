@@ -24,6 +24,7 @@ from pagedkv.block import KVCacheBlock
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.engine_request import EngineRequest, RequestStatus
 from pagedkv.engine.evictions import EvictionCounter
+from pagedkv.engine.metrics import SchedulerStats
 from pagedkv.errors import InvalidArgumentError, InvariantViolation, RequestError
 from pagedkv.manager import KVCacheManager
 
@@ -69,37 +70,20 @@ class SchedulerOutput:
         return sum(chunk.num_tokens for chunk in self.scheduled)
 
 
-@dataclass
-class SchedulerStats:
-    """Counts since the scheduler was made.
-
-    Attributes:
-        num_preemptions: requests preempted (each time counts).
-        num_admissions: requests admitted, readmissions after preemption included.
-        num_lookup_tokens: tokens of the requests admitted (what the prefix cache was asked).
-        num_hit_tokens: of those, tokens served from the prefix cache.
-        num_finished: requests finished.
-    """
-
-    num_preemptions: int = 0
-    num_admissions: int = 0
-    num_lookup_tokens: int = 0
-    num_hit_tokens: int = 0
-    num_finished: int = 0
-
-    @property
-    def prefix_hit_rate(self) -> float:
-        """Hit tokens over tokens looked up at admission; 0.0 before any admission."""
-        return self.num_hit_tokens / self.num_lookup_tokens if self.num_lookup_tokens else 0.0
-
-
 class Scheduler:
     """Owns the waiting queue and the running list; drives one `KVCacheManager`.
+
+    Args:
+        config: the limits.
+        manager: the KV cache manager (its block size and pool must be the config's).
+        stats: where to count (e.g. a `RunSummary`); None: a new `SchedulerStats`.
 
     Invariants: `check_invariants()`.
     """
 
-    def __init__(self, config: EngineConfig, manager: KVCacheManager) -> None:
+    def __init__(
+        self, config: EngineConfig, manager: KVCacheManager, stats: SchedulerStats | None = None
+    ) -> None:
         if manager.block_size != config.block_size or manager.num_gpu_blocks != config.num_blocks:
             raise InvalidArgumentError(
                 f"the manager has {manager.num_gpu_blocks} blocks of {manager.block_size} tokens, "
@@ -110,7 +94,7 @@ class Scheduler:
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
         self.live_request_ids: set[str] = set()
-        self.stats = SchedulerStats()
+        self.stats = SchedulerStats() if stats is None else stats
         self.evictions = EvictionCounter()
 
     def check_request(self, item: EngineRequest) -> None:

@@ -157,7 +157,9 @@ def load_prompts_jsonl(
         if not line.strip():
             continue
         where = f"{path}:{number}"
-        item = _parse_line(line, where, vocab_size, default_max_tokens, stop_token_ids, tokenize)
+        item = _parse_line(
+            line, where, f"line-{number}", vocab_size, default_max_tokens, stop_token_ids, tokenize
+        )
         if item.request_id in seen:
             raise InvalidArgumentError(f"{where}: id {item.request_id!r} is used twice")
         seen.add(item.request_id)
@@ -170,6 +172,7 @@ def load_prompts_jsonl(
 def _parse_line(
     line: str,
     where: str,
+    default_id: str,
     vocab_size: int,
     default_max_tokens: int,
     stop_token_ids: Sequence[int],
@@ -208,7 +211,7 @@ def _parse_line(
         raise InvalidArgumentError(
             f"{where}: token id {bad[0]} is outside the model's vocabulary [0, {vocab_size})"
         )
-    request_id = record.get("id", f"line-{where.rsplit(':', 1)[1]}")
+    request_id = record.get("id", default_id)
     if not isinstance(request_id, str) or not request_id:
         raise InvalidArgumentError(f"{where}: id must be a non-empty string")
     max_tokens = _int_field(record, "max_tokens", default_max_tokens, 1, where)
