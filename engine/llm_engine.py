@@ -12,6 +12,7 @@ through the executor, argmax, `Scheduler.update_from_output`. Sampling is greedy
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -139,8 +140,7 @@ class LLMEngine:
         self.scheduler.check_request(item)
         self._known_ids.add(item.request_id)
         self.requests.append(item)
-        self.pending.append(item)
-        self.pending.sort(key=lambda pending: pending.arrival_step)
+        bisect.insort(self.pending, item, key=lambda pending: pending.arrival_step)  # stable
         self.summary.num_prompt_tokens += item.request.num_prompt_tokens
 
     @property
