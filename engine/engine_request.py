@@ -55,7 +55,11 @@ class EngineRequest:
         rid = self.request.request_id
         if self.request.num_prompt_tokens < 1:
             raise InvalidArgumentError(f"request {rid!r}: the prompt must have at least 1 token")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if (
+            not isinstance(self.max_tokens, int)
+            or isinstance(self.max_tokens, bool)
+            or self.max_tokens < 1
+        ):
             raise InvalidArgumentError(
                 f"request {rid!r}: max_tokens must be an int >= 1, got {self.max_tokens!r}"
             )

@@ -132,11 +132,19 @@ class LLMEngine:
         """Accept a request; it joins the waiting queue at its arrival step.
 
         Raises:
-            RequestError: a request id used before in this engine, or as
-                `Scheduler.check_request`.
+            RequestError: a request id used before in this engine, a prompt token outside the
+                model's vocabulary, or as `Scheduler.check_request`.
         """
         if item.request_id in self._known_ids:
             raise RequestError(item.request_id, "request id already used in this engine")
+        vocab_size = self.runner.model.config.vocab_size
+        for position, token in enumerate(item.prompt_token_ids):
+            if not 0 <= token < vocab_size:
+                raise RequestError(
+                    item.request_id,
+                    f"prompt token ids must be in the model's vocabulary [0, {vocab_size})",
+                    f"token {token} at position {position}",
+                )
         self.scheduler.check_request(item)
         self._known_ids.add(item.request_id)
         self.requests.append(item)

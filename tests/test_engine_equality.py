@@ -27,6 +27,7 @@ from pagedkv.engine.llm_engine import LLMEngine, RunResult  # noqa: E402
 from pagedkv.engine.model import synthetic_llama  # noqa: E402
 from pagedkv.engine.torch_executor import TorchReferenceExecutor  # noqa: E402
 from pagedkv.engine.workload import ChatTraceConfig, synthetic_chat_trace  # noqa: E402
+from pagedkv.errors import InvalidArgumentError, RequestError  # noqa: E402
 from pagedkv.gpu.step_metadata import StepMetadata  # noqa: E402
 
 CONFIG = EngineConfig(
@@ -123,6 +124,23 @@ def test_the_kernels_dry_run_builds_every_launch_and_gives_the_same_logits(
         assert plan.head_size == 64 and plan.dtype == "float32"
         assert plan.metadata.block_size == CONFIG.block_size
         assert plan.metadata.num_blocks == CONFIG.num_blocks
+
+
+def test_bad_requests_are_refused_before_anything_runs(model: Any) -> None:
+    engine = LLMEngine(model, CONFIG)
+    engine.add_request(EngineRequest.from_prompt("ok", [1, 2, 3], 2))
+    with pytest.raises(RequestError, match=r"vocabulary \[0, 512\) \(token 512 at position 1\)"):
+        engine.add_request(EngineRequest.from_prompt("big", [1, 512], 2))
+    with pytest.raises(RequestError, match="request id already used in this engine"):
+        engine.add_request(EngineRequest.from_prompt("ok", [1], 2))
+    with pytest.raises(RequestError, match="must not exceed max_model_len"):
+        engine.add_request(EngineRequest.from_prompt("long", [1] * 120, 9))
+    assert [item.request_id for item in engine.requests] == ["ok"]
+    assert engine.summary.num_prompt_tokens == 3
+    with pytest.raises(InvalidArgumentError, match="max_model_len 2048 exceeds the model's"):
+        LLMEngine(model, dataclasses.replace(CONFIG, max_model_len=2048))
+    with pytest.raises(InvalidArgumentError, match="executor must be one of"):
+        LLMEngine(model, CONFIG, executor="triton")  # type: ignore[arg-type]
 
 
 class SwappedPagesExecutor(TorchReferenceExecutor):
