@@ -147,6 +147,11 @@ def test_prompts_from_a_jsonl_file_are_served(
     ("extra", "message"),
     [
         (["--executor", "cupy"], "--executor cupy launches CUDA kernels: add --device cuda"),
+        pytest.param(
+            ["--device", "cuda"],
+            "--device cuda: torch sees no CUDA device",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here"),
+        ),
         (["--num-blocks", "8"], "'chat-000': a request must fit in the pool on its own"),
         (["--block-size", "6"], "block_size must be a power of two"),
         (["--preset", "huge"], "unknown synthetic model 'huge'"),
