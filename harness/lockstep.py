@@ -1,20 +1,24 @@
 """Lock-step machinery shared by the differential state machines.
 
-A `LockstepMachine` holds a spec object and an object under test, both with `snapshot()` and
-`check_invariants()`. `both()` applies one call to each and demands the same outcome: equal
-results, or the same exception class with neither side changed; with `same_messages` (pagedkv's
-own objects) the same message too, so the spec's wording of each refusal is the one to keep.
+A `LockstepMachine` (hypothesis drives it) and a `LockstepPair` (the exhaustive search and
+other deterministic drivers call it) each hold a spec object and an object under test, both with
+`snapshot()` and `check_invariants()`. `both()` applies one call to each and demands the same
+outcome: equal results, or the same exception class with neither side changed; with
+`same_messages` (pagedkv's own objects) the same message too, so the spec's wording of each
+refusal is the one to keep.
 After every step the snapshots must be equal and both invariant checks must pass.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant
@@ -24,6 +28,17 @@ from pagedkv.errors import InvariantViolation
 T = TypeVar("T")
 
 ONE_IN_FIVE = (False, False, False, False, True)  # shrinks towards False
+
+
+@contextmanager
+def quiet_refusal_warnings() -> Iterator[None]:
+    """Silence the warnings refused prefix-cache resets log (thousands in a search or campaign)."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
 
 
 class Divergence(AssertionError):
@@ -233,3 +248,87 @@ class LockstepMachine(RuleBasedStateMachine):
         self.spec.check_invariants()
         self.impl.check_invariants()
         self.stats.step(hash((self.state_key(), spec_state.key())))
+
+
+# -- deterministic drivers ---------------------------------------------------------------------
+
+R = TypeVar("R")
+
+
+class Observable(Protocol):
+    """What a pool or manager under test offers for comparison (see `harness/protocol.py`)."""
+
+    def snapshot(self) -> Any: ...
+
+    def check_invariants(self) -> None: ...
+
+
+S = TypeVar("S", bound=Observable)
+
+SideCall = Callable[[S, str], R]
+"""A call applied to one side; the second argument is "spec" or "impl"."""
+
+
+class LockstepPair(Generic[S]):
+    """A spec object and an object under test that have agreed on every call so far.
+
+    Attributes:
+        spec: the reference side.
+        impl: the side under test.
+        state: the spec's snapshot, equal to the impl's, after the last call.
+        log: when not None, every call is appended to it with its outcome (for traces).
+        same_messages: whether a refusal must also carry the spec's message, word for word.
+    """
+
+    def __init__(self, spec: S, impl: S, same_messages: bool = False) -> None:
+        self.spec = spec
+        self.impl = impl
+        self.same_messages = same_messages
+        self.log: list[str] | None = None
+        self.state: Any = None
+        self.settle("initial state")
+
+    @classmethod
+    def restored(cls, spec: S, impl: S, state: Any, same_messages: bool = False) -> LockstepPair[S]:
+        """A pair rebuilt from copies of two sides that already agreed on `state`."""
+        pair = cls.__new__(cls)
+        pair.spec, pair.impl, pair.state, pair.log = spec, impl, state, None
+        pair.same_messages = same_messages
+        return pair
+
+    def both(self, name: str, call: SideCall[S, R]) -> Outcome[R]:
+        """Apply `call` to both sides and demand the same outcome.
+
+        Raises:
+            Divergence: different error classes, different results, a failed call that changed
+                the object under test, or different states after the call.
+            InvariantViolation: a failed call changed the spec, or an invariant check failed.
+        """
+        log = self.log
+
+        def record(spec_outcome: Outcome[R], _: Outcome[R]) -> None:
+            if log is not None:
+                log.append(f"{name} {show(spec_outcome)}")
+
+        outcome = compare_call(
+            name,
+            self.spec,
+            self.impl,
+            call,
+            self.state,
+            self.state,
+            record,
+            same_messages=self.same_messages,
+        )
+        if outcome.ok:
+            self.settle(name)
+        return outcome
+
+    def settle(self, after: str) -> None:
+        """Demand equal snapshots and passing invariant checks on both sides; record the state."""
+        spec_state, impl_state = self.spec.snapshot(), self.impl.snapshot()
+        if spec_state != impl_state:
+            raise Divergence(f"states differ after {after}:\n" + describe(spec_state, impl_state))
+        self.spec.check_invariants()
+        self.impl.check_invariants()
+        self.state = spec_state

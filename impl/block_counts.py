@@ -1,7 +1,7 @@
 """How many blocks one `allocate_slots` step requires, allocates and caches, and whether it fits.
 
 Pure integer functions, so that CrossHair can check their contracts
-(`proofs/crosshair_contracts.py`) and compare them with the spec's brute-force twins
+(`proofs/crosshair/contracts.py`) and compare them with the spec's brute-force twins
 (`pagedkv.spec.block_counts`). With B tokens a block, a step that schedules `num_tokens` tokens
 (speculative ones included) after `num_computed_tokens`:
 

@@ -85,11 +85,14 @@ SELECTED_TESTS = (
 TEST_HELPERS = ("conftest.py", "manager_fixtures.py", "broken_pools.py", "broken_managers.py")
 PROOFS_MODULES = (
     "__init__.py",
-    "crosshair_contracts.py",
-    "crosshair_pairs.py",
-    "crosshair_runner.py",
+    "crosshair/__init__.py",
+    "crosshair/contracts.py",
+    "crosshair/pairs.py",
+    "crosshair/runner.py",
+    "planted/__init__.py",
+    "planted/catalog.py",
 )
-"""The `proofs` modules `tests/test_pure_functions.py` imports."""
+"""The `proofs` modules the selected tests import (`test_pure_functions.py`, `broken_pools.py`)."""
 
 PACKAGES = {"impl": "src/pagedkv", "spec": "src/pagedkv/spec", "harness": "src/pagedkv/harness"}
 
@@ -193,8 +196,8 @@ def build_staging(staging: Path = STAGING) -> None:
     (staging / "tests").mkdir()
     for name in (*TEST_HELPERS, *SELECTED_TESTS):
         shutil.copy2(ROOT / "tests" / name, staging / "tests" / name)
-    (staging / "proofs").mkdir()
     for name in PROOFS_MODULES:
+        (staging / "proofs" / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / "proofs" / name, staging / "proofs" / name)
     (staging / "pyproject.toml").write_text(staging_pyproject())
 

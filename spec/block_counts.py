@@ -1,7 +1,7 @@
 """Block counts of one allocation step, defined the plain way.
 
 `pagedkv.block_counts` computes the same numbers; these definitions say what they mean (whole
-blocks, plus one for a partial block), and `proofs/crosshair_runner.py` compares the two with
+blocks, plus one for a partial block), and `proofs/crosshair/runner.py` compares the two with
 `crosshair diffbehavior`.
 """
 

@@ -10,11 +10,11 @@ from collections.abc import Sequence
 
 from pagedkv.block import KVCacheBlock
 from pagedkv.block_pool import BlockPool
-from pagedkv.errors import FreeQueueError
 from pagedkv.free_queue import FreeKVCacheBlockQueue
 from pagedkv.harness.adapters import ObjectPoolAdapter
 from pagedkv.harness.protocol import PoolUnderTest
 from pagedkv.semantics import Semantics
+from proofs.planted.catalog import append_at_head
 
 
 class HeadAppendQueue(FreeKVCacheBlockQueue):
@@ -22,17 +22,7 @@ class HeadAppendQueue(FreeKVCacheBlockQueue):
 
     __slots__ = ()
 
-    def append(self, block: KVCacheBlock) -> None:
-        if self.contains(block):
-            raise FreeQueueError(block.block_id, "append of a block already in the free queue")
-        head = self.free_list_head
-        block.next_free_block = head
-        if head is None:
-            self.free_list_tail = block
-        else:
-            head.prev_free_block = block
-        self.free_list_head = block
-        self.num_free_blocks += 1
+    append = append_at_head
 
 
 class FreeToHeadPool(BlockPool):

@@ -1,6 +1,6 @@
 """The CrossHair runner: its suites are sound, it refutes planted bugs, and it replays honestly.
 
-The full run (`python -m proofs.crosshair_runner`, about a minute on two cores) is its own CI
+The full run (`python -m proofs.crosshair`, about a minute on two cores) is its own CI
 step; here run the pieces that keep it trustworthy: every contract and pair has inputs that meet
 its preconditions and pass, every pure function runs under some contract, planted bugs are
 refuted with concrete replayed counterexamples, and a CrossHair false alarm is discarded.
@@ -20,10 +20,12 @@ from typing import Any
 import pytest
 
 from pagedkv import block_counts, block_hash, kv_cache_config, kv_cache_interface, sliding_window
-from proofs import crosshair_contracts, crosshair_pairs, crosshair_planted
-from proofs.crosshair_contracts import CONTRACTS, Contract
-from proofs.crosshair_pairs import PAIRS, Pair
-from proofs.crosshair_runner import (
+from proofs.crosshair import contracts as crosshair_contracts
+from proofs.crosshair import pairs as crosshair_pairs
+from proofs.crosshair import planted as crosshair_planted
+from proofs.crosshair.contracts import CONTRACTS, Contract
+from proofs.crosshair.pairs import PAIRS, Pair
+from proofs.crosshair.runner import (
     Bounds,
     Check,
     Outcome,
@@ -44,13 +46,13 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("contract", CONTRACTS, ids=lambda c: c.name)
 def test_contract_examples_meet_the_preconditions_and_hold(contract: Contract) -> None:
     assert contract.examples, "an example shows the preconditions can be met"
-    assert run_examples(Check("proofs.crosshair_contracts", contract)) is None
+    assert run_examples(Check("proofs.crosshair.contracts", contract)) is None
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: p.name)
 def test_pair_examples_are_in_the_domain_and_agree(pair: Pair) -> None:
     assert pair.examples
-    assert run_examples(Check("proofs.crosshair_pairs", pair)) is None
+    assert run_examples(Check("proofs.crosshair.pairs", pair)) is None
 
 
 PURE_FUNCTIONS: list[Callable[..., Any]] = [
@@ -118,9 +120,9 @@ def test_planted_bugs_are_refuted_with_replayed_counterexamples(tmp_path: Path) 
         [
             sys.executable,
             "-m",
-            "proofs.crosshair_runner",
+            "proofs.crosshair.runner",
             "--suite",
-            "proofs.crosshair_planted",
+            "proofs.crosshair.planted",
             "--per-condition-timeout",
             "3",
             "--per-path-timeout",
@@ -195,7 +197,7 @@ def test_replaying_a_pair_compares_both_sides() -> None:
     assert "impl returns 0, spec returns 1" in what
 
 
-CONTRACT_CHECK = Check("proofs.crosshair_contracts", CONTRACTS[2])  # contract_fits
+CONTRACT_CHECK = Check("proofs.crosshair.contracts", CONTRACTS[2])  # contract_fits
 
 
 @pytest.mark.parametrize(
@@ -227,7 +229,7 @@ def test_a_false_counterexample_is_kept_as_discarded() -> None:
 
 def test_diffbehavior_reports_are_classified() -> None:
     pair = PAIRS[0]
-    check = Check("proofs.crosshair_pairs", pair)
+    check = Check("proofs.crosshair.pairs", pair)
     exhausted = "No differences found. (attempted 12 iterations)\nAll paths exhausted, ...\n"
     assert pair_outcome(check, pair, exhausted, 0).status == "confirmed"
     assert pair_outcome(check, pair, "No differences found.\n", 0).status == "bounded"
@@ -247,7 +249,7 @@ def test_exit_status_prefers_a_counterexample_to_a_setup_error() -> None:
 
 
 def test_the_default_suites_load_and_every_check_has_a_crosshair_command() -> None:
-    checks = load_checks(("proofs.crosshair_contracts", "proofs.crosshair_pairs"), ())
+    checks = load_checks(("proofs.crosshair.contracts", "proofs.crosshair.pairs"), ())
     assert len(checks) == len(CONTRACTS) + len(PAIRS)
     for check in checks:
         command = check.command(Bounds())

@@ -1,4 +1,4 @@
-"""Exhaustive state search (proofs/exhaustive.py): the CI scope passes, planted bugs fail.
+"""Exhaustive state search (proofs/exhaustive/): the CI scope passes, planted bugs fail.
 
 Every configuration of the `ci` scope is searched completely, the implementation in lock-step
 with the spec. Each broken pool and manager must fail with the shortest trace, whose length is
@@ -14,11 +14,11 @@ import pytest
 from pagedkv.harness.adapters import pagedkv_manager, pagedkv_pool
 from pagedkv.harness.protocol import ManagerFactory, PoolFactory
 from pagedkv.spec.block_state import BlockState, state_of
-from proofs import exhaustive
-from proofs.exhaustive import MANAGER_SCOPES, POOL_SCOPES, explore_manager, explore_pool
-from proofs.manager_world import ManagerSearchConfig, ManagerWorld
-from proofs.pool_world import PoolSearchConfig, PoolWorld
-from proofs.search import SearchResult
+from proofs.exhaustive import explore as exhaustive
+from proofs.exhaustive.explore import MANAGER_SCOPES, POOL_SCOPES, explore_manager, explore_pool
+from proofs.exhaustive.manager_world import ManagerSearchConfig, ManagerWorld
+from proofs.exhaustive.pool_world import PoolSearchConfig, PoolWorld
+from proofs.exhaustive.search import SearchResult
 
 POOL = PoolSearchConfig(3, 1, ((0, 0), (0, 1)))
 FULL = ManagerSearchConfig(4, 1, 4, ((0, 1), (0, 1, 1)))

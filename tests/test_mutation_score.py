@@ -87,7 +87,8 @@ def test_the_staging_tree_has_the_layout_mutmut_expects(tmp_path: Path) -> None:
     assert (package / "harness" / "pool_machine.py").is_file()
     for name in ("conftest.py", "manager_fixtures.py", *SELECTED_TESTS):
         assert (staging / "tests" / name).is_file(), name
-    assert (staging / "proofs" / "crosshair_contracts.py").is_file()
+    for name in mutation.PROOFS_MODULES:
+        assert (staging / "proofs" / name).is_file(), name
     config = (staging / "pyproject.toml").read_text()
     only_mutate = ", ".join(f'"src/pagedkv/{name}"' for name in MUTATED_MODULES)
     assert 'source_paths = ["src/pagedkv"]' in config.splitlines()

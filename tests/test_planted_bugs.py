@@ -14,8 +14,9 @@ import pytest
 
 from pagedkv import block_counts, block_pool, manager
 from pagedkv.block_pool import BlockPool
-from proofs import planted_bugs, planted_plugin
-from proofs.planted_bugs import (
+from proofs.planted import bugs as planted_bugs
+from proofs.planted import plugin as planted_plugin
+from proofs.planted.bugs import (
     MIN_CATCHES,
     TABLE_PATH,
     catches,
@@ -25,9 +26,9 @@ from proofs.planted_bugs import (
     render_table,
     run_all,
 )
-from proofs.planted_catalog import VARIANTS, VARIANTS_BY_NAME, FunctionPatch, planted
-from proofs.planted_checkers import CHECKERS, PLANT_ENV, Verdict, check_scenarios
-from proofs.planted_crosshair import CHECKS_BY_VARIANT
+from proofs.planted.catalog import VARIANTS, VARIANTS_BY_NAME, FunctionPatch, planted
+from proofs.planted.checkers import CHECKERS, PLANT_ENV, Verdict, check_scenarios
+from proofs.planted.crosshair_checks import CHECKS_BY_VARIANT
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """The pure functions behind allocate_slots, the sliding window, multimodal keys and budgets.
 
 Worked examples with exact values, then every small input: the CrossHair contracts
-(`proofs/crosshair_contracts.py`) run concretely over exhaustive tiny domains, and each impl
+(`proofs/crosshair/contracts.py`) run concretely over exhaustive tiny domains, and each impl
 function agrees with its spec twin there. CrossHair searches symbolically; this does not depend on
 it finding anything.
 """
@@ -19,9 +19,8 @@ from pagedkv.request import PlaceholderRange, Request
 from pagedkv.spec import attention as spec_attention
 from pagedkv.spec import block_counts as spec_counts
 from pagedkv.spec import block_hash as spec_hash
-from proofs import crosshair_contracts as contracts
-from proofs import crosshair_pairs as pairs
-from proofs.crosshair_runner import call_contract
+from proofs.crosshair import contracts, pairs
+from proofs.crosshair.runner import call_contract
 
 # -- worked examples -------------------------------------------------------------------------
 

@@ -110,7 +110,7 @@ def test_broken_pool_fails_with_shrunk_sequence(
 
 
 def test_console_script_reports_divergence_with_nonzero_exit() -> None:
-    env = {**os.environ, "PYTHONPATH": str(TESTS_DIR)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), str(TESTS_DIR.parent)])}
     completed = subprocess.run(
         [
             sys.executable,

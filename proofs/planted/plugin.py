@@ -1,10 +1,10 @@
 """A pytest plugin that plants the variant named by `PAGEDKV_PLANTED` for the whole session.
 
-    PAGEDKV_PLANTED=free_to_head python -m pytest -p proofs.planted_plugin tests/test_block_pool.py
+    PAGEDKV_PLANTED=free_to_head python -m pytest -p proofs.planted.plugin tests/test_block_pool.py
 
 Loaded before any test module is collected, so every test that reaches impl (through a factory,
 a class or a function it imports) runs the broken code; the spec is untouched. Without the
-variable the plugin does nothing. Used by `proofs.planted_checkers.check_scenarios`.
+variable the plugin does nothing. Used by `proofs.planted.checkers.check_scenarios`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import os
 
 import pytest
 
-from proofs.planted_catalog import VARIANTS_BY_NAME, plant_for_good
-from proofs.planted_checkers import PLANT_ENV
+from proofs.planted.catalog import VARIANTS_BY_NAME, plant_for_good
+from proofs.planted.checkers import PLANT_ENV
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -24,5 +24,5 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     variant = VARIANTS_BY_NAME.get(name)
     if variant is None:
-        raise pytest.UsageError(f"{PLANT_ENV}={name!r} names no variant of proofs.planted_catalog")
+        raise pytest.UsageError(f"{PLANT_ENV}={name!r} names no variant of proofs.planted.catalog")
     plant_for_good(variant)

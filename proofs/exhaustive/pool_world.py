@@ -26,13 +26,12 @@ from dataclasses import dataclass, field
 
 from pagedkv.block_hash import BlockHashType, HashFn, get_hash_fn
 from pagedkv.harness.adapters import pagedkv_pool, spec_pool
-from pagedkv.harness.lockstep import Divergence
+from pagedkv.harness.lockstep import Divergence, LockstepPair
 from pagedkv.harness.protocol import PoolFactory, PoolSnapshot, PoolUnderTest
 from pagedkv.request import Request
 from pagedkv.semantics import PAGEDKV, Semantics
 from pagedkv.spec.block_hash import request_block_hashes
-from proofs.lockstep_pair import LockstepPair
-from proofs.search import Frozen, Transition, World, freeze, thaw
+from proofs.exhaustive.search import Frozen, Transition, World, freeze, thaw
 
 NULL_BLOCK_ID = 0
 

@@ -1,11 +1,11 @@
 """Run every CrossHair contract and spec/impl diffbehavior pair, bounded; replay counterexamples.
 
-    python -m proofs.crosshair_runner                     # every contract and pair
-    python -m proofs.crosshair_runner --only window       # the checks whose name contains it
-    python -m proofs.crosshair_runner --suite proofs.crosshair_planted   # the planted bugs
+    python -m proofs.crosshair                     # every contract and pair
+    python -m proofs.crosshair --only window       # the checks whose name contains it
+    python -m proofs.crosshair --suite proofs.crosshair.planted   # the planted bugs
 
-A suite is a module with `CONTRACTS` (`proofs.crosshair_contracts.Contract`) and/or `PAIRS`
-(`proofs.crosshair_pairs.Pair`). Each check runs in its own `crosshair` process, several at a
+A suite is a module with `CONTRACTS` (`proofs.crosshair.contracts.Contract`) and/or `PAIRS`
+(`proofs.crosshair.pairs.Pair`). Each check runs in its own `crosshair` process, several at a
 time: `crosshair check --analysis_kind asserts` for a contract (without that flag plain asserts
 are silently not checked), `crosshair diffbehavior` for a pair. Bounds: CPU seconds per check
 (`--per-condition-timeout`) and per path (`--per-path-timeout`), consecutive uninteresting
@@ -47,11 +47,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from proofs.crosshair_contracts import Contract
-from proofs.crosshair_pairs import Pair
+from proofs.crosshair.contracts import Contract
+from proofs.crosshair.pairs import Pair
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_SUITES = ("proofs.crosshair_contracts", "proofs.crosshair_pairs")
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_SUITES = ("proofs.crosshair.contracts", "proofs.crosshair.pairs")
 
 Status = Literal["confirmed", "bounded", "counterexample", "error"]
 STATUS_TEXT: dict[Status, str] = {
@@ -417,7 +417,7 @@ def report(outcomes: Sequence[Outcome], seconds: float) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m proofs.crosshair_runner",
+        prog="python -m proofs.crosshair",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     parser.add_argument("--suite", action="append", help="module with CONTRACTS/PAIRS")

@@ -27,6 +27,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from pagedkv.harness.adapters import pagedkv_manager, spec_manager
+from pagedkv.harness.lockstep import LockstepPair
 from pagedkv.harness.protocol import (
     ManagerConfig,
     ManagerFactory,
@@ -41,9 +42,8 @@ from pagedkv.kv_cache_interface import (
 )
 from pagedkv.request import Request
 from pagedkv.semantics import PAGEDKV, Semantics
-from proofs.lockstep_pair import LockstepPair
-from proofs.pool_world import pool_key
-from proofs.search import Frozen, Transition, World, freeze, thaw
+from proofs.exhaustive.pool_world import pool_key
+from proofs.exhaustive.search import Frozen, Transition, World, freeze, thaw
 
 ABSENT, WAITING, RUNNING = "absent", "waiting", "running"
 

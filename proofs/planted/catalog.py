@@ -8,7 +8,7 @@ exit, so checkers run unchanged against the broken code. The spec shares only ty
 and hash functions with impl (`tests/test_packaging.py`), none of which a variant replaces, so
 the spec stays correct while a variant is planted.
 
-`proofs.planted_bugs` runs every checker against every variant and tabulates what caught it.
+`proofs.planted.bugs` runs every checker against every variant and tabulates what caught it.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def rebound(function: Callable[..., Any], **globals_: object) -> Callable[..., A
 # -- the block pool and its free queue ---------------------------------------------------------
 
 
-def _append_at_head(self: free_queue.FreeKVCacheBlockQueue, block: KVCacheBlock) -> None:
+def append_at_head(self: free_queue.FreeKVCacheBlockQueue, block: KVCacheBlock) -> None:
     """FreeKVCacheBlockQueue.append linking the block at the head: freed last, evicted first."""
     if self.contains(block):
         raise FreeQueueError(block.block_id, "append of a block already in the free queue")
@@ -351,7 +351,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "free_to_head",
         "a freed block joins the free queue at the head, so it is evicted first",
-        (MethodPatch(free_queue.FreeKVCacheBlockQueue, "append", _append_at_head),),
+        (MethodPatch(free_queue.FreeKVCacheBlockQueue, "append", append_at_head),),
     ),
     Variant(
         "touch_keeps_queued",

@@ -22,7 +22,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias, TypeVar
 
-from proofs.lockstep_pair import LockstepPair
+from pagedkv.harness.lockstep import LockstepPair
 
 W = TypeVar("W", bound="World")
 

@@ -9,8 +9,8 @@ very assertions CI runs face the bug. Nothing in pagedkv is patched: the copies 
                     token still attends to is freed
 
 `contract_false_alarm` is no bug: it holds, but CrossHair reports a counterexample for it, which
-the runner must discard on replay. `python -m proofs.crosshair_runner --suite
-proofs.crosshair_planted` must exit 1 with a replayed counterexample for every plant, and list the
+the runner must discard on replay. `python -m proofs.crosshair --suite
+proofs.crosshair.planted` must exit 1 with a replayed counterexample for every plant, and list the
 false alarm as discarded; `tests/test_crosshair.py` asserts it.
 """
 
@@ -21,9 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 from pagedkv import block_counts, sliding_window
-from proofs import crosshair_contracts, crosshair_pairs
-from proofs.crosshair_contracts import Contract
-from proofs.crosshair_pairs import Pair
+from proofs.crosshair import contracts as crosshair_contracts
+from proofs.crosshair import pairs as crosshair_pairs
+from proofs.crosshair.contracts import Contract
+from proofs.crosshair.pairs import Pair
 
 
 def _floor_required_blocks(

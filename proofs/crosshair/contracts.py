@@ -4,11 +4,11 @@ Each `contract_*` function is one contract: its leading `assert` statements are 
 preconditions (CrossHair explores only inputs that pass them), then it calls the function under
 test, the one the library itself runs, and every later `assert` is a postcondition.
 `crosshair check --analysis_kind asserts` searches for inputs that reach a failing postcondition
-(or any other exception); `python -m proofs.crosshair_runner` runs every contract with bounds and
+(or any other exception); `python -m proofs.crosshair` runs every contract with bounds and
 replays each counterexample by calling the contract again, concretely.
 
 The functions under test are reached through their modules (`block_counts.fits`, not `fits`), so a
-planted bug (`proofs.crosshair_planted`) replaces what the contract calls. Classes are built
+planted bug (`proofs.crosshair.planted`) replaces what the contract calls. Classes are built
 through their constructors from the contract's arguments, so CrossHair can reach any valid state.
 Only ints, bools and lists or tuples of them are arguments: CrossHair prints counterexamples as
 Python expressions, and the runner evaluates them.

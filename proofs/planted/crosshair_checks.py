@@ -1,12 +1,12 @@
 """The CrossHair contracts and spec/impl pairs, rebound to face each planted pure-function bug.
 
-For every variant of `proofs.planted_catalog` that replaces a module-level function, every
-contract (`proofs.crosshair_contracts`) and pair (`proofs.crosshair_pairs`) that calls that
+For every variant of `proofs.planted.catalog` that replaces a module-level function, every
+contract (`proofs.crosshair.contracts`) and pair (`proofs.crosshair.pairs`) that calls that
 function directly (through its module, `block_counts.fits`, or by name) gets a copy whose code is
 the original's and whose globals see the broken function instead (the approach of
-`proofs.crosshair_planted`). The copies are exported here as
+`proofs.crosshair.planted`). The copies are exported here as
 `contract_<variant>__<contract>` and `impl_<variant>__<pair>`, so that
-`crosshair check proofs.planted_crosshair.<name>` reaches them in a fresh process; nothing is
+`crosshair check proofs.planted.crosshair_checks.<name>` reaches them in a fresh process; nothing is
 patched in any process.
 
 A contract that reaches the function only through another function (a class method, say) is not
@@ -20,11 +20,11 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from proofs.crosshair_contracts import CONTRACTS as _CONTRACTS
-from proofs.crosshair_contracts import Contract
-from proofs.crosshair_pairs import PAIRS as _PAIRS
-from proofs.crosshair_pairs import Pair
-from proofs.planted_catalog import VARIANTS, FunctionPatch, Variant
+from proofs.crosshair.contracts import CONTRACTS as _CONTRACTS
+from proofs.crosshair.contracts import Contract
+from proofs.crosshair.pairs import PAIRS as _PAIRS
+from proofs.crosshair.pairs import Pair
+from proofs.planted.catalog import VARIANTS, FunctionPatch, Variant
 
 
 def _names(code: types.CodeType) -> Iterator[str]:

@@ -5,27 +5,25 @@
   `SM_STEPS` steps each, no shrinking; the first machine that fails catches the bug.
 - exhaustive: `proofs.exhaustive`'s `ci` scope, manager configurations first, then the pool's;
   the first configuration whose search fails catches it.
-- crosshair: the contracts and pairs rebound to the variant (`proofs.planted_crosshair`),
+- crosshair: the contracts and pairs rebound to the variant (`proofs.planted.crosshair_checks`),
   contracts first, each in its own `crosshair` process bounded by `CROSSHAIR_BOUNDS`; only a
   counterexample that reproduces concretely counts. Not applicable when the variant replaces no
   function a contract calls.
 - scenario tests: `SCENARIO_MODULES` under pytest in a subprocess with the variant planted by
-  `proofs.planted_plugin` (the `ci` hypothesis profile); a failing test catches it.
+  `proofs.planted.plugin` (the `ci` hypothesis profile); a failing test catches it.
 
 Every checker except the scenario tests runs in the calling process and expects the variant to
-be planted there already (`proofs.planted_catalog.planted`).
+be planted there already (`proofs.planted.catalog.planted`).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -36,16 +34,17 @@ from hypothesis.reporting import with_reporter
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from pagedkv.harness.adapters import pagedkv_manager, pagedkv_pool
+from pagedkv.harness.lockstep import quiet_refusal_warnings
 from pagedkv.harness.manager_machine import make_manager_machine
 from pagedkv.harness.pool_machine import make_pool_machine
-from proofs.crosshair_contracts import Contract
-from proofs.crosshair_runner import Bounds, Check, run_check
-from proofs.exhaustive import MANAGER_SCOPES, POOL_SCOPES, explore_manager, explore_pool
-from proofs.planted_catalog import Variant
-from proofs.planted_crosshair import CHECKS_BY_VARIANT
-from proofs.search import SearchResult
+from proofs.crosshair.contracts import Contract
+from proofs.crosshair.runner import Bounds, Check, run_check
+from proofs.exhaustive.explore import MANAGER_SCOPES, POOL_SCOPES, explore_manager, explore_pool
+from proofs.exhaustive.search import SearchResult
+from proofs.planted.catalog import Variant
+from proofs.planted.crosshair_checks import CHECKS_BY_VARIANT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 CheckerName = Literal["state machine", "exhaustive", "crosshair", "scenario tests"]
 CHECKERS: tuple[CheckerName, ...] = ("state machine", "exhaustive", "crosshair", "scenario tests")
@@ -127,7 +126,7 @@ def check_state_machines(variant: Variant | None) -> Verdict:
     start = time.monotonic()
     for name, make_machine in MACHINES:
         try:
-            with with_reporter(lambda _: None), _quiet():
+            with with_reporter(lambda _: None), quiet_refusal_warnings():
                 run_state_machine_as_test(make_machine(), settings=SM_SETTINGS)
         except HypothesisException as error:
             return Verdict("state machine", "error", f"{name}: {_first_line(error)}", _since(start))
@@ -182,7 +181,7 @@ def check_exhaustive(variant: Variant | None) -> Verdict:
 CROSSHAIR_BOUNDS = Bounds(
     per_condition_timeout=10.0, per_path_timeout=2.0, max_iterations=1000, total_timeout=120.0
 )
-CROSSHAIR_SUITE = "proofs.planted_crosshair"
+CROSSHAIR_SUITE = "proofs.planted.crosshair_checks"
 
 
 def check_crosshair(variant: Variant | None) -> Verdict:
@@ -219,7 +218,7 @@ SCENARIO_MODULES = (
 )
 SCENARIO_TIMEOUT = 300.0
 PLANT_ENV = "PAGEDKV_PLANTED"
-"""The environment variable naming the variant `proofs.planted_plugin` plants."""
+"""The environment variable naming the variant `proofs.planted.plugin` plants."""
 
 _FAILED = re.compile(r"^FAILED (?P<test>\S+)", re.MULTILINE)
 
@@ -236,7 +235,7 @@ def check_scenarios(variant: Variant | None) -> Verdict:
         "-m",
         "pytest",
         "-p",
-        "proofs.planted_plugin",
+        "proofs.planted.plugin",
         "-p",
         "no:cacheprovider",
         "-q",
@@ -267,17 +266,6 @@ def check_scenarios(variant: Variant | None) -> Verdict:
     tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
     evidence = summarize(f"pytest exit {done.returncode}: " + " | ".join(tail))
     return Verdict("scenario tests", "error", evidence, _since(start))
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """Silence the warnings refused prefix-cache resets log (many of them in a machine run)."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        yield
-    finally:
-        logging.disable(previous)
 
 
 def _since(start: float) -> float:

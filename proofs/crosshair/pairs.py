@@ -3,7 +3,7 @@
 `crosshair diffbehavior` ignores preconditions, so each wrapper first applies the pair's domain
 (the same function on both sides) and returns None outside it; inside, the impl side calls the
 implementation the way the library does, and the spec side calls the spec's plain definition.
-Both are reached through their modules, so a planted bug (`proofs.crosshair_planted`) replaces
+Both are reached through their modules, so a planted bug (`proofs.crosshair.planted`) replaces
 what the wrapper calls. Arguments are ints, bools and lists or tuples of them, so that the
 runner can evaluate the inputs CrossHair prints and replay them.
 """
@@ -20,7 +20,7 @@ from pagedkv import sliding_window as impl_window
 from pagedkv.spec import attention as spec_attention
 from pagedkv.spec import block_counts as spec_counts
 from pagedkv.spec import block_hash as spec_hash
-from proofs.crosshair_contracts import MAX_BLOCKS, MAX_INPUTS
+from proofs.crosshair.contracts import MAX_BLOCKS, MAX_INPUTS
 
 StepCounts = tuple[int, int, int, bool]
 """(required, new, full, fits) of one allocate_slots step."""

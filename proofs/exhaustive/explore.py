@@ -1,8 +1,8 @@
 """Exhaustive state search: every reachable state of tiny pools and managers, spec vs impl.
 
 `explore_pool(factory, config)` and `explore_manager(factory, config)` search one configuration
-breadth first (`proofs.search`), the object built by `factory` replaying every call of the spec
-in lock-step (`proofs.pool_world`, `proofs.manager_world` list the calls). At every state both
+breadth first (`search.py`), the object built by `factory` replaying every call of the spec
+in lock-step (`pool_world.py`, `manager_world.py` list the calls). At every state both
 invariant checks pass and the snapshots are equal; every failed call fails the same way on both
 sides and changes nothing. A failure comes with the shortest trace that reaches it.
 
@@ -16,17 +16,16 @@ Exit status: 0 when every configuration of the scope was searched completely and
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 
 from pagedkv.harness.adapters import load_factory, pagedkv_manager, pagedkv_pool
+from pagedkv.harness.lockstep import quiet_refusal_warnings
 from pagedkv.harness.protocol import ManagerFactory, PoolFactory
 from pagedkv.semantics import VLLM_0_8_5
-from proofs.manager_world import ManagerSearchConfig, ManagerWorld, initial_manager_world
-from proofs.pool_world import PoolSearchConfig, PoolWorld, initial_pool_world
-from proofs.search import SearchResult, breadth_first
+from proofs.exhaustive.manager_world import ManagerSearchConfig, ManagerWorld, initial_manager_world
+from proofs.exhaustive.pool_world import PoolSearchConfig, PoolWorld, initial_pool_world
+from proofs.exhaustive.search import SearchResult, breadth_first
 
 DEFAULT_MAX_STATES = 2_000_000
 
@@ -98,17 +97,6 @@ MANAGER_SCOPES: dict[str, tuple[ManagerSearchConfig, ...]] = {
 # -- searches --------------------------------------------------------------------------------
 
 
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """Silence the warnings refused prefix-cache resets log (thousands of them in a search)."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        yield
-    finally:
-        logging.disable(previous)
-
-
 def explore_pool(
     factory: PoolFactory,
     config: PoolSearchConfig,
@@ -118,9 +106,9 @@ def explore_pool(
 ) -> SearchResult:
     """Search every reachable state of the pool `config` describes, `factory`'s pool vs spec.
 
-    `visit` sees each distinct state once (see `proofs.search.breadth_first`).
+    `visit` sees each distinct state once (see `proofs.exhaustive.search.breadth_first`).
     """
-    with _quiet():
+    with quiet_refusal_warnings():
         return breadth_first(
             config.name,
             lambda: initial_pool_world(factory, config),
@@ -138,9 +126,9 @@ def explore_manager(
 ) -> SearchResult:
     """Search every reachable state of the manager `config` describes, `factory`'s vs spec.
 
-    `visit` sees each distinct state once (see `proofs.search.breadth_first`).
+    `visit` sees each distinct state once (see `proofs.exhaustive.search.breadth_first`).
     """
-    with _quiet():
+    with quiet_refusal_warnings():
         return breadth_first(
             config.name,
             lambda: initial_manager_world(factory, config),
