@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NewType, TypeAlias
 
+# Re-exported (the `as` form tells mypy so): the planner imports cdiv from here.
+from pagedkv.block_counts import cdiv as cdiv  # noqa: PLC0414
 from pagedkv.errors import InvalidArgumentError, KVCacheConfigError
 
 if TYPE_CHECKING:
@@ -102,11 +104,6 @@ def dtype_name(dtype: DTypeLike) -> DTypeName:
 def dtype_size(dtype: DTypeLike) -> int:
     """Bytes per element of `dtype` (see `dtype_name`). Complexity: O(1)."""
     return DTYPE_SIZES[dtype_name(dtype)]
-
-
-def cdiv(a: int, b: int) -> int:
-    """Ceiling of `a / b` for b > 0, in integers. Complexity: O(1)."""
-    return -(-a // b)
 
 
 def attention_page_size_bytes(
