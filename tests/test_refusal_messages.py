@@ -44,7 +44,7 @@ from pagedkv.harness.protocol import PoolFactory
 def test_a_pool_needs_at_least_the_null_block() -> None:
     with pytest.raises(InvalidArgumentError) as info:
         BlockPool(0, True)
-    assert str(info.value) == "num_gpu_blocks must be an int >= 1, got 0"
+    assert str(info.value) == "BlockPool: num_gpu_blocks must be an int >= 1, got 0"
     pool = BlockPool(1, True)  # the null block alone: valid, and nothing is free
     assert pool.get_num_free_blocks() == 0
     assert pool.get_new_blocks(0) == []
@@ -92,7 +92,7 @@ def test_caching_with_an_empty_block_size_is_refused() -> None:
     blocks = pool.get_new_blocks(1)
     with pytest.raises(InvalidArgumentError) as info:
         pool.cache_full_blocks(Request("r", [1]), blocks, [], 0, 1, 0, sha256)
-    assert str(info.value) == "block_size must be > 0, got 0"
+    assert str(info.value) == ("BlockPool.cache_full_blocks: block_size must be an int >= 1, got 0")
 
 
 def test_a_free_block_after_a_null_block_is_still_refused() -> None:
@@ -341,7 +341,7 @@ def test_a_null_hit_under_full_attention_is_refused() -> None:
     manager.get_computed_blocks(request)
     with pytest.raises(BlockStateError) as info:
         manager.allocate_slots(request, 1, [manager.block_pool.null_block])
-    assert str(info.value) == "block 0: a null block is no hit under full attention"
+    assert str(info.value) == "block 0: a null block is no hit: this attention type never skips one"
 
 
 def _window_scene() -> tuple[KVCacheManager, Request]:
@@ -369,7 +369,7 @@ def test_a_window_hit_too_short_after_null_blocks_is_refused_with_its_shape() ->
     null, blocks = manager.block_pool.null_block, manager.block_pool.blocks
     error = _request_error(lambda: manager.allocate_slots(other, 1, [null, null, null, blocks[4]]))
     assert str(error) == (
-        "request 'b': new_computed_blocks is not a sliding-window hit "
+        "request 'b': new_computed_blocks is not a hit this attention type can produce "
         "(3 null blocks, then 1 blocks; the window needs 2)"
     )
 
