@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
 from pagedkv.harness.adapters import SpecManagerAdapter, pagedkv_manager, spec_manager
+from pagedkv.harness.hostile_calls import MANAGER_HOSTILE_CALLS, ManagerScene
 from pagedkv.harness.lockstep import CampaignStats, LockstepMachine
 from pagedkv.harness.protocol import ManagerConfig, ManagerFactory, ManagerUnderTest
 from pagedkv.harness.requests import requests
@@ -281,10 +282,15 @@ class ManagerMachine(LockstepMachine):
                     "more drafts than scheduled",
                     "hashes dropped while running",
                     "unknown request",
+                    *MANAGER_HOSTILE_CALLS,  # wrong types, NaN, mutations, identity changes
                 )
             ),
             label="kind",
         )
+        if kind in MANAGER_HOSTILE_CALLS:
+            shown, hostile = MANAGER_HOSTILE_CALLS[kind](data, ManagerScene(request))
+            self.both(shown, hostile)
+            return
         if kind == "bad counts":
             num_tokens, lookahead = data.draw(
                 st.sampled_from(((0, 0), (-1, 0), (1, -1))), label="counts"
