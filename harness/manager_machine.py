@@ -19,6 +19,7 @@ from typing import ClassVar
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
+from pagedkv.block_counts import cdiv
 from pagedkv.harness.adapters import SpecManagerAdapter, pagedkv_manager, spec_manager
 from pagedkv.harness.hostile_calls import MANAGER_HOSTILE_CALLS, ManagerScene
 from pagedkv.harness.lockstep import CampaignStats, LockstepMachine
@@ -112,7 +113,7 @@ class ManagerMachine(LockstepMachine):
         )
         self.config = config
         self.block_size = block_size
-        self.max_blocks = -(-max_model_len // block_size)
+        self.max_blocks = cdiv(max_model_len, block_size)
         self.alphabet = alphabet
         self.spec = spec_manager(config)
         self.impl = type(self).factory(config)
@@ -369,10 +370,10 @@ class ManagerMachine(LockstepMachine):
 
     def fitting_lookahead(self, data: st.DataObject, tokens_after: int) -> int | None:
         """Lookahead slots (0-2, only with eagle) that keep the request within max_model_len."""
-        if -(-tokens_after // self.block_size) > self.max_blocks:
+        if cdiv(tokens_after, self.block_size) > self.max_blocks:
             return None
         lookahead = data.draw(st.integers(0, 2), label="lookahead") if self.config.use_eagle else 0
-        while lookahead and -(-(tokens_after + lookahead) // self.block_size) > self.max_blocks:
+        while lookahead and cdiv(tokens_after + lookahead, self.block_size) > self.max_blocks:
             lookahead -= 1
         return lookahead
 

@@ -15,6 +15,7 @@ from typing import ClassVar
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
+from pagedkv.block_counts import cdiv
 from pagedkv.block_hash import BlockHashType, HashFn, get_hash_fn
 from pagedkv.harness.adapters import pagedkv_pool, spec_pool
 from pagedkv.harness.hostile_calls import POOL_HOSTILE_CALLS, PoolScene, draw_hostile_call
@@ -132,7 +133,7 @@ class PoolMachine(LockstepMachine):
     def new_sequence(self, data: st.DataObject) -> None:
         """A request whose blocks are some of the held ones, maybe with hashes already stored."""
         request = self.draw_request(data)
-        max_blocks = -(-request.num_tokens // self.block_size) + 1
+        max_blocks = cdiv(request.num_tokens, self.block_size) + 1
         misuse = self.draw_misuse(data)
         if misuse:
             pool_ids = st.integers(-1, self.num_gpu_blocks)
@@ -170,7 +171,7 @@ class PoolMachine(LockstepMachine):
         hashes = self.chain(request)
         hits = self.lookup_prefix(hashes)
         assert self.spec is not None
-        num_needed = -(-request.num_tokens // self.block_size) - len(hits)
+        num_needed = cdiv(request.num_tokens, self.block_size) - len(hits)
         num_evictable_hits = sum(
             1 for block_id in hits if self.spec.snapshot().ref_cnt[block_id] == 0
         )
