@@ -20,9 +20,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NewType, TypeAlias
 
+from pagedkv.arguments import is_int
+
 # Re-exported (the `as` form tells mypy so): the planner imports cdiv from here.
 from pagedkv.block_counts import cdiv as cdiv  # noqa: PLC0414
-from pagedkv.errors import InvalidArgumentError, KVCacheConfigError
+from pagedkv.errors import ArgumentTypeError, InvalidArgumentError, KVCacheConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -141,7 +143,10 @@ def sliding_window_max_blocks(
 
 
 def _check_positive_int(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    """Refuse anything but an int >= 1: ArgumentTypeError for another type (a bool, a float)."""
+    if not is_int(value):
+        raise ArgumentTypeError(f"{name} must be an int >= 1, got {value!r}")
+    if value < 1:  # type: ignore[operator]
         raise InvalidArgumentError(f"{name} must be an int >= 1, got {value!r}")
 
 
