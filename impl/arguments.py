@@ -163,8 +163,15 @@ def require_token_ids(
 ) -> tuple[int, ...]:
     """The token ids in `values` as a tuple, each an int in `[0, MAX_TOKEN_ID]`.
 
+    `values` is any iterable but a str, bytes or bytearray (whose items are characters or
+    bytes, never token ids); it is read once.
+
     Complexity: O(len(values)).
     """
+    if isinstance(values, (str, bytes, bytearray)):
+        raise argument_error(
+            call, argument, "an iterable of token ids", values, type_ok=False, context=context
+        )
     items: list[object] = require_iterable(call, argument, values, context=context)
     for token in items:
         if type(token) is not int or not 0 <= token <= MAX_TOKEN_ID:

@@ -48,7 +48,7 @@ class BlockPool:
     Every public method checks all its preconditions, argument types included
     (`pagedkv.call_arguments`), before it changes anything, and refuses blocks of another pool.
     Not thread-safe: a call that overlaps another state-changing call or invariant check on the
-    same pool raises `ConcurrentUseError` and changes nothing (a guard of about 25 ns a call).
+    same pool raises `ConcurrentUseError` and changes nothing (a guard of about 50 ns a call).
     Invariants: `check_invariants()`, which mirrors `pagedkv.spec.SpecBlockPool`.
 
     Args:

@@ -214,17 +214,18 @@ def check_allocation(
 
     Complexity: O(1) plus the hits.
     """
-    checked = check_request("allocate_slots", request)
     if (
         type(num_tokens) is int
         and num_tokens > 0
         and type(num_lookahead_tokens) is int
         and num_lookahead_tokens >= 0
-        and type(checked.num_computed_tokens) is int
-        and type(checked.spec_token_ids) is list
         and new_computed_blocks is None
+        and isinstance(request, Request)
+        and type(request.num_computed_tokens) is int
+        and type(request.spec_token_ids) is list
     ):
-        return []  # the decode step: every check passed
+        return []  # the decode step: every check passed, in one test
+    checked = check_request("allocate_slots", request)
     call = f"{MANAGER}.allocate_slots"
     context = request_context(checked)
     require_int(call, "num_tokens", num_tokens, 1, context=context)
