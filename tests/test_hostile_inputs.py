@@ -14,16 +14,21 @@ concurrent-use guard.
 from __future__ import annotations
 
 import math
-import pickle
-import sys
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import pytest
+from hostile_scenes import (
+    SIDES,
+    ManagerScene,
+    PoolScene,
+    field_set,
+    manager_scene,
+    pool_scene,
+    refused,
+    state,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,10 +42,8 @@ from pagedkv import (
     InvalidArgumentError,
     KVCacheBlock,
     KVCacheManager,
-    PagedKVError,
     PlaceholderRange,
     Request,
-    SlidingWindowSpec,
     estimate_max_model_len,
     generate_block_hash_extra_keys,
     get_hash_fn,
@@ -51,13 +54,11 @@ from pagedkv import (
 )
 from pagedkv import block_hash as block_hash_module
 from pagedkv.arguments import MAX_TOKEN_ID
-from pagedkv.errors import ArgumentTypeError, ConcurrentUseError, FrozenRequestFieldError
+from pagedkv.errors import ArgumentTypeError, FrozenRequestFieldError
 from pagedkv.harness.hostile_calls import IDENTITY_CHANGES, not_a_hash
 from pagedkv.kv_cache_config import check_enough_kv_cache_memory, memory_needed_bytes
 from pagedkv.spec.block_pool import SpecBlockPool
 from pagedkv.spec.manager import SpecKVCacheManager
-
-SIDES = ("spec", "impl")
 
 # -- hostile values --------------------------------------------------------------------------------
 
@@ -84,90 +85,6 @@ not_block_lists = st.one_of(
 )
 """No iterable of blocks: not iterable at all, or holding something that is no block."""
 not_hit_lists = not_block_lists.filter(lambda value: value is not None)  # None: no hits
-
-
-def state(*objects: object) -> bytes:
-    """The whole object graph, pickled: equal bytes mean nothing changed."""
-    return pickle.dumps(objects)
-
-
-def refused(call: Callable[[], object], *observed: object) -> PagedKVError:
-    """Run `call`, demand a typed pagedkv error and `observed` unchanged to the byte."""
-    before = state(*observed)
-    with pytest.raises(PagedKVError) as info:
-        call()
-    assert state(*observed) == before, f"a refused call changed the state: {info.value}"
-    return info.value
-
-
-# -- scenes ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class PoolScene:
-    """A pool with cached blocks in use, a cached free block and plain free blocks."""
-
-    pool: Any  # BlockPool or SpecBlockPool
-    request: Request
-    blocks: list[Any]  # the request's blocks (objects or ids): two cached, one partial
-    stored: list[BlockHashType]
-
-
-def pool_scene(side: str) -> PoolScene:
-    pool: Any = SpecBlockPool(8, True) if side == "spec" else BlockPool(8, True)
-    request = Request("r", [1, 2, 3, 4, 5], cache_salt="tenant-a")
-    blocks = pool.get_new_blocks(3)
-    stored: list[BlockHashType] = []
-    pool.cache_full_blocks(request, blocks, stored, 0, 2, 2, sha256)
-    freed = pool.get_new_blocks(1)
-    pool.cache_full_blocks(Request("s", [7, 7]), freed, [], 0, 1, 2, sha256)
-    pool.free_blocks(freed)  # free but still cached
-    pool.check_invariants()
-    return PoolScene(pool, request, blocks, stored)
-
-
-@dataclass
-class ManagerScene:
-    """A running request (blocks, computed tokens, one sampled token) and a waiting one that
-    was looked up (stored hashes, hits at hand)."""
-
-    manager: Any  # KVCacheManager or SpecKVCacheManager
-    running: Request
-    waiting: Request
-    hits: list[Any]
-
-
-def manager_scene(side: str, *, sliding: bool = False, hash_algo: str = "sha256") -> ManagerScene:
-    layer: FullAttentionSpec | SlidingWindowSpec = (
-        SlidingWindowSpec(
-            block_size=2, num_kv_heads=1, head_size=1, dtype="float16", sliding_window=4
-        )
-        if sliding
-        else FullAttentionSpec(block_size=2, num_kv_heads=1, head_size=1, dtype="float16")
-    )
-    config = uniform_kv_cache_config(layer, 12)
-    manager_class: Any = SpecKVCacheManager if side == "spec" else KVCacheManager
-    manager = manager_class(config, 32, caching_hash_algo=hash_algo)
-    running = Request("running", [1, 2, 3, 4, 5, 6, 7], cache_salt="tenant-a")
-    hits, num_hit_tokens = manager.get_computed_blocks(running)
-    assert manager.allocate_slots(running, running.num_tokens - num_hit_tokens, hits) is not None
-    running.num_computed_tokens = running.num_tokens
-    running.append_output_token_ids(8)
-    waiting = Request("waiting", [1, 2, 3, 4, 5, 6, 9], cache_salt="tenant-a")
-    hits, _ = manager.get_computed_blocks(waiting)
-    assert hits
-    manager.check_invariants()
-    return ManagerScene(manager, running, waiting, hits)
-
-
-@contextmanager
-def field_set(request: Request, field: str, value: object) -> Iterator[None]:
-    saved = getattr(request, field)
-    setattr(request, field, value)
-    try:
-        yield
-    finally:
-        setattr(request, field, saved)
 
 
 # -- every public call of the block pool ---------------------------------------------------------
@@ -605,9 +522,9 @@ def test_placeholder_ranges_refuse_bools_and_floats() -> None:
 
 def test_hash_functions_refuse_wrong_types() -> None:
     request = Request("r", [1, 2, 3, 4], lora_id=3)
-    for call in [
+    calls: list[Callable[[], object]] = [
         lambda: hash_request_tokens(sha256, 2.0, request),  # type: ignore[arg-type]
-        lambda: hash_request_tokens(sha256, True, request),  # type: ignore[arg-type]
+        lambda: hash_request_tokens(sha256, True, request),
         lambda: hash_request_tokens(None, 2, request),  # type: ignore[arg-type]
         lambda: hash_request_tokens(sha256, 2, "r"),  # type: ignore[arg-type]
         lambda: hash_block_tokens(sha256, None, [1, -1]),
@@ -618,7 +535,8 @@ def test_hash_functions_refuse_wrong_types() -> None:
         lambda: generate_block_hash_extra_keys(request, 0, 2, -1),
         lambda: get_hash_fn(["sha256"]),  # type: ignore[arg-type]
         lambda: block_hash_module.need_extra_keys(None),  # type: ignore[arg-type]
-    ]:
+    ]
+    for call in calls:
         with pytest.raises(InvalidArgumentError):
             call()
 
@@ -710,124 +628,3 @@ def test_multimodal_hashing_without_a_lookup_is_linear(monkeypatch: pytest.Monke
     """Issue 12: each block rescanned every input before it (7.99 s for 200k tokens)."""
     small, large = _inputs_read(monkeypatch, 800), _inputs_read(monkeypatch, 3_200)
     assert large <= 4.5 * small, (small, large)  # quadratic would be 16x
-
-
-# -- concurrent use --------------------------------------------------------------------------------
-
-
-def test_a_call_overlapping_another_from_a_thread_is_refused() -> None:
-    """A call from a second thread while one runs raises ConcurrentUseError and changes
-    nothing; the running call completes as if alone."""
-    scene = manager_scene("impl")
-    manager = scene.manager
-    inside, release = threading.Event(), threading.Event()
-
-    def slow_hash(key: object) -> int:
-        inside.set()
-        assert release.wait(10), "the test thread never released the hash"
-        return sha256(key)
-
-    manager.caching_hash_fn = slow_hash
-    newcomer = Request("newcomer", [3, 3, 3, 3, 3])
-    results: list[object] = []
-    worker = threading.Thread(target=lambda: results.append(manager.get_computed_blocks(newcomer)))
-    worker.start()
-    assert inside.wait(10)
-    snapshot = (manager.req_to_blocks.copy(), dict(manager.req_to_block_hashes))
-    for call in [
-        lambda: manager.allocate_slots(scene.running, 1),
-        lambda: manager.free(scene.running),
-        lambda: manager.get_computed_blocks(scene.waiting),
-        manager.check_invariants,
-        lambda: manager.block_pool.get_new_blocks(1),
-        lambda: manager.block_pool.touch([]),
-    ]:
-        with pytest.raises(ConcurrentUseError, match="another call on the same object"):
-            call()
-    assert (manager.req_to_blocks, manager.req_to_block_hashes) == snapshot
-    release.set()
-    worker.join(10)
-    assert results == [([], 0)]
-    assert "newcomer" in manager.req_to_block_hashes
-    manager.check_invariants()
-
-
-def test_a_hash_function_reentering_the_manager_is_refused() -> None:
-    scene = manager_scene("impl")
-    manager = scene.manager
-    refusals: list[ConcurrentUseError] = []
-
-    def reentering_hash(key: object) -> int:
-        try:
-            manager.free(scene.running)
-        except ConcurrentUseError as error:
-            refusals.append(error)
-        return sha256(key)
-
-    manager.caching_hash_fn = reentering_hash
-    manager.get_computed_blocks(Request("newcomer", [3, 3, 3, 3, 3]))
-    assert refusals and refusals[0].call == "KVCacheManager.free"
-    assert "running" in manager.req_to_blocks
-    manager.check_invariants()
-
-
-def test_two_threads_on_one_manager_see_a_correct_state_or_a_typed_error() -> None:
-    """Issue 12: two threads corrupted a manager in 10 of 50 trials. Each thread runs its own
-    requests (shared prefixes, a pool of 6 blocks: hits, evictions and preemptions) retrying
-    any call refused as concurrent; every trial must end empty and consistent. (Without the
-    guard, this test failed in each of 5 runs: a free-queue refusal mid-call, a request whose
-    computed tokens outran its blocks.)"""
-    layer = FullAttentionSpec(block_size=2, num_kv_heads=1, head_size=1, dtype="float16")
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter allows
-    try:
-        for _ in range(4):
-            manager = KVCacheManager(uniform_kv_cache_config(layer, 7), 32)
-            failures: list[BaseException] = []
-            start = threading.Barrier(2)
-            threads = [
-                threading.Thread(target=_schedule, args=(manager, tag, start, failures))
-                for tag in "ab"
-            ]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(120)
-            assert not failures, failures
-            manager.check_invariants()
-            assert manager.req_to_blocks == {} and manager.req_to_block_hashes == {}
-            assert manager.block_pool.get_num_free_blocks() == 6
-    finally:
-        sys.setswitchinterval(interval)
-
-
-def _retry(call: Callable[[], Any]) -> Any:
-    """`call` until it is not refused as concurrent (a refused call changed nothing)."""
-    while True:
-        try:
-            return call()
-        except ConcurrentUseError:
-            continue
-
-
-def _schedule(
-    manager: KVCacheManager, tag: str, start: threading.Barrier, failures: list[BaseException]
-) -> None:
-    """One thread's scheduler: admit, decode three tokens (preempting on None), finish."""
-    try:
-        start.wait()
-        for number in range(1_000):
-            request = Request(f"{tag}-{number}", [1, 2, 3, 4, 5, 6, number % 4, number % 3, 7])
-            hits, num_hit_tokens = _retry(partial(manager.get_computed_blocks, request))
-            num_new = request.num_tokens - num_hit_tokens
-            if _retry(partial(manager.allocate_slots, request, num_new, hits)) is not None:
-                request.num_computed_tokens = request.num_tokens
-                for token in range(3):
-                    request.append_output_token_ids(token)
-                    if _retry(partial(manager.allocate_slots, request, 1)) is None:
-                        break
-                    request.num_computed_tokens += 1
-            _retry(partial(manager.free, request))
-            _retry(partial(manager.free_block_hashes, request))
-    except BaseException as error:  # reported by the test, with the thread that saw it
-        failures.append(error)
