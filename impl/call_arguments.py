@@ -26,7 +26,7 @@ from pagedkv.arguments import (
     require_str,
 )
 from pagedkv.block_hash import BlockHashType
-from pagedkv.errors import ArgumentTypeError, InvalidArgumentError
+from pagedkv.errors import ArgumentTypeError, InvalidArgumentError, KVCacheConfigError
 from pagedkv.kv_cache_interface import KVCacheConfig
 from pagedkv.request import Request
 from pagedkv.semantics import Semantics
@@ -164,8 +164,8 @@ def check_manager(
     log_stats: object,
     semantics: object,
 ) -> None:
-    """KVCacheManager's constructor arguments (the hash algorithm's name is checked by
-    `get_hash_fn`, the config's groups by the manager)."""
+    """KVCacheManager's constructor arguments: their types, then one KV cache group in the
+    config (KVCacheConfigError). The hash algorithm's name is checked by `get_hash_fn`."""
     require_instance(MANAGER, "kv_cache_config", kv_cache_config, KVCacheConfig)
     require_int(MANAGER, "max_model_len", max_model_len, 1)
     require_bool(MANAGER, "enable_caching", enable_caching)
@@ -173,6 +173,12 @@ def check_manager(
     require_bool(MANAGER, "use_eagle", use_eagle)
     require_bool(MANAGER, "log_stats", log_stats)
     require_instance(MANAGER, "semantics", semantics, Semantics)
+    assert isinstance(kv_cache_config, KVCacheConfig)
+    num_groups = len(kv_cache_config.kv_cache_groups)
+    if num_groups != 1:
+        raise KVCacheConfigError(
+            f"KVCacheManager needs exactly one KV cache group, got {num_groups}"
+        )
 
 
 def check_request(method: str, request: object) -> Request:

@@ -118,11 +118,6 @@ class KVCacheManager:
             log_stats,
             semantics,
         )
-        if len(kv_cache_config.kv_cache_groups) != 1:
-            raise KVCacheConfigError(
-                f"KVCacheManager needs exactly one KV cache group, got "
-                f"{len(kv_cache_config.kv_cache_groups)}"
-            )
         kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
         self.block_size = kv_cache_spec.block_size
         self.num_gpu_blocks = kv_cache_config.num_blocks

@@ -92,12 +92,7 @@ class SpecKVCacheManager:
             log_stats,
             semantics,
         )
-        groups = kv_cache_config.kv_cache_groups
-        if len(groups) != 1:
-            raise KVCacheConfigError(
-                f"KVCacheManager needs exactly one KV cache group, got {len(groups)}"
-            )
-        layer_spec = groups[0].kv_cache_spec
+        layer_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
         self.block_size = layer_spec.block_size
         self.attention: AttentionPolicy
         if isinstance(layer_spec, SlidingWindowSpec):

@@ -4,8 +4,7 @@ comparison of its state before and after a refused call."""
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,13 +99,3 @@ def manager_scene(side: str, *, sliding: bool = False, hash_algo: str = "sha256"
     assert hits
     manager.check_invariants()
     return ManagerScene(manager, running, waiting, hits)
-
-
-@contextmanager
-def field_set(request: Request, field: str, value: object) -> Iterator[None]:
-    saved = getattr(request, field)
-    setattr(request, field, value)
-    try:
-        yield
-    finally:
-        setattr(request, field, saved)

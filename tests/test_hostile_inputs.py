@@ -23,7 +23,6 @@ from hostile_scenes import (
     SIDES,
     ManagerScene,
     PoolScene,
-    field_set,
     manager_scene,
     pool_scene,
     refused,
@@ -55,7 +54,7 @@ from pagedkv import (
 from pagedkv import block_hash as block_hash_module
 from pagedkv.arguments import MAX_TOKEN_ID
 from pagedkv.errors import ArgumentTypeError, FrozenRequestFieldError
-from pagedkv.harness.hostile_calls import IDENTITY_CHANGES, not_a_hash
+from pagedkv.harness.hostile_calls import IDENTITY_CHANGES, not_a_hash, request_field
 from pagedkv.kv_cache_config import check_enough_kv_cache_memory, memory_needed_bytes
 from pagedkv.spec.block_pool import SpecBlockPool
 from pagedkv.spec.manager import SpecKVCacheManager
@@ -135,17 +134,6 @@ POOL_CALLS: dict[str, tuple[st.SearchStrategy[object], Callable[[PoolScene, Any]
         lambda s, v: s.pool.cache_full_blocks(s.request, s.blocks, s.stored, 2, 2, 2, v),
     ),
 }
-
-
-@pytest.mark.parametrize("side", SIDES)
-@pytest.mark.parametrize("call", sorted(POOL_CALLS))
-@settings(max_examples=25)
-@given(data=st.data())
-def test_pool_calls_refuse_hostile_arguments(side: str, call: str, data: st.DataObject) -> None:
-    values, make_call = POOL_CALLS[call]
-    scene = pool_scene(side)
-    value = data.draw(values, label="hostile value")
-    refused(lambda: make_call(scene, value), scene.pool, scene.request, scene.stored)
 
 
 @pytest.mark.parametrize("side", SIDES)
@@ -328,14 +316,26 @@ MANAGER_CALLS: dict[str, tuple[st.SearchStrategy[object], ManagerCall]] = {
 
 
 @pytest.mark.parametrize("side", SIDES)
-@pytest.mark.parametrize("call", sorted(MANAGER_CALLS))
+@pytest.mark.parametrize("call", [*sorted(POOL_CALLS), *sorted(MANAGER_CALLS)])
 @settings(max_examples=25)
 @given(data=st.data())
-def test_manager_calls_refuse_hostile_arguments(side: str, call: str, data: st.DataObject) -> None:
-    values, make_call = MANAGER_CALLS[call]
-    scene = manager_scene(side)
-    value = data.draw(values, label="hostile value")
-    refused(lambda: make_call(scene, value), scene.manager, scene.running, scene.waiting)
+def test_every_public_call_refuses_hostile_arguments(
+    side: str, call: str, data: st.DataObject
+) -> None:
+    """One argument of a pool or manager call replaced by a hostile value: a typed error, and
+    the pool or manager and its requests unchanged to the byte."""
+    if call in POOL_CALLS:
+        values, make_pool_call = POOL_CALLS[call]
+        pool = pool_scene(side)
+        value = data.draw(values, label="hostile value")
+        refused(lambda: make_pool_call(pool, value), pool.pool, pool.request, pool.stored)
+    else:
+        values, make_manager_call = MANAGER_CALLS[call]
+        scene = manager_scene(side)
+        value = data.draw(values, label="hostile value")
+        refused(
+            lambda: make_manager_call(scene, value), scene.manager, scene.running, scene.waiting
+        )
 
 
 SCHEDULER_FIELDS: dict[str, tuple[st.SearchStrategy[object], str]] = {
@@ -360,7 +360,7 @@ def test_a_request_mutated_between_calls_is_refused(
     scene = manager_scene(side)
     value = data.draw(values, label=field)
     request = scene.running
-    with field_set(request, field, value):
+    with request_field(request, field, value):
         if call == "lookup":
             refused(lambda: scene.manager.get_computed_blocks(request), scene.manager)
         else:
@@ -392,7 +392,7 @@ def test_float_nan_and_bool_counts_touch_no_hit(
     def call() -> object:
         if field is None:
             return scene.manager.allocate_slots(request, num_tokens, scene.hits, lookahead)
-        with field_set(request, field, value):
+        with request_field(request, field, value):
             return scene.manager.allocate_slots(request, 1, scene.hits)
 
     error = refused(call, scene.manager, request)
