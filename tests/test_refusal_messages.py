@@ -1,8 +1,8 @@
 """Every refusal of the implementation says exactly which block or request broke which rule.
 
 Errors carry the block id or request id and the rule as attributes, and a message a log reader can
-act on; callers and tools may match on them (`pagedkv.errors`). The differential harness compares
-error classes only, so the wording is pinned here, for the implementation, call by call. A few
+act on; callers and tools may match on them (`pagedkv.errors`). The differential harness holds
+pagedkv's own objects to the spec's wording; the wording itself is pinned here, call by call. A few
 tests also pin edge cases of valid calls next to the refusal they border (a pool of one block,
 speculative tokens equal to the scheduled ones, a short sliding-window hit from position 0).
 """
