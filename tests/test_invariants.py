@@ -8,9 +8,7 @@ violation to be named. (`tests/test_invariant_reports.py` pins the implementatio
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
@@ -268,40 +266,3 @@ def test_spec_manager_names_the_broken_invariant(
     with pytest.raises(InvariantViolation) as info:
         manager.check_invariants()
     assert info.value.invariant.startswith(invariant)
-
-
-# -- one name per invariant, in the spec and in the implementation ---------------------------------
-
-ROOT = Path(__file__).resolve().parent.parent
-
-REPRESENTATION_ONLY = {
-    # The spec's plain containers and its transition table.
-    "spec": {
-        "one ref_cnt and one hash slot per block",
-        "every block state change is in TRANSITIONS",
-        "prefix closure: a cached block's parent hash is cached",  # needs the spec's ghost map
-    },
-    # The implementation's block objects and linked list.
-    "impl": {
-        "the null block is block 0",
-        "blocks[i].block_id == i",
-        "every block belongs to the pool's free queue",
-        "free queue links agree both ways",
-        "free queue tail is its last block",
-        "num_free_blocks counts the queue",
-    },
-}
-
-
-def _invariant_names(*paths: str) -> set[str]:
-    pattern = re.compile(r'InvariantViolation\(\s*"([^"]+)"')
-    return {name for path in paths for name in pattern.findall((ROOT / path).read_text())}
-
-
-def test_spec_and_impl_name_each_shared_invariant_alike() -> None:
-    """An invariant both sides check has one name, so a report reads the same from either; the
-    ones only a representation has are listed above."""
-    spec = _invariant_names("spec/block_pool.py", "spec/manager.py")
-    impl = _invariant_names("impl/block_pool.py", "impl/free_queue.py", "impl/manager.py")
-    assert REPRESENTATION_ONLY["spec"] <= spec and REPRESENTATION_ONLY["impl"] <= impl
-    assert spec - REPRESENTATION_ONLY["spec"] == impl - REPRESENTATION_ONLY["impl"]
