@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("pagedkv.harness.verify", "differential campaign: spec vs an implementation"),
-    "plan": ("pagedkv.plan", "KV cache memory plan for a model and a memory budget"),
+    "plan": ("pagedkv.plan_cli", "KV cache memory plan for a model and a memory budget"),
 }
 
 
