@@ -583,6 +583,10 @@ def test_free_queue_refusals_name_the_block_and_the_queue() -> None:
         "ArgumentTypeError",
         "FreeKVCacheBlockQueue.append: block must be a KVCacheBlock, got None",
     )
+    assert _message(lambda: queue.remove(1)) == (  # type: ignore[arg-type]
+        "ArgumentTypeError",
+        "FreeKVCacheBlockQueue.remove: block must be a KVCacheBlock, got 1",
+    )
     assert _message(lambda: queue.remove(pool.null_block)) == (
         "FreeQueueError",
         "block 0: remove of a block that is not in the free queue",
