@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, cast
 
 from pagedkv.block_hash import BlockHashType, HashFn
@@ -53,10 +53,10 @@ class ObjectPoolAdapter:
     def get_new_blocks(self, num_blocks: int) -> list[int]:
         return [block.block_id for block in self.pool.get_new_blocks(num_blocks)]
 
-    def touch(self, block_ids: Sequence[int]) -> None:
+    def touch(self, block_ids: Iterable[int]) -> None:
         self.pool.touch(self._blocks(block_ids))
 
-    def free_blocks(self, block_ids: Sequence[int]) -> None:
+    def free_blocks(self, block_ids: Iterable[int]) -> None:
         self.pool.free_blocks(self._blocks(block_ids))
 
     def cache_full_blocks(
