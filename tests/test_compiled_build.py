@@ -11,12 +11,12 @@ import importlib
 import os
 import subprocess
 import sys
-import tomllib
 import zipfile
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 import pytest
+from setuptools.config.pyprojecttoml import read_configuration
 
 import pagedkv
 import setup  # the build hook at the repository root (pytest puts the root on sys.path)
@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def package_folders() -> set[str]:
     """The top-level source folders pyproject.toml maps onto pagedkv's packages."""
-    with (ROOT / "pyproject.toml").open("rb") as file:
-        package_dir = tomllib.load(file)["tool"]["setuptools"]["package-dir"]
+    config = read_configuration(ROOT / "pyproject.toml")
+    package_dir: dict[str, str] = config["tool"]["setuptools"]["package-dir"]
     return {folder.split("/")[0] for folder in package_dir.values()}
 
 
