@@ -32,6 +32,7 @@ POOL_OPERATIONS = {
     "cache_full_blocks",
     "get_cached_block",
     "reset_prefix_cache",
+    "take_events",
 }
 
 
