@@ -375,9 +375,12 @@ class SpecBlockPool:
         for cached_hash in self.index:
             index_counts[cached_hash.hash_value] = index_counts.get(cached_hash.hash_value, 0) + 1
         if replayed != index_counts:
+            replay_only = {v: n - index_counts.get(v, 0) for v, n in replayed.items()}
+            index_only = {v: n - replayed.get(v, 0) for v, n in index_counts.items()}
             raise InvariantViolation(
                 "replaying the events reproduces the hash index",
-                f"replayed {replayed}, index {index_counts}",
+                f"replay only: { {v: n for v, n in replay_only.items() if n > 0} }, "
+                f"index only: { {v: n for v, n in index_only.items() if n > 0} }",
             )
 
     # -- helpers -----------------------------------------------------------------------------
