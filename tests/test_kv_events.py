@@ -291,3 +291,25 @@ def test_importing_the_event_modules_loads_no_optional_dependency() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_implementations_replay_report_names_both_sides_exactly() -> None:
+    pool: Any = pagedkv_pool(4, True, PAGEDKV, True)
+    blocks = pool.get_new_blocks(1)
+    pool.cache_full_blocks(Request("a", [1, 2]), blocks, [], 0, 1, 2, lambda _: 5)
+    pool.pool.kv_event_queue.append(BlockStored((6,), None, (3, 4), 2, None, (None,)))
+    with pytest.raises(InvariantViolation) as info:
+        pool.check_invariants()
+    assert (info.value.invariant, info.value.detail) == (
+        "replaying the events reproduces the hash index",
+        "replay only: {6: 1}, index only: {}",
+    )
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_an_event_queued_while_events_are_off_is_reported(side: str) -> None:
+    pool: Any = POOLS[side](4, True, PAGEDKV, False)
+    queue = pool.pool.events if side == "spec" else pool.pool.kv_event_queue
+    queue.append(AllBlocksCleared())
+    with pytest.raises(InvariantViolation, match="no event is queued while events are off"):
+        pool.check_invariants()
