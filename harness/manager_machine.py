@@ -22,8 +22,10 @@ from typing import ClassVar, cast
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
+from pagedkv.block_counts import cdiv
 from pagedkv.harness.adapters import SpecManagerAdapter, pagedkv_manager, spec_manager
 from pagedkv.harness.domain import FULL_DOMAIN, Domain
+from pagedkv.harness.hostile_calls import MANAGER_HOSTILE_CALLS, ManagerScene
 from pagedkv.harness.lockstep import CampaignStats, LockstepMachine
 from pagedkv.harness.pool_machine import check_consumer
 from pagedkv.harness.protocol import EmitsKVEvents, ManagerConfig, ManagerFactory, ManagerUnderTest
@@ -127,7 +129,7 @@ class ManagerMachine(LockstepMachine):
         )
         self.config = config
         self.block_size = block_size
-        self.max_blocks = -(-max_model_len // block_size)
+        self.max_blocks = cdiv(max_model_len, block_size)
         self.alphabet = alphabet
         self.spec = spec_manager(config)
         self.impl = type(self).factory(config)
@@ -309,10 +311,15 @@ class ManagerMachine(LockstepMachine):
                     "more drafts than scheduled",
                     "hashes dropped while running",
                     "unknown request",
+                    *MANAGER_HOSTILE_CALLS,  # wrong types, NaN, mutations, identity changes
                 )
             ),
             label="kind",
         )
+        if kind in MANAGER_HOSTILE_CALLS:
+            shown, hostile = MANAGER_HOSTILE_CALLS[kind](data, ManagerScene(request))
+            self.both(shown, hostile)
+            return
         if kind == "bad counts":
             num_tokens, lookahead = data.draw(
                 st.sampled_from(((0, 0), (-1, 0), (1, -1))), label="counts"
@@ -391,10 +398,10 @@ class ManagerMachine(LockstepMachine):
 
     def fitting_lookahead(self, data: st.DataObject, tokens_after: int) -> int | None:
         """Lookahead slots (0-2, only with eagle) that keep the request within max_model_len."""
-        if -(-tokens_after // self.block_size) > self.max_blocks:
+        if cdiv(tokens_after, self.block_size) > self.max_blocks:
             return None
         lookahead = data.draw(st.integers(0, 2), label="lookahead") if self.config.use_eagle else 0
-        while lookahead and -(-(tokens_after + lookahead) // self.block_size) > self.max_blocks:
+        while lookahead and cdiv(tokens_after + lookahead, self.block_size) > self.max_blocks:
             lookahead -= 1
         return lookahead
 

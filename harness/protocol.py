@@ -19,7 +19,7 @@ order, and a refused call must queue none.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -91,9 +91,13 @@ class PoolUnderTest(Protocol):
 
     def get_new_blocks(self, num_blocks: int) -> list[int]: ...
 
-    def touch(self, block_ids: Sequence[int]) -> None: ...
+    def touch(self, block_ids: Iterable[int]) -> None:
+        """Any iterable of ids, read once (an iterator works too)."""
+        ...
 
-    def free_blocks(self, block_ids: Sequence[int]) -> None: ...
+    def free_blocks(self, block_ids: Iterable[int]) -> None:
+        """Any iterable of ids, read once."""
+        ...
 
     def cache_full_blocks(
         self,

@@ -11,6 +11,7 @@ from pagedkv.block import KVCacheBlock
 from pagedkv.block_hash import (
     NONE_HASH,
     BlockHashType,
+    CacheSalt,
     generate_block_hash_extra_keys,
     get_hash_fn,
     hash_block_tokens,
@@ -20,8 +21,11 @@ from pagedkv.block_hash import (
 )
 from pagedkv.block_pool import BlockPool
 from pagedkv.errors import (
+    ArgumentTypeError,
     BlockStateError,
+    ConcurrentUseError,
     FreeQueueError,
+    FrozenRequestFieldError,
     InvalidArgumentError,
     InvariantViolation,
     KVCacheConfigError,
@@ -65,12 +69,16 @@ __all__ = [
     "NONE_HASH",
     "PAGEDKV",
     "VLLM_0_8_5",
+    "ArgumentTypeError",
     "AttentionSpec",
     "BlockHashType",
     "BlockPool",
     "BlockStateError",
+    "CacheSalt",
+    "ConcurrentUseError",
     "FreeKVCacheBlockQueue",
     "FreeQueueError",
+    "FrozenRequestFieldError",
     "FullAttentionSpec",
     "InvalidArgumentError",
     "InvariantViolation",

@@ -1,4 +1,5 @@
-"""The `pagedkv` command: `pagedkv verify` (the differential campaign), `pagedkv plan` (KV memory).
+"""The `pagedkv` command: `pagedkv verify` (the differential campaign), `pagedkv plan` (KV memory),
+`pagedkv run` (the end-to-end engine, `pagedkv[engine]`).
 
 Each subcommand lives in its own module, exposing `add_arguments(parser)` and `run(args) -> int`;
 it is imported only when chosen, so `pagedkv plan` never imports hypothesis. A subcommand whose
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("pagedkv.harness.verify", "differential campaign: spec vs an implementation"),
     "plan": ("pagedkv.plan_cli", "KV cache memory plan for a model and a memory budget"),
+    "run": ("pagedkv.engine.run_command", "serve a workload end to end on a paged KV cache"),
 }
 EXTRAS: dict[str, str] = {"hypothesis": "verify"}
 """Top-level module -> the optional extra (pyproject.toml) that installs it."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from pagedkv.errors import InvalidArgumentError
+from pagedkv.arguments import require_instance, require_int
 
 
 @dataclass
@@ -51,10 +51,7 @@ class PrefixCachingMetrics:
     """
 
     def __init__(self, max_recent_requests: int = 1000) -> None:
-        if max_recent_requests < 1:
-            raise InvalidArgumentError(
-                f"max_recent_requests must be >= 1, got {max_recent_requests}"
-            )
+        require_int("PrefixCachingMetrics", "max_recent_requests", max_recent_requests, 1)
         self.max_recent_requests = max_recent_requests
         self.aggregated_requests = 0
         self.aggregated_query_total = 0
@@ -66,6 +63,7 @@ class PrefixCachingMetrics:
 
     def observe(self, stats: PrefixCacheStats) -> None:
         """Add one batch of stats (see the class docstring for what the window keeps)."""
+        require_instance("PrefixCachingMetrics.observe", "stats", stats, PrefixCacheStats)
         if stats.reset:
             self.reset()
         if stats.requests == 0:
