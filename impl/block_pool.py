@@ -29,15 +29,8 @@ from pagedkv.errors import (
     NoFreeBlocksError,
 )
 from pagedkv.free_queue import FreeKVCacheBlockQueue
-from pagedkv.kv_events import (
-    AllBlocksCleared,
-    BlockRemoved,
-    KVCacheEvent,
-    KVEventReplayError,
-    block_stored,
-    index_hash_counts,
-    replay_hash_counts,
-)
+from pagedkv.kv_event_index import block_stored, index_hash_counts, replay_hash_counts
+from pagedkv.kv_events import AllBlocksCleared, BlockRemoved, KVCacheEvent, KVEventReplayError
 from pagedkv.request import Request
 from pagedkv.semantics import PAGEDKV, Semantics
 

@@ -27,6 +27,7 @@ from pagedkv import (
 )
 from pagedkv.harness.adapters import pagedkv_pool, spec_pool
 from pagedkv.harness.protocol import ManagerUnderTest, PoolUnderTest
+from pagedkv.kv_event_index import index_hash_counts, replay_hash_counts
 from pagedkv.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -34,8 +35,6 @@ from pagedkv.kv_events import (
     EventExtraKey,
     KVCacheEvent,
     KVEventReplayError,
-    index_hash_counts,
-    replay_hash_counts,
 )
 from pagedkv.request import PlaceholderRange
 from pagedkv.semantics import PAGEDKV
