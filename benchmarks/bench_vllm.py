@@ -19,7 +19,9 @@ is committed). One worker process per pagedkv build (pure, and compiled when a b
     ./dev bench vllm --json results/vllm.json
 
 `--baseline pagedkv` runs everything against pagedkv itself instead of vLLM (no download; the
-benchmark's own test uses it).
+benchmark's own test uses it). `--kv-events` builds the pagedkv contender with KV cache events
+on, so `--baseline pagedkv --kv-events` is the cost of events (off vs on, paired), and
+`--baseline pagedkv` alone the noise floor of the pairing (off vs off).
 """
 
 from __future__ import annotations
@@ -170,7 +172,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
             f"worker for the {args.worker} build imported a build with COMPILED="
             f"{pagedkv.COMPILED} ({pagedkv.__file__})"
         )
-    contender = pagedkv_side(f"pagedkv ({args.worker})")
+    contender = pagedkv_side(f"pagedkv ({args.worker})", kv_events=args.kv_events)
     baseline = (
         pagedkv_side("pagedkv (baseline)")
         if args.baseline == "pagedkv"
@@ -181,6 +183,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {
         "build": args.worker,
         "baseline": baseline.name,
+        "kv_events": args.kv_events,
         "compiled_modules": list(pagedkv.COMPILED_MODULES),
         "rounds": rounds,
         "trace": _trace(baseline, contender, rounds, args.conversations),
@@ -209,6 +212,8 @@ def _spawn(build: str, site: Path | None, args: argparse.Namespace) -> dict[str,
     command += ["--conversations", str(args.conversations)]
     if args.quick:
         command.append("--quick")
+    if args.kv_events:
+        command.append("--kv-events")
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"the {build} worker failed:\n{done.stderr}")
@@ -249,6 +254,8 @@ def print_report(reports: dict[str, dict[str, Any]], missing: str | None) -> Non
         f" paired medians\nratio = pagedkv / {baseline} (below 1: pagedkv is faster), each build"
         " paired with\nthe baseline's runs in its own worker process"
     )
+    if pure.get("kv_events"):
+        print("pagedkv's managers queue KV cache events (--kv-events); the baseline's do not")
     if missing:
         print(f"compiled build: not measured: {missing}")
     else:
@@ -331,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
         help="conversations in the trace (about 2.5 requests each)",
     )
     parser.add_argument("--baseline", choices=("vllm", "pagedkv"), default="vllm")
+    parser.add_argument(
+        "--kv-events", action="store_true", help="pagedkv's managers queue KV cache events"
+    )
     parser.add_argument(
         "--compiled-site",
         type=Path,

@@ -29,15 +29,18 @@ class Side:
     make_request: Callable[[str, Sequence[int]], Any]  # (request_id, prompt) -> request
 
 
-def pagedkv_side(name: str) -> Side:
-    """pagedkv's `KVCacheManager` and `Request`, from whichever build `pagedkv` imports."""
+def pagedkv_side(name: str, kv_events: bool = False) -> Side:
+    """pagedkv's `KVCacheManager` and `Request`, from whichever build `pagedkv` imports; with
+    `kv_events`, its managers queue KV cache events (left queued: the emitting is timed)."""
     from pagedkv import FullAttentionSpec, KVCacheManager, Request, uniform_kv_cache_config
 
     spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=8, head_size=128, dtype="bf16")
 
     def make_manager(num_blocks: int, hash_algo: str) -> KVCacheManager:
         config = uniform_kv_cache_config(spec, num_blocks)
-        return KVCacheManager(config, MAX_MODEL_LEN, caching_hash_algo=hash_algo)
+        # Passed only when on, so the same side drives a build without events (an older one).
+        events: dict[str, Any] = {"enable_kv_cache_events": True} if kv_events else {}
+        return KVCacheManager(config, MAX_MODEL_LEN, caching_hash_algo=hash_algo, **events)
 
     return Side(name, make_manager, Request)
 

@@ -10,12 +10,14 @@ from pagedkv.block_hash import BlockHashType, HashFn
 from pagedkv.block_pool import BlockPool
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.harness.protocol import (
+    NOT_REPORTED,
     ManagerConfig,
     ManagerSnapshot,
     ManagerUnderTest,
     PoolSnapshot,
     PoolUnderTest,
 )
+from pagedkv.kv_events import KVCacheEvent
 from pagedkv.manager import KVCacheManager
 from pagedkv.prefix_cache_stats import PrefixCacheStats
 from pagedkv.request import Request
@@ -92,6 +94,9 @@ class ObjectPoolAdapter:
     def get_usage(self) -> float:
         return float(self.pool.get_usage())
 
+    def take_events(self) -> list[KVCacheEvent]:
+        return list(self.pool.take_events())
+
     def snapshot(self) -> PoolSnapshot:
         pool = self.pool
         return PoolSnapshot(
@@ -107,6 +112,9 @@ class ObjectPoolAdapter:
             },
             num_free_blocks=self.get_num_free_blocks(),
             usage=self.get_usage(),
+            kv_events=tuple(pool.kv_event_queue)
+            if getattr(pool, "enable_kv_cache_events", False)
+            else None,
         )
 
     def check_invariants(self) -> None:
@@ -126,6 +134,7 @@ class SpecPoolAdapter:
         self.reset_prefix_cache = pool.reset_prefix_cache
         self.get_num_free_blocks = pool.get_num_free_blocks
         self.get_usage = pool.get_usage
+        self.take_events = pool.take_events
         self.check_invariants = pool.check_invariants
 
     def snapshot(self) -> PoolSnapshot:
@@ -137,6 +146,7 @@ class SpecPoolAdapter:
             index={block_hash: tuple(ids) for block_hash, ids in pool.index.items()},
             num_free_blocks=pool.get_num_free_blocks(),
             usage=pool.get_usage(),
+            kv_events=tuple(pool.events) if pool.enable_kv_cache_events else None,
         )
 
 
@@ -178,6 +188,9 @@ class ObjectManagerAdapter:
         stats: PrefixCacheStats | None = self.manager.make_prefix_cache_stats()
         return stats
 
+    def take_events(self) -> list[KVCacheEvent]:
+        return list(self.manager.take_events())
+
     @property
     def usage(self) -> float:
         return float(self.manager.usage)
@@ -199,6 +212,7 @@ class ObjectManagerAdapter:
             },
             num_cached=dict(manager.num_cached_block),
             stats=_stats_tuple(stats),
+            token_stats=_token_stats(stats),
         )
 
     def check_invariants(self) -> None:
@@ -218,6 +232,7 @@ class SpecManagerAdapter:
         self.reset_prefix_cache = manager.reset_prefix_cache
         self.get_num_common_prefix_blocks = manager.get_num_common_prefix_blocks
         self.make_prefix_cache_stats = manager.make_prefix_cache_stats
+        self.take_events = manager.take_events
         self.check_invariants = manager.check_invariants
 
     @property
@@ -232,6 +247,7 @@ class SpecManagerAdapter:
             hashes={r: tuple(hashes) for r, hashes in manager.hashes.items() if hashes},
             num_cached=dict(manager.num_cached),
             stats=_stats_tuple(manager.stats),
+            token_stats=_token_stats(manager.stats),
         )
 
 
@@ -248,6 +264,15 @@ def _stats_tuple(stats: PrefixCacheStats | None) -> tuple[bool, int, int, int] |
     return (stats.reset, stats.requests, stats.queries, stats.hits)
 
 
+def _token_stats(stats: Any) -> tuple[int, int] | None:
+    """(queried_tokens, hit_tokens), or NOT_REPORTED for stats that count no tokens (vLLM's)."""
+    if stats is None:
+        return None
+    if not hasattr(stats, "queried_tokens"):
+        return NOT_REPORTED  # type: ignore[no-any-return]
+    return (stats.queried_tokens, stats.hit_tokens)
+
+
 def spec_manager(config: ManagerConfig) -> ManagerUnderTest:
     """The reference manager, as a manager under test."""
     return SpecManagerAdapter(config.build(SpecKVCacheManager))
@@ -258,14 +283,28 @@ def pagedkv_manager(config: ManagerConfig) -> ManagerUnderTest:
     return ObjectManagerAdapter(config.build(KVCacheManager))
 
 
-def spec_pool(num_gpu_blocks: int, enable_caching: bool, semantics: Semantics) -> PoolUnderTest:
+def spec_pool(
+    num_gpu_blocks: int,
+    enable_caching: bool,
+    semantics: Semantics,
+    enable_kv_cache_events: bool = False,
+) -> PoolUnderTest:
     """The reference model, as a pool under test."""
-    return SpecPoolAdapter(SpecBlockPool(num_gpu_blocks, enable_caching, semantics))
+    return SpecPoolAdapter(
+        SpecBlockPool(num_gpu_blocks, enable_caching, semantics, enable_kv_cache_events)
+    )
 
 
-def pagedkv_pool(num_gpu_blocks: int, enable_caching: bool, semantics: Semantics) -> PoolUnderTest:
+def pagedkv_pool(
+    num_gpu_blocks: int,
+    enable_caching: bool,
+    semantics: Semantics,
+    enable_kv_cache_events: bool = False,
+) -> PoolUnderTest:
     """pagedkv's optimized `BlockPool`, as a pool under test (the default `--impl`)."""
-    return ObjectPoolAdapter(BlockPool(num_gpu_blocks, enable_caching, semantics))
+    return ObjectPoolAdapter(
+        BlockPool(num_gpu_blocks, enable_caching, semantics, enable_kv_cache_events)
+    )
 
 
 def load_factory(target: str) -> Callable[..., Any]:

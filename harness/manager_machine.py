@@ -6,15 +6,18 @@ and prompt logprobs: it admits waiting requests (prefix lookup, then allocate_sl
 whole or chunked prefill), runs decode steps with speculative tokens and lookahead slots, preempts
 (free, computed tokens back to 0), finishes (free + free_block_hashes), resets the prefix cache,
 and makes invalid calls. After every step both managers must be in the same observable state and
-pass their invariant checks.
+pass their invariant checks. For pagedkv's own manager the state includes the token-level
+prefix-cache stats and, in most examples, the KV cache events not yet taken; a rule takes them
+from both and replays them into a consumer that must hold the index (`check_consumer`).
 """
 
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, cast
 
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
@@ -24,7 +27,8 @@ from pagedkv.harness.adapters import SpecManagerAdapter, pagedkv_manager, spec_m
 from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.hostile_calls import MANAGER_HOSTILE_CALLS, ManagerScene
 from pagedkv.harness.lockstep import CampaignStats, LockstepMachine
-from pagedkv.harness.protocol import ManagerConfig, ManagerFactory, ManagerUnderTest
+from pagedkv.harness.pool_machine import check_consumer
+from pagedkv.harness.protocol import EmitsKVEvents, ManagerConfig, ManagerFactory, ManagerUnderTest
 from pagedkv.harness.requests import requests
 from pagedkv.kv_cache_interface import (
     FullAttentionSpec,
@@ -32,6 +36,7 @@ from pagedkv.kv_cache_interface import (
     SlidingWindowSpec,
     uniform_kv_cache_config,
 )
+from pagedkv.prefix_cache_stats import PrefixCacheStats
 from pagedkv.request import Request
 from pagedkv.semantics import PAGEDKV, VLLM_0_8_5, Semantics
 
@@ -51,6 +56,8 @@ class ManagerMachine(LockstepMachine):
     semantics: ClassVar[Semantics] = PAGEDKV
     sliding_window: ClassVar[bool] = False
     domain: ClassVar[Domain] = FULL_DOMAIN
+    kv_events: ClassVar[bool] = True  # the factory's managers can emit KV cache events
+    token_stats: ClassVar[bool] = True  # ... and count prefix-cache stats in tokens
 
     def __init__(self) -> None:
         super().__init__()
@@ -59,6 +66,7 @@ class ManagerMachine(LockstepMachine):
         self.live: dict[str, _Live] = {}
         self.prompts: list[tuple[int, ...]] = []
         self.num_arrived = 0
+        self.consumer: Counter[int] = Counter()  # a replay of every event batch taken so far
 
     # -- set-up -------------------------------------------------------------------------------
 
@@ -72,6 +80,7 @@ class ManagerMachine(LockstepMachine):
         log_stats=st.booleans(),
         hash_algo=st.sampled_from(("sha256", "builtin")),
         alphabet=st.integers(2, 3),
+        kv_events=st.sampled_from((True, True, True, False)),
     )
     def setup(
         self,
@@ -84,6 +93,7 @@ class ManagerMachine(LockstepMachine):
         log_stats: bool,
         hash_algo: str,
         alphabet: int,
+        kv_events: bool,
     ) -> None:
         kv_cache_spec: KVCacheSpec
         if self.semantics == VLLM_0_8_5:
@@ -115,6 +125,7 @@ class ManagerMachine(LockstepMachine):
             use_eagle,
             log_stats,
             self.semantics,
+            enable_kv_cache_events=kv_events and self.kv_events,
         )
         self.config = config
         self.block_size = block_size
@@ -264,8 +275,19 @@ class ManagerMachine(LockstepMachine):
             )
         else:
             self.both(
-                "make_prefix_cache_stats()", lambda manager, _: manager.make_prefix_cache_stats()
+                "make_prefix_cache_stats()",
+                lambda manager, _: _compared_stats(manager.make_prefix_cache_stats(), self),
             )
+
+    @precondition(lambda self: self.config.enable_kv_cache_events)
+    @rule()
+    def take_events(self) -> None:
+        """The scheduler drains both event queues (equal batches) and publishes them."""
+        outcome = self.both(
+            "take_events()", lambda manager, _: cast(EmitsKVEvents, manager).take_events()
+        )
+        if outcome.ok and outcome.result is not None:
+            check_consumer(self.consumer, outcome.result, self.spec.snapshot().pool.index)
 
     # -- invalid calls ------------------------------------------------------------------------
 
@@ -407,6 +429,15 @@ class ManagerMachine(LockstepMachine):
         self.live.pop(request.request_id, None)
 
 
+def _compared_stats(
+    stats: PrefixCacheStats | None, machine: ManagerMachine
+) -> PrefixCacheStats | tuple[bool, int, int, int] | None:
+    """The stats as compared: whole for a manager that counts tokens, else the block counts."""
+    if stats is None or machine.token_stats:
+        return stats
+    return (stats.reset, stats.requests, stats.queries, stats.hits)
+
+
 def _impostor_call(impostor: Request, call: str) -> Callable[[ManagerUnderTest, str], object]:
     def run(manager: ManagerUnderTest, _: str) -> object:
         if call == "lookup":
@@ -427,13 +458,17 @@ def make_manager_machine(
     misuse: bool = True,
     stats: CampaignStats | None = None,
     domain: Domain = FULL_DOMAIN,
+    kv_events: bool | None = None,
 ) -> type[ManagerMachine]:
     """A `ManagerMachine` subclass checking `factory`'s managers for one attention type, on
     `domain`.
 
-    pagedkv's own manager must also word every refusal exactly as the spec does; other managers
-    are held to the error class.
+    pagedkv's own manager must also word every refusal exactly as the spec does, and count
+    prefix-cache stats in tokens; other managers are held to the error class and the block
+    counts. `kv_events` (default: only for pagedkv's own manager) says the factory's managers
+    take `enable_kv_cache_events` and emit events to compare.
     """
+    own = factory is pagedkv_manager
     return type(
         "SlidingWindowManagerMachine" if sliding_window else "FullAttentionManagerMachine",
         (ManagerMachine,),
@@ -443,7 +478,9 @@ def make_manager_machine(
             "sliding_window": sliding_window,
             "misuse": misuse,
             "domain": domain,
-            "same_messages": factory is pagedkv_manager,
+            "same_messages": own,
+            "kv_events": own if kv_events is None else kv_events,
+            "token_stats": own,
             "stats": stats if stats is not None else CampaignStats(),
         },
     )

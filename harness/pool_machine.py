@@ -2,15 +2,20 @@
 
 Every rule applies the same call to both pools. A call must succeed in both with equal results,
 or raise the same exception class in both and leave both unchanged. After every step the whole
-observable state (free order, ref counts, hashes, index, counters) must be equal, and both
-`check_invariants()` must pass. Pools are tiny (2-16 blocks) and tokens come from a 2-3 letter
-alphabet, so exhaustion, eviction, reuse and prefix collisions happen constantly.
+observable state (free order, ref counts, hashes, index, counters, and the KV cache events not yet
+taken) must be equal, and both `check_invariants()` must pass. Events are on in most examples when
+the factory can emit them; each taken batch is also replayed by a consumer the machine keeps, which
+must then hold the index (`pagedkv.kv_event_index.replay_hash_counts`). Pools are tiny (2-16
+blocks) and tokens come from a 2-3 letter alphabet, so exhaustion, eviction, reuse and prefix
+collisions happen constantly.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, cast
 
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
@@ -21,8 +26,15 @@ from pagedkv.harness.adapters import pagedkv_pool, spec_pool
 from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.hostile_calls import POOL_HOSTILE_CALLS, PoolScene, draw_hostile_call
 from pagedkv.harness.lockstep import CampaignStats, Divergence, LockstepMachine
-from pagedkv.harness.protocol import PoolFactory, PoolUnderTest
+from pagedkv.harness.protocol import (
+    EmitsKVEvents,
+    KVEventPoolFactory,
+    PoolFactory,
+    PoolUnderTest,
+)
 from pagedkv.harness.requests import requests
+from pagedkv.kv_event_index import index_hash_counts, replay_hash_counts
+from pagedkv.kv_events import KVCacheEvent, KVEventReplayError
 from pagedkv.request import Request
 from pagedkv.semantics import PAGEDKV, VLLM_0_8_5, Semantics
 from pagedkv.spec.block_hash import request_block_hashes
@@ -45,6 +57,7 @@ class PoolMachine(LockstepMachine):
     factory: ClassVar[PoolFactory] = staticmethod(pagedkv_pool)
     semantics: ClassVar[Semantics] = PAGEDKV
     domain: ClassVar[Domain] = FULL_DOMAIN
+    kv_events: ClassVar[bool] = True  # the factory is a KVEventPoolFactory: compare events
 
     def __init__(self) -> None:
         super().__init__()
@@ -55,6 +68,8 @@ class PoolMachine(LockstepMachine):
         self.seen_hashes: list[BlockHashType] = []
         self.drawn: list[Request] = []  # every request drawn so far, oldest first
         self.num_requests = 0
+        self.events_on = False
+        self.consumer: Counter[int] = Counter()  # a replay of every batch taken so far
 
     # -- set-up -------------------------------------------------------------------------------
 
@@ -64,6 +79,7 @@ class PoolMachine(LockstepMachine):
         block_size=st.integers(1, 4),
         alphabet=st.integers(2, 3),
         hash_algo=st.sampled_from(("sha256", "builtin")),
+        kv_events=st.sampled_from((True, True, True, False)),
     )
     def setup(
         self,
@@ -72,14 +88,22 @@ class PoolMachine(LockstepMachine):
         block_size: int,
         alphabet: int,
         hash_algo: str,
+        kv_events: bool,
     ) -> None:
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.block_size = block_size
         self.alphabet = alphabet
         self.hash_fn: HashFn = get_hash_fn(hash_algo)
-        self.spec = spec_pool(num_gpu_blocks, enable_caching, self.semantics)
-        self.impl = type(self).factory(num_gpu_blocks, enable_caching, self.semantics)
+        self.events_on = kv_events and self.kv_events
+        self.spec = spec_pool(num_gpu_blocks, enable_caching, self.semantics, self.events_on)
+        if self.events_on:
+            factory = cast(KVEventPoolFactory, type(self).factory)
+            self.impl = factory(
+                num_gpu_blocks, enable_caching, self.semantics, enable_kv_cache_events=True
+            )
+        else:
+            self.impl = type(self).factory(num_gpu_blocks, enable_caching, self.semantics)
         self.stats.examples += 1
 
     # -- rules --------------------------------------------------------------------------------
@@ -246,6 +270,16 @@ class PoolMachine(LockstepMachine):
     def reset_prefix_cache(self) -> None:
         self.both("reset_prefix_cache()", lambda pool, _: pool.reset_prefix_cache())
 
+    @precondition(lambda self: self.events_on)
+    @rule()
+    def take_events(self) -> None:
+        """Drain both event queues (equal batches); a consumer replaying them holds the index."""
+        outcome = self.both(
+            "take_events()", lambda pool, _: cast(EmitsKVEvents, pool).take_events()
+        )
+        if outcome.ok and outcome.result is not None:
+            check_consumer(self.consumer, outcome.result, self.spec.snapshot().index)
+
     @rule(data=st.data())
     def hostile_call(self, data: st.DataObject) -> None:
         """A call of the hostile catalog (wrong types, NaN, unhashable keys): refused by both,
@@ -397,6 +431,26 @@ class PoolMachine(LockstepMachine):
         return num_full
 
 
+def check_consumer(
+    consumer: Counter[int], batch: list[KVCacheEvent], index: Iterable[BlockHashType]
+) -> None:
+    """Replay a taken `batch` into `consumer`, which must then count the keys of `index` (the
+    queue is empty right after a take, so the consumer holds everything emitted).
+
+    Raises:
+        Divergence: the replay fails or differs from the index.
+    """
+    try:
+        replay_hash_counts(batch, consumer)
+    except KVEventReplayError as error:
+        raise Divergence(f"a consumer cannot replay the events taken: {error}") from None
+    expected = index_hash_counts(index)
+    if consumer != expected:
+        raise Divergence(
+            f"a consumer replaying the events holds {dict(consumer)}, the index {dict(expected)}"
+        )
+
+
 def make_pool_machine(
     factory: PoolFactory,
     *,
@@ -404,11 +458,13 @@ def make_pool_machine(
     misuse: bool = True,
     stats: CampaignStats | None = None,
     domain: Domain = FULL_DOMAIN,
+    kv_events: bool | None = None,
 ) -> type[PoolMachine]:
     """A `PoolMachine` subclass that checks `factory`'s pools against the spec, on `domain`.
 
     pagedkv's own pool must also word every refusal exactly as the spec does; other pools are
-    held to the error class.
+    held to the error class. `kv_events` (default: only for pagedkv's own pool) says the factory
+    is a `KVEventPoolFactory` whose events are compared.
     """
     return type(
         "PoolMachine",
@@ -419,6 +475,7 @@ def make_pool_machine(
             "misuse": misuse,
             "domain": domain,
             "same_messages": factory is pagedkv_pool,
+            "kv_events": factory is pagedkv_pool if kv_events is None else kv_events,
             "stats": stats if stats is not None else CampaignStats(),
         },
     )

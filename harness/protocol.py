@@ -9,21 +9,46 @@ objects look like. A pool shaped like vLLM's `BlockPool` (block objects with `bl
 `factory(num_gpu_blocks, enable_caching, semantics)`; it must return a `PoolUnderTest`.
 `--manager-impl module:factory` calls `factory(ManagerConfig)` for a `ManagerUnderTest`; a
 manager shaped like vLLM's `KVCacheManager` needs only `ObjectManagerAdapter`.
+
+KV cache events (`pagedkv.kv_events`) are compared only for objects that emit them
+(`EmitsKVEvents`), built with events on (`ManagerConfig.enable_kv_cache_events`, or a
+`KVEventPoolFactory` called with `enable_kv_cache_events=True`): the events not yet taken are
+then part of the snapshot, so spec and implementation must queue the same events in the same
+order, and a refused call must queue none.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pagedkv.block_hash import BlockHashType, HashFn
 from pagedkv.kv_cache_interface import KVCacheConfig
+from pagedkv.kv_events import KVCacheEvent
 from pagedkv.prefix_cache_stats import PrefixCacheStats
 from pagedkv.request import Request
 from pagedkv.semantics import Semantics
 
 M = TypeVar("M")
+
+
+class _NotReported:
+    """Equal to anything: a snapshot field the object under test does not report."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return "NOT_REPORTED"
+
+
+NOT_REPORTED: Any = _NotReported()
+"""The default of snapshot fields added after the protocol was first published, so that a
+third-party adapter building a snapshot without them still compares equal to the spec's."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +62,8 @@ class PoolSnapshot:
         index: hash -> ids cached under it, first inserted first.
         num_free_blocks: as reported by `get_num_free_blocks()`.
         usage: as reported by `get_usage()`.
+        kv_events: the KV cache events queued and not yet taken, oldest first; None with events
+            off (not part of `key()`: it records history, not state).
     """
 
     free_order: tuple[int, ...]
@@ -45,6 +72,7 @@ class PoolSnapshot:
     index: Mapping[BlockHashType, tuple[int, ...]]
     num_free_blocks: int
     usage: float
+    kv_events: tuple[KVCacheEvent, ...] | None = None
 
     def key(self) -> int:
         """A hash of the whole state, for counting distinct states."""
@@ -103,6 +131,26 @@ PoolFactory = Callable[[int, bool, Semantics], PoolUnderTest]
 """`factory(num_gpu_blocks, enable_caching, semantics)` -> a fresh pool under test."""
 
 
+class EmitsKVEvents(Protocol):
+    """A pool or manager under test that emits KV cache events (`pagedkv.kv_events`)."""
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The events queued since the last call, oldest first; the queue is emptied."""
+        ...
+
+
+class KVEventPoolFactory(Protocol):
+    """A `PoolFactory` that can also build its pool with KV cache events on."""
+
+    def __call__(
+        self,
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        semantics: Semantics,
+        enable_kv_cache_events: bool = False,
+    ) -> PoolUnderTest: ...
+
+
 @dataclass(frozen=True)
 class ManagerConfig:
     """Everything a KV cache manager is built from (the KVCacheManager constructor's arguments)."""
@@ -114,9 +162,12 @@ class ManagerConfig:
     use_eagle: bool
     log_stats: bool
     semantics: Semantics
+    enable_kv_cache_events: bool = False
 
     def build(self, manager_class: Callable[..., M]) -> M:
-        """`manager_class` called with these arguments, the way KVCacheManager takes them."""
+        """`manager_class` called with these arguments, the way KVCacheManager takes them
+        (`enable_kv_cache_events` only when on: a manager without events need not take it)."""
+        events = {"enable_kv_cache_events": True} if self.enable_kv_cache_events else {}
         return manager_class(
             self.kv_cache_config,
             self.max_model_len,
@@ -125,6 +176,7 @@ class ManagerConfig:
             self.use_eagle,
             self.log_stats,
             semantics=self.semantics,
+            **events,
         )
 
 
@@ -138,6 +190,8 @@ class ManagerSnapshot:
         hashes: request id -> its stored block hashes (empty lists left out).
         num_cached: request id -> its cached-block count.
         stats: (reset, requests, queries, hits) of the pending prefix-cache stats, or None.
+        token_stats: (queried_tokens, hit_tokens) of the pending stats, or None;
+            `NOT_REPORTED` for a manager whose stats count no tokens (vLLM 0.8.5's).
     """
 
     pool: PoolSnapshot
@@ -145,6 +199,7 @@ class ManagerSnapshot:
     hashes: Mapping[str, tuple[BlockHashType, ...]]
     num_cached: Mapping[str, int]
     stats: tuple[bool, int, int, int] | None
+    token_stats: tuple[int, int] | None = NOT_REPORTED
 
     def key(self) -> int:
         """A hash of the whole state, for counting distinct states."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from pagedkv import refusals
@@ -28,6 +29,8 @@ from pagedkv.errors import (
     NoFreeBlocksError,
 )
 from pagedkv.free_queue import FreeKVCacheBlockQueue
+from pagedkv.kv_event_index import block_stored, index_hash_counts, replay_hash_counts
+from pagedkv.kv_events import AllBlocksCleared, BlockRemoved, KVCacheEvent, KVEventReplayError
 from pagedkv.request import Request
 from pagedkv.semantics import PAGEDKV, Semantics
 
@@ -49,18 +52,26 @@ class BlockPool:
     (`pagedkv.call_arguments`), before it changes anything, and refuses blocks of another pool.
     Not thread-safe: a call that overlaps another state-changing call or invariant check on the
     same pool raises `ConcurrentUseError` and changes nothing (a guard of about 50 ns a call).
+    With `enable_kv_cache_events`, every change of the index's key set is queued as a KV cache
+    event (`pagedkv.kv_events`) until `take_events()`; off, nothing is queued and no hot path
+    tests the flag (only a key entering or leaving the index does).
     Invariants: `check_invariants()`, which mirrors `pagedkv.spec.SpecBlockPool`.
 
     Args:
         num_gpu_blocks: number of blocks, the null block included (>= 1).
         enable_caching: whether freed full blocks stay hittable until evicted.
         semantics: pagedkv's or vLLM 0.8.5's side of the deliberate differences.
+        enable_kv_cache_events: queue KV cache events for `take_events()`.
     """
 
     def __init__(
-        self, num_gpu_blocks: int, enable_caching: bool, semantics: Semantics = PAGEDKV
+        self,
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        semantics: Semantics = PAGEDKV,
+        enable_kv_cache_events: bool = False,
     ) -> None:
-        check_pool(num_gpu_blocks, enable_caching, semantics)
+        check_pool(num_gpu_blocks, enable_caching, semantics, enable_kv_cache_events)
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.semantics = semantics
@@ -70,6 +81,12 @@ class BlockPool:
         # block tables stay append-only). The first-inserted block answers lookups.
         self.cached_block_hash_to_block: dict[BlockHashType, dict[int, KVCacheBlock]] = {}
         self.null_block = self.free_block_queue.popleft()
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.kv_event_queue: list[KVCacheEvent] = []
+        # What a consumer that applied every taken batch holds (replay_hash_counts), and the first
+        # batch it could not apply: the replay invariant's base.
+        self._taken_hash_counts: Counter[int] = Counter()
+        self._taken_replay_error: str | None = None
         # The call token: a public call pops it (list.pop is atomic) and puts it back when done;
         # a call that finds the list empty overlaps another one and is refused. A manager shares
         # its pool's token and calls the pool's underscored methods, which assume it is held.
@@ -144,6 +161,8 @@ class BlockPool:
         del cached[block.block_id]
         if not cached:
             del self.cached_block_hash_to_block[block_hash]
+            if self.enable_kv_cache_events:  # the key left the index
+                self.kv_event_queue.append(BlockRemoved((block_hash.hash_value,)))
         block.reset_hash()
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -305,6 +324,7 @@ class BlockPool:
         parent_hash_value = self._check_blocks_to_cache(
             blocks, block_hashes, num_cached_blocks, num_full_blocks
         )
+        first_parent = parent_hash_value
         # Compute every hash before changing anything, so a failure leaves no trace.
         num_given = len(block_hashes) - num_cached_blocks
         vllm_mm_keys = self.semantics.vllm_new_block_mm_keys
@@ -349,6 +369,7 @@ class BlockPool:
 
         null_block = self.null_block
         index = self.cached_block_hash_to_block
+        entered: list[int] | None = [] if self.enable_kv_cache_events else None
         for offset, block in enumerate(blocks[num_cached_blocks:num_full_blocks]):
             block_hash = (
                 block_hashes[num_cached_blocks + offset]
@@ -357,8 +378,43 @@ class BlockPool:
             )
             if block is not null_block:
                 block.block_hash = block_hash
-                index.setdefault(block_hash, {})[block.block_id] = block
+                cached = index.get(block_hash)
+                if cached is None:
+                    index[block_hash] = {block.block_id: block}
+                    if entered is not None:  # the key entered the index
+                        entered.append(num_cached_blocks + offset)
+                else:
+                    cached[block.block_id] = block
         block_hashes.extend(new_hashes)
+        if entered:
+            self._announce_stored(
+                request, block_hashes, entered, num_cached_blocks, first_parent, block_size
+            )
+
+    def _announce_stored(
+        self,
+        request: Request,
+        chain: list[BlockHashType],
+        positions: list[int],
+        num_cached_blocks: int,
+        first_parent: int | None,
+        block_size: int,
+    ) -> None:
+        """Queue one BlockStored per run of consecutive `positions` whose keys entered the index.
+
+        A run's parent is the hash value its first block chains to: `first_parent` for the
+        call's first position, else the hash of the position before it in `chain`.
+        """
+        start = 0
+        for end in range(1, len(positions) + 1):
+            if end < len(positions) and positions[end] == positions[end - 1] + 1:
+                continue
+            first, last = positions[start], positions[end - 1]
+            parent = first_parent if first == num_cached_blocks else chain[first - 1].hash_value
+            self.kv_event_queue.append(
+                block_stored(chain[first : last + 1], parent, block_size, request.lora_id)
+            )
+            start = end
 
     def _check_blocks_to_cache(
         self,
@@ -421,7 +477,38 @@ class BlockPool:
         self.cached_block_hash_to_block = {}
         for block in self.blocks:
             block.reset_hash()
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(AllBlocksCleared())
         return True
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The KV cache events queued since the last call, oldest first; the queue is emptied.
+
+        Always empty with `enable_kv_cache_events` off.
+
+        Raises:
+            ConcurrentUseError: another call on this pool is running.
+
+        Complexity: O(events taken): they are also applied to the replay invariant's base.
+        """
+        self._enter("BlockPool.take_events")
+        try:
+            return self._take_events()
+        finally:
+            self._idle.append(None)
+
+    def _take_events(self) -> list[KVCacheEvent]:
+        """take_events (the caller holds the call token)."""
+        events = self.kv_event_queue
+        if not events:
+            return []
+        self.kv_event_queue = []
+        if self._taken_replay_error is None:
+            try:
+                replay_hash_counts(events, self._taken_hash_counts)
+            except KVEventReplayError as error:
+                self._taken_replay_error = str(error)
+        return events
 
     def get_num_free_blocks(self) -> int:
         """Blocks in the free queue, evictable cached ones included. Complexity: O(1)."""
@@ -513,4 +600,31 @@ class BlockPool:
         if not self.enable_caching and num_hashed:
             raise InvariantViolation(
                 "no block is hashed while caching is off", f"{num_hashed} hashed"
+            )
+        self._check_event_replay()
+
+    def _check_event_replay(self) -> None:
+        """Replaying every event emitted so far gives the index's count of keys per hash value."""
+        if not self.enable_kv_cache_events:
+            if self.kv_event_queue:
+                raise InvariantViolation(
+                    "no event is queued while events are off", repr(self.kv_event_queue[:3])
+                )
+            return
+        if self._taken_replay_error is not None:
+            raise InvariantViolation(
+                "replaying the events reproduces the hash index",
+                f"a taken batch: {self._taken_replay_error}",
+            )
+        try:
+            replayed = replay_hash_counts(self.kv_event_queue, Counter(self._taken_hash_counts))
+        except KVEventReplayError as error:
+            raise InvariantViolation(
+                "replaying the events reproduces the hash index", f"queued events: {error}"
+            ) from None
+        indexed = index_hash_counts(self.cached_block_hash_to_block)
+        if replayed != indexed:
+            raise InvariantViolation(
+                "replaying the events reproduces the hash index",
+                f"replay only: {dict(replayed - indexed)}, index only: {dict(indexed - replayed)}",
             )

@@ -70,11 +70,18 @@ def block_list(
 # -- the block pool ----------------------------------------------------------------------------
 
 
-def check_pool(num_gpu_blocks: object, enable_caching: object, semantics: object) -> None:
-    """BlockPool(num_gpu_blocks, enable_caching, semantics): an int >= 1, a bool, a Semantics."""
+def check_pool(
+    num_gpu_blocks: object,
+    enable_caching: object,
+    semantics: object,
+    enable_kv_cache_events: object = False,
+) -> None:
+    """BlockPool(num_gpu_blocks, enable_caching, semantics, enable_kv_cache_events): an int
+    >= 1, a bool, a Semantics, a bool."""
     require_int(POOL, "num_gpu_blocks", num_gpu_blocks, 1)
     require_bool(POOL, "enable_caching", enable_caching)
     require_instance(POOL, "semantics", semantics, Semantics)
+    require_bool(POOL, "enable_kv_cache_events", enable_kv_cache_events)
 
 
 def check_get_new_blocks(num_blocks: object) -> None:
@@ -163,6 +170,7 @@ def check_manager(
     use_eagle: object,
     log_stats: object,
     semantics: object,
+    enable_kv_cache_events: object = False,
 ) -> None:
     """KVCacheManager's constructor arguments: their types, then one KV cache group in the
     config (KVCacheConfigError). The hash algorithm's name is checked by `get_hash_fn`."""
@@ -173,6 +181,7 @@ def check_manager(
     require_bool(MANAGER, "use_eagle", use_eagle)
     require_bool(MANAGER, "log_stats", log_stats)
     require_instance(MANAGER, "semantics", semantics, Semantics)
+    require_bool(MANAGER, "enable_kv_cache_events", enable_kv_cache_events)
     assert isinstance(kv_cache_config, KVCacheConfig)
     num_groups = len(kv_cache_config.kv_cache_groups)
     if num_groups != 1:

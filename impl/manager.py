@@ -39,6 +39,7 @@ from pagedkv.errors import (
     KVCacheConfigError,
 )
 from pagedkv.kv_cache_interface import FullAttentionSpec, KVCacheConfig, SlidingWindowSpec
+from pagedkv.kv_events import KVCacheEvent
 from pagedkv.prefix_cache_stats import PrefixCacheStats
 from pagedkv.request import Request
 from pagedkv.semantics import PAGEDKV, Semantics
@@ -90,6 +91,7 @@ class KVCacheManager:
         use_eagle: drop the last matched block of a hit (EAGLE needs its hidden states).
         log_stats: gather `PrefixCacheStats`.
         semantics: pagedkv's or vLLM 0.8.5's side of the deliberate differences.
+        enable_kv_cache_events: queue KV cache events (`pagedkv.kv_events`) for `take_events()`.
         debug_invariants: run `check_invariants()` after state-changing calls (for
             deployments that prefer an exception to a silent corruption): True or 1 after every
             call, an int n > 1 after every n-th call (the check is O(num_gpu_blocks) plus
@@ -107,6 +109,7 @@ class KVCacheManager:
         log_stats: bool = False,
         *,
         semantics: Semantics = PAGEDKV,
+        enable_kv_cache_events: bool = False,
         debug_invariants: bool | int | None = None,
     ) -> None:
         check_manager(
@@ -117,6 +120,7 @@ class KVCacheManager:
             use_eagle,
             log_stats,
             semantics,
+            enable_kv_cache_events,
         )
         kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
         self.block_size = kv_cache_spec.block_size
@@ -129,7 +133,9 @@ class KVCacheManager:
         self.log_stats = log_stats
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
         self.semantics = semantics
-        self.block_pool = BlockPool(self.num_gpu_blocks, enable_caching, semantics)
+        self.block_pool = BlockPool(
+            self.num_gpu_blocks, enable_caching, semantics, enable_kv_cache_events
+        )
         self.specialized_manager: SpecializedManager
         if isinstance(kv_cache_spec, SlidingWindowSpec):
             self.specialized_manager = SlidingWindowManager(kv_cache_spec, self.block_pool)
@@ -183,6 +189,11 @@ class KVCacheManager:
         finally:
             self._give_token(None)
 
+    def take_events(self) -> list[KVCacheEvent]:
+        """The KV cache events since the last call, oldest first (see `pagedkv.kv_events`);
+        always empty unless `enable_kv_cache_events`. Complexity: O(events taken)."""
+        return self.block_pool.take_events()
+
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The cached blocks a waiting request can reuse, and how many tokens they hold.
 
@@ -228,11 +239,14 @@ class KVCacheManager:
         hits = self.specialized_manager.find_longest_cache_hit(lookup)
         if self.use_eagle and hits:
             hits.pop()  # EAGLE recomputes the last matched block for its hidden states
+        num_hit_tokens = len(hits) * self.block_size
         if stats is not None:
             stats.queries += len(lookup)
             stats.hits += len(hits)
+            stats.queried_tokens += request.num_tokens
+            stats.hit_tokens += num_hit_tokens
         self._after_call()
-        return hits, len(hits) * self.block_size
+        return hits, num_hit_tokens
 
     def allocate_slots(
         self,

@@ -1,4 +1,10 @@
-"""Prefix-cache hit statistics: one step's counts, and a sliding aggregate over recent requests."""
+"""Prefix-cache hit statistics: one step's counts, and a sliding aggregate over recent requests.
+
+Two hit rates, side by side: in blocks (vLLM 0.8.5's: full blocks looked up, full blocks hit) and
+in tokens (the newest vLLM's: every token of the requests looked up, tokens the hits hold). The
+token rate is the one that says how much prefill the cache saved: it counts the partial last block
+and the last full block a lookup never asks for (its last token must be recomputed for logits).
+"""
 
 from __future__ import annotations
 
@@ -14,23 +20,34 @@ class PrefixCacheStats:
 
     Attributes:
         reset: `reset_prefix_cache` succeeded since the last collection.
-        requests: prefix lookups made (one per `get_computed_blocks` call with caching on).
+        requests: prefix lookups made (one per `get_computed_blocks` call with caching on, a
+            request wanting prompt logprobs included, as vLLM 0.8.5 counts them).
         queries: block hashes looked up.
         hits: blocks found.
+        queried_tokens: tokens of the requests whose lookup ran (`request.num_tokens` each; a
+            request wanting prompt logprobs skips the lookup and adds nothing).
+        hit_tokens: tokens the hits hold (`hits * block_size`).
     """
 
     reset: bool = False
     requests: int = 0
     queries: int = 0
     hits: int = 0
+    queried_tokens: int = 0
+    hit_tokens: int = 0
 
 
 class PrefixCachingMetrics:
-    """Hit rate over the most recent `max_recent_requests` requests (about; whole batches).
+    """Hit rates over the most recent `max_recent_requests` requests (whole batches).
 
-    Each `observe` adds one batch of stats; the oldest batches drop out once the aggregate holds
-    more than `max_recent_requests` requests. A stats object with `reset` set clears everything
-    first. Complexity: O(1) amortized per `observe`.
+    Each `observe` adds one batch of stats; then the oldest batches drop out while the aggregate
+    holds more than `max_recent_requests` requests, the newest batch always kept. A batch without
+    requests is left out (a scheduler collects stats every step, mostly empty ones; queued, they
+    would keep old batches in past the window). A stats object with `reset` set clears
+    everything first. vLLM 0.8.5 dropped one batch per observe and queued empty ones, so its
+    window could grow past the limit; the newest vLLM does as here.
+
+    Complexity: O(1) amortized per `observe`.
     """
 
     def __init__(self, max_recent_requests: int = 1000) -> None:
@@ -39,32 +56,50 @@ class PrefixCachingMetrics:
         self.aggregated_requests = 0
         self.aggregated_query_total = 0
         self.aggregated_query_hit = 0
-        self.query_queue: deque[tuple[int, int, int]] = deque()
+        self.aggregated_queried_tokens = 0
+        self.aggregated_hit_tokens = 0
+        # (requests, queries, hits, queried tokens, hit tokens) per observed batch, oldest first
+        self.query_queue: deque[tuple[int, int, int, int, int]] = deque()
 
     def observe(self, stats: PrefixCacheStats) -> None:
-        """Add one batch of stats (a `PrefixCacheStats`)."""
+        """Add one batch of stats (see the class docstring for what the window keeps)."""
         require_instance("PrefixCachingMetrics.observe", "stats", stats, PrefixCacheStats)
         if stats.reset:
             self.reset()
-        self.query_queue.append((stats.requests, stats.queries, stats.hits))
-        self.aggregated_requests += stats.requests
-        self.aggregated_query_total += stats.queries
-        self.aggregated_query_hit += stats.hits
-        if self.aggregated_requests > self.max_recent_requests:
-            old_requests, old_queries, old_hits = self.query_queue.popleft()
-            self.aggregated_requests -= old_requests
-            self.aggregated_query_total -= old_queries
-            self.aggregated_query_hit -= old_hits
+        if stats.requests == 0:
+            return
+        batch = (stats.requests, stats.queries, stats.hits, stats.queried_tokens, stats.hit_tokens)
+        self.query_queue.append(batch)
+        self._add(batch, 1)
+        while len(self.query_queue) > 1 and self.aggregated_requests > self.max_recent_requests:
+            self._add(self.query_queue.popleft(), -1)
+
+    def _add(self, batch: tuple[int, int, int, int, int], sign: int) -> None:
+        requests, queries, hits, queried_tokens, hit_tokens = batch
+        self.aggregated_requests += sign * requests
+        self.aggregated_query_total += sign * queries
+        self.aggregated_query_hit += sign * hits
+        self.aggregated_queried_tokens += sign * queried_tokens
+        self.aggregated_hit_tokens += sign * hit_tokens
 
     def reset(self) -> None:
         self.aggregated_requests = 0
         self.aggregated_query_total = 0
         self.aggregated_query_hit = 0
+        self.aggregated_queried_tokens = 0
+        self.aggregated_hit_tokens = 0
         self.query_queue.clear()
 
     @property
     def hit_rate(self) -> float:
-        """hits / queries over the window; 0.0 when nothing was queried."""
+        """Blocks hit / blocks looked up over the window; 0.0 when nothing was looked up."""
         if self.aggregated_query_total == 0:
             return 0.0
         return self.aggregated_query_hit / self.aggregated_query_total
+
+    @property
+    def token_hit_rate(self) -> float:
+        """Tokens hit / tokens of the requests looked up over the window; 0.0 without any."""
+        if self.aggregated_queried_tokens == 0:
+            return 0.0
+        return self.aggregated_hit_tokens / self.aggregated_queried_tokens

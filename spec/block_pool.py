@@ -30,6 +30,7 @@ from pagedkv.errors import (
     InvariantViolation,
     NoFreeBlocksError,
 )
+from pagedkv.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from pagedkv.request import Request
 from pagedkv.semantics import PAGEDKV, Semantics
 from pagedkv.spec.block_hash import block_extra_keys, block_hash, vllm_new_block_extra_keys
@@ -51,12 +52,21 @@ class SpecBlockPool:
         block_hash: block_hash[b] is b's hash, or None.
         free_order: the free queue, head (next handed out) first.
         index: hash -> ids of the blocks cached under it, first inserted first.
+        events: with `enable_kv_cache_events`, the KV cache events not yet taken, oldest first:
+            a BlockStored when keys enter `index`, a BlockRemoved when one leaves it, an
+            AllBlocksCleared at each reset (`pagedkv.kv_events` defines them).
+        taken_hash_counts: ghost state: what a consumer that replayed every taken event holds,
+            the number of index keys per hash value.
     """
 
     def __init__(
-        self, num_gpu_blocks: int, enable_caching: bool, semantics: Semantics = PAGEDKV
+        self,
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        semantics: Semantics = PAGEDKV,
+        enable_kv_cache_events: bool = False,
     ) -> None:
-        check_pool(num_gpu_blocks, enable_caching, semantics)
+        check_pool(num_gpu_blocks, enable_caching, semantics, enable_kv_cache_events)
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.semantics = semantics
@@ -65,6 +75,9 @@ class SpecBlockPool:
         # Block 0 is taken out at once as the null block.
         self.free_order: list[int] = list(range(1, num_gpu_blocks))
         self.index: dict[BlockHashType, list[int]] = {}
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.events: list[KVCacheEvent] = []
+        self.taken_hash_counts: dict[int, int] = {}
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -245,6 +258,7 @@ class SpecBlockPool:
                     parent_id, "the block before the first block to cache has no hash"
                 )
             parent_hash_value = parent_hash.hash_value
+        first_parent = parent_hash_value  # what position num_cached_blocks chains to
 
         new_hashes: list[BlockHashType] = []
         for position in range(num_cached_blocks, num_full_blocks):
@@ -272,13 +286,20 @@ class SpecBlockPool:
             parent_hash_value = this_hash.hash_value
 
         all_hashes = list(block_hashes) + new_hashes
+        entered: list[int] = []  # positions whose key is new to the index
         for position, block_id in enumerate(to_cache, start=num_cached_blocks):
             if block_id == NULL_BLOCK_ID:
                 continue
             with self._transition(block_id, Event.SEAL):
                 self.block_hash[block_id] = all_hashes[position]
+                if all_hashes[position] not in self.index:
+                    entered.append(position)
                 self.index.setdefault(all_hashes[position], []).append(block_id)
         block_hashes.extend(new_hashes)
+        if self.enable_kv_cache_events:
+            self._emit_stored(
+                request, all_hashes, entered, num_cached_blocks, first_parent, block_size
+            )
 
     def reset_prefix_cache(self) -> bool:
         """Forget every hash, if no block but the null block is in use; else log and refuse."""
@@ -293,7 +314,15 @@ class SpecBlockPool:
             with self._transition(block_id, Event.RESET):
                 self.block_hash[block_id] = None
         self.index = {}
+        if self.enable_kv_cache_events:
+            self.events.append(AllBlocksCleared())
         return True
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The events not yet taken, oldest first; a consumer's replay of them joins the ghost."""
+        taken, self.events = self.events, []
+        self.taken_hash_counts = replayed_hash_counts(self.taken_hash_counts, taken)
+        return taken
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -358,6 +387,25 @@ class SpecBlockPool:
                 )
         if not self.enable_caching and hashed:
             raise InvariantViolation("no block is hashed while caching is off", repr(hashed))
+        # Replaying every event emitted so far reproduces the index, as hash value -> keys.
+        if not self.enable_kv_cache_events:
+            if self.events:
+                raise InvariantViolation(
+                    "no event is queued while events are off", repr(self.events[:3])
+                )
+            return
+        replayed = replayed_hash_counts(self.taken_hash_counts, self.events)
+        index_counts: dict[int, int] = {}
+        for cached_hash in self.index:
+            index_counts[cached_hash.hash_value] = index_counts.get(cached_hash.hash_value, 0) + 1
+        if replayed != index_counts:
+            replay_only = {v: n - index_counts.get(v, 0) for v, n in replayed.items()}
+            index_only = {v: n - replayed.get(v, 0) for v, n in index_counts.items()}
+            raise InvariantViolation(
+                "replaying the events reproduces the hash index",
+                f"replay only: { {v: n for v, n in replay_only.items() if n > 0} }, "
+                f"index only: { {v: n for v, n in index_only.items() if n > 0} }",
+            )
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -369,6 +417,43 @@ class SpecBlockPool:
         self.index[cached_hash].remove(block_id)
         if not self.index[cached_hash]:
             del self.index[cached_hash]
+            if self.enable_kv_cache_events:
+                self.events.append(BlockRemoved((cached_hash.hash_value,)))
+
+    def _emit_stored(
+        self,
+        request: Request,
+        chain: list[BlockHashType],
+        entered: list[int],
+        num_cached_blocks: int,
+        first_parent: int | None,
+        block_size: int,
+    ) -> None:
+        """One BlockStored per run of consecutive positions in `entered` (keys new to the index).
+
+        A run's parent is the hash value its first block chains to: `first_parent` for the
+        call's first position, else the hash of the position before the run.
+        """
+        runs: list[list[int]] = []
+        for position in entered:
+            if runs and runs[-1][-1] == position - 1:
+                runs[-1].append(position)
+            else:
+                runs.append([position])
+        for run in runs:
+            first = run[0]
+            parent = first_parent if first == num_cached_blocks else chain[first - 1].hash_value
+            keys = [chain[position] for position in run]
+            self.events.append(
+                BlockStored(
+                    block_hashes=tuple(key.hash_value for key in keys),
+                    parent_block_hash=parent,
+                    token_ids=tuple(token for key in keys for token in key.token_ids),
+                    block_size=block_size,
+                    lora_id=request.lora_id,
+                    extra_keys=tuple(published_keys(key) for key in keys),
+                )
+            )
 
     def _transition(self, block_id: int, event: Event) -> _Transition:
         return _Transition(self, block_id, event)
@@ -378,6 +463,39 @@ class SpecBlockPool:
             f"SpecBlockPool(ref_cnt={self.ref_cnt}, free_order={self.free_order}, "
             f"hashed={[b for b, h in enumerate(self.block_hash) if h is not None]})"
         )
+
+
+def published_keys(block_hash: BlockHashType) -> tuple[int | str, ...] | None:
+    """A key's extra keys as events publish them: LoRA ids and multimodal hashes, never the
+    tenant's cache salt (whoever knew it could hit the tenant's blocks)."""
+    kept = tuple(key for key in block_hash.extra_keys or () if isinstance(key, (int, str)))
+    return kept if kept else None
+
+
+def replayed_hash_counts(counts: dict[int, int], events: list[KVCacheEvent]) -> dict[int, int]:
+    """`counts` (hash value -> keys) after a consumer applies `events` in order.
+
+    Raises:
+        InvariantViolation: a BlockRemoved of a hash value the consumer does not hold.
+    """
+    replayed = dict(counts)
+    for event in events:
+        if isinstance(event, AllBlocksCleared):
+            replayed = {}
+            continue
+        for hash_value in event.block_hashes:
+            if isinstance(event, BlockStored):
+                replayed[hash_value] = replayed.get(hash_value, 0) + 1
+            elif replayed.get(hash_value, 0) == 0:
+                raise InvariantViolation(
+                    "replaying the events reproduces the hash index",
+                    f"BlockRemoved of hash {hash_value}, which no BlockStored announced",
+                )
+            elif replayed[hash_value] == 1:
+                del replayed[hash_value]
+            else:
+                replayed[hash_value] -= 1
+    return replayed
 
 
 class _Transition:

@@ -27,6 +27,7 @@ from pagedkv.call_arguments import (
 )
 from pagedkv.errors import InvariantViolation, KVCacheConfigError
 from pagedkv.kv_cache_interface import FullAttentionSpec, KVCacheConfig, SlidingWindowSpec
+from pagedkv.kv_events import KVCacheEvent
 from pagedkv.prefix_cache_stats import PrefixCacheStats
 from pagedkv.request import Request
 from pagedkv.semantics import PAGEDKV, Semantics
@@ -82,6 +83,7 @@ class SpecKVCacheManager:
         log_stats: bool = False,
         *,
         semantics: Semantics = PAGEDKV,
+        enable_kv_cache_events: bool = False,
     ) -> None:
         check_manager(
             kv_cache_config,
@@ -91,6 +93,7 @@ class SpecKVCacheManager:
             use_eagle,
             log_stats,
             semantics,
+            enable_kv_cache_events,
         )
         layer_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
         self.block_size = layer_spec.block_size
@@ -108,7 +111,9 @@ class SpecKVCacheManager:
         self.use_eagle = use_eagle
         self.stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
         self.semantics = semantics
-        self.pool = SpecBlockPool(kv_cache_config.num_blocks, enable_caching, semantics)
+        self.pool = SpecBlockPool(
+            kv_cache_config.num_blocks, enable_caching, semantics, enable_kv_cache_events
+        )
         self.blocks: dict[str, list[int]] = {}
         self.hashes: dict[str, list[BlockHashType]] = {}
         self.num_cached: dict[str, int] = {}
@@ -125,6 +130,10 @@ class SpecKVCacheManager:
             return None
         stats, self.stats = self.stats, PrefixCacheStats()
         return stats
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The pool's KV cache events not yet taken."""
+        return self.pool.take_events()
 
     # -- lookups -----------------------------------------------------------------------------
 
@@ -163,6 +172,8 @@ class SpecKVCacheManager:
         if self.stats is not None:
             self.stats.queries += len(lookup)
             self.stats.hits += len(hits)
+            self.stats.queried_tokens += request.num_tokens
+            self.stats.hit_tokens += len(hits) * self.block_size
         return hits, len(hits) * self.block_size
 
     # -- allocation --------------------------------------------------------------------------

@@ -125,7 +125,8 @@ def test_stats_count_lookups_and_hits_and_renew(side: str) -> None:
     admit(manager, Request("a", range(8)))  # 2 hashes, last left out: 1 query, 0 hits
     admit(manager, Request("b", range(8)))  # 1 query, 1 hit
     admit(manager, Request("c", range(9)))  # 2 queries, 2 hits: hits add up across lookups
-    assert manager.make_prefix_cache_stats() == PrefixCacheStats(False, 3, 4, 3)
+    # ... and in tokens: 8 + 8 + 9 looked up, 3 blocks of 4 hit
+    assert manager.make_prefix_cache_stats() == PrefixCacheStats(False, 3, 4, 3, 25, 12)
     assert manager.make_prefix_cache_stats() == PrefixCacheStats()
     assert make(side).make_prefix_cache_stats() is None
 

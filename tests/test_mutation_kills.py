@@ -209,7 +209,7 @@ def test_a_window_of_one_request_is_valid_and_zero_is_refused() -> None:
     )
 
 
-def test_the_window_holds_exactly_max_recent_requests_then_drops_the_oldest_batch() -> None:
+def test_the_window_holds_exactly_max_recent_requests_then_drops_the_oldest_batches() -> None:
     metrics = PrefixCachingMetrics(max_recent_requests=3)
     metrics.observe(PrefixCacheStats(requests=1, queries=5, hits=1))
     metrics.observe(PrefixCacheStats(requests=2, queries=3, hits=3))  # 3 requests: all kept
@@ -218,12 +218,12 @@ def test_the_window_holds_exactly_max_recent_requests_then_drops_the_oldest_batc
         metrics.aggregated_query_total,
         metrics.aggregated_query_hit,
     ) == (3, 8, 4)
-    metrics.observe(PrefixCacheStats(requests=2, queries=7, hits=2))  # 5 > 3: the first drops
+    metrics.observe(PrefixCacheStats(requests=2, queries=7, hits=2))  # 5 > 3, then 4 > 3
     assert (
         metrics.aggregated_requests,
         metrics.aggregated_query_total,
         metrics.aggregated_query_hit,
-    ) == (4, 10, 5)
+    ) == (2, 7, 2)
 
 
 def test_a_reset_zeroes_every_aggregate() -> None:

@@ -73,6 +73,7 @@ def test_spec_does_not_import_the_implementations_algorithms() -> None:
         "pagedkv.block_hash",  # BlockHashType, NONE_HASH, the hash functions
         "pagedkv.kv_cache_interface",  # the specs and config a manager is built from
         "pagedkv.prefix_cache_stats",  # the stats record
+        "pagedkv.kv_events",  # the KV cache event records (building, replay: kv_event_index)
     }
     for path in (ROOT / "spec").rglob("*.py"):
         for module in _pagedkv_modules(path):

@@ -126,6 +126,7 @@ class ManagerSearchConfig:
             self.use_eagle,
             False,  # stats counters grow without bound: they would make the state space infinite
             self.semantics,
+            enable_kv_cache_events=True,  # compared, not part of a state's key (history)
         )
 
 

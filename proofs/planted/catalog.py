@@ -26,8 +26,9 @@ from typing import Any
 import pagedkv
 from pagedkv import block_counts, block_hash, block_pool, free_queue, manager, sliding_window
 from pagedkv.block import KVCacheBlock
-from pagedkv.block_hash import ExtraKey
+from pagedkv.block_hash import BlockHashType, ExtraKey
 from pagedkv.errors import BlockStateError, FreeQueueError
+from pagedkv.kv_events import BlockRemoved
 from pagedkv.request import Request
 
 # The untouched functions, captured before anything is planted (a variant may wrap them).
@@ -212,6 +213,34 @@ def _free_blocks_null_queued(
             self.free_block_queue.append(block)
 
 
+def _drop_from_index(pool: block_pool.BlockPool, block: KVCacheBlock) -> BlockHashType | None:
+    """The eviction variants' common part: drop `block` from the index and clear its hash,
+    announcing nothing; the hash it held, if any."""
+    cached_hash = block.block_hash
+    if cached_hash is None:
+        return None
+    cached = pool.cached_block_hash_to_block[cached_hash]
+    del cached[block.block_id]
+    if not cached:
+        del pool.cached_block_hash_to_block[cached_hash]
+    block.reset_hash()
+    return cached_hash
+
+
+def _evict_announcing_every_block(self: block_pool.BlockPool, block: KVCacheBlock) -> None:
+    """BlockPool._maybe_evict_cached_block announcing a BlockRemoved for every evicted block, as
+    vLLM does, even while another block still caches the hash: a duplicate removal."""
+    evicted = _drop_from_index(self, block)
+    if evicted is not None and self.enable_kv_cache_events:
+        self.kv_event_queue.append(BlockRemoved((evicted.hash_value,)))
+
+
+def _evict_unannounced(self: block_pool.BlockPool, block: KVCacheBlock) -> None:
+    """BlockPool._maybe_evict_cached_block dropping a key from the index without announcing it:
+    a missing BlockRemoved."""
+    _drop_from_index(self, block)
+
+
 # -- block hashes --------------------------------------------------------------------------------
 
 
@@ -370,6 +399,20 @@ VARIANTS: tuple[Variant, ...] = (
         "null_block_freed",
         "free_blocks guards only the null block's decrement, so it joins the free queue",
         (MethodPatch(block_pool.BlockPool, "_free_blocks", _free_blocks_null_queued),),
+    ),
+    Variant(
+        "event_removed_per_block",
+        "a BlockRemoved for every evicted block, though another block still caches the hash",
+        (
+            MethodPatch(
+                block_pool.BlockPool, "_maybe_evict_cached_block", _evict_announcing_every_block
+            ),
+        ),
+    ),
+    Variant(
+        "event_eviction_unannounced",
+        "a hash evicted from the index at reuse without a BlockRemoved event",
+        (MethodPatch(block_pool.BlockPool, "_maybe_evict_cached_block", _evict_unannounced),),
     ),
     Variant(
         "capacity_counts_null",

@@ -215,6 +215,7 @@ SCENARIO_MODULES = (
     "tests/test_tenant_isolation.py",
     "tests/test_block_hash.py",
     "tests/test_readme.py",
+    "tests/test_kv_events.py",
 )
 SCENARIO_TIMEOUT = 300.0
 PLANT_ENV = "PAGEDKV_PLANTED"

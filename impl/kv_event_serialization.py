@@ -1,0 +1,258 @@
+"""KV cache event batches on the wire: a documented JSON form, and vLLM's msgpack form.
+
+Both carry the fields of `pagedkv.kv_events` under vLLM's names, and both round-trip exactly
+(`batch_from_json(batch_to_json(b)) == b`, the same for msgpack).
+
+**JSON** (`batch_to_json`, standard library only): one object per batch,
+
+    {"schema": "pagedkv-kv-events/1", "ts": 1718000000.25, "data_parallel_rank": null,
+     "events": [
+       {"type": "BlockStored", "block_hashes": [11, 12], "parent_block_hash": null,
+        "token_ids": [1, 2, 3, 4], "block_size": 2, "lora_id": null,
+        "extra_keys": [null, [7, "mm-hash"]]},
+       {"type": "BlockRemoved", "block_hashes": [11]},
+       {"type": "AllBlocksCleared"}]}
+
+Hash values are JSON integers of any size: sha256 values (the default) have up to 256 bits, so a
+consumer outside Python parses them as big integers (Go's `json.Number`, a BigInt-aware parser in
+JavaScript). `extra_keys` has one entry per block: null, or its LoRA id (an int) and multimodal
+content hashes (strings); the tenant's cache salt is never included. The schema name changes
+when a field changes meaning; fields may be added.
+
+**msgpack** (`batch_to_msgpack`, needs msgspec: the `events` extra): vLLM's `KVEventBatch` as
+its `ZmqEventPublisher` sends it: an array `[ts, events]` (`data_parallel_rank` appended when
+set), each event a map with its `type` tag and vLLM's field names, plus the two fields vLLM
+requires that pagedkv does not track: `medium` ("GPU": the blocks a KV cache manager pools) and
+`lora_name` (null). A hash value that fits msgpack's 64-bit integers is an integer; a larger one
+(sha256) is its 32 big-endian bytes, as vLLM publishes sha256 block hashes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from pagedkv.errors import InvalidArgumentError
+from pagedkv.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventExtraKey,
+    KVCacheEvent,
+    KVEventBatch,
+)
+
+JSON_SCHEMA = "pagedkv-kv-events/1"
+MEDIUM_GPU = "GPU"
+_HASH_BYTES = 32  # a sha256 hash value as bytes
+_INT64_MIN, _UINT64_LIMIT = -(1 << 63), 1 << 64
+
+
+def event_to_dict(event: KVCacheEvent) -> dict[str, Any]:
+    """One event as a JSON object (vLLM's field names and `type` tag)."""
+    if isinstance(event, BlockStored):
+        return {
+            "type": "BlockStored",
+            "block_hashes": list(event.block_hashes),
+            "parent_block_hash": event.parent_block_hash,
+            "token_ids": list(event.token_ids),
+            "block_size": event.block_size,
+            "lora_id": event.lora_id,
+            "extra_keys": [None if keys is None else list(keys) for keys in event.extra_keys],
+        }
+    if isinstance(event, BlockRemoved):
+        return {"type": "BlockRemoved", "block_hashes": list(event.block_hashes)}
+    return {"type": "AllBlocksCleared"}
+
+
+def event_from_dict(obj: object) -> KVCacheEvent:
+    """The event a JSON object (`event_to_dict`'s form) describes.
+
+    Raises:
+        InvalidArgumentError: not an event object, an unknown type, or a field missing or of
+            the wrong type (the message names it).
+    """
+    fields = _mapping(obj, "event")
+    kind = fields.get("type")
+    if kind == "BlockStored":
+        block_hashes = _hash_list(fields, "block_hashes")
+        extra_keys = _field(fields, "extra_keys")
+        if len(extra_keys) != len(block_hashes):
+            raise InvalidArgumentError(
+                f"BlockStored.extra_keys has {len(extra_keys)} entries for "
+                f"{len(block_hashes)} block hashes"
+            )
+        parent = fields.get("parent_block_hash")
+        lora_id = fields.get("lora_id")
+        return BlockStored(
+            block_hashes,
+            None if parent is None else _int(parent, "BlockStored.parent_block_hash"),
+            tuple(_int(token, "BlockStored.token_ids") for token in _field(fields, "token_ids")),
+            _int(fields.get("block_size"), "BlockStored.block_size"),
+            None if lora_id is None else _int(lora_id, "BlockStored.lora_id"),
+            tuple(_extra_keys(keys) for keys in extra_keys),
+        )
+    if kind == "BlockRemoved":
+        return BlockRemoved(_hash_list(fields, "block_hashes"))
+    if kind == "AllBlocksCleared":
+        return AllBlocksCleared()
+    raise InvalidArgumentError(f"unknown KV cache event type {kind!r}")
+
+
+def batch_to_json(batch: KVEventBatch) -> str:
+    """The batch as one JSON object (the module docstring shows the form)."""
+    return json.dumps(
+        {
+            "schema": JSON_SCHEMA,
+            "ts": batch.ts,
+            "data_parallel_rank": batch.data_parallel_rank,
+            "events": [event_to_dict(event) for event in batch.events],
+        },
+        separators=(",", ":"),
+    )
+
+
+def batch_from_json(text: str | bytes) -> KVEventBatch:
+    """The batch `batch_to_json` wrote.
+
+    Raises:
+        InvalidArgumentError: not JSON, another schema, or a malformed batch or event.
+    """
+    try:
+        obj = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise InvalidArgumentError(f"a KV event batch must be JSON: {error}") from None
+    fields = _mapping(obj, "batch")
+    if fields.get("schema") != JSON_SCHEMA:
+        raise InvalidArgumentError(
+            f"KV event batch schema {fields.get('schema')!r}, expected {JSON_SCHEMA!r}"
+        )
+    return _batch(fields.get("ts"), fields.get("events"), fields.get("data_parallel_rank"))
+
+
+def batch_to_msgpack(batch: KVEventBatch) -> bytes:
+    """The batch in vLLM's msgpack form (the module docstring describes it).
+
+    Raises:
+        ImportError: msgspec is not installed (`pip install 'pagedkv[events]'`).
+        InvalidArgumentError: a hash value beyond 256 bits (none that pagedkv computes).
+    """
+    import msgspec
+
+    events = []
+    for event in batch.events:
+        obj = event_to_dict(event)
+        if "block_hashes" in obj:
+            obj["block_hashes"] = [_wire_hash(value) for value in obj["block_hashes"]]
+            obj["medium"] = MEDIUM_GPU
+        if isinstance(event, BlockStored):
+            parent = obj["parent_block_hash"]
+            obj["parent_block_hash"] = None if parent is None else _wire_hash(parent)
+            obj["lora_name"] = None
+        events.append(obj)
+    array: list[Any] = [batch.ts, events]
+    if batch.data_parallel_rank is not None:
+        array.append(batch.data_parallel_rank)
+    return msgspec.msgpack.encode(array)
+
+
+def batch_from_msgpack(payload: bytes) -> KVEventBatch:
+    """The batch `batch_to_msgpack` wrote (vLLM's extra fields, such as `medium`, are read over).
+
+    Raises:
+        ImportError: msgspec is not installed.
+        InvalidArgumentError: not msgpack, or a malformed batch or event.
+    """
+    import msgspec
+
+    try:
+        array = msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError as error:
+        raise InvalidArgumentError(f"a KV event batch must be msgpack: {error}") from None
+    if not isinstance(array, list) or len(array) not in (2, 3):
+        raise InvalidArgumentError("a msgpack KV event batch is an array [ts, events, rank?]")
+    events = array[1]
+    if isinstance(events, list):
+        events = [_hashes_from_wire(event) for event in events]
+    return _batch(array[0], events, array[2] if len(array) == 3 else None)
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def _batch(ts: object, events: object, rank: object) -> KVEventBatch:
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+        raise InvalidArgumentError(f"KV event batch ts must be a finite number, got {ts!r}")
+    if not isinstance(events, list):
+        raise InvalidArgumentError(f"KV event batch events must be a list, got {events!r}")
+    return KVEventBatch(
+        float(ts),
+        tuple(event_from_dict(event) for event in events),
+        None if rank is None else _int(rank, "KVEventBatch.data_parallel_rank"),
+    )
+
+
+def _mapping(obj: object, what: str) -> Mapping[str, object]:
+    if not isinstance(obj, dict):
+        raise InvalidArgumentError(f"a KV {what} must be an object, got {obj!r}")
+    return obj
+
+
+def _field(fields: Mapping[str, object], name: str) -> list[Any]:
+    value = fields.get(name)
+    if not isinstance(value, list):
+        raise InvalidArgumentError(f"{fields.get('type')}.{name} must be a list, got {value!r}")
+    return value
+
+
+def _int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
+    return value
+
+
+def _hash_list(fields: Mapping[str, object], name: str) -> tuple[int, ...]:
+    where = f"{fields.get('type')}.{name}"
+    return tuple(_int(value, where) for value in _field(fields, name))
+
+
+def _extra_keys(keys: object) -> tuple[EventExtraKey, ...] | None:
+    if keys is None:
+        return None
+    if not isinstance(keys, list) or not keys:
+        raise InvalidArgumentError(
+            f"BlockStored.extra_keys entries are null or non-empty lists, got {keys!r}"
+        )
+    for key in keys:
+        if isinstance(key, bool) or not isinstance(key, (int, str)):
+            raise InvalidArgumentError(
+                f"BlockStored.extra_keys holds LoRA ids and multimodal hashes, got {key!r}"
+            )
+    return tuple(keys)
+
+
+def _wire_hash(value: int) -> int | bytes:
+    """A hash value as msgpack carries it: an integer if it fits 64 bits, else 32 bytes."""
+    if _INT64_MIN <= value < _UINT64_LIMIT:
+        return value
+    if 0 <= value < 1 << (8 * _HASH_BYTES):
+        return value.to_bytes(_HASH_BYTES, "big")
+    raise InvalidArgumentError(f"hash value {value} does not fit 256 bits")
+
+
+def _hashes_from_wire(event: object) -> object:
+    """An event map with its bytes hash values turned back into integers."""
+    if not isinstance(event, dict):
+        return event
+    decoded = dict(event)
+    if isinstance(decoded.get("block_hashes"), list):
+        decoded["block_hashes"] = [_int_hash(item) for item in decoded["block_hashes"]]
+    if "parent_block_hash" in decoded:
+        decoded["parent_block_hash"] = _int_hash(decoded["parent_block_hash"])
+    return decoded
+
+
+def _int_hash(value: object) -> object:
+    return int.from_bytes(value, "big") if isinstance(value, bytes) else value
