@@ -1,8 +1,11 @@
 """Check an implementation against pagedkv's executable spec, step by step, and report.
 
-Runs the differential state machine (spec vs the implementation under test) for a budget of
-steps or seconds. Exit status: 0 when no divergence was found, 1 with the shrunk failing sequence
-when one was, 2 on bad arguments.
+Runs differential campaigns (spec vs the implementation under test) for a budget of steps or
+seconds: by default the swarm engine (`pagedkv.harness.swarm_verify`: seeded runs drawn from the
+whole configuration space, a coverage table with targets), or with `--engine hypothesis` the
+hypothesis state machines. Exit status: 0 when no divergence was found (and, for the swarm,
+every coverage target was met), 1 with the shrunk failing sequence when one was, 2 on bad
+arguments, 3 when a swarm campaign found no divergence but missed a coverage target.
 
 Two layers: the block pool (`--impl module:factory`; `factory(num_gpu_blocks, enable_caching,
 semantics)` returns a `pagedkv.harness.protocol.PoolUnderTest`) and the request-level manager,
@@ -37,6 +40,39 @@ DEFAULT_MANAGER_STEPS = 10_000
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
+        "--engine",
+        choices=("swarm", "hypothesis"),
+        default="swarm",
+        help="the swarm campaign engine, or the hypothesis state machines (default: swarm)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="swarm: the campaign seed (default: random, printed in the report)",
+    )
+    parser.add_argument(
+        "--replay-run",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="swarm: run only the run of this seed (as a report names it), full comparison",
+    )
+    parser.add_argument(
+        "--check-every",
+        type=int,
+        default=None,
+        metavar="K",
+        help="swarm: compare whole snapshots and run the invariant checks every K steps "
+        "(1: every step; default: drawn per run, by pool size)",
+    )
+    parser.add_argument(
+        "--steps-per-run",
+        type=int,
+        default=None,
+        help="swarm: the length of every run (default: drawn, 20-2,000 steps)",
+    )
+    parser.add_argument(
         "--layer",
         choices=("pool", "manager", "all"),
         default="all",
@@ -64,20 +100,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--steps",
         type=int,
         default=None,
-        help=f"steps per campaign (default: {DEFAULT_POOL_STEPS:,} for the pool, "
+        help="steps per campaign (default: swarm 200,000 for the pool and 400,000 for the "
+        f"manager; hypothesis {DEFAULT_POOL_STEPS:,} for the pool, "
         f"{DEFAULT_MANAGER_STEPS:,} per attention type for the manager)",
     )
     parser.add_argument(
         "--seconds",
         type=float,
         default=None,
-        help="stop each campaign after this many seconds (default: none)",
+        help="stop each campaign after this many seconds (default: none; with the swarm and "
+        "no --steps, run until then: nightly runs)",
     )
     parser.add_argument(
         "--steps-per-example",
         type=int,
         default=50,
-        help="longest operation sequence before a fresh pool or manager (default: 50)",
+        help="hypothesis: longest operation sequence before a fresh pool or manager (default: 50)",
     )
     parser.add_argument(
         "--semantics",
@@ -156,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
     ):
         print("pagedkv verify: --steps and --seconds must be positive", file=sys.stderr)
         return 2
+    if args.engine == "swarm":
+        return _run_swarm(args)
     try:
         campaigns = plan_campaigns(args)
     except (InvalidArgumentError, ImportError) as error:
@@ -181,6 +221,20 @@ def run(args: argparse.Namespace) -> int:
         if not result.ok:
             return 1
     return 0
+
+
+def _run_swarm(args: argparse.Namespace) -> int:
+    from pagedkv.harness.swarm_verify import run_swarm
+
+    if any(value is not None and value <= 0 for value in (args.check_every, args.steps_per_run)):
+        print("pagedkv verify: --check-every and --steps-per-run must be positive", file=sys.stderr)
+        return 2
+    logging.getLogger("pagedkv").setLevel(logging.ERROR)
+    try:
+        return run_swarm(args)
+    except (InvalidArgumentError, ImportError) as error:
+        print(f"pagedkv verify: cannot load the implementation: {error}", file=sys.stderr)
+        return 2
 
 
 def format_report(campaign: Campaign, result: CampaignResult) -> str:

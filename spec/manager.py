@@ -241,7 +241,7 @@ class SpecKVCacheManager:
             raise RequestError(
                 request_id,
                 "fewer full blocks than already cached",
-                f"{num_full} full, {num_cached} cached",
+                f"{num_full} full, {num_cached} cached: did num_computed_tokens go back?",
             )
 
         held = list(held)
