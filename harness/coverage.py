@@ -14,6 +14,11 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
+CI_SEED = 2_025
+"""The CI campaign's seed (`tests/test_swarm_campaign.py`, the planted bugs' campaign checker)."""
+CI_MANAGER_STEPS = 200_000
+CI_POOL_STEPS = 100_000
+
 MIN_STEPS_FOR_TARGETS = 20_000
 """Shorter campaigns print their counts but are not held to targets (too few runs to judge)."""
 
@@ -67,19 +72,24 @@ class Target:
     """A minimum count per 100,000 steps, and why that number.
 
     Attributes:
-        counter: the `Coverage.counts` key (or "distinct states").
-        per_100k: the minimum, per 100,000 steps.
-        why: the reason for the number, in one line.
+        counter: the `Coverage.counts` key, or "distinct states", or "kinds of <operation>
+            refusals".
+        per_100k: the minimum per 100,000 steps (or, without `scales`, the minimum).
+        why: why the event matters, in one line.
         needs: the campaign modes it applies to ("misuse", "pagedkv semantics"); it is shown
             but not enforced otherwise.
+        scales: whether the minimum grows with the campaign's length.
     """
 
     counter: str
     per_100k: float
     why: str
     needs: frozenset[str] = frozenset()
+    scales: bool = True
 
     def required(self, steps: int) -> int:
+        if not self.scales:
+            return math.ceil(self.per_100k)
         return math.ceil(self.per_100k * steps / 100_000)
 
 
@@ -88,82 +98,88 @@ def _t(counter: str, per_100k: float, why: str, *needs: str) -> Target:
 
 
 MANAGER_TARGETS: tuple[Target, ...] = (
-    _t(
-        "decode steps inside a block",
-        20_000,
-        "the O(1) decode path is the hot path in serving: most steps must take it",
-    ),
+    _t("decode steps inside a block", 10_000, "the O(1) decode path, the hot path in serving"),
     _t("block fills", 10_000, "each fill caches a block: the prefix cache is built here"),
-    _t("new-block allocations", 10_000, "block boundaries crossed by prefill and decode"),
+    _t("new-block allocations", 15_000, "block boundaries crossed by prefill and decode"),
     _t(
         "evictions of cached blocks",
-        1_000,
-        "lazy eviction at reuse time is where stale hashes would leak into later hits",
+        7_000,
+        "lazy eviction at reuse time is where a stale hash would leak into later hits",
     ),
-    _t("prefix hits, full attention", 2_000, "shared system prompts hit on admission"),
+    _t("prefix hits, full attention", 500, "shared system prompts hit on admission"),
     _t("prefix hits, sliding window", 500, "a window hit needs a run of cdiv(W - 1, B) blocks"),
     _t(
         "sliding-window hits with leading null blocks",
-        50,
-        "CI's fixed-seed machine never saw one (issue 10): the hardest hit shape",
+        200,
+        "the hardest hit shape; CI's fixed-seed machine never saw one (issue 10)",
     ),
-    _t("hits that use every cached block", 200, "a fully cached prompt still recomputes a block"),
+    _t(
+        "hits that use every cached block",
+        600,
+        "a fully cached prompt must still recompute its last block",
+    ),
     _t(
         "preemptions for lack of blocks",
-        500,
-        "a decode step's allocate_slots returned None: the request is freed and waits",
+        400,
+        "a step's allocate_slots returned None: the request is freed and waits",
     ),
-    _t("allocate_slots refused for lack of blocks", 1_000, "the capacity check's False side"),
-    _t(
-        "decode steps with draft tokens",
-        2_000,
-        "speculative tokens are scheduled but never cached",
-    ),
+    _t("allocate_slots refused for lack of blocks", 2_000, "the capacity check's False side"),
+    _t("decode steps with draft tokens", 5_000, "speculative tokens: scheduled, never cached"),
     _t(
         "blocks left uncached because of draft tokens",
-        200,
-        "the planted bug 'drafts counted as full blocks' shows only here",
+        2_000,
+        "where the planted bug 'drafts counted as full blocks' shows",
     ),
-    _t("allocations with lookahead slots", 2_000, "lookahead slots get blocks, never hashes"),
+    _t("allocations with lookahead slots", 6_000, "lookahead slots get blocks, never hashes"),
     _t(
         "new blocks for lookahead slots only",
-        100,
-        "the planted bug 'lookahead ignored' shows only here",
+        900,
+        "where the planted bug 'lookahead ignored' shows",
     ),
-    _t("blocks freed by the sliding window", 1_000, "remove_skipped_blocks on the hot path"),
+    _t("blocks freed by the sliding window", 3_000, "remove_skipped_blocks on the decode path"),
     _t(
         "windows skipping at the boundary token",
-        100,
-        "the window just left a block: the planted off-by-one bugs show here",
+        1_500,
+        "the window just left a block: where window off-by-one bugs show",
     ),
-    _t("chunked prefill steps", 1_000, "prefill split over several steps"),
-    _t("requests with extra keys", 2_000, "LoRA, multimodal and salts change every block hash"),
-    _t("prompt-logprobs lookups", 200, "lookups that must skip the cache"),
-    _t("successful prefix-cache resets", 100, "only when no request holds a block"),
-    _t("refused prefix-cache resets", 100, "a reset while blocks are in use changes nothing"),
-    _t("finished requests", 2_000, "free + free_block_hashes"),
-    _t("typed error InvalidArgumentError", 200, "bad counts, drafts, uncached hits", "misuse"),
-    _t("typed error RequestError", 200, "impostors, foreign hits, computed tokens", "misuse"),
-    _t("typed error BlockStateError", 100, "hits outside the pool, null hits", "misuse"),
-    _t("typed error MaxModelLenExceededError", 100, "allocations past max_model_len", "misuse"),
+    _t("chunked prefill steps", 2_000, "a prefill split over several steps"),
+    _t("requests with extra keys", 7_000, "LoRA, multimodal and salts change every block hash"),
+    _t("prompt-logprobs lookups", 800, "lookups that must skip the cache"),
+    _t("successful prefix-cache resets", 1_000, "only when no request holds a block"),
+    _t("refused prefix-cache resets", 500, "a reset while blocks are in use changes nothing"),
+    _t("finished requests", 10_000, "free + free_block_hashes"),
+    _t("typed error InvalidArgumentError", 800, "bad counts, drafts, uncached hits", "misuse"),
+    _t("typed error RequestError", 600, "impostors, foreign hits, computed tokens", "misuse"),
+    _t("typed error BlockStateError", 60, "hits outside the pool, null hits", "misuse"),
+    _t("typed error MaxModelLenExceededError", 200, "allocations past max_model_len", "misuse"),
+    Target(
+        "kinds of allocate_slots refusals",
+        12,
+        "each precondition of allocate_slots refused at least once (listed below the table)",
+        frozenset({"misuse"}),
+        scales=False,
+    ),
     _t("distinct states", 10_000, "block tables, free and cached counts: the drive goes wide"),
 )
-"""The manager campaign's targets (calibrated on the CI campaign, with a margin of about 2x)."""
+"""The manager campaign's targets: each about half the rate the CI campaign (`CI_SEED`,
+`CI_MANAGER_STEPS`) reaches, so that they catch a drive that stopped exercising something
+(a feature never drawn, an operation that always fails early) without flapping when the drive
+changes a little."""
 
 POOL_TARGETS: tuple[Target, ...] = (
-    _t("blocks handed out", 20_000, "get_new_blocks from the free queue's head"),
-    _t("evictions of cached blocks", 2_000, "lazy eviction at reuse time"),
-    _t("touches of free cached blocks", 1_000, "a hit takes a block off the free queue"),
-    _t("blocks freed", 20_000, "free_blocks appends to the tail in the caller's order"),
-    _t("blocks cached", 5_000, "cache_full_blocks hashing and indexing"),
+    _t("blocks handed out", 35_000, "get_new_blocks from the free queue's head"),
+    _t("evictions of cached blocks", 3_000, "lazy eviction at reuse time"),
+    _t("touches of free cached blocks", 600, "a hit takes a block off the free queue"),
+    _t("blocks freed", 30_000, "free_blocks appends to the tail in the caller's order"),
+    _t("blocks cached", 4_000, "cache_full_blocks hashing and indexing"),
     _t("cache hits", 2_000, "get_cached_block finding a block"),
-    _t("successful prefix-cache resets", 100, "only when nothing is in use"),
-    _t("typed error BlockStateError", 500, "freeing free blocks, foreign ids", "misuse"),
-    _t("typed error InvalidArgumentError", 200, "negative counts, bad cache ranges", "misuse"),
-    _t("typed error NoFreeBlocksError", 100, "asking for more blocks than are free", "misuse"),
-    _t("distinct states", 10_000, "free order, ref counts and hashes: the drive goes wide"),
+    _t("successful prefix-cache resets", 120, "only when nothing is in use"),
+    _t("typed error BlockStateError", 1_200, "freeing free blocks, foreign ids", "misuse"),
+    _t("typed error InvalidArgumentError", 500, "negative counts, bad cache ranges", "misuse"),
+    _t("typed error NoFreeBlocksError", 300, "asking for more blocks than are free", "misuse"),
+    _t("distinct states", 10_000, "ref counts and cached counts: the drive goes wide"),
 )
-"""The block-pool campaign's targets."""
+"""The block-pool campaign's targets (about half the CI campaign's rates, `CI_POOL_STEPS`)."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +204,9 @@ def evaluate(
     for target in targets:
         if target.counter == "distinct states":
             count = len(coverage.states)
+        elif target.counter.startswith("kinds of ") and target.counter.endswith(" refusals"):
+            operation = target.counter.removeprefix("kinds of ").removesuffix(" refusals")
+            count = len(coverage.refusals(operation))
         else:
             count = coverage.counts[target.counter]
         enforced = long_enough and target.needs <= modes

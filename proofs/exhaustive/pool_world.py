@@ -31,6 +31,7 @@ from pagedkv.harness.protocol import PoolFactory, PoolSnapshot, PoolUnderTest
 from pagedkv.request import Request
 from pagedkv.semantics import PAGEDKV, Semantics
 from pagedkv.spec.block_hash import request_block_hashes
+from proofs.exhaustive.fingerprint import fingerprint
 from proofs.exhaustive.search import Frozen, Transition, World, freeze, thaw
 
 NULL_BLOCK_ID = 0
@@ -117,7 +118,7 @@ class PoolWorld:
         return PoolWorld(pair, self.config, self.prompts, self.hash_fn)
 
     def key(self) -> Hashable:
-        return pool_key(self.pair.state)
+        return pool_key(self.pair.state), fingerprint(self.pair.impl)
 
     # -- transitions -------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Planted bugs: which checker catches each deliberately broken variant of impl.
 
 Every variant of `proofs.planted.catalog` faces every checker of `proofs.planted.checkers`
-(state machine, exhaustive search, CrossHair, scenario tests), each bounded and deterministic.
+(the CI swarm campaign, state machine, exhaustive search, CrossHair, scenario tests), each
+bounded and deterministic.
 Each variant runs in its own process (`--worker`), several at a time, so that planting one never
 leaks into another. Every variant must be caught by at least two checkers.
 
@@ -28,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
+from pagedkv.harness.coverage import CI_MANAGER_STEPS, CI_POOL_STEPS, CI_SEED
 from proofs.planted.catalog import VARIANTS, VARIANTS_BY_NAME, Variant, planted
 from proofs.planted.checkers import (
     CHECKER_FUNCTIONS,
@@ -44,7 +46,7 @@ from proofs.planted.checkers import (
 MIN_CATCHES = 2
 TABLE_PATH = ROOT / "proofs" / "planted" / "planted-bugs.md"
 WORKER_TIMEOUT = 600.0
-IN_PROCESS: frozenset[CheckerName] = frozenset({"state machine", "exhaustive"})
+IN_PROCESS: frozenset[CheckerName] = frozenset({"campaign", "state machine", "exhaustive"})
 CONTROL = "control"
 """The pseudo-variant that plants nothing."""
 
@@ -167,11 +169,13 @@ Each variant is a realistic mistake planted into impl (`proofs/planted/catalog.p
 must be caught by at least {MIN_CATCHES} checkers. `tests/test_planted_bugs.py` reruns every
 checker on every variant and requires that again (a cell may change with the code: the state
 machines also draw constants found in the loaded modules, see `checkers.SM_SETTINGS`).
-Bounds (`proofs/planted/checkers.py`): state machines derandomized, {SM_EXAMPLES} examples of
-{SM_STEPS} steps per machine, no shrinking; exhaustive search: the `ci` scope; CrossHair: the
-contracts and pairs that call the replaced function, {CROSSHAIR_BOUNDS.per_condition_timeout:.0f} s
+Bounds (`proofs/planted/checkers.py`): the CI swarm campaign (seed {CI_SEED}, {CI_MANAGER_STEPS:,}
+manager then {CI_POOL_STEPS:,} pool steps); state machines derandomized, {SM_EXAMPLES} examples
+of {SM_STEPS} steps per machine, no shrinking; exhaustive search: the `ci` scope; CrossHair: the
+contracts and pairs that call the replaced function, rebound to it, then the contracts on
+`allocate_slots` with the variant planted, {CROSSHAIR_BOUNDS.per_condition_timeout:.0f} s
 each; scenario tests: {", ".join(f"`{m}`" for m in SCENARIO_MODULES)} with the `ci` profile.
-`n/a`: the checker cannot see the variant (CrossHair sees only the pure functions).
+`n/a`: the checker cannot see the variant.
 
 {render_table(results)}
 
