@@ -191,8 +191,16 @@ def test_ops_clamp_what_they_ask_for_so_any_subsequence_runs() -> None:
     ops = [
         Step(which=5, chunk=99, drafts=(0, 0, 0), accepted=3, lookahead=99, token=0),  # no one
         Admit(which=3, chunk=0, lookahead=0),  # no one waits
-        Arrive((0, 1, 0, 1), share=4, share_len=999, share_keys=True, lora=None, mm=(), salt=None,
-               logprobs=False),  # fmt: skip
+        Arrive(
+            (0, 1, 0, 1),
+            share=4,
+            share_len=999,
+            share_keys=True,
+            lora=None,
+            mm=(),
+            salt=None,
+            logprobs=False,
+        ),  # fmt: skip
         Admit(which=7, chunk=1, lookahead=99),
         Step(which=1, chunk=99, drafts=(1, 1, 1), accepted=2, lookahead=99, token=1),
     ]

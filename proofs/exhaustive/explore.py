@@ -64,6 +64,7 @@ _B1_THREE = ((0, 1), (0, 1, 1), (0,))  # and a third that is r0's first block
 _B1_TWINS = ((0, 1, 1), (0, 1, 1))  # equal prompts: whole-prompt hits
 _B2 = ((0, 1, 0), (0, 1, 1))  # one shared full block, then a partial one (block size 2)
 _B2_LONG = ((0, 1, 0, 0, 1), (0, 1, 0, 0, 0))  # two shared full blocks, then a partial one
+_B1_SHORT = ((0,), (0, 1))  # r1's prompt extends r0's one-token prompt (block size 1)
 _LORA = RequestKeys(lora_id=1)
 _IMAGE_A = RequestKeys(mm=((1, 2, "img-a"),))  # an image across the first block boundary (B=2)
 _IMAGE_B_SALTED = RequestKeys(mm=((1, 2, "img-b"),), cache_salt="tenant-1")
@@ -90,9 +91,10 @@ MANAGER_SCOPES: dict[str, tuple[ManagerSearchConfig, ...]] = {
         ManagerSearchConfig(4, 1, 5, _B1, semantics=VLLM_0_8_5, misuse=False),
         # Draft tokens (none or all accepted) and lookahead slots: at B=1 every draft fills a
         # block that must not be cached, and every lookahead slot needs a block of its own.
-        ManagerSearchConfig(4, 1, 5, _B1, samples=(0,), drafts=(0, 1), lookaheads=(0, 1)),
+        # Prompts are short, so that a decode step with drafts still fits in three blocks.
+        ManagerSearchConfig(4, 1, 4, _B1_SHORT, samples=(0,), drafts=(0, 1), lookaheads=(0, 1)),
         ManagerSearchConfig(4, 2, 6, _B2, samples=(0,), drafts=(0, 2), lookaheads=(0, 1)),
-        ManagerSearchConfig(4, 1, 5, _B1, sliding_window=2, samples=(0,), drafts=(0, 1)),
+        ManagerSearchConfig(4, 1, 4, _B1_SHORT, sliding_window=2, samples=(0,), drafts=(0, 1)),
         # Extra keys: equal LoRA ids share blocks; other images and a salt never do.
         ManagerSearchConfig(4, 1, 5, _B1, samples=(0,), keys=(_LORA, _LORA)),
         ManagerSearchConfig(
