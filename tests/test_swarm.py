@@ -200,7 +200,7 @@ def test_ops_clamp_what_they_ask_for_so_any_subsequence_runs() -> None:
             mm=(),
             salt=None,
             logprobs=False,
-        ),  # fmt: skip
+        ),
         Admit(which=7, chunk=1, lookahead=99),
         Step(which=1, chunk=99, drafts=(1, 1, 1), accepted=2, lookahead=99, token=1),
     ]
