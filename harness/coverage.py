@@ -19,7 +19,7 @@ CI_SEED = 2_025
 CI_MANAGER_STEPS = 200_000
 CI_POOL_STEPS = 100_000
 
-MIN_STEPS_FOR_TARGETS = 20_000
+MIN_STEPS_FOR_TARGETS = 100_000
 """Shorter campaigns print their counts but are not held to targets (too few runs to judge)."""
 
 

@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="SEED",
-        help="swarm: run only the run of this seed (as a report names it), full comparison",
+        help="swarm: run only the run of this seed (as a report names it) and shrink it",
     )
     parser.add_argument(
         "--check-every",

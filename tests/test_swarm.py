@@ -218,3 +218,17 @@ def test_a_divergence_is_a_failure_of_the_run_not_of_the_engine() -> None:
 def test_layers_are_named_for_their_seeds() -> None:
     layers: list[Layer] = [manager_layer(pagedkv_manager), pool_layer(pagedkv_pool)]
     assert [layer.name for layer in layers] == ["manager", "pool"]
+
+
+def test_the_throughput_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import bench_verify
+
+    args = ["--steps", "1000", "--hypothesis-steps", "100", "--rounds", "1"]
+    assert bench_verify.main([*args, "--profile-steps", "1000"]) == 0
+    report = capsys.readouterr().out
+    assert "manager, swarm  " in report and "steps/CPU-s" in report
+    assert "spec (manager, pool, hashing)" in report
