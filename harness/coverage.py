@@ -41,6 +41,12 @@ class Coverage:
     steps: int = 0
     runs: int = 0
 
+    def start_run(self, histogram_keys: list[str]) -> None:
+        """Count a run, and each configuration bucket, feature and operation it has."""
+        self.runs += 1
+        for key in histogram_keys:
+            self.histogram[key] += 1
+
     def count_error(self, operation: str, error: Exception) -> None:
         """A call both sides refused: counted by class and by the operation's refusal kind."""
         self.counts[f"typed error {type(error).__name__}"] += 1

@@ -15,8 +15,6 @@ recorded list of operations replays exactly, and any subsequence of it still run
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,11 +38,10 @@ from pagedkv.harness.manager_ops import (
 )
 from pagedkv.harness.probes import manager_probe
 from pagedkv.harness.protocol import ManagerFactory, ManagerUnderTest
-from pagedkv.harness.swarm_runs import ManagerRun
+from pagedkv.harness.requests import MM_HASHES, SALTS
+from pagedkv.harness.swarm_runs import ManagerRun, OperationPicker
 from pagedkv.request import PlaceholderRange, Request
 
-MM_HASHES = ("img-a", "img-b")
-SALTS = ("tenant-1", "tenant-2")
 HISTORY = 32
 """Earlier token lists a new prompt may start with (the most recent ones)."""
 
@@ -109,7 +106,8 @@ class ManagerDriver:
         self.live: list[_Live] = []
         self.history: list[_Earlier] = []
         self.num_arrived = 0
-        self._config_key = hash((run.num_blocks, self.block_size, self.window, self.caching))
+        # No None inside: before Python 3.12, hash(None) differs from process to process.
+        self._config_key = hash((run.num_blocks, self.block_size, self.window or 0, self.caching))
         features = run.features
         self._drafts = "draft tokens" in features
         self._lookahead = "lookahead" in features
@@ -119,12 +117,8 @@ class ManagerDriver:
         self._mm = "multimodal" in features
         self._salts = "salts" in features
         self._logprobs = "prompt logprobs" in features
-        names = list(run.weights)
-        self._op_names = names
-        self._op_cumulative = list(itertools.accumulate(run.weights[name] for name in names))
-        coverage.runs += 1
-        for key in run.histogram_keys():
-            coverage.histogram[key] += 1
+        self._picker = OperationPicker(run.weights)
+        coverage.start_run(run.histogram_keys())
 
     # -- drawing operations -------------------------------------------------------------------
 
@@ -134,10 +128,9 @@ class ManagerDriver:
         num_live = len(live)
         waiting = sum(1 for entry in live if not entry.running)
         running = num_live - waiting
-        total = self._op_cumulative[-1]
-        names, cumulative = self._op_names, self._op_cumulative
+        pick = self._picker.pick
         for _ in range(4):
-            kind = names[bisect.bisect_right(cumulative, rng.random() * total)]
+            kind = pick(rng)
             if kind in ("step", "preempt", "common prefix"):
                 applies = running > 0
             elif kind == "admit":
@@ -412,7 +405,18 @@ class ManagerDriver:
         held = spec.blocks.get(request_id)
         num_held = len(held) if held else 0
         nulls_before = held.count(0) if held and self.window is not None else 0
-        hashed_before = list(spec.pool.block_hash) if self.caching else None
+        hashed_before: dict[int, bool] = {}
+        if self.caching:
+            # New blocks come from the free queue's head (after the hits leave it), or are the
+            # request's own blocks the window frees first: note which of them are cached, to
+            # count evictions.
+            start = computed + (len(hits) * block_size if hits else 0)
+            most = -(-(start + num_tokens + lookahead) // block_size) - num_held
+            block_hash = spec.pool.block_hash
+            hashed_before = {
+                block_id: block_hash[block_id] is not None
+                for block_id in (*spec.pool.free_order[: max(most, 0)], *(held or ()))
+            }
         result, error = self.pair.call(
             lambda: (
                 f"allocate_slots({request_id}, {num_tokens}, {hits}, {lookahead})"
@@ -430,8 +434,8 @@ class ManagerDriver:
         real_end = start + num_tokens - num_drafts
         if result:
             counts["new-block allocations"] += 1
-            if hashed_before is not None:
-                evicted = sum(1 for block_id in result if hashed_before[block_id] is not None)
+            if hashed_before:
+                evicted = sum(1 for block_id in result if hashed_before.get(block_id, False))
                 counts["evictions of cached blocks"] += evicted
             needed_without_lookahead = -(-(start + num_tokens) // block_size)
             if lookahead and needed_without_lookahead <= num_held + (len(hits) if hits else 0):

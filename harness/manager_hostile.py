@@ -151,24 +151,22 @@ def hits_while_holding_blocks(scene: Scene) -> None:
 
 def computed_outside_slots(scene: Scene) -> None:
     """num_computed_tokens negative or past the request's slots."""
-    request = scene.request
-    saved = request.num_computed_tokens
-    request.num_computed_tokens = (-1, saved + 4 * scene.block_size + 1)[scene.arg % 2]
-    label = f"allocate_slots({request.request_id}, 1) with {request.num_computed_tokens} computed"
-    try:
-        scene.refuse("allocate_slots", label, lambda manager: manager.allocate_slots(request, 1))
-    finally:
-        request.num_computed_tokens = saved
+    computed = scene.request.num_computed_tokens
+    _allocate_with_computed(scene, (-1, computed + 4 * scene.block_size + 1)[scene.arg % 2])
 
 
 def computed_went_back(scene: Scene) -> None:
     """A running request whose num_computed_tokens went back below its cached blocks."""
+    if scene.running and scene.request.num_computed_tokens >= scene.block_size:
+        _allocate_with_computed(scene, 0)
+
+
+def _allocate_with_computed(scene: Scene, computed: int) -> None:
+    """allocate_slots(request, 1) with num_computed_tokens set to `computed` for the call."""
     request = scene.request
-    if not scene.running or request.num_computed_tokens < scene.block_size:
-        return
     saved = request.num_computed_tokens
-    request.num_computed_tokens = 0
-    label = f"allocate_slots({request.request_id}, 1) with 0 computed of {saved}"
+    request.num_computed_tokens = computed
+    label = f"allocate_slots({request.request_id}, 1) with {computed} computed of {saved}"
     try:
         scene.refuse("allocate_slots", label, lambda manager: manager.allocate_slots(request, 1))
     finally:

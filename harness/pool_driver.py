@@ -11,8 +11,6 @@ change nothing. Events are counted on the spec's side.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,7 +38,8 @@ from pagedkv.harness.pool_ops import (
 )
 from pagedkv.harness.probes import pool_probe
 from pagedkv.harness.protocol import PoolFactory, PoolUnderTest
-from pagedkv.harness.swarm_runs import PoolRun
+from pagedkv.harness.requests import MM_HASHES, SALTS
+from pagedkv.harness.swarm_runs import OperationPicker, PoolRun
 from pagedkv.request import PlaceholderRange, Request
 from pagedkv.semantics import PAGEDKV
 from pagedkv.spec.block_hash import request_block_hashes
@@ -58,8 +57,6 @@ MISUSE = (
 )
 """The invalid calls the pool driver makes."""
 
-MM_HASHES = ("img-a", "img-b")
-SALTS = ("tenant-1", "tenant-2")
 MAX_SEQUENCES = 4
 
 
@@ -106,19 +103,13 @@ class PoolDriver:
         self.requests: list[Request] = []
         self.seen_hashes: list[BlockHashType] = []
         self.num_requests = 0
-        names = list(run.weights)
-        self._op_names = names
-        self._op_cumulative = list(itertools.accumulate(run.weights[name] for name in names))
-        coverage.runs += 1
-        for key in run.histogram_keys():
-            coverage.histogram[key] += 1
+        self._pick = OperationPicker(run.weights).pick
+        coverage.start_run(run.histogram_keys())
 
     # -- drawing operations -------------------------------------------------------------------
 
     def generate(self, rng: random.Random) -> PoolOp:
-        total = self._op_cumulative[-1]
-        index = bisect.bisect_right(self._op_cumulative, rng.random() * total)
-        kind = self._op_names[min(index, len(self._op_names) - 1)]
+        kind = self._pick(rng)
         n = self.run.num_blocks
         if kind == "get_new_blocks":
             return NewBlocks(rng.randint(0, max(1, n // 4)))

@@ -13,8 +13,10 @@ A run's seed is derived from the campaign seed, the layer and the run's index
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
+import itertools
 import math
 import random
 from dataclasses import dataclass, field
@@ -72,6 +74,34 @@ POOL_OPERATIONS: dict[str, tuple[int, int]] = {
     "misuse": (1, 4),
 }
 """The block-pool driver's moves (`harness/pool_driver.py`) and their weight ranges."""
+
+
+def attention_spec(block_size: int, sliding_window: int | None) -> KVCacheSpec:
+    """The smallest layer of either attention type (one head of size 1): only the block size
+    and the window matter to the managers."""
+    if sliding_window is None:
+        return FullAttentionSpec(
+            block_size=block_size, num_kv_heads=1, head_size=1, dtype="float16"
+        )
+    return SlidingWindowSpec(
+        block_size=block_size,
+        num_kv_heads=1,
+        head_size=1,
+        dtype="float16",
+        sliding_window=sliding_window,
+    )
+
+
+class OperationPicker:
+    """Draws operation names by a run's weights (a bisection over the cumulative weights)."""
+
+    def __init__(self, weights: dict[str, float]) -> None:
+        self.names = list(weights)
+        self.cumulative = list(itertools.accumulate(weights[name] for name in self.names))
+
+    def pick(self, rng: random.Random) -> str:
+        index = bisect.bisect_right(self.cumulative, rng.random() * self.cumulative[-1])
+        return self.names[min(index, len(self.names) - 1)]
 
 
 def run_seed(campaign_seed: int, layer: str, index: int) -> int:
@@ -250,19 +280,7 @@ def draw_manager_run(
         # vLLM 0.8.5 fails an internal assert when the window skips the parent of the next block
         # to cache (a window at most a block wide, or accepted drafts reaching past it).
         window = max(window, block_size + 3)
-    kv_cache_spec: KVCacheSpec
-    if window is None:
-        kv_cache_spec = FullAttentionSpec(
-            block_size=block_size, num_kv_heads=1, head_size=1, dtype="float16"
-        )
-    else:
-        kv_cache_spec = SlidingWindowSpec(
-            block_size=block_size,
-            num_kv_heads=1,
-            head_size=1,
-            dtype="float16",
-            sliding_window=window,
-        )
+    kv_cache_spec = attention_spec(block_size, window)
     config = ManagerConfig(
         uniform_kv_cache_config(kv_cache_spec, num_blocks),
         max_model_len,

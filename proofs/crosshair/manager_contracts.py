@@ -26,12 +26,8 @@ bounds of each contract's leading asserts (tiny, so CrossHair's path search reac
 from __future__ import annotations
 
 from pagedkv.block_hash import hash_request_tokens
-from pagedkv.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheSpec,
-    SlidingWindowSpec,
-    uniform_kv_cache_config,
-)
+from pagedkv.harness.swarm_runs import attention_spec
+from pagedkv.kv_cache_interface import uniform_kv_cache_config
 from pagedkv.manager import KVCacheManager
 from pagedkv.request import Request
 from proofs.crosshair.contracts import Contract
@@ -46,13 +42,7 @@ MAX_MODEL_LEN = 64
 
 def _manager(block_size: int, num_blocks: int, window: int, use_eagle: bool) -> KVCacheManager:
     """A manager with builtin hashing (CrossHair cannot see through sha256); window 0: full."""
-    spec: KVCacheSpec
-    if window == 0:
-        spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype="int8")
-    else:
-        spec = SlidingWindowSpec(
-            block_size=block_size, num_kv_heads=1, head_size=1, dtype="int8", sliding_window=window
-        )
+    spec = attention_spec(block_size, window or None)
     return KVCacheManager(
         uniform_kv_cache_config(spec, num_blocks),
         MAX_MODEL_LEN,

@@ -38,10 +38,8 @@ from pagedkv.harness.protocol import (
     ManagerSnapshot,
     ManagerUnderTest,
 )
+from pagedkv.harness.swarm_runs import attention_spec
 from pagedkv.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheSpec,
-    SlidingWindowSpec,
     uniform_kv_cache_config,
 )
 from pagedkv.request import PlaceholderRange, Request
@@ -120,19 +118,7 @@ class ManagerSearchConfig:
 
     def manager_config(self) -> ManagerConfig:
         """The `ManagerConfig` both managers are built from."""
-        kv_cache_spec: KVCacheSpec
-        if self.sliding_window is None:
-            kv_cache_spec = FullAttentionSpec(
-                block_size=self.block_size, num_kv_heads=1, head_size=1, dtype="float16"
-            )
-        else:
-            kv_cache_spec = SlidingWindowSpec(
-                block_size=self.block_size,
-                num_kv_heads=1,
-                head_size=1,
-                dtype="float16",
-                sliding_window=self.sliding_window,
-            )
+        kv_cache_spec = attention_spec(self.block_size, self.sliding_window)
         return ManagerConfig(
             uniform_kv_cache_config(kv_cache_spec, self.num_blocks),
             self.max_model_len,
