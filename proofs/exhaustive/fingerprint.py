@@ -22,7 +22,7 @@ import enum
 import functools
 import types
 
-_ATOMS = (int, float, str, bytes, bool, type(None))
+_ATOM_TYPES = frozenset({int, float, str, bytes, bool, type(None)})
 _REFERENCES = (
     type,
     types.FunctionType,
@@ -42,31 +42,32 @@ def canonical(root: object) -> object:
     seen: dict[int, int] = {}
 
     def walk(value: object) -> object:
-        if isinstance(value, _ATOMS):
+        kind = type(value)
+        if kind in _ATOM_TYPES:
             return value
         if isinstance(value, tuple):
-            return tuple(walk(item) for item in value)
+            return tuple([walk(item) for item in value])
         if isinstance(value, _REFERENCES):
             return ("ref", getattr(value, "__qualname__", repr(value)))
-        if _is_frozen_dataclass(type(value)):
+        if _is_frozen_dataclass(kind):
             return value  # immutable and hashed by value: the configuration, placeholders
         key = id(value)
         if key in seen:
             return ("seen", seen[key])
         seen[key] = len(seen)
-        if isinstance(value, list):
-            return ("list", tuple(walk(item) for item in value))
+        if kind is list:
+            return ("list", tuple([walk(item) for item in value]))  # type: ignore[attr-defined]
         if isinstance(value, dict):
-            items = sorted(((walk(k), v) for k, v in value.items()), key=_by_key_hash)
-            return ("dict", tuple((k, walk(v)) for k, v in items))
+            items = sorted([(walk(k), v) for k, v in value.items()], key=_by_key_hash)
+            return ("dict", tuple([(k, walk(v)) for k, v in items]))
         if isinstance(value, (set, frozenset)):
-            return ("set", tuple(sorted((walk(item) for item in value), key=hash)))
-        fields = dict(getattr(value, "__dict__", {}))
-        for name in _slot_names(type(value)):
-            if name not in fields and hasattr(value, name):
-                fields[name] = getattr(value, name)
-        walked = tuple((name, walk(fields[name])) for name in sorted(fields))
-        return (type(value).__qualname__, walked)
+            return ("set", tuple(sorted([walk(item) for item in value], key=hash)))
+        fields = getattr(value, "__dict__", None)
+        walked = [(name, walk(fields[name])) for name in sorted(fields)] if fields else []
+        for name in _slot_names(kind):
+            if hasattr(value, name):
+                walked.append((name, walk(getattr(value, name))))
+        return (kind.__qualname__, tuple(walked))
 
     return walk(root)
 

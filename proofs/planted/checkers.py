@@ -10,7 +10,8 @@
 - crosshair: the contracts and pairs rebound to the variant (`proofs.planted.crosshair_checks`),
   contracts first, then the contracts on `allocate_slots` itself with the variant planted in
   CrossHair's process (`proofs.planted.crosshair_manager`), each in its own `crosshair` process
-  bounded by `CROSSHAIR_BOUNDS`; only a counterexample that reproduces concretely counts.
+  bounded by `CROSSHAIR_BOUNDS` (the manager contracts by `CROSSHAIR_MANAGER_BOUNDS`); only a
+  counterexample that reproduces concretely counts.
 - scenario tests: `SCENARIO_MODULES` under pytest in a subprocess with the variant planted by
   `proofs.planted.plugin` (the `ci` hypothesis profile); a failing test catches it.
 
@@ -217,6 +218,11 @@ def check_exhaustive(variant: Variant | None) -> Verdict:
 CROSSHAIR_BOUNDS = Bounds(
     per_condition_timeout=10.0, per_path_timeout=2.0, max_iterations=1000, total_timeout=120.0
 )
+CROSSHAIR_MANAGER_BOUNDS = Bounds(
+    per_condition_timeout=3.0, per_path_timeout=2.0, max_iterations=1000, total_timeout=120.0
+)
+"""The manager contracts with a variant planted: a counterexample to a mistake on their path takes
+CrossHair about two CPU seconds; a variant they cannot see costs each its whole budget."""
 CROSSHAIR_SUITE = "proofs.planted.crosshair_checks"
 CROSSHAIR_MANAGER_SUITE = "proofs.planted.crosshair_manager"
 
@@ -236,7 +242,7 @@ def check_crosshair(variant: Variant | None) -> Verdict:
     for check in ordered:
         if check.suite == CROSSHAIR_MANAGER_SUITE:
             with planted(variant), _environment(PLANT_ENV, variant.name if variant else None):
-                outcome = run_check(check, CROSSHAIR_BOUNDS, deadline)
+                outcome = run_check(check, CROSSHAIR_MANAGER_BOUNDS, deadline)
         else:
             outcome = run_check(check, CROSSHAIR_BOUNDS, deadline)
         if outcome.status == "counterexample":
