@@ -31,7 +31,7 @@ from proofs.planted.bugs import (
     run_all,
 )
 from proofs.planted.catalog import PLANT_ENV, VARIANTS, VARIANTS_BY_NAME, FunctionPatch, planted
-from proofs.planted.checkers import CHECKERS, Verdict, check_campaign, check_scenarios
+from proofs.planted.checkers import CHECKERS, Verdict, check_scenarios
 from proofs.planted.crosshair_checks import CHECKS_BY_VARIANT
 
 
@@ -54,12 +54,6 @@ def test_the_committed_table_lists_every_variant_and_each_is_caught_twice() -> N
         assert statuses.count("caught") >= MIN_CATCHES, name
         assert "error" not in statuses, name
         assert statuses[CHECKERS.index("campaign")] == "caught", name  # the CI campaign
-
-
-def test_the_campaign_checker_passes_with_nothing_planted() -> None:
-    verdict = check_campaign(None)
-    assert verdict.status == "missed"
-    assert "200,000 manager and 100,000 pool steps pass" in verdict.evidence
 
 
 def test_scenario_tests_pass_with_nothing_planted() -> None:
