@@ -219,10 +219,11 @@ CROSSHAIR_BOUNDS = Bounds(
     per_condition_timeout=10.0, per_path_timeout=2.0, max_iterations=1000, total_timeout=120.0
 )
 CROSSHAIR_MANAGER_BOUNDS = Bounds(
-    per_condition_timeout=3.0, per_path_timeout=2.0, max_iterations=1000, total_timeout=120.0
+    per_condition_timeout=8.0, per_path_timeout=2.0, max_iterations=1000, total_timeout=120.0
 )
-"""The manager contracts with a variant planted: a counterexample to a mistake on their path takes
-CrossHair about two CPU seconds; a variant they cannot see costs each its whole budget."""
+"""The manager contracts with a variant planted: CrossHair refutes `drafts_as_full_blocks` after
+about 3.5 CPU seconds of `contract_decode_step`; a variant they cannot see costs each contract
+its whole budget."""
 CROSSHAIR_SUITE = "proofs.planted.crosshair_checks"
 CROSSHAIR_MANAGER_SUITE = "proofs.planted.crosshair_manager"
 
