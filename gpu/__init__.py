@@ -5,6 +5,8 @@ each name below is loaded from its module on first use. Modules:
 
     kernel_variants     every instantiation compiled, and the launch constants the host mirrors
     nvrtc_build         NVRTC -> cubin without a driver (CI compiles every variant with it)
+    cubin_image         a cubin is exactly the ELF image its headers describe; CUDA tools
+    ptxas_usage         registers and spills from ptxas' report
     kernel_loader       per-device cubin cache and `cupy.RawModule` loading
     launch              one device and backend per call, the caller's stream, typed arguments
     array_view          torch / CuPy / NumPy arrays described without importing them
@@ -12,12 +14,15 @@ each name below is loaded from its module on first use. Modules:
     attention_plan      work list and split-KV policy (pure, CPU-testable)
     attention           `plan_step`, `paged_attention`, `paged_attention_varlen`
     kv_write            `write_kv`
-    reference           torch reference of both operations
+    reference           float64 torch reference of both operations
+    error_bound         the per-element bound a correct kernel's output meets
     step_metadata       scheduler step + block lists -> slot_mapping, block_table, ...
     kv_cache_tensors    per-layer K/V caches from a `KVCacheConfig`
     synthetic_batch     random paged batches with a dense twin and the SDPA oracle
     errors              KernelCompileError, DeviceUnavailableError
     check               the one GPU check script (`python -m pagedkv.gpu.check`)
+    first_device        the first run on a lent device (`bash gpu/first_device.sh OUT`)
+    emulator/           the CPU SIMT emulator that runs the kernels' exact text
 
 Layout, launch bounds and the split policy: gpu/README.md.
 """

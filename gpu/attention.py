@@ -11,6 +11,7 @@ launch configuration and the split policy: gpu/README.md and `pagedkv.gpu.attent
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -24,10 +25,12 @@ from pagedkv.gpu.kernel_variants import (
     ATTENTION_SOURCE,
     MERGE_PAIRS_PER_CTA,
     MERGE_THREADS,
+    AttentionKernel,
     attention_kernel_name,
+    attention_source,
     merge_kernel_name,
 )
-from pagedkv.gpu.launch import common_device, i32, i64, launch_context, pointer
+from pagedkv.gpu.launch import KernelCall, common_device, i32, i64, launch_context, pointer
 
 
 def device_limits(device: int) -> DeviceLimits:
@@ -106,6 +109,7 @@ def plan_step(
     sliding_window: int | None = None,
     limits: DeviceLimits | None = None,
     num_splits: int | None = None,
+    kernel: AttentionKernel | None = None,
 ) -> AttentionPlan:
     """Validate a step's metadata against the query and cache shapes and plan the launch.
 
@@ -117,6 +121,7 @@ def plan_step(
         limits: the device for the split policy; None: read from the query's device, or an
             H200 when the query is on the host.
         num_splits: force a split count; None: the policy.
+        kernel: "mma" (tensor cores, fp16/bf16) or "simt"; None: "mma" where it applies.
 
     Raises:
         InvalidArgumentError: any metadata rule (see `validate_metadata`) or shape mismatch.
@@ -146,6 +151,7 @@ def plan_step(
         dtype=q.dtype,
         limits=limits or DeviceLimits(),
         num_splits=num_splits,
+        kernel=kernel,
     )
 
 
@@ -220,72 +226,116 @@ def paged_attention(
     _check_arrays(plan, q, k, v, o)
     if plan.num_work == 0:
         return out
+    with launch_context(backend, device) as cupy:
+        arrays = _device_arrays(plan, device, cupy)
+        shape = (plan.num_splits, plan.metadata.num_query_tokens, plan.num_heads)
+        split = plan.num_splits > 1
+        pointers = dict(arrays) | {
+            "query": pointer(q),
+            "key_cache": pointer(k),
+            "value_cache": pointer(v),
+            "out": pointer(o),
+            "partial_out": (
+                cupy.empty((*shape, plan.head_size), np.float32) if split else np.uint64(0)
+            ),
+            "partial_lse": cupy.empty(shape, np.float32) if split else np.uint64(0),
+        }
+        for call in attention_calls(plan, q, k, o, pointers, scale):
+            call.launch(get_kernel(call.source, call.kernel, device))
+    return out
+
+
+def attention_calls(
+    plan: AttentionPlan,
+    query: ArrayView,
+    key_cache: ArrayView,
+    out: ArrayView,
+    pointers: Mapping[str, Any],
+    scale: float | None = None,
+) -> list[KernelCall]:
+    """The launches of one `paged_attention`: the attention kernel, then the merge if split.
+
+    Args:
+        plan: the step's plan.
+        query, key_cache, out: the validated arrays (their strides; V shares K's).
+        pointers: the kernel pointer of each array by name: query, key_cache, value_cache,
+            out, query_start_loc, seq_lens, block_table, work_seq, work_row, partial_out
+            (fp32 [splits, tokens, heads, head_size]) and partial_lse (fp32 [splits, tokens,
+            heads]); the last two are null pointers when the plan does not split.
+        scale: softmax scale; None: 1 / sqrt(head_size).
+
+    Raises:
+        InvalidArgumentError: a non-finite scale, or a count that does not fit an int32.
+
+    Complexity: O(1).
+    """
     scale = 1.0 / math.sqrt(plan.head_size) if scale is None else float(scale)
     if not math.isfinite(scale):
         raise InvalidArgumentError(f"scale must be finite, got {scale}")
     metadata = plan.metadata
     num_tokens = metadata.num_query_tokens
-    with launch_context(backend, device) as cupy:
-        arrays = _device_arrays(plan, device, cupy)
-        kernel = get_kernel(
-            ATTENTION_SOURCE, attention_kernel_name(plan.dtype, plan.head_size), device
-        )
-        split = plan.num_splits > 1
-        shape = (plan.num_splits, num_tokens, plan.num_heads)
-        partial_out = cupy.empty((*shape, plan.head_size), dtype=np.float32) if split else None
-        partial_lse = cupy.empty(shape, dtype=np.float32) if split else None
-        kernel(
+    split = plan.num_splits > 1
+    kernel = plan.traits.kernel
+    calls = [
+        KernelCall(
+            attention_source(kernel),
+            attention_kernel_name(plan.dtype, plan.head_size, kernel),
             plan.grid,
-            (plan.traits.threads,),
+            (plan.traits.threads, 1, 1),
+            plan.traits.smem_bytes,
             (
-                pointer(q),
-                i64(q.strides[0]),
-                i64(q.strides[1]),
-                pointer(k),
-                pointer(v),
-                i64(k.strides[0]),
-                i64(k.strides[1]),
-                i64(k.strides[2]),
-                arrays["query_start_loc"],
-                arrays["seq_lens"],
-                arrays["block_table"],
+                pointers["query"],
+                i64(query.strides[0]),
+                i64(query.strides[1]),
+                pointers["key_cache"],
+                pointers["value_cache"],
+                i64(key_cache.strides[0]),
+                i64(key_cache.strides[1]),
+                i64(key_cache.strides[2]),
+                pointers["query_start_loc"],
+                pointers["seq_lens"],
+                pointers["block_table"],
                 i64(metadata.block_table.shape[1]),
-                arrays["work_seq"],
-                arrays["work_row"],
+                pointers["work_seq"],
+                pointers["work_row"],
                 i32(metadata.num_blocks),
                 i32(metadata.block_size.bit_length() - 1),
                 i32(plan.group_size),
                 i32(metadata.sliding_window or 0),
                 np.float32(scale * math.log2(math.e)),
-                pointer(o),
-                i64(o.strides[0]),
-                i64(o.strides[1]),
-                partial_out if split else np.uint64(0),
-                partial_lse if split else np.uint64(0),
+                pointers["out"],
+                i64(out.strides[0]),
+                i64(out.strides[1]),
+                pointers["partial_out"],
+                pointers["partial_lse"],
                 i32(num_tokens),
                 i32(plan.num_heads),
             ),
-            shared_mem=plan.traits.smem_bytes,
         )
-        if split:
-            merge = get_kernel(ATTENTION_SOURCE, merge_kernel_name(plan.dtype), device)
-            pairs = num_tokens * plan.num_heads
-            merge(
-                (-(-pairs // MERGE_PAIRS_PER_CTA),),
-                (MERGE_THREADS,),
+    ]
+    if split:
+        pairs = num_tokens * plan.num_heads
+        calls.append(
+            KernelCall(
+                ATTENTION_SOURCE,
+                merge_kernel_name(plan.dtype),
+                (-(-pairs // MERGE_PAIRS_PER_CTA), 1, 1),
+                (MERGE_THREADS, 1, 1),
+                0,
                 (
-                    partial_out,
-                    partial_lse,
+                    pointers["partial_out"],
+                    pointers["partial_lse"],
                     i32(plan.num_splits),
                     i32(num_tokens),
                     i32(plan.num_heads),
                     i32(plan.head_size),
-                    pointer(o),
-                    i64(o.strides[0]),
-                    i64(o.strides[1]),
+                    pointers["out"],
+                    i64(out.strides[0]),
+                    i64(out.strides[1]),
                 ),
             )
-    return out
+        )
+    return calls
 
 
 def paged_attention_varlen(

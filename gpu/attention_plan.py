@@ -2,13 +2,16 @@
 
 Host-only and pure (NumPy), so it is tested on CPU. Each work item is (sequence, first row):
 rows of a sequence are (token, head-in-group) pairs, `row = token * group_size + head`, and one
-CTA takes `rows` (8) consecutive rows of one KV head, so a decode step of a GQA group of up to 8
-query heads reads that KV head's pages once. The grid is (work items, KV heads, splits).
+CTA takes `traits.rows` consecutive rows of one KV head (16 for the tensor-core kernel, 8 for the
+SIMT one), so a decode step of a GQA group of up to that many query heads reads that KV head's
+pages once. The grid is (work items, KV heads, splits).
 
-Split-KV: when items x KV heads cannot fill the device (fewer CTAs than half of what its SMs
-hold at once), every CTA's key range is cut into `num_splits` chunks, each CTA writes an fp32
-partial output and log-sum-exp, and a merge kernel combines them. Chunks hold at least
-`MIN_KEYS_PER_SPLIT` keys, and there are at most `MAX_SPLITS`.
+Split-KV: when items x KV heads leave the device's resident slots idle, every CTA's key range
+is cut into `num_splits` chunks, each CTA writes an fp32 partial output and log-sum-exp, and a
+merge kernel combines them. The rule (`choose_num_splits`): the largest split count whose grid
+still fits in one wave of resident CTAs, at most `MAX_SPLITS`, and no more than the longest range
+has `MIN_KEYS_PER_SPLIT`-key chunks. The kernel deals each range's tiles out evenly, so two splits
+of one CTA differ by at most one tile.
 """
 
 from __future__ import annotations
@@ -20,12 +23,10 @@ import numpy as np
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.attention_metadata import AttentionMetadata
-from pagedkv.gpu.kernel_variants import AttentionTraits, attention_traits
+from pagedkv.gpu.kernel_variants import AttentionKernel, AttentionTraits, attention_traits
 
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 64
-MAX_CTAS_PER_SM = 4
-"""The attention kernel's `__launch_bounds__(128, 4)`."""
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,10 @@ class DeviceLimits:
         if self.num_sms < 1 or self.shared_memory_per_sm < 1:
             raise InvalidArgumentError(f"device limits must be positive, got {self}")
 
-    def resident_ctas(self, smem_bytes: int) -> int:
-        """CTAs of `smem_bytes` shared memory one SM holds at once (1 KiB reserved per CTA)."""
-        return max(1, min(MAX_CTAS_PER_SM, self.shared_memory_per_sm // (smem_bytes + 1024)))
+    def resident_ctas(self, smem_bytes: int, max_ctas_per_sm: int) -> int:
+        """CTAs one SM holds at once: shared memory (1 KiB reserved per CTA) or the launch
+        bounds' CTAs per SM, whichever is fewer (at least 1)."""
+        return max(1, min(max_ctas_per_sm, self.shared_memory_per_sm // (smem_bytes + 1024)))
 
 
 H200 = DeviceLimits(num_sms=132, shared_memory_per_sm=228 * 1024)
@@ -61,15 +63,21 @@ def choose_num_splits(num_ctas: int, max_keys: int, resident_ctas: int) -> int:
         resident_ctas: CTAs the whole device holds at once.
 
     Returns:
-        1 when `2 * num_ctas >= resident_ctas`; otherwise enough splits to reach `resident_ctas`,
-        at most `MAX_SPLITS` and at most `max_keys // MIN_KEYS_PER_SPLIT` (at least 1).
+        `floor(resident_ctas / num_ctas)` (the most splits whose grid is still one wave: never
+        a near-empty second wave), at most `MAX_SPLITS` and at most
+        `max_keys // MIN_KEYS_PER_SPLIT`; at least 1.
 
     Complexity: O(1).
     """
-    if num_ctas <= 0 or 2 * num_ctas >= resident_ctas:
+    if num_ctas <= 0:
         return 1
-    wanted = -(-resident_ctas // num_ctas)
-    return max(1, min(MAX_SPLITS, wanted, max_keys // MIN_KEYS_PER_SPLIT))
+    return max(1, min(MAX_SPLITS, resident_ctas // num_ctas, max_keys // MIN_KEYS_PER_SPLIT))
+
+
+def split_tiles(range_tiles: int, num_splits: int, split: int) -> tuple[int, int]:
+    """Tiles `[first, stop)` of a `range_tiles`-tile key range that split `split` reads: the
+    kernel's even deal (splits differ by at most one tile). Complexity: O(1)."""
+    return split * range_tiles // num_splits, (split + 1) * range_tiles // num_splits
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,6 +138,7 @@ def plan_attention(
     dtype: str,
     limits: DeviceLimits = H200,
     num_splits: int | None = None,
+    kernel: AttentionKernel | None = None,
 ) -> AttentionPlan:
     """Cut a step into work items and decide the split.
 
@@ -141,6 +150,7 @@ def plan_attention(
         dtype: "float16", "bfloat16" or "float32".
         limits: the device, for the split policy.
         num_splits: force a split count (1..MAX_SPLITS), e.g. in tests; None: the policy.
+        kernel: "mma" or "simt"; None: "mma" for fp16/bf16, "simt" for fp32.
 
     Returns:
         The plan; its work list covers every query row exactly once.
@@ -156,7 +166,7 @@ def plan_attention(
         )
     if num_splits is not None and not 1 <= num_splits <= MAX_SPLITS:
         raise InvalidArgumentError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
-    traits = attention_traits(dtype, head_size)
+    traits = attention_traits(dtype, head_size, kernel)
     group = num_heads // num_kv_heads
     query_lens = metadata.query_lens.astype(np.int64)
     context = metadata.seq_lens.astype(np.int64) - query_lens
@@ -173,7 +183,8 @@ def plan_attention(
         work_keys = last_pos + 1 - np.maximum(first_pos - metadata.sliding_window + 1, 0)
     order = np.argsort(-work_keys, kind="stable")
     if num_splits is None:
-        resident = limits.num_sms * limits.resident_ctas(traits.smem_bytes)
+        per_sm = limits.resident_ctas(traits.smem_bytes, traits.min_ctas_per_sm)
+        resident = limits.num_sms * per_sm
         max_keys = int(work_keys.max()) if work_keys.size else 0
         num_splits = choose_num_splits(work_seq.shape[0] * num_kv_heads, max_keys, resident)
     return AttentionPlan(

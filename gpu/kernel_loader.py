@@ -2,8 +2,10 @@
 
 One NVRTC compile per (source, arch), cached on disk under `$PAGEDKV_KERNEL_CACHE` (default
 `~/.cache/pagedkv/kernels`, a temporary directory when that is not writable), keyed by a hash of
-the sources, options and NVRTC version. Modules are loaded through `cupy.RawModule(path=...)`
-from the cubin, never from PTX.
+the sources, options, NVRTC version and cache format. Modules are loaded through
+`cupy.RawModule(path=...)` from the cubin, never from PTX. Every cubin is checked to be exactly
+the image its ELF headers describe when written and again when read back (a truncated or
+foreign file in the cache is rebuilt, not loaded).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pagedkv.gpu.errors import DeviceUnavailableError
+from pagedkv.gpu.cubin_image import check_cubin
+from pagedkv.gpu.errors import DeviceUnavailableError, KernelCompileError
 from pagedkv.gpu.kernel_variants import KernelSource
 from pagedkv.gpu.nvrtc_build import cache_key, compile_source
 
@@ -67,7 +70,14 @@ def cubin_path(source: KernelSource, arch: int) -> tuple[Path, dict[str, str]]:
     directory = cache_dir()
     cubin, names = directory / f"{stem}.cubin", directory / f"{stem}.json"
     if cubin.exists() and names.exists():
-        return cubin, dict(json.loads(names.read_text()))
+        try:
+            check_cubin(cubin.read_bytes(), str(cubin))
+            lowered = dict(json.loads(names.read_text()))
+        except (KernelCompileError, ValueError):
+            pass  # a damaged or foreign entry: compile it again below
+        else:
+            if set(lowered) == set(source.name_expressions):
+                return cubin, lowered
     module = compile_source(source, arch)
     _atomic_write(cubin, module.cubin)
     _atomic_write(names, json.dumps(module.lowered_names).encode())

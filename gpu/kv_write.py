@@ -9,6 +9,7 @@ even with `check_slots=False` no write lands outside it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from pagedkv.gpu.kernel_variants import (
     WRITE_VECTOR_TYPES,
     write_kernel_name,
 )
-from pagedkv.gpu.launch import common_device, i32, i64, launch_context, pointer
+from pagedkv.gpu.launch import KernelCall, common_device, i32, i64, launch_context, pointer
 
 
 def check_slots(slots: np.ndarray[Any, Any], num_slots: int) -> None:
@@ -123,49 +124,87 @@ def write_kv(
 
     Complexity: O(n) host work when checking, plus one launch.
     """
-    views = [
+    views = write_views(key, value, key_cache, value_cache, slot_mapping)
+    backend, device = common_device(views)
+    k, v, kc, vc, slots = views
+    check_write_arrays(k, v, kc, vc, slots)
+    num_slots = kc.shape[0] * kc.shape[1]
+    if check_slots_on_host:
+        check_slots(np.asarray(to_host(slot_mapping)), num_slots)
+    call = write_kv_call(
+        views,
+        {
+            "key": pointer(k),
+            "value": pointer(v),
+            "key_cache": pointer(kc),
+            "value_cache": pointer(vc),
+            "slot_mapping": pointer(slots),
+        },
+    )
+    if call is not None:
+        with launch_context(backend, device):
+            call.launch(get_kernel(call.source, call.kernel, device))
+
+
+def write_views(
+    key: ArrayLike,
+    value: ArrayLike,
+    key_cache: ArrayLike,
+    value_cache: ArrayLike,
+    slot_mapping: ArrayLike,
+) -> list[ArrayView]:
+    """The five arrays of a KV write, described under their argument names. Complexity: O(1)."""
+    return [
         describe(key, "key"),
         describe(value, "value"),
         describe(key_cache, "key_cache"),
         describe(value_cache, "value_cache"),
         describe(slot_mapping, "slot_mapping"),
     ]
-    backend, device = common_device(views)
+
+
+def write_kv_call(views: list[ArrayView], pointers: Mapping[str, Any]) -> KernelCall | None:
+    """The launch of one `write_kv` (None: no tokens), from validated arrays.
+
+    Args:
+        views: key, value, key_cache, value_cache, slot_mapping (checked by
+            `check_write_arrays`).
+        pointers: the kernel pointer of each of them by that name.
+
+    Complexity: O(number of strides).
+    """
     k, v, kc, vc, slots = views
-    check_write_arrays(k, v, kc, vc, slots)
     num_blocks, block_size, num_kv_heads, head_size = kc.shape
-    num_slots = num_blocks * block_size
-    if check_slots_on_host:
-        check_slots(np.asarray(to_host(slot_mapping)), num_slots)
     num_tokens = slots.shape[0]
     if num_tokens == 0:
-        return
+        return None
     row_bytes = head_size * kc.itemsize
     width = copy_width([k, v, kc, vc], row_bytes)
     units = width // kc.itemsize
     row_vecs = row_bytes // width
     threads = min(WRITE_MAX_THREADS, -(-num_kv_heads * row_vecs // 32) * 32)
-    with launch_context(backend, device):
-        kernel = get_kernel(WRITE_SOURCE, write_kernel_name(width, slots.dtype), device)
-        kernel(
-            (num_tokens,),
-            (threads,),
-            (
-                pointer(k),
-                pointer(v),
-                i64(k.strides[0] // units),
-                i64(k.strides[1] // units),
-                i64(v.strides[0] // units),
-                i64(v.strides[1] // units),
-                pointer(kc),
-                pointer(vc),
-                i64(kc.strides[0] // units),
-                i64(kc.strides[1] // units),
-                i64(kc.strides[2] // units),
-                pointer(slots),
-                i32(num_kv_heads),
-                i32(row_vecs),
-                i32(block_size),
-                i64(num_slots),
-            ),
-        )
+    return KernelCall(
+        WRITE_SOURCE,
+        write_kernel_name(width, slots.dtype),
+        (num_tokens, 1, 1),
+        (threads, 1, 1),
+        0,
+        (
+            pointers["key"],
+            pointers["value"],
+            i64(k.strides[0] // units),
+            i64(k.strides[1] // units),
+            i64(v.strides[0] // units),
+            i64(v.strides[1] // units),
+            pointers["key_cache"],
+            pointers["value_cache"],
+            i64(kc.strides[0] // units),
+            i64(kc.strides[1] // units),
+            i64(kc.strides[2] // units),
+            pointers["slot_mapping"],
+            i32(num_kv_heads),
+            i32(row_vecs),
+            i32(block_size),
+            i64(num_blocks * block_size),
+        ),
+    )

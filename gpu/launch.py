@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,38 @@ import numpy as np
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.array_view import ArrayView, Backend
 from pagedkv.gpu.kernel_loader import import_cupy
+from pagedkv.gpu.kernel_variants import KernelSource
+
+OPT_IN_SHARED_BYTES = 48 * 1024
+"""Dynamic shared memory a launch gets without `cudaFuncAttributeMaxDynamicSharedMemorySize`."""
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One launch, independent of who runs it (CuPy on a device, or the CPU emulator).
+
+    Attributes:
+        source: the translation unit holding the kernel.
+        kernel: the name expression (see `kernel_variants`).
+        grid: CTAs in x, y, z.
+        block: threads in x, y, z.
+        shared_bytes: dynamic shared memory per CTA.
+        args: typed scalars (`numpy.int32`, ...) and whatever pointer objects the caller gave.
+    """
+
+    source: KernelSource
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    args: tuple[Any, ...]
+
+    def launch(self, function: Any) -> None:
+        """Launch on a CuPy `RawKernel` on the current device and stream (more than 48 KiB
+        of dynamic shared memory is opted into first, as CUDA requires)."""
+        if self.shared_bytes > OPT_IN_SHARED_BYTES:
+            function.max_dynamic_shared_size_bytes = self.shared_bytes
+        function(self.grid, self.block, self.args, shared_mem=self.shared_bytes)
 
 
 def common_device(views: Sequence[ArrayView]) -> tuple[Backend, int]:

@@ -6,21 +6,31 @@ does that, with CuPy's include options (libcudacxx, the fp16/bf16 headers) plus 
 for `pagedkv_common.cuh`. CI uses it to compile every variant for sm_80 and sm_90; the loader
 uses it to build the cubin for the device at hand. Always a cubin, never PTX: NVRTC 13.5 emits PTX
 that an older driver may refuse.
+
+The image is read with the size `nvrtcGetCUBINSize` reports (through ctypes, on the library
+CuPy already loaded): CuPy's `getCUBIN` treats the image as a C string and drops its last byte,
+which cuts the ELF program header table (`cuobjdump` and `nvdisasm` reject such a file).
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from pagedkv.gpu.cubin_image import check_cubin
 from pagedkv.gpu.errors import DeviceUnavailableError, KernelCompileError
 from pagedkv.gpu.kernel_variants import KernelSource
+from pagedkv.gpu.ptxas_usage import KernelUsage, parse_ptxas_log
 
 KERNEL_DIR = Path(__file__).resolve().parent
 """Where the `.cu` and `.cuh` files live (installed as package data next to this module)."""
 
-BASE_OPTIONS: tuple[str, ...] = ("--std=c++17", "-default-device")
+BASE_OPTIONS: tuple[str, ...] = ("--std=c++17", "-default-device", "--ptxas-options=-v")
+"""`-v`: ptxas writes each kernel's registers and spills into the log (`ptxas_usage`)."""
 
 
 @dataclass(frozen=True)
@@ -32,7 +42,8 @@ class CompiledModule:
         arch: the compute capability, e.g. 90 for sm_90.
         cubin: the ELF image.
         lowered_names: name expression -> mangled symbol.
-        log: NVRTC's log (warnings), possibly empty.
+        log: NVRTC's log (warnings and ptxas' resource report).
+        usage: mangled symbol -> registers and spills, from the log.
     """
 
     source: KernelSource
@@ -40,6 +51,7 @@ class CompiledModule:
     cubin: bytes
     lowered_names: dict[str, str]
     log: str
+    usage: dict[str, KernelUsage]
 
 
 def source_text(source: KernelSource) -> str:
@@ -61,14 +73,19 @@ def compile_options(arch: int) -> tuple[str, ...]:
     return (*options, f"-I{KERNEL_DIR}", f"-arch=sm_{arch}")
 
 
+CACHE_FORMAT = 2
+"""Bumped when the cached bytes change meaning: 2 = cubins read with their exact size."""
+
+
 def cache_key(source: KernelSource, arch: int) -> str:
-    """A hash of everything that decides the cubin: texts, options, NVRTC version.
+    """A hash of everything that decides the cubin: texts, options, NVRTC version, format.
 
     Complexity: O(total source size).
     """
     from cupy_backends.cuda.libs import nvrtc
 
     digest = hashlib.sha256()
+    digest.update(f"pagedkv cubin cache format {CACHE_FORMAT}".encode())
     digest.update(source_text(source).encode())
     for header in sorted(KERNEL_DIR.glob("*.cuh")):
         digest.update(header.name.encode())
@@ -76,6 +93,33 @@ def cache_key(source: KernelSource, arch: int) -> str:
     digest.update(repr((source.name_expressions, compile_options(arch))).encode())
     digest.update(repr(nvrtc.getVersion()).encode())
     return digest.hexdigest()[:32]
+
+
+def _nvrtc_library(nvrtc: Any) -> ctypes.CDLL:
+    """The libnvrtc CuPy's binding already loaded (same soname, so the same program handles)."""
+    major = nvrtc.getVersion()[0]
+    try:
+        return ctypes.CDLL(f"libnvrtc.so.{major}", mode=os.RTLD_NOLOAD)
+    except OSError as error:  # pragma: no cover - the binding loaded it moments ago
+        raise DeviceUnavailableError(f"libnvrtc.so.{major} is not loaded: {error}") from error
+
+
+def read_cubin(nvrtc: Any, program: int) -> bytes:
+    """The program's cubin, `nvrtcGetCUBINSize` bytes long (CuPy's `getCUBIN` drops one).
+
+    Raises:
+        KernelCompileError: NVRTC reports an error, or the image is not a whole cubin.
+    """
+    library = _nvrtc_library(nvrtc)
+    size = ctypes.c_size_t()
+    status = library.nvrtcGetCUBINSize(ctypes.c_void_p(program), ctypes.byref(size))
+    if status != 0:
+        raise KernelCompileError(f"nvrtcGetCUBINSize failed with status {status}")
+    buffer = ctypes.create_string_buffer(size.value)
+    status = library.nvrtcGetCUBIN(ctypes.c_void_p(program), buffer)
+    if status != 0:
+        raise KernelCompileError(f"nvrtcGetCUBIN failed with status {status}")
+    return buffer.raw
 
 
 def compile_source(source: KernelSource, arch: int) -> CompiledModule:
@@ -113,12 +157,16 @@ def compile_source(source: KernelSource, arch: int) -> CompiledModule:
                 f"{source.file_name} for sm_{arch} failed to compile: {error}\n{log}"
             ) from error
         lowered = {name: nvrtc.getLoweredName(program, name) for name in source.name_expressions}
+        cubin = read_cubin(nvrtc, program)
+        check_cubin(cubin, f"{source.file_name} for sm_{arch}")
+        log = nvrtc.getProgramLog(program)
         return CompiledModule(
             source=source,
             arch=arch,
-            cubin=bytes(nvrtc.getCUBIN(program)),
+            cubin=cubin,
             lowered_names=lowered,
-            log=nvrtc.getProgramLog(program),
+            log=log,
+            usage=parse_ptxas_log(log),
         )
     finally:
         nvrtc.destroyProgram(program)

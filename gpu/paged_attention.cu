@@ -43,6 +43,10 @@ struct AttentionTraits {
   static constexpr int kScoreBytes = kRows * kTileN * 4;
   static constexpr int kStatBytes = 4 * kRows * 4;          // alpha, m, l (float), qpos (int)
   static constexpr int kSmemBytes = kKvBytes + kQBytes + kScoreBytes + kStatBytes;
+  // CTAs per SM the launch bounds promise: 4 caps registers at 128 per thread. The 8 x HEAD/32
+  // accumulators fit without spills only with fewer CTAs for fp32 (3: 168 registers) and for
+  // HEAD 256 (3 for 16-bit types, 2 for fp32). ptxas' report is checked for spills in CI.
+  static constexpr int kMinCtasPerSm = HEAD == 256 ? (kElem == 4 ? 2 : 3) : (kElem == 4 ? 3 : 4);
 
   static_assert(HEAD == 64 || HEAD == 128 || HEAD == 256, "head size 64, 128 or 256");
   static_assert(kTileN * HEAD * kElem == 8192, "a K tile is 8 KiB");
@@ -57,7 +61,8 @@ struct AttentionTraits {
 };
 
 template <typename T, int HEAD>
-__global__ void __launch_bounds__(128, 4) paged_attention_kernel(
+__global__ void __launch_bounds__(128, (AttentionTraits<T, HEAD>::kMinCtasPerSm))
+    paged_attention_kernel(
     const T* __restrict__ q, const long long q_stride_token, const long long q_stride_head,
     const T* __restrict__ k_cache, const T* __restrict__ v_cache,
     const long long cache_stride_block, const long long cache_stride_token,
@@ -75,7 +80,7 @@ __global__ void __launch_bounds__(128, 4) paged_attention_kernel(
   constexpr int kWarps = Tr::kWarps;
   constexpr int kRowsPerWarp = kRows / kWarps;
 
-  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* smem = dynamic_smem();
   T* s_kv = reinterpret_cast<T*>(smem);                       // [buffer][K, V][kTileElems]
   float* s_q = reinterpret_cast<float*>(smem + Tr::kKvBytes);  // [kRows][HEAD], pre-scaled
   float* s_score = s_q + kRows * HEAD;                        // [kRows][kTileN]
@@ -91,21 +96,16 @@ __global__ void __launch_bounds__(128, 4) paged_attention_kernel(
   const int split = blockIdx.z;
   const int num_splits = gridDim.z;
 
-  const int seq = work_seq[blockIdx.x];
-  const int row0 = work_row[blockIdx.x];
-  const int q_start = query_start_loc[seq];
-  const int q_len = query_start_loc[seq + 1] - q_start;
-  const int context = seq_lens[seq] - q_len;
-  const int n_rows = min(kRows, q_len * group_size - row0);
-  const int first_pos = context + row0 / group_size;
-  const int last_pos = context + (row0 + n_rows - 1) / group_size;
-  const int kv_begin = sliding_window > 0 ? max(0, first_pos - sliding_window + 1) : 0;
-  const int kv_end = last_pos + 1;
-  const int per_split =
-      ((kv_end - kv_begin + num_splits - 1) / num_splits + kTileN - 1) / kTileN * kTileN;
-  const int kv_start = kv_begin + split * per_split;
-  const int kv_stop = min(kv_end, kv_start + per_split);
-  const int n_tiles = kv_stop > kv_start ? (kv_stop - kv_start + kTileN - 1) / kTileN : 0;
+  const CtaKeys keys = cta_keys<kRows, kTileN>(query_start_loc, seq_lens, work_seq, work_row,
+                                                 group_size, sliding_window);
+  const int seq = keys.seq;
+  const int row0 = keys.row0;
+  const int q_start = keys.q_start;
+  const int context = keys.context;
+  const int n_rows = keys.n_rows;
+  const int kv_start = keys.kv_start;
+  const int kv_stop = keys.kv_stop;
+  const int n_tiles = keys.n_tiles;
   const int* __restrict__ table = block_table + seq * block_table_stride;
   const int offset_mask = (1 << block_size_log2) - 1;
 

@@ -4,11 +4,15 @@ Written for clarity, not speed, and built on no kernel idea (no tiles, no online
 what the kernels are checked against, and it is itself checked against
 `torch.nn.functional.scaled_dot_product_attention` on densely laid-out K/V. It validates its
 arguments with the same host-side rules as the kernels (`validate_metadata`, `check_slots`).
+Attention is computed in float64 from the inputs' exact values, so its own rounding is far
+below any kernel's; `reference_attention_terms` also returns the quantities the per-element
+error bound of `pagedkv.gpu.error_bound` is made of.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -61,7 +65,27 @@ def reference_write_kv(
     value_cache[blocks, offsets] = value[tokens]
 
 
-def reference_paged_attention(
+@dataclass(frozen=True, eq=False)
+class ReferenceTerms:
+    """The float64 reference output and what bounds a correct kernel's distance from it.
+
+    Attributes:
+        out: [num_tokens, num_heads, head_size], softmax(Q K^T * scale) V; rows past
+            `query_start_loc[-1]` are zero.
+        weighted_abs: same shape, sum over keys of p_k * |v_k| (the scale of every rounding
+            error in P.V and of a relative error in the probabilities).
+        score_norm: [num_tokens, num_heads], scale * |q| * max_k |k| over the keys the row sees:
+            bounds sum_i |q_i k_i| * scale (Cauchy-Schwarz), the scale of Q.K's rounding.
+        num_keys: [num_tokens, num_heads], keys the row sees.
+    """
+
+    out: torch.Tensor
+    weighted_abs: torch.Tensor
+    score_norm: torch.Tensor
+    num_keys: torch.Tensor
+
+
+def reference_attention_terms(
     query: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
@@ -71,12 +95,13 @@ def reference_paged_attention(
     *,
     scale: float | None = None,
     sliding_window: int | None = None,
-) -> torch.Tensor:
-    """Varlen paged attention, bottom-right causal, optional window, GQA; fp32 math.
+) -> ReferenceTerms:
+    """Varlen paged attention in float64, with the terms of the kernels' error bound.
 
     For each sequence s, the keys `[read_start, seq_len)` are gathered page by page through
     `block_table[s]` (so nothing past seq_len and nothing before the window is read), every
-    query row is masked to the keys it may see, and softmax(Q K^T * scale) V is computed densely.
+    query row is masked to the keys it may see (bottom-right causal, optional window, GQA), and
+    softmax(Q K^T * scale) V is computed densely.
 
     Args:
         query: [num_tokens, num_heads, head_size].
@@ -84,10 +109,6 @@ def reference_paged_attention(
         query_start_loc, seq_lens, block_table: int32 metadata (see `validate_metadata`).
         scale: softmax scale; None: 1 / sqrt(head_size).
         sliding_window: window in tokens, or None.
-
-    Returns:
-        [num_tokens, num_heads, head_size] in the query's dtype; rows past
-        `query_start_loc[-1]` are zero.
 
     Raises:
         InvalidArgumentError: a metadata rule or shape is broken.
@@ -114,28 +135,76 @@ def reference_paged_attention(
     )
     group = query.shape[1] // num_kv_heads
     scale = 1.0 / math.sqrt(head_size) if scale is None else scale
-    device = query.device
-    out = torch.zeros(query.shape, dtype=torch.float32, device=device)
+    device, f64 = query.device, torch.float64
+    out = torch.zeros(query.shape, dtype=f64, device=device)
+    weighted_abs = torch.zeros_like(out)
+    score_norm = torch.zeros(query.shape[:2], dtype=f64, device=device)
+    num_keys = torch.zeros(query.shape[:2], dtype=torch.int64, device=device)
     starts = metadata.query_start_loc.tolist()
     for seq, (seq_len, read_start) in enumerate(
         zip(metadata.seq_lens.tolist(), metadata.read_starts.tolist(), strict=True)
     ):
-        q_len = starts[seq + 1] - starts[seq]
+        rows = slice(starts[seq], starts[seq + 1])
+        q_len = rows.stop - rows.start
         if q_len == 0:
             continue
         positions = torch.arange(read_start, seq_len, device=device)
         pages = torch.as_tensor(metadata.block_table[seq], device=device).long()
         blocks = pages[positions // block_size]
         offsets = positions % block_size
-        keys = key_cache[blocks, offsets].float().repeat_interleave(group, dim=1)
-        values = value_cache[blocks, offsets].float().repeat_interleave(group, dim=1)
-        q = query[starts[seq] : starts[seq + 1]].float()
-        scores = torch.einsum("qhd,khd->hqk", q, keys) * scale
+        keys = key_cache[blocks, offsets].to(f64)  # [k, kv_heads, d]
+        values = value_cache[blocks, offsets].to(f64)
+        q = query[rows].to(f64).view(q_len, num_kv_heads, group, head_size)
+        scores = torch.einsum("qhgd,khd->hgqk", q, keys) * scale
         query_positions = torch.arange(seq_len - q_len, seq_len, device=device)[:, None]
         visible = positions[None, :] <= query_positions
         if sliding_window is not None:
             visible &= positions[None, :] > query_positions - sliding_window
-        scores = scores.masked_fill(~visible, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out[starts[seq] : starts[seq + 1]] = torch.einsum("hqk,khd->qhd", probs, values)
-    return out.to(query.dtype)
+        probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+        out[rows] = torch.einsum("hgqk,khd->qhgd", probs, values).flatten(1, 2)
+        weighted_abs[rows] = torch.einsum("hgqk,khd->qhgd", probs, values.abs()).flatten(1, 2)
+        key_norms = keys.norm(dim=-1).transpose(0, 1)[:, None, :]  # [kv_heads, 1, k]
+        max_key_norm = key_norms.masked_fill(~visible, 0.0).amax(dim=-1).transpose(0, 1)
+        norms = q.norm(dim=-1) * max_key_norm[:, :, None]  # [q, kv_heads, group]
+        score_norm[rows] = scale * norms.flatten(1, 2)
+        num_keys[rows] = visible.sum(dim=-1)[:, None].expand(q_len, query.shape[1])
+    return ReferenceTerms(out, weighted_abs, score_norm, num_keys)
+
+
+def reference_paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    *,
+    scale: float | None = None,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Varlen paged attention, bottom-right causal, optional window, GQA; float64 math.
+
+    Args:
+        query, key_cache, value_cache, query_start_loc, seq_lens, block_table, scale,
+            sliding_window: as `reference_attention_terms`.
+
+    Returns:
+        [num_tokens, num_heads, head_size] in the query's dtype (the float64 result, rounded
+        once); rows past `query_start_loc[-1]` are zero.
+
+    Raises:
+        InvalidArgumentError: a metadata rule or shape is broken.
+
+    Complexity: that of `reference_attention_terms`.
+    """
+    terms = reference_attention_terms(
+        query,
+        key_cache,
+        value_cache,
+        query_start_loc,
+        seq_lens,
+        block_table,
+        scale=scale,
+        sliding_window=sliding_window,
+    )
+    return terms.out.to(query.dtype)

@@ -11,13 +11,16 @@ copies with `torch.nn.functional.scaled_dot_product_attention` and an explicit m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.step_metadata import NULL_BLOCK_ID
 
 if TYPE_CHECKING:
     import torch
+
+    from pagedkv.gpu.attention_plan import AttentionPlan
+    from pagedkv.gpu.reference import ReferenceTerms
 
 
 @dataclass(frozen=True)
@@ -191,13 +194,38 @@ def dense_attention(batch: SyntheticBatch, scale: float | None = None) -> torch.
 
 
 def paged_reference(batch: SyntheticBatch, scale: float | None = None) -> torch.Tensor:
-    """The torch reference run over the batch's own paged cache and metadata (its window too).
+    """The torch reference run over the batch's own paged cache and metadata (its window too),
+    in the batch's dtype, as `reference_paged_attention` returns it.
 
     Complexity: that of `reference_paged_attention`.
     """
-    from pagedkv.gpu.reference import reference_paged_attention
+    return batch_terms(batch, scale).out.to(batch.query.dtype)
 
-    return reference_paged_attention(
+
+def plan_batch(batch: SyntheticBatch, **options: Any) -> AttentionPlan:
+    """`plan_step` over the batch's own tensors and window; `options` go to `plan_step`
+    (num_splits, kernel, limits)."""
+    from pagedkv.gpu.attention import plan_step
+
+    return plan_step(
+        batch.query,
+        batch.key_cache,
+        batch.query_start_loc,
+        batch.seq_lens,
+        batch.block_table,
+        sliding_window=batch.shape.sliding_window,
+        **options,
+    )
+
+
+def batch_terms(batch: SyntheticBatch, scale: float | None = None) -> ReferenceTerms:
+    """The float64 reference terms of the batch (its window too).
+
+    Complexity: that of `reference_attention_terms`.
+    """
+    from pagedkv.gpu.reference import reference_attention_terms
+
+    return reference_attention_terms(
         batch.query,
         batch.key_cache,
         batch.value_cache,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, cast
 
 from pagedkv.block_hash import BlockHashType, HashFn
@@ -28,27 +28,35 @@ class ObjectPoolAdapter:
     """Drives any pool shaped like vLLM's `BlockPool` (block objects) through block ids.
 
     An id outside the pool becomes a fresh block object of the pool's block type, so a
-    "foreign block" reaches the pool as one would in real misuse.
+    "foreign block" reaches the pool as one would in real misuse. A hostile value that is no id
+    at all (None, a float, a bool, a str) reaches the pool unchanged, in a list, in an iterator
+    (as an iterator) or on its own, so that the pool, not the adapter, must refuse it.
     """
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self._block_type: Callable[[int], Any] = type(pool.blocks[0])
 
-    def _blocks(self, block_ids: Sequence[int]) -> list[Any]:
+    def _block(self, block_id: object) -> Any:
+        if type(block_id) is not int:
+            return block_id
         blocks = self.pool.blocks
-        return [
-            blocks[block_id] if 0 <= block_id < len(blocks) else self._block_type(block_id)
-            for block_id in block_ids
-        ]
+        return blocks[block_id] if 0 <= block_id < len(blocks) else self._block_type(block_id)
+
+    def _blocks(self, block_ids: Any) -> Any:
+        if isinstance(block_ids, (list, tuple)):
+            return [self._block(block_id) for block_id in block_ids]
+        if isinstance(block_ids, Iterator):
+            return iter([self._block(block_id) for block_id in block_ids])
+        return block_ids
 
     def get_new_blocks(self, num_blocks: int) -> list[int]:
         return [block.block_id for block in self.pool.get_new_blocks(num_blocks)]
 
-    def touch(self, block_ids: Sequence[int]) -> None:
+    def touch(self, block_ids: Iterable[int]) -> None:
         self.pool.touch(self._blocks(block_ids))
 
-    def free_blocks(self, block_ids: Sequence[int]) -> None:
+    def free_blocks(self, block_ids: Iterable[int]) -> None:
         self.pool.free_blocks(self._blocks(block_ids))
 
     def cache_full_blocks(
@@ -150,7 +158,7 @@ class ObjectManagerAdapter:
         new_computed_blocks: Sequence[int] | None = None,
         num_lookahead_tokens: int = 0,
     ) -> list[int] | None:
-        hits = self.pool._blocks(new_computed_blocks) if new_computed_blocks else None
+        hits = None if new_computed_blocks is None else self.pool._blocks(new_computed_blocks)
         blocks = self.manager.allocate_slots(request, num_tokens, hits, num_lookahead_tokens)
         return None if blocks is None else [block.block_id for block in blocks]
 

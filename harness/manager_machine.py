@@ -19,7 +19,10 @@ from typing import ClassVar
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
+from pagedkv.block_counts import cdiv
 from pagedkv.harness.adapters import SpecManagerAdapter, pagedkv_manager, spec_manager
+from pagedkv.harness.domain import FULL_DOMAIN, Domain
+from pagedkv.harness.hostile_calls import MANAGER_HOSTILE_CALLS, ManagerScene
 from pagedkv.harness.lockstep import CampaignStats, LockstepMachine
 from pagedkv.harness.protocol import ManagerConfig, ManagerFactory, ManagerUnderTest
 from pagedkv.harness.requests import requests
@@ -47,6 +50,7 @@ class ManagerMachine(LockstepMachine):
     factory: ClassVar[ManagerFactory] = staticmethod(pagedkv_manager)
     semantics: ClassVar[Semantics] = PAGEDKV
     sliding_window: ClassVar[bool] = False
+    domain: ClassVar[Domain] = FULL_DOMAIN
 
     def __init__(self) -> None:
         super().__init__()
@@ -88,6 +92,9 @@ class ManagerMachine(LockstepMachine):
             # wide, or accepted draft tokens reaching past it. Real windows are far wider than
             # a block plus a few drafts (up to 2 here); pagedkv chains through the stored hash.
             window = max(window, block_size + 3)
+        window = max(window, self.domain.min_window)
+        if self.sliding_window and not self.domain.eagle_with_sliding_window:
+            use_eagle = False
         if self.sliding_window:
             kv_cache_spec = SlidingWindowSpec(
                 block_size=block_size,
@@ -111,7 +118,7 @@ class ManagerMachine(LockstepMachine):
         )
         self.config = config
         self.block_size = block_size
-        self.max_blocks = -(-max_model_len // block_size)
+        self.max_blocks = cdiv(max_model_len, block_size)
         self.alphabet = alphabet
         self.spec = spec_manager(config)
         self.impl = type(self).factory(config)
@@ -141,6 +148,7 @@ class ManagerMachine(LockstepMachine):
             ),
             label="request",
         )
+        request = self.domain.admit(request)
         shares_a_prefix = data.draw(st.booleans(), label="shares a prefix")
         if self.prompts and shares_a_prefix:
             # Most traffic shares system prompts: start with blocks of an earlier prompt.
@@ -281,10 +289,15 @@ class ManagerMachine(LockstepMachine):
                     "more drafts than scheduled",
                     "hashes dropped while running",
                     "unknown request",
+                    *MANAGER_HOSTILE_CALLS,  # wrong types, NaN, mutations, identity changes
                 )
             ),
             label="kind",
         )
+        if kind in MANAGER_HOSTILE_CALLS:
+            shown, hostile = MANAGER_HOSTILE_CALLS[kind](data, ManagerScene(request))
+            self.both(shown, hostile)
+            return
         if kind == "bad counts":
             num_tokens, lookahead = data.draw(
                 st.sampled_from(((0, 0), (-1, 0), (1, -1))), label="counts"
@@ -363,10 +376,10 @@ class ManagerMachine(LockstepMachine):
 
     def fitting_lookahead(self, data: st.DataObject, tokens_after: int) -> int | None:
         """Lookahead slots (0-2, only with eagle) that keep the request within max_model_len."""
-        if -(-tokens_after // self.block_size) > self.max_blocks:
+        if cdiv(tokens_after, self.block_size) > self.max_blocks:
             return None
         lookahead = data.draw(st.integers(0, 2), label="lookahead") if self.config.use_eagle else 0
-        while lookahead and -(-(tokens_after + lookahead) // self.block_size) > self.max_blocks:
+        while lookahead and cdiv(tokens_after + lookahead, self.block_size) > self.max_blocks:
             lookahead -= 1
         return lookahead
 
@@ -413,8 +426,10 @@ def make_manager_machine(
     semantics: Semantics = PAGEDKV,
     misuse: bool = True,
     stats: CampaignStats | None = None,
+    domain: Domain = FULL_DOMAIN,
 ) -> type[ManagerMachine]:
-    """A `ManagerMachine` subclass checking `factory`'s managers for one attention type.
+    """A `ManagerMachine` subclass checking `factory`'s managers for one attention type, on
+    `domain`.
 
     pagedkv's own manager must also word every refusal exactly as the spec does; other managers
     are held to the error class.
@@ -427,6 +442,7 @@ def make_manager_machine(
             "semantics": semantics,
             "sliding_window": sliding_window,
             "misuse": misuse,
+            "domain": domain,
             "same_messages": factory is pagedkv_manager,
             "stats": stats if stats is not None else CampaignStats(),
         },

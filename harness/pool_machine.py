@@ -15,8 +15,11 @@ from typing import ClassVar
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
+from pagedkv.block_counts import cdiv
 from pagedkv.block_hash import BlockHashType, HashFn, get_hash_fn
 from pagedkv.harness.adapters import pagedkv_pool, spec_pool
+from pagedkv.harness.domain import FULL_DOMAIN, Domain
+from pagedkv.harness.hostile_calls import POOL_HOSTILE_CALLS, PoolScene, draw_hostile_call
 from pagedkv.harness.lockstep import CampaignStats, Divergence, LockstepMachine
 from pagedkv.harness.protocol import PoolFactory, PoolUnderTest
 from pagedkv.harness.requests import requests
@@ -41,6 +44,7 @@ class PoolMachine(LockstepMachine):
 
     factory: ClassVar[PoolFactory] = staticmethod(pagedkv_pool)
     semantics: ClassVar[Semantics] = PAGEDKV
+    domain: ClassVar[Domain] = FULL_DOMAIN
 
     def __init__(self) -> None:
         super().__init__()
@@ -97,7 +101,13 @@ class PoolMachine(LockstepMachine):
         misuse = self.draw_misuse(data)
         low, high = (-1, self.num_gpu_blocks) if misuse else (0, self.num_gpu_blocks - 1)
         block_ids = data.draw(st.lists(st.integers(low, high), max_size=3), label="block_ids")
-        if self.outcome_ok(f"touch({block_ids})", lambda pool, _: pool.touch(block_ids)):
+        # An iterator is read once, whatever the pool does with it.
+        as_iterator = data.draw(st.sampled_from((False, False, True)), label="as an iterator")
+        shown = f"touch(iter({block_ids}))" if as_iterator else f"touch({block_ids})"
+        if self.outcome_ok(
+            shown,
+            lambda pool, _: pool.touch(iter(block_ids) if as_iterator else block_ids),
+        ):
             self.held.extend(block_id for block_id in block_ids if block_id != 0)
 
     @rule(data=st.data())
@@ -125,7 +135,7 @@ class PoolMachine(LockstepMachine):
     def new_sequence(self, data: st.DataObject) -> None:
         """A request whose blocks are some of the held ones, maybe with hashes already stored."""
         request = self.draw_request(data)
-        max_blocks = -(-request.num_tokens // self.block_size) + 1
+        max_blocks = cdiv(request.num_tokens, self.block_size) + 1
         misuse = self.draw_misuse(data)
         if misuse:
             pool_ids = st.integers(-1, self.num_gpu_blocks)
@@ -163,7 +173,7 @@ class PoolMachine(LockstepMachine):
         hashes = self.chain(request)
         hits = self.lookup_prefix(hashes)
         assert self.spec is not None
-        num_needed = -(-request.num_tokens // self.block_size) - len(hits)
+        num_needed = cdiv(request.num_tokens, self.block_size) - len(hits)
         num_evictable_hits = sum(
             1 for block_id in hits if self.spec.snapshot().ref_cnt[block_id] == 0
         )
@@ -235,6 +245,22 @@ class PoolMachine(LockstepMachine):
     @rule()
     def reset_prefix_cache(self) -> None:
         self.both("reset_prefix_cache()", lambda pool, _: pool.reset_prefix_cache())
+
+    @rule(data=st.data())
+    def hostile_call(self, data: st.DataObject) -> None:
+        """A call of the hostile catalog (wrong types, NaN, unhashable keys): refused by both,
+        nothing changed."""
+        if not self.draw_misuse(data):
+            return
+        if self.sequences:
+            sequence = data.draw(st.sampled_from(self.sequences), label="sequence")
+            request, block_ids = sequence.request, tuple(sequence.block_ids)
+            stored = tuple(sequence.spec_hashes)
+        else:
+            request, block_ids, stored = self.draw_request(data), (), ()
+        scene = PoolScene(request, block_ids, stored, self.block_size, self.hash_fn)
+        shown, call = draw_hostile_call(data, POOL_HOSTILE_CALLS, scene)
+        self.both(shown, call)
 
     # -- after every step ---------------------------------------------------------------------
 
@@ -336,6 +362,7 @@ class PoolMachine(LockstepMachine):
                 ),
                 label="request",
             )
+            request = self.domain.admit(request)
         self.drawn.append(request)
         return request
 
@@ -376,8 +403,9 @@ def make_pool_machine(
     semantics: Semantics = PAGEDKV,
     misuse: bool = True,
     stats: CampaignStats | None = None,
+    domain: Domain = FULL_DOMAIN,
 ) -> type[PoolMachine]:
-    """A `PoolMachine` subclass that checks `factory`'s pools against the spec.
+    """A `PoolMachine` subclass that checks `factory`'s pools against the spec, on `domain`.
 
     pagedkv's own pool must also word every refusal exactly as the spec does; other pools are
     held to the error class.
@@ -389,6 +417,7 @@ def make_pool_machine(
             "factory": staticmethod(factory),
             "semantics": semantics,
             "misuse": misuse,
+            "domain": domain,
             "same_messages": factory is pagedkv_pool,
             "stats": stats if stats is not None else CampaignStats(),
         },

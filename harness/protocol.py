@@ -13,7 +13,7 @@ manager shaped like vLLM's `KVCacheManager` needs only `ObjectManagerAdapter`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -63,9 +63,13 @@ class PoolUnderTest(Protocol):
 
     def get_new_blocks(self, num_blocks: int) -> list[int]: ...
 
-    def touch(self, block_ids: Sequence[int]) -> None: ...
+    def touch(self, block_ids: Iterable[int]) -> None:
+        """Any iterable of ids, read once (an iterator works too)."""
+        ...
 
-    def free_blocks(self, block_ids: Sequence[int]) -> None: ...
+    def free_blocks(self, block_ids: Iterable[int]) -> None:
+        """Any iterable of ids, read once."""
+        ...
 
     def cache_full_blocks(
         self,

@@ -12,6 +12,11 @@ semantics)` returns a `pagedkv.harness.protocol.PoolUnderTest`) and the request-
 for full attention and sliding window (`--manager-impl module:factory`; `factory(ManagerConfig)`
 returns a `ManagerUnderTest`). Wrap vLLM-shaped objects in `ObjectPoolAdapter` or
 `ObjectManagerAdapter` (`pagedkv.harness.adapters`). The default runs every campaign.
+
+`--against vllm==0.8.5` (or `vllm==latest`) checks a vllm release's own pool and manager: its
+KV cache modules are fetched from PyPI at run time and run under the semantics they conform to
+(`pagedkv.harness.vllm_against`). A factory that cannot be loaded or built, or a release that
+cannot be fetched, is a setup error (exit status 2, with its traceback), never a divergence.
 """
 
 from __future__ import annotations
@@ -19,17 +24,27 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from hypothesis.stateful import RuleBasedStateMachine
 
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.harness.adapters import load_factory
+from pagedkv.harness.adapters import load_factory, pagedkv_manager, pagedkv_pool
 from pagedkv.harness.campaign import CampaignResult, ProgressBar, run_campaign
+from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.lockstep import CampaignStats
 from pagedkv.harness.manager_machine import make_manager_machine
 from pagedkv.harness.pool_machine import make_pool_machine
+from pagedkv.harness.setup_check import (
+    Guarded,
+    SetupError,
+    check_manager_factory,
+    check_pool_factory,
+)
+from pagedkv.harness.vllm_against import Against, prepare
 from pagedkv.semantics import SEMANTICS_BY_NAME, Semantics
 
 DEFAULT_POOL_IMPL = "pagedkv.harness.adapters:pagedkv_pool"
@@ -120,8 +135,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--semantics",
         choices=sorted(SEMANTICS_BY_NAME),
-        default="pagedkv",
+        default=None,
         help="pagedkv's deliberate differences, or vLLM 0.8.5 conformance (default: pagedkv)",
+    )
+    parser.add_argument(
+        "--against",
+        default=None,
+        metavar="vllm==VERSION",
+        help="check a vllm release's own BlockPool and KVCacheManager, fetched from PyPI "
+        "(vllm==0.8.5, or vllm==latest); sets the implementations and the semantics",
     )
     parser.add_argument(
         "--no-misuse",
@@ -143,49 +165,91 @@ class Campaign:
     machine: type[RuleBasedStateMachine]
     stats: CampaignStats
     steps: int
+    factory: Guarded | None = field(default=None, compare=False)
+    domain: Domain = FULL_DOMAIN
 
 
-def plan_campaigns(args: argparse.Namespace) -> list[Campaign]:
-    """The campaigns the arguments ask for, in order (pool first)."""
-    semantics = SEMANTICS_BY_NAME[args.semantics]
-    misuse = not args.no_misuse and semantics == SEMANTICS_BY_NAME["pagedkv"]
+def plan_campaigns(args: argparse.Namespace, against: Against | None = None) -> list[Campaign]:
+    """The campaigns the arguments ask for, in order (pool first).
+
+    Raises:
+        SetupError: a factory raised, or built an object that cannot be observed.
+    """
+    semantics = SEMANTICS_BY_NAME[args.semantics or "pagedkv"]
+    if against is not None:
+        semantics = against.adapter.semantics
+    misuse = against is None and not args.no_misuse and semantics == SEMANTICS_BY_NAME["pagedkv"]
+    domain = FULL_DOMAIN if against is None else against.adapter.domain
     campaigns = []
     if args.layer in ("pool", "all"):
+        pool_name = args.impl if against is None else against.name
+        pool_factory = against.pool_factory if against else load_factory(args.impl)
+        check_pool_factory(pool_factory, pool_name, semantics)
+        pool_guard = _guard(pool_factory, pool_name)
         stats = CampaignStats()
         machine = make_pool_machine(
-            load_factory(args.impl), semantics=semantics, misuse=misuse, stats=stats
+            pool_guard or pool_factory,
+            semantics=semantics,
+            misuse=misuse,
+            stats=stats,
+            domain=domain,
         )
         steps = args.steps or DEFAULT_POOL_STEPS
         campaigns.append(
-            Campaign("block pool", args.impl, semantics, misuse, machine, stats, steps)
+            Campaign(
+                "block pool",
+                pool_name,
+                semantics,
+                misuse,
+                machine,
+                stats,
+                steps,
+                pool_guard,
+                domain,
+            )
         )
     if args.layer in ("manager", "all"):
-        factory = load_factory(args.manager_impl)
+        manager_name = args.manager_impl if against is None else against.name
+        manager_factory = against.manager_factory if against else load_factory(args.manager_impl)
+        check_manager_factory(manager_factory, manager_name, semantics)
+        manager_guard = _guard(manager_factory, manager_name)
         for attention in ("full", "sliding"):
             if args.attention not in (attention, "both"):
                 continue
             stats = CampaignStats()
             manager_machine = make_manager_machine(
-                factory,
+                manager_guard or manager_factory,
                 sliding_window=attention == "sliding",
                 semantics=semantics,
                 misuse=misuse,
                 stats=stats,
+                domain=domain,
             )
             kind = "sliding window" if attention == "sliding" else "full attention"
             steps = args.steps or DEFAULT_MANAGER_STEPS
             campaigns.append(
                 Campaign(
                     f"KV cache manager, {kind}",
-                    args.manager_impl,
+                    manager_name,
                     semantics,
                     misuse,
                     manager_machine,
                     stats,
                     steps,
+                    manager_guard,
+                    domain,
                 )
             )
     return campaigns
+
+
+def report_setup_error(error: BaseException) -> int:
+    """Print a setup error with the traceback of its cause; the exit status for it (2)."""
+    cause = error.__cause__
+    if cause is not None:
+        traceback.print_exception(type(cause), cause, cause.__traceback__, file=sys.stderr)
+    print(f"pagedkv verify: setup error (nothing was checked): {error}", file=sys.stderr)
+    return 2
 
 
 def run(args: argparse.Namespace) -> int:
@@ -194,13 +258,30 @@ def run(args: argparse.Namespace) -> int:
     ):
         print("pagedkv verify: --steps and --seconds must be positive", file=sys.stderr)
         return 2
-    if args.engine == "swarm":
+    if args.engine == "swarm" and args.against is None:
         return _run_swarm(args)
+    against = None
+    if args.against is not None:
+        chosen = [f"--{name.replace('_', '-')}" for name in ("impl", "manager_impl", "semantics")]
+        chosen = [flag for flag, given in zip(chosen, _explicit(args), strict=True) if given]
+        if chosen:
+            print(f"pagedkv verify: --against sets {', '.join(chosen)} itself", file=sys.stderr)
+            return 2
+        try:
+            against = prepare(args.against)
+        except SetupError as error:
+            return report_setup_error(error)
+        for note in against.notes:
+            print(f"pagedkv verify: {note}", file=sys.stderr)
+        for name in against.adapter.loggers:
+            logging.getLogger(name).setLevel(logging.ERROR)
     try:
-        campaigns = plan_campaigns(args)
+        campaigns = plan_campaigns(args, against)
     except (InvalidArgumentError, ImportError) as error:
         print(f"pagedkv verify: cannot load the implementation: {error}", file=sys.stderr)
         return 2
+    except SetupError as error:
+        return report_setup_error(error)
     # Refused prefix-cache resets log a warning each; thousands of them are noise here.
     logging.getLogger("pagedkv").setLevel(logging.ERROR)
     for index, campaign in enumerate(campaigns):
@@ -215,6 +296,8 @@ def run(args: argparse.Namespace) -> int:
         )
         if progress is not None:
             progress.close(campaign.stats)
+        if campaign.factory is not None and campaign.factory.error is not None:
+            return report_setup_error(campaign.factory.error)
         if index:
             print()
         print(format_report(campaign, result), flush=True)
@@ -237,12 +320,31 @@ def _run_swarm(args: argparse.Namespace) -> int:
         return 2
 
 
+def _guard(factory: Any, target: str) -> Guarded | None:
+    """A guard that tells set-up errors from divergences; none for pagedkv's own factories,
+    which the machines recognize by identity to hold them to the spec's wording."""
+    return None if factory in (pagedkv_pool, pagedkv_manager) else Guarded(factory, target)
+
+
+def _explicit(args: argparse.Namespace) -> tuple[bool, bool, bool]:
+    """Whether --impl, --manager-impl and --semantics were given (not left at their defaults)."""
+    return (
+        args.impl != DEFAULT_POOL_IMPL,
+        args.manager_impl != DEFAULT_MANAGER_IMPL,
+        args.semantics is not None,
+    )
+
+
 def format_report(campaign: Campaign, result: CampaignResult) -> str:
     stats = result.stats
     lines = [
         f"pagedkv verify — {campaign.layer}: spec vs {campaign.impl}",
         f"  semantics              {campaign.semantics.name}"
         f"{'' if campaign.misuse else ' (valid calls only)'}",
+        *(
+            [f"  domain                 {campaign.domain.describe()}"]
+            * bool(campaign.domain.describe())
+        ),
         f"  steps                  {stats.steps:,} in {stats.examples:,} runs",
         f"  operations checked     {stats.operations:,} "
         f"({stats.matched_errors:,} raised the same error in both and changed nothing)",

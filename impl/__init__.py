@@ -2,12 +2,16 @@
 
 `import pagedkv` gives the optimized implementation; `import pagedkv.spec` the executable
 specification it is checked against. Nothing outside the standard library is imported here.
+`pagedkv.COMPILED` says whether this install runs the hot modules compiled with mypyc
+(`COMPILED_MODULES` lists them) or as pure Python.
 """
 
+from pagedkv._build_info import MYPYC_MODULES, compiled_modules
 from pagedkv.block import KVCacheBlock
 from pagedkv.block_hash import (
     NONE_HASH,
     BlockHashType,
+    CacheSalt,
     generate_block_hash_extra_keys,
     get_hash_fn,
     hash_block_tokens,
@@ -17,8 +21,11 @@ from pagedkv.block_hash import (
 )
 from pagedkv.block_pool import BlockPool
 from pagedkv.errors import (
+    ArgumentTypeError,
     BlockStateError,
+    ConcurrentUseError,
     FreeQueueError,
+    FrozenRequestFieldError,
     InvalidArgumentError,
     InvariantViolation,
     KVCacheConfigError,
@@ -51,16 +58,27 @@ from pagedkv.semantics import PAGEDKV, VLLM_0_8_5, Semantics
 
 __version__ = "0.1.0"
 
+COMPILED_MODULES: tuple[str, ...] = compiled_modules()
+"""The hot modules this process runs compiled (mypyc); empty for a pure-Python install."""
+COMPILED: bool = COMPILED_MODULES == MYPYC_MODULES
+"""True when every module the compiled build compiles runs compiled here."""
+
 __all__ = [
+    "COMPILED",
+    "COMPILED_MODULES",
     "NONE_HASH",
     "PAGEDKV",
     "VLLM_0_8_5",
+    "ArgumentTypeError",
     "AttentionSpec",
     "BlockHashType",
     "BlockPool",
     "BlockStateError",
+    "CacheSalt",
+    "ConcurrentUseError",
     "FreeKVCacheBlockQueue",
     "FreeQueueError",
+    "FrozenRequestFieldError",
     "FullAttentionSpec",
     "InvalidArgumentError",
     "InvariantViolation",

@@ -5,8 +5,9 @@
            + memory held outside torch (device used - torch allocated, after the profile; if > 0)
 
 The measurement (`measure_memory_profile`) needs a CUDA device; the arithmetic
-(`available_kv_cache_memory`, `kv_cache_budget_bytes`) is pure and runs anywhere. torch is
-imported only when measuring.
+(`available_kv_cache_memory`, `kv_cache_budget_bytes`) is pure and runs anywhere, and so is
+`GPUMemoryBudget`, the same sum planned from a GPU's size and the model's weights, which refuses
+with the numbers when nothing is left. torch is imported only when measuring.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pagedkv.byte_sizes import GiB, format_bytes
 from pagedkv.errors import InvalidArgumentError, KVCacheConfigError
 
 if TYPE_CHECKING:
@@ -94,6 +96,127 @@ def available_kv_cache_memory(profile: MemoryProfile, gpu_memory_utilization: fl
         InvalidArgumentError: utilization outside (0, 1].
     """
     return kv_cache_budget_bytes(profile.total_bytes, gpu_memory_utilization, profile.peak_bytes)
+
+
+@dataclass(frozen=True)
+class GPUMemoryBudget:
+    """One GPU's memory and what takes it besides the KV cache, planned before any run, in bytes.
+
+        kv_cache_bytes = usable_bytes - non_kv_bytes
+        usable_bytes   = int(gpu_memory_bytes * gpu_memory_utilization)
+        non_kv_bytes   = cdiv(weights_bytes, tensor_parallel_size) + other_bytes
+
+    Attributes:
+        gpu_memory_bytes: the GPU's memory in all (>= 1).
+        gpu_memory_utilization: the share of it the model and its KV cache may use, in (0, 1].
+        weights_bytes: the model's weights over all GPUs (>= 0); each GPU holds an even share
+            (tensor parallelism splits every large matrix; what it replicates is small).
+        other_bytes: each GPU's peak besides its weights and the KV cache: activations, the CUDA
+            context, communication buffers (>= 0).
+        tensor_parallel_size: GPUs the weights are split over (>= 1).
+    """
+
+    gpu_memory_bytes: int
+    gpu_memory_utilization: float
+    weights_bytes: int = 0
+    other_bytes: int = 0
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        _check_bytes("gpu_memory_bytes", self.gpu_memory_bytes, 1)
+        _check_utilization(self.gpu_memory_utilization)
+        _check_bytes("weights_bytes", self.weights_bytes, 0)
+        _check_bytes("other_bytes", self.other_bytes, 0)
+        _check_bytes("tensor_parallel_size", self.tensor_parallel_size, 1)
+
+    @property
+    def usable_bytes(self) -> int:
+        """`int(gpu_memory_bytes * gpu_memory_utilization)`: what the model may use in all."""
+        return int(self.gpu_memory_bytes * self.gpu_memory_utilization)
+
+    @property
+    def weights_bytes_per_gpu(self) -> int:
+        """This GPU's share of the weights, rounded up."""
+        return -(-self.weights_bytes // self.tensor_parallel_size)
+
+    @property
+    def non_kv_bytes(self) -> int:
+        """Everything on this GPU but the KV cache: its weights and the other bytes."""
+        return self.weights_bytes_per_gpu + self.other_bytes
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """What is left for the KV cache, <= 0 when nothing is (where it is positive, the same
+        as `kv_cache_budget_bytes` of the GPU's memory, utilization and non-KV bytes)."""
+        return self.usable_bytes - self.non_kv_bytes
+
+    def require_kv_cache_bytes(self) -> int:
+        """`kv_cache_bytes`, refused when it is not positive.
+
+        Raises:
+            NoKVCacheMemoryError: the weights and other bytes take all the usable memory; the
+                message names the numbers and what to change.
+
+        Complexity: O(1).
+        """
+        available = self.kv_cache_bytes
+        if available <= 0:
+            raise NoKVCacheMemoryError(self)
+        return available
+
+    def as_json(self) -> dict[str, int | float]:
+        """Every figure above, under its attribute's name (the `memory` object of `pagedkv plan
+        --json`)."""
+        return {
+            "gpu_memory_bytes": self.gpu_memory_bytes,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "usable_bytes": self.usable_bytes,
+            "weights_bytes": self.weights_bytes,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "weights_bytes_per_gpu": self.weights_bytes_per_gpu,
+            "other_bytes": self.other_bytes,
+            "non_kv_bytes": self.non_kv_bytes,
+            "kv_cache_bytes": self.kv_cache_bytes,
+        }
+
+
+class NoKVCacheMemoryError(KVCacheConfigError):
+    """The weights and other memory take all that a GPU may use: no KV cache is possible.
+
+    Attributes:
+        budget: the GPU's numbers.
+    """
+
+    def __init__(self, budget: GPUMemoryBudget) -> None:
+        self.budget = budget
+        super().__init__(_no_kv_cache_memory_message(budget))
+
+
+def _no_kv_cache_memory_message(budget: GPUMemoryBudget) -> str:
+    parts = []
+    if budget.weights_bytes:
+        parts.append(f"weights {budget.weights_bytes_per_gpu / GiB:.2f} GiB")
+        if budget.tensor_parallel_size > 1:
+            parts[-1] += (
+                f", 1/{budget.tensor_parallel_size} of {budget.weights_bytes / GiB:.2f} GiB"
+            )
+    if budget.other_bytes:
+        parts.append(f"other {budget.other_bytes / GiB:.2f} GiB")
+    breakdown = (
+        f" ({'; '.join(parts)})" if len(parts) > 1 or budget.tensor_parallel_size > 1 else ""
+    )
+    comparison = "more than" if budget.non_kv_bytes > budget.usable_bytes else "all of"
+    fixes = ["use a GPU with more memory", "split the model over more GPUs (tensor_parallel_size)"]
+    if budget.non_kv_bytes < budget.gpu_memory_bytes:
+        least = math.ceil(budget.non_kv_bytes / budget.gpu_memory_bytes * 1000) / 1000
+        fixes.insert(0, f"raise gpu_memory_utilization above {least:.3f}")
+    return (
+        f"the model needs {format_bytes(budget.non_kv_bytes)} on each GPU besides its KV cache"
+        f"{breakdown}, {comparison} the {format_bytes(budget.usable_bytes)} that "
+        f"gpu_memory_utilization={budget.gpu_memory_utilization} allows of the GPU's "
+        f"{format_bytes(budget.gpu_memory_bytes)}: nothing is left for the KV cache. "
+        f"To fit, {', '.join(fixes[:-1])} or {fixes[-1]}."
+    )
 
 
 def measure_memory_profile(

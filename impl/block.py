@@ -12,9 +12,20 @@ class KVCacheBlock:
     One object per block for the pool's lifetime (identity is stable, equality is identity), so
     requests can hold block objects while the pool changes their counts and links. The links are
     owned by `FreeKVCacheBlockQueue`; `block_hash` is set once and cleared only by `reset_hash`.
+
+    Attributes:
+        owner_queue: the one free queue this block may ever be linked into, set when a queue is
+            built over it; a queue refuses the blocks of another (`FreeKVCacheBlockQueue`).
     """
 
-    __slots__ = ("_block_hash", "block_id", "next_free_block", "prev_free_block", "ref_cnt")
+    __slots__ = (
+        "_block_hash",
+        "block_id",
+        "next_free_block",
+        "owner_queue",
+        "prev_free_block",
+        "ref_cnt",
+    )
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
@@ -22,6 +33,7 @@ class KVCacheBlock:
         self._block_hash: BlockHashType | None = None
         self.prev_free_block: KVCacheBlock | None = None
         self.next_free_block: KVCacheBlock | None = None
+        self.owner_queue: object | None = None
 
     @property
     def block_hash(self) -> BlockHashType | None:

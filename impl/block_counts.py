@@ -10,10 +10,18 @@ Pure integer functions, so that CrossHair can check their contracts
     |<--- full: (computed + new - spec) // B --->|     speculative tokens are never cached
 
 All arguments are token or block counts; the manager checks its preconditions (`block_size >= 1`,
-no negative counts) before calling these.
+no negative counts) before calling these. `cdiv` is pagedkv's one ceiling division.
 """
 
 from __future__ import annotations
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling of `a / b` for b > 0, in integers: the blocks of b tokens that hold a tokens.
+
+    Complexity: O(1).
+    """
+    return -(-a // b)
 
 
 def num_required_blocks(
@@ -23,7 +31,7 @@ def num_required_blocks(
 
     Complexity: O(1).
     """
-    return -(-(num_computed_tokens + num_tokens + num_lookahead_tokens) // block_size)
+    return cdiv(num_computed_tokens + num_tokens + num_lookahead_tokens, block_size)
 
 
 def num_new_blocks(num_required: int, num_held: int, num_hits: int) -> int:

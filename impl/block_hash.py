@@ -3,6 +3,11 @@
 Block k's hash covers its own tokens, its extra keys and block k-1's hash value, so two requests
 share block k only if blocks 0..k agree. The index key is the whole `BlockHashType`, so equal
 hash values with different tokens or extra keys never hit. Only full blocks are hashed.
+
+A block's extra keys hold, in order, the LoRA id (an int), the content hash of each multimodal
+input overlapping the block (a str) and the tenant's `CacheSalt` (a type of its own). `Request`
+validates those types, so no value of one field can imitate another's: a multimodal hash is never
+a salt, a salt never a LoRA id. Requests without a salt have vLLM 0.8.5's layout exactly.
 """
 
 from __future__ import annotations
@@ -10,20 +15,40 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol, TypeAlias
 
+from pagedkv.arguments import (
+    require_callable,
+    require_instance,
+    require_int,
+    require_str,
+    require_token_ids,
+)
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.request import PlaceholderRange, Request
 
-ExtraKey: TypeAlias = "int | str | tuple[str, str]"
-"""A LoRA id (int), a multimodal content hash (str), or a tagged cache salt (tuple)."""
+
+@dataclass(frozen=True, slots=True)
+class CacheSalt:
+    """A tenant's cache salt as an extra key; equal only to a `CacheSalt` with the same value.
+
+    Its repr hides the value: block hashes end up in logs and error messages.
+    """
+
+    value: str
+
+    def __repr__(self) -> str:
+        return "CacheSalt(<redacted>)"
+
+
+ExtraKey: TypeAlias = "int | str | CacheSalt"
+"""A LoRA id (int), a multimodal content hash (str), or a tenant's cache salt (`CacheSalt`)."""
 
 HashFn: TypeAlias = Callable[[object], int]
 HashAlgo: TypeAlias = Literal["sha256", "builtin"]
-
-CACHE_SALT_TAG = "cache_salt"
-"""First element of the salt's extra key: a tuple never equals a LoRA id or a multimodal hash."""
 
 
 class BlockHashType(NamedTuple):
@@ -50,10 +75,29 @@ NONE_HASH: int = _none_hash()
 """Seeds every chain: random per process, or derived from PYTHONHASHSEED when it is set."""
 
 HASH_FUNCTIONS: dict[str, HashFn] = {"sha256": sha256, "builtin": hash}
+"""The prefix-cache hash functions by name.
+
+- "sha256" (pagedkv's default): 256 bits over the pickled key; a collision is not a concern.
+- "builtin": CPython's `hash()`, vLLM 0.8.5's default: fast, 64 bits, str keys randomized per
+  process unless PYTHONHASHSEED is set. Prone to collisions by design: a collision of hash
+  values alone never shares a block (the index key compares tokens and extra keys as well), but
+  two chains whose parent values collide share their later equal blocks, which a
+  sliding-window lookup (probing block by block) then hits. Token ids are validated to
+  `[0, MAX_TOKEN_ID]`, where `hash(token)` is the token itself, so the systematic collisions of
+  `hash()` on ints (`hash(-1) == hash(-2)`, `hash(2**61 - 1) == hash(0)`) cannot arise; chance
+  collisions of 64-bit values remain. Use it for vLLM conformance, not where a wrong cache hit
+  is a data leak.
+"""
 
 
 def get_hash_fn(algo: str) -> HashFn:
-    """The hash function named `algo` ("sha256" or "builtin")."""
+    """The hash function named `algo` ("sha256" or "builtin", see `HASH_FUNCTIONS`).
+
+    Raises:
+        ArgumentTypeError: `algo` is not a str.
+        InvalidArgumentError: no hash function has that name.
+    """
+    require_str("get_hash_fn", "algo", algo)
     try:
         return HASH_FUNCTIONS[algo]
     except KeyError:
@@ -64,6 +108,11 @@ def get_hash_fn(algo: str) -> HashFn:
 
 def need_extra_keys(request: Request) -> bool:
     """Whether any block of `request` carries extra keys (multimodal, LoRA or salt)."""
+    require_instance("need_extra_keys", "request", request, Request)
+    return _need_extra_keys(request)
+
+
+def _need_extra_keys(request: Request) -> bool:
     return (
         bool(request.mm_positions) or request.lora_id is not None or request.cache_salt is not None
     )
@@ -138,6 +187,26 @@ def mm_inputs_in_block(
     return indices, mm_idx
 
 
+def first_mm_input(
+    positions: Sequence[PlaceholderRange], token_idx: int, include_touching: bool = False
+) -> int:
+    """The index of the first multimodal input ending after `token_idx` (or at it, with
+    `include_touching`): where the scan for the block starting at `token_idx` begins.
+
+    Inputs are sorted and disjoint, so their ends are sorted and a binary search finds it. This
+    keeps hashing a request's blocks linear whatever the call that starts it: a block hashed by
+    `cache_full_blocks` in the middle of a prompt does not rescan the inputs before it.
+
+    Complexity: O(log inputs).
+    """
+    search = bisect_left if include_touching else bisect_right
+    return search(positions, token_idx, key=_input_end)
+
+
+def _input_end(position: PlaceholderRange) -> int:
+    return position.end
+
+
 def generate_block_hash_extra_keys(
     request: Request,
     start_token_idx: int,
@@ -149,7 +218,7 @@ def generate_block_hash_extra_keys(
     """Extra keys of the block covering tokens `[start_token_idx, end_token_idx)`.
 
     Order: the LoRA id, then the hash of each multimodal input from `start_mm_idx` on that
-    overlaps the block (`mm_inputs_in_block`), then the tagged cache salt (every block: tenant
+    overlaps the block (`mm_inputs_in_block`), then the `CacheSalt` (every block: tenant
     isolation must not rest on hash values alone, see `pagedkv.spec.block_hash`).
     `include_touching` also takes an input ending exactly where the block starts (vLLM 0.8.5's
     quirk, difference 6).
@@ -158,8 +227,17 @@ def generate_block_hash_extra_keys(
         The keys (None when there are none) and the index of the first multimodal input the next
         block must consider, so a left-to-right scan over blocks is linear overall.
 
+    Raises:
+        ArgumentTypeError, InvalidArgumentError: an argument of the wrong type, a negative index,
+            or a block that ends before it starts.
+
     Complexity: O(1) plus the multimodal inputs passed over.
     """
+    call = "generate_block_hash_extra_keys"
+    require_instance(call, "request", request, Request)
+    require_int(call, "start_token_idx", start_token_idx, 0)
+    require_int(call, "end_token_idx", end_token_idx, start_token_idx)
+    require_int(call, "start_mm_idx", start_mm_idx, 0)
     keys: list[ExtraKey] = []
     if request.lora_id is not None:
         keys.append(request.lora_id)
@@ -175,7 +253,7 @@ def generate_block_hash_extra_keys(
         mm_hashes = request.mm_hashes
         keys.extend(mm_hashes[i] for i in indices)
     if request.cache_salt is not None:
-        keys.append((CACHE_SALT_TAG, request.cache_salt))
+        keys.append(CacheSalt(request.cache_salt))
     return (tuple(keys) if keys else None), mm_idx
 
 
@@ -185,9 +263,38 @@ def hash_block_tokens(
     curr_block_token_ids: Sequence[int],
     extra_keys: tuple[ExtraKey, ...] | None = None,
 ) -> BlockHashType:
-    """Hash one full block, chained to its parent's hash value (None or 0: the chain's start)."""
-    token_ids = tuple(curr_block_token_ids)
-    parent = parent_block_hash or NONE_HASH
+    """Hash one full block, chained to its parent's hash value (None or 0: the chain's start).
+
+    Raises:
+        ArgumentTypeError, InvalidArgumentError: `hash_fn` not callable, a parent that is not an
+            int or None, a token that is not a token id, extra keys that are not a tuple or
+            None, or a hash function that returns something else than an int.
+
+    Complexity: O(len(curr_block_token_ids)) plus the hash function.
+    """
+    call = "hash_block_tokens"
+    require_callable(call, "hash_fn", hash_fn)
+    if parent_block_hash is not None:
+        require_int(call, "parent_block_hash", parent_block_hash)
+    token_ids = require_token_ids(call, "curr_block_token_ids", curr_block_token_ids)
+    if extra_keys is not None:
+        require_instance(call, "extra_keys", extra_keys, tuple)
+    block_hash = chain_block_hash(hash_fn, parent_block_hash, token_ids, extra_keys)
+    require_int(call, "the value hash_fn returned", block_hash.hash_value)
+    return block_hash
+
+
+def chain_block_hash(
+    hash_fn: HashFn,
+    parent_hash_value: int | None,
+    token_ids: tuple[int, ...],
+    extra_keys: tuple[ExtraKey, ...] | None,
+) -> BlockHashType:
+    """`hash_block_tokens` for arguments already checked (the loops over a request's blocks).
+
+    Complexity: O(len(token_ids)) plus the hash function.
+    """
+    parent = parent_hash_value or NONE_HASH
     return BlockHashType(hash_fn((parent, token_ids, extra_keys)), token_ids, extra_keys)
 
 
@@ -196,12 +303,18 @@ def hash_request_tokens(hash_fn: HashFn, block_size: int, request: Request) -> l
 
     A trailing partial block is never hashed.
 
+    Raises:
+        ArgumentTypeError, InvalidArgumentError: `hash_fn` not callable, `block_size` not an
+            int >= 1, `request` not a Request.
+
     Complexity: O(num_tokens + multimodal inputs).
     """
-    if block_size <= 0:
-        raise InvalidArgumentError(f"block_size must be > 0, got {block_size}")
+    call = "hash_request_tokens"
+    require_callable(call, "hash_fn", hash_fn)
+    require_int(call, "block_size", block_size, 1)
+    require_instance(call, "request", request, Request)
     token_ids = request.all_token_ids
-    with_extra_keys = need_extra_keys(request)
+    with_extra_keys = _need_extra_keys(request)
     extra_keys: tuple[ExtraKey, ...] | None = None
     mm_idx = 0
     parent: int | None = None
@@ -210,7 +323,7 @@ def hash_request_tokens(hash_fn: HashFn, block_size: int, request: Request) -> l
         end = start + block_size
         if with_extra_keys:
             extra_keys, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
-        block_hash = hash_block_tokens(hash_fn, parent, token_ids[start:end], extra_keys)
+        block_hash = chain_block_hash(hash_fn, parent, tuple(token_ids[start:end]), extra_keys)
         hashes.append(block_hash)
         parent = block_hash.hash_value
     return hashes

@@ -5,16 +5,25 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 
+from pagedkv import refusals
+from pagedkv.arguments import require_int
 from pagedkv.block import KVCacheBlock
 from pagedkv.block_hash import (
     BlockHashType,
     HashFn,
+    chain_block_hash,
+    first_mm_input,
     generate_block_hash_extra_keys,
-    hash_block_tokens,
+)
+from pagedkv.call_arguments import (
+    block_list,
+    check_block_hash,
+    check_cache_full_blocks,
+    check_get_new_blocks,
+    check_pool,
 )
 from pagedkv.errors import (
-    BlockStateError,
-    InvalidArgumentError,
+    ConcurrentUseError,
     InvariantViolation,
     NoFreeBlocksError,
 )
@@ -25,6 +34,10 @@ from pagedkv.semantics import PAGEDKV, Semantics
 logger = logging.getLogger(__name__)
 
 
+def _is_kv_block(value: object) -> bool:
+    return isinstance(value, KVCacheBlock)
+
+
 class BlockPool:
     """Allocates, frees and caches the blocks of one KV cache.
 
@@ -32,7 +45,10 @@ class BlockPool:
     that sliding-window tables hold for skipped positions: never queued, hashed or handed out,
     and (unless `semantics.null_block_refcounted`) its ref_cnt never changes. Eviction is lazy: a
     freed cached block keeps its hash, can still be hit, and loses it only when handed out again.
-    Every public method checks all its preconditions before it changes anything.
+    Every public method checks all its preconditions, argument types included
+    (`pagedkv.call_arguments`), before it changes anything, and refuses blocks of another pool.
+    Not thread-safe: a call that overlaps another state-changing call or invariant check on the
+    same pool raises `ConcurrentUseError` and changes nothing (a guard of about 50 ns a call).
     Invariants: `check_invariants()`, which mirrors `pagedkv.spec.SpecBlockPool`.
 
     Args:
@@ -44,10 +60,7 @@ class BlockPool:
     def __init__(
         self, num_gpu_blocks: int, enable_caching: bool, semantics: Semantics = PAGEDKV
     ) -> None:
-        if not isinstance(num_gpu_blocks, int) or num_gpu_blocks < 1:
-            raise InvalidArgumentError(
-                f"num_gpu_blocks must be an int >= 1, got {num_gpu_blocks!r}"
-            )
+        check_pool(num_gpu_blocks, enable_caching, semantics)
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.semantics = semantics
@@ -57,9 +70,32 @@ class BlockPool:
         # block tables stay append-only). The first-inserted block answers lookups.
         self.cached_block_hash_to_block: dict[BlockHashType, dict[int, KVCacheBlock]] = {}
         self.null_block = self.free_block_queue.popleft()
+        # The call token: a public call pops it (list.pop is atomic) and puts it back when done;
+        # a call that finds the list empty overlaps another one and is refused. A manager shares
+        # its pool's token and calls the pool's underscored methods, which assume it is held.
+        self._idle: list[None] = [None]
+
+    def _enter(self, call: str) -> None:
+        """Take the call token, or refuse a call that overlaps another one."""
+        try:
+            self._idle.pop()
+        except IndexError:
+            raise ConcurrentUseError(call) from None
 
     def get_cached_block(self, block_hash: BlockHashType) -> KVCacheBlock | None:
-        """The first-inserted block cached under `block_hash`, or None. Complexity: O(1)."""
+        """The first-inserted block cached under `block_hash`, or None.
+
+        Raises:
+            ArgumentTypeError: `block_hash` is not a hashable BlockHashType.
+
+        Complexity: O(1).
+        """
+        check_block_hash("BlockPool.get_cached_block", "block_hash", block_hash)
+        return self.cached_block(block_hash)
+
+    def cached_block(self, block_hash: BlockHashType) -> KVCacheBlock | None:
+        """`get_cached_block` for a hash the caller made itself (no argument check): the lookup
+        of the attention policies, once per block of a request. Complexity: O(1)."""
         cached = self.cached_block_hash_to_block.get(block_hash)
         if not cached:
             return None
@@ -72,13 +108,21 @@ class BlockPool:
             The blocks in pop order, each with ref_cnt 1 and no hash.
 
         Raises:
-            InvalidArgumentError: `num_blocks` < 0.
+            ArgumentTypeError, InvalidArgumentError: `num_blocks` is not an int >= 0.
             NoFreeBlocksError: fewer than `num_blocks` blocks are free.
+            ConcurrentUseError: another call on this pool is running.
 
         Complexity: O(num_blocks).
         """
-        if num_blocks < 0:
-            raise InvalidArgumentError(f"num_blocks must be >= 0, got {num_blocks}")
+        self._enter("BlockPool.get_new_blocks")
+        try:
+            check_get_new_blocks(num_blocks)
+            return self._get_new_blocks(num_blocks)
+        finally:
+            self._idle.append(None)
+
+    def _get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """get_new_blocks for a checked count (the caller holds the call token)."""
         num_free = self.free_block_queue.num_free_blocks
         if num_blocks > num_free:
             raise NoFreeBlocksError(num_blocks, num_free)
@@ -102,16 +146,27 @@ class BlockPool:
             del self.cached_block_hash_to_block[block_hash]
         block.reset_hash()
 
-    def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take one more reference to each block (a prefix-cache hit).
 
-        A block with ref_cnt 0 leaves the free queue first. The null block is passed over.
+        `blocks` is read once, so any iterable works. A block with ref_cnt 0 leaves the free
+        queue first. The null block is passed over.
 
         Raises:
+            ArgumentTypeError: `blocks` is not iterable, or an item is not a KVCacheBlock.
             BlockStateError: a block does not belong to this pool.
+            ConcurrentUseError: another call on this pool is running.
 
         Complexity: O(len(blocks)).
         """
+        self._enter("BlockPool.touch")
+        try:
+            self._touch(block_list("BlockPool.touch", "blocks", blocks, _is_kv_block))
+        finally:
+            self._idle.append(None)
+
+    def _touch(self, blocks: list[KVCacheBlock]) -> None:
+        """touch for a list of KVCacheBlocks (the caller holds the call token)."""
         for block in blocks:
             self._check_owned(block)
         null_block = self.null_block
@@ -128,15 +183,28 @@ class BlockPool:
         """Drop one reference to each block; a block reaching 0 joins the queue tail.
 
         The caller's order is the eviction order (first freed, first evicted). The null block is
-        passed over.
+        passed over. Under `free_uncached_to_head`, blocks without a hash go to the head instead,
+        in the caller's order, ahead of every queued block (they hold nothing worth keeping).
 
         Raises:
+            ArgumentTypeError: `ordered_blocks` is not iterable, or an item is not a
+                KVCacheBlock.
             BlockStateError: a block does not belong to this pool, has ref_cnt 0, or appears
                 twice in the call.
+            ConcurrentUseError: another call on this pool is running.
 
         Complexity: O(number of blocks).
         """
-        blocks = list(ordered_blocks)
+        self._enter("BlockPool.free_blocks")
+        try:
+            self._free_blocks(
+                block_list("BlockPool.free_blocks", "ordered_blocks", ordered_blocks, _is_kv_block)
+            )
+        finally:
+            self._idle.append(None)
+
+    def _free_blocks(self, blocks: list[KVCacheBlock]) -> None:
+        """free_blocks for a list of KVCacheBlocks (the caller holds the call token)."""
         null_block = self.null_block
         seen: set[int] = set()
         for block in blocks:
@@ -144,13 +212,13 @@ class BlockPool:
             if block is null_block:
                 continue
             if block.ref_cnt <= 0:
-                raise BlockStateError(block.block_id, "free of a block whose ref_cnt is 0")
+                raise refusals.free_of_free_block(block.block_id)
             if block.block_id in seen:
-                raise BlockStateError(
-                    block.block_id, "the same block twice in one free_blocks call"
-                )
+                raise refusals.freed_twice(block.block_id)
             seen.add(block.block_id)
         append = self.free_block_queue.append
+        uncached_first = self.semantics.free_uncached_to_head
+        to_head: list[KVCacheBlock] = []
         for block in blocks:
             if block is null_block:
                 if self.semantics.null_block_refcounted:
@@ -158,7 +226,12 @@ class BlockPool:
                 continue
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                append(block)
+                if uncached_first and block.block_hash is None:
+                    to_head.append(block)
+                else:
+                    append(block)
+        for block in reversed(to_head):
+            self.free_block_queue.appendleft(block)
 
     def cache_full_blocks(
         self,
@@ -180,56 +253,103 @@ class BlockPool:
         from the stored hash at its position.
 
         Raises:
+            ArgumentTypeError: an argument of the wrong type (`check_cache_full_blocks` lists
+                them), or a hash function that returns something else than an int.
             InvalidArgumentError: prefix caching is off, the counts are out of range, a stored
                 hash is missing below `num_cached_blocks`, or the request has too few tokens.
             BlockStateError: a block to cache is foreign, free, already hashed, or listed twice;
-                or the previous block is neither hashed nor the null block.
+                or the previous block is foreign, or neither hashed nor the null block.
+            ConcurrentUseError: another call on this pool is running.
 
-        Complexity: O((num_full_blocks - num_cached_blocks) * block_size).
+        Complexity: O((num_full_blocks - num_cached_blocks) * block_size) plus O(log inputs) for
+        a request with multimodal inputs.
         """
-        if not self._check_cache_call(
-            request, blocks, block_hashes, num_cached_blocks, num_full_blocks, block_size
-        ):
-            return
-        null_block = self.null_block
-        new_full_blocks = blocks[num_cached_blocks:num_full_blocks]
-        parent_hash_value: int | None = None
-        if num_cached_blocks > 0:
-            parent = blocks[num_cached_blocks - 1]
-            parent_hash = (
-                block_hashes[num_cached_blocks - 1] if parent is null_block else parent.block_hash
+        self._enter("BlockPool.cache_full_blocks")
+        try:
+            checked = check_cache_full_blocks(
+                self.enable_caching,
+                request,
+                blocks,
+                block_hashes,
+                num_cached_blocks,
+                num_full_blocks,
+                block_size,
+                hash_fn,
+                _is_kv_block,
             )
-            assert parent_hash is not None  # checked by _check_cache_call
-            parent_hash_value = parent_hash.hash_value
+            if checked is not None:
+                self._cache_full_blocks(
+                    request,
+                    checked,
+                    block_hashes,
+                    num_cached_blocks,
+                    num_full_blocks,
+                    block_size,
+                    hash_fn,
+                )
+        finally:
+            self._idle.append(None)
 
+    def _cache_full_blocks(
+        self,
+        request: Request,
+        blocks: Sequence[KVCacheBlock],
+        block_hashes: list[BlockHashType],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        hash_fn: HashFn,
+    ) -> None:
+        """cache_full_blocks for checked arguments with blocks to cache (the caller holds the
+        call token): the block rules, then every hash, then the changes."""
+        parent_hash_value = self._check_blocks_to_cache(
+            blocks, block_hashes, num_cached_blocks, num_full_blocks
+        )
         # Compute every hash before changing anything, so a failure leaves no trace.
         num_given = len(block_hashes) - num_cached_blocks
         vllm_mm_keys = self.semantics.vllm_new_block_mm_keys
-        first_mm_idx = max(len(request.mm_positions) - 1, 0) if vllm_mm_keys else 0
+        with_extra_keys = (
+            bool(request.mm_positions)
+            or request.lora_id is not None
+            or request.cache_salt is not None
+        )
+        mm_idx = -1  # the first multimodal input to scan, found at the first block hashed
+        extra_keys = None
         new_hashes: list[BlockHashType] = []
         token_ids = request.all_token_ids
-        for offset in range(len(new_full_blocks)):
-            if offset < num_given:
-                block_hash = block_hashes[num_cached_blocks + offset]
+        for position in range(num_cached_blocks, num_full_blocks):
+            if position - num_cached_blocks < num_given:
+                block_hash = block_hashes[position]
             else:
-                start = (num_cached_blocks + offset) * block_size
+                start = position * block_size
                 end = start + block_size
                 if len(token_ids) < end:
-                    raise InvalidArgumentError(
-                        f"request {request.request_id!r} has {len(token_ids)} tokens; block "
-                        f"{num_cached_blocks + offset} needs tokens [{start}, {end})"
+                    raise refusals.too_few_tokens(
+                        request.request_id, len(token_ids), position, block_size
                     )
-                extra_keys, _ = generate_block_hash_extra_keys(
-                    request, start, end, first_mm_idx, include_touching=vllm_mm_keys
+                if with_extra_keys:
+                    if vllm_mm_keys:  # the last input only (difference 6)
+                        mm_idx = max(len(request.mm_positions) - 1, 0)
+                    elif mm_idx < 0:  # then carried from block to block: linear
+                        mm_idx = first_mm_input(request.mm_positions, start)
+                    extra_keys, mm_idx = generate_block_hash_extra_keys(
+                        request, start, end, mm_idx, include_touching=vllm_mm_keys
+                    )
+                block_hash = chain_block_hash(
+                    hash_fn, parent_hash_value, tuple(token_ids[start:end]), extra_keys
                 )
-                block_hash = hash_block_tokens(
-                    hash_fn, parent_hash_value, token_ids[start:end], extra_keys
-                )
+                if type(block_hash.hash_value) is not int:
+                    require_int(
+                        "BlockPool.cache_full_blocks",
+                        "the value hash_fn returned",
+                        block_hash.hash_value,
+                    )
                 new_hashes.append(block_hash)
             parent_hash_value = block_hash.hash_value
 
+        null_block = self.null_block
         index = self.cached_block_hash_to_block
-        for offset, block in enumerate(new_full_blocks):
+        for offset, block in enumerate(blocks[num_cached_blocks:num_full_blocks]):
             block_hash = (
                 block_hashes[num_cached_blocks + offset]
                 if offset < num_given
@@ -240,32 +360,15 @@ class BlockPool:
                 index.setdefault(block_hash, {})[block.block_id] = block
         block_hashes.extend(new_hashes)
 
-    def _check_cache_call(
+    def _check_blocks_to_cache(
         self,
-        request: Request,
         blocks: Sequence[KVCacheBlock],
         block_hashes: list[BlockHashType],
         num_cached_blocks: int,
         num_full_blocks: int,
-        block_size: int,
-    ) -> bool:
-        """cache_full_blocks' preconditions in the spec's order; False: nothing to cache."""
-        if not self.enable_caching:
-            raise InvalidArgumentError("cache_full_blocks needs a pool with prefix caching on")
-        if not 0 <= num_cached_blocks <= num_full_blocks <= len(blocks):
-            raise InvalidArgumentError(
-                f"need 0 <= num_cached_blocks ({num_cached_blocks}) <= num_full_blocks "
-                f"({num_full_blocks}) <= len(blocks) ({len(blocks)})"
-            )
-        if len(block_hashes) < num_cached_blocks:
-            raise InvalidArgumentError(
-                f"request {request.request_id!r} has {len(block_hashes)} stored block hashes, "
-                f"fewer than num_cached_blocks ({num_cached_blocks})"
-            )
-        if num_cached_blocks == num_full_blocks:
-            return False
-        if block_size <= 0:
-            raise InvalidArgumentError(f"block_size must be > 0, got {block_size}")
+    ) -> int | None:
+        """cache_full_blocks' block rules in the spec's order; returns the parent's hash value
+        (None at the chain's start)."""
         null_block = self.null_block
         seen: set[int] = set()
         for block in blocks[num_cached_blocks:num_full_blocks]:
@@ -273,19 +376,21 @@ class BlockPool:
             if block is null_block:
                 continue
             if block.ref_cnt <= 0:
-                raise BlockStateError(block.block_id, "cache of a free block")
+                raise refusals.cache_of_free_block(block.block_id)
             if block.block_hash is not None:
-                raise BlockStateError(block.block_id, "block hash is already set")
+                raise refusals.hash_already_set(block.block_id)
             if block.block_id in seen:
-                raise BlockStateError(block.block_id, "the same block twice in one cache call")
+                raise refusals.cached_twice(block.block_id)
             seen.add(block.block_id)
-        if num_cached_blocks > 0:
-            parent = blocks[num_cached_blocks - 1]
-            if parent is not null_block and parent.block_hash is None:
-                raise BlockStateError(
-                    parent.block_id, "the block before the first block to cache has no hash"
-                )
-        return True
+        if num_cached_blocks == 0:
+            return None
+        parent = blocks[num_cached_blocks - 1]
+        self._check_owned(parent)
+        if parent is null_block:
+            return block_hashes[num_cached_blocks - 1].hash_value
+        if parent.block_hash is None:
+            raise refusals.parent_without_hash(parent.block_id)
+        return parent.block_hash.hash_value
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash, if no block but the null block is in use.
@@ -293,8 +398,19 @@ class BlockPool:
         Returns:
             True if the cache was reset; False (with a warning logged) if blocks are in use.
 
+        Raises:
+            ConcurrentUseError: another call on this pool is running.
+
         Complexity: O(num_gpu_blocks).
         """
+        self._enter("BlockPool.reset_prefix_cache")
+        try:
+            return self._reset_prefix_cache()
+        finally:
+            self._idle.append(None)
+
+    def _reset_prefix_cache(self) -> bool:
+        """reset_prefix_cache (the caller holds the call token)."""
         num_used_blocks = self.num_gpu_blocks - self.get_num_free_blocks()
         if num_used_blocks != 1:  # the null block always counts as used
             logger.warning(
@@ -312,22 +428,35 @@ class BlockPool:
         return self.free_block_queue.num_free_blocks
 
     def get_usage(self) -> float:
-        """Fraction of blocks not free, the null block counted as used. Complexity: O(1)."""
+        """Fraction of blocks not free, the null block counted as used (or, under
+        `usage_excludes_null_block`, left out of both counts). Complexity: O(1)."""
+        if self.semantics.usage_excludes_null_block:
+            usable = self.num_gpu_blocks - 1
+            return 1.0 - self.get_num_free_blocks() / usable if usable else 0.0
         return 1.0 - self.get_num_free_blocks() / self.num_gpu_blocks
 
     def _check_owned(self, block: KVCacheBlock) -> None:
+        """Refuse a block of another pool (after its type was checked)."""
         block_id = block.block_id
         if not 0 <= block_id < self.num_gpu_blocks or self.blocks[block_id] is not block:
-            raise BlockStateError(block_id, "block does not belong to this pool")
+            raise refusals.foreign_block(block_id)
 
     def check_invariants(self) -> None:
         """Check every invariant of the spec's block pool on this pool.
 
         Raises:
             InvariantViolation: naming the first broken invariant and the state that breaks it.
+            ConcurrentUseError: another call on this pool is running.
 
         Complexity: O(num_gpu_blocks + cached entries).
         """
+        self._enter("BlockPool.check_invariants")
+        try:
+            self._check_invariants()
+        finally:
+            self._idle.append(None)
+
+    def _check_invariants(self) -> None:
         self.free_block_queue.check_invariants()
         null_block = self.null_block
         if null_block is not self.blocks[0] or null_block.block_id != 0:
@@ -341,10 +470,14 @@ class BlockPool:
         for block_id, block in enumerate(self.blocks):
             if block.block_id != block_id:
                 raise InvariantViolation("blocks[i].block_id == i", repr(block))
+            if block.owner_queue is not self.free_block_queue:
+                raise InvariantViolation(
+                    "every block belongs to the pool's free queue", repr(block)
+                )
         queued = self.free_block_queue.get_all_free_blocks()
         for block in queued:
             if self.blocks[block.block_id] is not block:
-                raise InvariantViolation("queued blocks belong to the pool", repr(block))
+                raise InvariantViolation("free blocks belong to the pool", repr(block))
         queued_ids = {block.block_id for block in queued}
         for block in self.blocks[1:]:
             if block.ref_cnt < 0:
@@ -362,17 +495,19 @@ class BlockPool:
         num_indexed = 0
         for block_hash, cached in self.cached_block_hash_to_block.items():
             if not cached:
-                raise InvariantViolation("no empty index entry", repr(block_hash))
+                raise InvariantViolation(
+                    "index entries are non-empty lists of distinct blocks", repr(block_hash)
+                )
             for block_id, block in cached.items():
                 num_indexed += 1
                 if self.blocks[block_id] is not block or block.block_hash != block_hash:
                     raise InvariantViolation(
-                        "every indexed block carries its index key", f"{block_hash} -> {block!r}"
+                        "hash index <=> hashed blocks", f"{block_hash} -> {block!r}"
                     )
         num_hashed = sum(1 for block in self.blocks if block.block_hash is not None)
         if num_hashed != num_indexed:
             raise InvariantViolation(
-                "every hashed block is indexed",
+                "hash index <=> hashed blocks",
                 f"{num_hashed} hashed blocks, {num_indexed} index entries",
             )
         if not self.enable_caching and num_hashed:

@@ -1,7 +1,10 @@
-"""The `pagedkv` command: `pagedkv verify` (the differential campaign), `pagedkv plan` (KV memory).
+"""The `pagedkv` command: `pagedkv verify` (the differential campaign), `pagedkv plan` (KV memory),
+`pagedkv run` (the end-to-end engine, `pagedkv[engine]`).
 
 Each subcommand lives in its own module, exposing `add_arguments(parser)` and `run(args) -> int`;
-it is imported only when chosen, so `pagedkv plan` never imports hypothesis.
+it is imported only when chosen, so `pagedkv plan` never imports hypothesis. A subcommand whose
+optional dependency is missing (`pip install pagedkv`, then `pagedkv verify`) says which extra
+to install and exits 2.
 """
 
 from __future__ import annotations
@@ -13,8 +16,11 @@ from collections.abc import Sequence
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("pagedkv.harness.verify", "differential campaign: spec vs an implementation"),
-    "plan": ("pagedkv.plan", "KV cache memory plan for a model and a memory budget"),
+    "plan": ("pagedkv.plan_cli", "KV cache memory plan for a model and a memory budget"),
+    "run": ("pagedkv.engine.run_command", "serve a workload end to end on a paged KV cache"),
 }
+EXTRAS: dict[str, str] = {"hypothesis": "verify"}
+"""Top-level module -> the optional extra (pyproject.toml) that installs it."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -26,7 +32,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0] not in SUBCOMMANDS:
         parser.parse_args(argv)  # prints usage and exits
         return 2
-    module = importlib.import_module(SUBCOMMANDS[argv[0]][0])
+    try:
+        module = importlib.import_module(SUBCOMMANDS[argv[0]][0])
+    except ModuleNotFoundError as error:
+        missing = (error.name or "").partition(".")[0]
+        if missing not in EXTRAS:
+            raise
+        print(
+            f"pagedkv {argv[0]}: needs {missing}, which is not installed: "
+            f"pip install 'pagedkv[{EXTRAS[missing]}]'",
+            file=sys.stderr,
+        )
+        return 2
     sub = argparse.ArgumentParser(prog=f"pagedkv {argv[0]}", description=module.__doc__)
     module.add_arguments(sub)
     args = sub.parse_args(argv[1:])

@@ -1,18 +1,25 @@
 """Every exception pagedkv raises on purpose.
 
 A failed call leaves the pool and the manager exactly as they were: each public method checks all
-its preconditions before it changes anything. Spec and impl raise the same class for the same
-misuse, so the differential harness compares error classes, not messages.
+its preconditions, argument types included, before it changes anything. Spec and impl raise the
+same class for the same misuse; the differential harness compares classes for any
+implementation, and for pagedkv's own the messages too, word for word.
 
     PagedKVError
     ├── InvalidArgumentError      an argument outside its domain (negative count, bad ranges, ...)
+    │   └── ArgumentTypeError     an argument of the wrong type (a float, bool or None for an int)
     ├── NoFreeBlocksError         more blocks asked for than the free queue holds
     ├── BlockStateError           a block-level rule broken (names the block and the rule)
-    │   └── FreeQueueError        a free-queue link rule broken (remove of an absent block, ...)
+    │   └── FreeQueueError        a free-queue rule broken (a foreign or absent block, ...)
     ├── RequestError              a request-level rule broken (names the request and the rule)
-    │   └── MaxModelLenExceededError
+    │   ├── MaxModelLenExceededError
+    │   └── FrozenRequestFieldError   a change to a request's identity (id, prompt, keys, salt)
+    ├── ConcurrentUseError        a call overlapped another call on the same object
     ├── KVCacheConfigError        a KV cache spec or config that cannot work (memory, mismatch)
     └── InvariantViolation        check_invariants() found a broken invariant (a bug, not misuse)
+
+Each of them is also the built-in exception a Python caller would expect (ValueError,
+TypeError, AttributeError, RuntimeError, AssertionError), so existing handlers keep working.
 """
 
 from __future__ import annotations
@@ -23,7 +30,26 @@ class PagedKVError(Exception):
 
 
 class InvalidArgumentError(PagedKVError, ValueError):
-    """An argument is outside its domain; nothing was changed."""
+    """An argument is outside its domain; nothing was changed.
+
+    Raised by an argument check (`pagedkv.arguments`), it also says where and why:
+
+    Attributes:
+        call: the call that refused the argument, e.g. "KVCacheManager.allocate_slots".
+        argument: the argument, e.g. "num_tokens" or "request.num_computed_tokens".
+        rule: what the argument must be, e.g. "an int >= 1".
+    """
+
+    def __init__(self, message: str, *, call: str = "", argument: str = "", rule: str = "") -> None:
+        self.call = call
+        self.argument = argument
+        self.rule = rule
+        super().__init__(message)
+
+
+class ArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument has the wrong type (a bool, float, NaN, None or str where an int is due, ...);
+    nothing was changed."""
 
 
 class NoFreeBlocksError(PagedKVError, ValueError):
@@ -73,6 +99,28 @@ class RequestError(PagedKVError):
 
 class MaxModelLenExceededError(RequestError):
     """An allocation would take a request past max_model_len (vLLM 0.8.5 allocates fewer blocks)."""
+
+
+class FrozenRequestFieldError(RequestError, AttributeError):
+    """An assignment to a field of a request's identity (its id, prompt, multimodal inputs, LoRA
+    id or cache salt), which is fixed at construction; nothing was changed."""
+
+
+class ConcurrentUseError(PagedKVError, RuntimeError):
+    """A call started while another call on the same manager or pool was running (another thread,
+    or a callback re-entering it); it was refused before changing anything, and the running call
+    goes on undisturbed. Share a manager between threads only under a lock of your own.
+
+    Attributes:
+        call: the refused call, e.g. "KVCacheManager.allocate_slots".
+    """
+
+    def __init__(self, call: str) -> None:
+        self.call = call
+        super().__init__(
+            f"{call}: refused, another call on the same object is running (pagedkv managers and "
+            f"pools are not thread-safe: serialize calls with a lock of your own)"
+        )
 
 
 class KVCacheConfigError(PagedKVError, ValueError):

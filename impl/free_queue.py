@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable
 
+from pagedkv.arguments import require_instance, require_iterable
 from pagedkv.block import KVCacheBlock
 from pagedkv.errors import FreeQueueError, InvariantViolation, NoFreeBlocksError
 
@@ -13,24 +14,54 @@ class FreeKVCacheBlockQueue:
     """An intrusive doubly linked list over the blocks' own `prev/next_free_block` fields.
 
     Head = next block handed out = least recently freed; `append` puts a freed block at the tail.
-    Manipulating the list allocates no Python objects. A block is queued iff it has a neighbour
-    or is the head; `remove` and `append` check this and refuse to corrupt the list.
-    Invariants: `check_invariants()`.
+    Manipulating the list allocates no Python objects. The queue owns the blocks it was built
+    over (their `owner_queue`) and refuses any other block, so it never relinks a block of
+    another pool. An owned block is queued iff it has a neighbour or is the head; `remove` and
+    `append` check this and refuse to corrupt the list. Not thread-safe: it is the pool's
+    internal structure, and the pool guards its calls. Invariants: `check_invariants()`.
     """
 
     __slots__ = ("free_list_head", "free_list_tail", "num_free_blocks")
 
-    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
-        """Queue `blocks` in the given order. Complexity: O(len(blocks))."""
-        self.num_free_blocks = len(blocks)
-        self.free_list_head: KVCacheBlock | None = blocks[0] if blocks else None
-        self.free_list_tail: KVCacheBlock | None = blocks[-1] if blocks else None
-        for prev, block in itertools.pairwise(blocks):
+    def __init__(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Queue `blocks` in the given order (read once; an iterator works too).
+
+        Raises:
+            ArgumentTypeError: `blocks` is not iterable, or an item is not a KVCacheBlock.
+            FreeQueueError: a block listed twice, in use (ref_cnt != 0), or already owned by
+                another queue; no block is changed then.
+
+        Complexity: O(len(blocks)).
+        """
+        call = "FreeKVCacheBlockQueue"
+        queued: list[KVCacheBlock] = require_iterable(call, "blocks", blocks)
+        seen: set[int] = set()
+        for index, block in enumerate(queued):
+            require_instance(call, f"blocks[{index}]", block, KVCacheBlock)
+            if id(block) in seen:
+                raise FreeQueueError(block.block_id, "a block listed twice for a new free queue")
+            if block.ref_cnt != 0:
+                raise FreeQueueError(
+                    block.block_id, "a block in use cannot start in a free queue", "ref_cnt != 0"
+                )
+            if block.owner_queue is not None:
+                raise FreeQueueError(block.block_id, "a block of another free queue")
+            seen.add(id(block))
+        self.num_free_blocks = len(queued)
+        self.free_list_head: KVCacheBlock | None = queued[0] if queued else None
+        self.free_list_tail: KVCacheBlock | None = queued[-1] if queued else None
+        for block in queued:
+            block.owner_queue = self
+        for prev, block in itertools.pairwise(queued):
             prev.next_free_block = block
             block.prev_free_block = prev
 
     def contains(self, block: KVCacheBlock) -> bool:
         """Whether `block` is linked into this queue. Complexity: O(1)."""
+        return block.owner_queue is self and self._is_linked(block)
+
+    def _is_linked(self, block: KVCacheBlock) -> bool:
+        """Whether an owned block is in the queue: it has a neighbour or is the head."""
         return (
             block.prev_free_block is not None
             or block.next_free_block is not None
@@ -55,11 +86,13 @@ class FreeKVCacheBlockQueue:
         """Unlink `block` from any position.
 
         Raises:
-            FreeQueueError: `block` is not in the queue.
+            ArgumentTypeError: `block` is not a KVCacheBlock.
+            FreeQueueError: `block` belongs to another queue, or is not in this one.
 
         Complexity: O(1).
         """
-        if not self.contains(block):
+        self._check_owned(block, "remove")
+        if not self._is_linked(block):
             raise FreeQueueError(block.block_id, "remove of a block that is not in the free queue")
         self._unlink(block)
 
@@ -67,11 +100,13 @@ class FreeKVCacheBlockQueue:
         """Link `block` at the tail.
 
         Raises:
-            FreeQueueError: `block` is already in the queue.
+            ArgumentTypeError: `block` is not a KVCacheBlock.
+            FreeQueueError: `block` belongs to another queue, or is already in this one.
 
         Complexity: O(1).
         """
-        if self.contains(block):
+        self._check_owned(block, "append")
+        if self._is_linked(block):
             raise FreeQueueError(block.block_id, "append of a block already in the free queue")
         tail = self.free_list_tail
         if tail is None:
@@ -81,6 +116,37 @@ class FreeKVCacheBlockQueue:
             block.prev_free_block = tail
         self.free_list_tail = block
         self.num_free_blocks += 1
+
+    def appendleft(self, block: KVCacheBlock) -> None:
+        """Link `block` at the head: it is the next block handed out.
+
+        Raises:
+            ArgumentTypeError: `block` is not a KVCacheBlock.
+            FreeQueueError: `block` belongs to another queue, or is already in this one.
+
+        Complexity: O(1).
+        """
+        self._check_owned(block, "appendleft")
+        if self._is_linked(block):
+            raise FreeQueueError(block.block_id, "append of a block already in the free queue")
+        head = self.free_list_head
+        if head is None:
+            self.free_list_tail = block
+        else:
+            head.prev_free_block = block
+            block.next_free_block = head
+        self.free_list_head = block
+        self.num_free_blocks += 1
+
+    def _check_owned(self, block: KVCacheBlock, method: str) -> None:
+        try:
+            owner = block.owner_queue
+        except AttributeError:
+            owner = None
+        if owner is self:
+            return
+        require_instance(f"FreeKVCacheBlockQueue.{method}", "block", block, KVCacheBlock)
+        raise FreeQueueError(block.block_id, f"{method} of a block of another free queue")
 
     def _unlink(self, block: KVCacheBlock) -> None:
         prev, nxt = block.prev_free_block, block.next_free_block
@@ -118,7 +184,7 @@ class FreeKVCacheBlockQueue:
         while block is not None:
             if id(block) in seen:
                 raise InvariantViolation(
-                    "free queue is acyclic", f"block {block.block_id} is reached twice"
+                    "no block twice in the free order", f"block {block.block_id} is reached twice"
                 )
             seen.add(id(block))
             if block.prev_free_block is not prev:

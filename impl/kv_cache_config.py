@@ -14,6 +14,7 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+from pagedkv.arguments import require_int
 from pagedkv.errors import InvalidArgumentError, KVCacheConfigError
 from pagedkv.kv_cache_interface import (
     FullAttentionSpec,
@@ -37,21 +38,16 @@ def num_blocks_for_budget(available_memory: int, page_size_bytes: int, num_layer
     return available_memory // page_size_bytes // num_layers
 
 
-def _check_limits(max_model_len: int, max_num_batched_tokens: int | None) -> int:
-    """Validate the limits; return max_num_batched_tokens, max_model_len when it is None."""
-    if not isinstance(max_model_len, int) or isinstance(max_model_len, bool) or max_model_len < 1:
-        raise InvalidArgumentError(f"max_model_len must be an int >= 1, got {max_model_len!r}")
+def _check_limits(
+    call: str, max_model_len: int, max_num_batched_tokens: int | None, available_memory: object = 0
+) -> int:
+    """Validate the limits (and a memory budget: an int, maybe <= 0); return
+    max_num_batched_tokens, max_model_len when it is None."""
+    require_int(call, "available_memory", available_memory)
+    require_int(call, "max_model_len", max_model_len, 1)
     if max_num_batched_tokens is None:
         return max_model_len
-    if (
-        not isinstance(max_num_batched_tokens, int)
-        or isinstance(max_num_batched_tokens, bool)
-        or max_num_batched_tokens < 1
-    ):
-        raise InvalidArgumentError(
-            f"max_num_batched_tokens must be an int >= 1, got {max_num_batched_tokens!r}"
-        )
-    return max_num_batched_tokens
+    return require_int(call, "max_num_batched_tokens", max_num_batched_tokens, 1)
 
 
 def _check_specs(kv_cache_specs: Mapping[str, KVCacheSpec]) -> None:
@@ -92,7 +88,7 @@ def memory_needed_bytes(
 
     Complexity: O(num_layers).
     """
-    batched = _check_limits(max_model_len, max_num_batched_tokens)
+    batched = _check_limits("memory_needed_bytes", max_model_len, max_num_batched_tokens)
     _check_specs(kv_cache_specs)
     return _needed_bytes(Counter(kv_cache_specs.values()), max_model_len, batched)
 
@@ -120,7 +116,9 @@ def estimate_max_model_len(
 
     Complexity: O(distinct specs * log max_model_len) after O(num_layers) to count the specs.
     """
-    batched = _check_limits(max_model_len, max_num_batched_tokens)
+    batched = _check_limits(
+        "estimate_max_model_len", max_model_len, max_num_batched_tokens, available_memory
+    )
     _check_specs(kv_cache_specs)
     spec_counts = Counter(kv_cache_specs.values())
     low, high = 0, max_model_len  # invariant: `low` fits (or is 0); everything above `high` not
@@ -155,7 +153,9 @@ def check_enough_kv_cache_memory(
 
     Complexity: O(num_layers + distinct specs * log max_model_len).
     """
-    batched = _check_limits(max_model_len, max_num_batched_tokens)
+    batched = _check_limits(
+        "check_enough_kv_cache_memory", max_model_len, max_num_batched_tokens, available_memory
+    )
     _check_specs(kv_cache_specs)
     if available_memory <= 0:
         raise KVCacheConfigError(

@@ -20,7 +20,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NewType, TypeAlias
 
-from pagedkv.errors import InvalidArgumentError, KVCacheConfigError
+from pagedkv.arguments import is_int
+
+# Re-exported (the `as` form tells mypy so): the planner imports cdiv from here.
+from pagedkv.block_counts import cdiv as cdiv  # noqa: PLC0414
+from pagedkv.errors import ArgumentTypeError, InvalidArgumentError, KVCacheConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -104,11 +108,6 @@ def dtype_size(dtype: DTypeLike) -> int:
     return DTYPE_SIZES[dtype_name(dtype)]
 
 
-def cdiv(a: int, b: int) -> int:
-    """Ceiling of `a / b` for b > 0, in integers. Complexity: O(1)."""
-    return -(-a // b)
-
-
 def attention_page_size_bytes(
     block_size: int, num_kv_heads: int, head_size: int, dtype_size: int, use_mla: bool
 ) -> int:
@@ -144,7 +143,10 @@ def sliding_window_max_blocks(
 
 
 def _check_positive_int(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    """Refuse anything but an int >= 1: ArgumentTypeError for another type (a bool, a float)."""
+    if not is_int(value):
+        raise ArgumentTypeError(f"{name} must be an int >= 1, got {value!r}")
+    if value < 1:  # type: ignore[operator]
         raise InvalidArgumentError(f"{name} must be an int >= 1, got {value!r}")
 
 

@@ -18,29 +18,37 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pagedkv import refusals
+from pagedkv.arguments import require_int
 from pagedkv.block import KVCacheBlock
-from pagedkv.block_counts import fits, num_full_blocks, num_new_blocks, num_required_blocks
+from pagedkv.block_counts import cdiv, fits, num_full_blocks, num_new_blocks, num_required_blocks
 from pagedkv.block_hash import BlockHashType, get_hash_fn, hash_request_tokens
 from pagedkv.block_pool import BlockPool
+from pagedkv.call_arguments import (
+    MANAGER,
+    check_allocation,
+    check_common_prefix,
+    check_lookup,
+    check_manager,
+    check_request,
+)
 from pagedkv.errors import (
-    BlockStateError,
+    ConcurrentUseError,
     InvalidArgumentError,
     InvariantViolation,
     KVCacheConfigError,
-    MaxModelLenExceededError,
-    RequestError,
 )
-from pagedkv.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheConfig,
-    SlidingWindowSpec,
-    cdiv,
-)
+from pagedkv.kv_cache_interface import FullAttentionSpec, KVCacheConfig, SlidingWindowSpec
 from pagedkv.prefix_cache_stats import PrefixCacheStats
 from pagedkv.request import Request
 from pagedkv.semantics import PAGEDKV, Semantics
 from pagedkv.sliding_window import SlidingWindowManager
 from pagedkv.specialized_manager import FullAttentionManager, SpecializedManager
+
+
+def _is_kv_block(value: object) -> bool:
+    return isinstance(value, KVCacheBlock)
+
 
 CHECK_INVARIANTS_ENV = "PAGEDKV_CHECK_INVARIANTS"
 """Set to 1 to make every manager run `check_invariants()` after each state-changing call."""
@@ -63,8 +71,16 @@ class KVCacheManager:
     (`req_to_block_hashes`, kept across preemption, dropped by `free_block_hashes`) and how many
     of its blocks are cached (`num_cached_block`). A request id names one `Request` object from
     its first use until it is freed and its hashes are dropped; since a request's tokens only
-    grow, stored hashes can never go stale. Every public method checks its preconditions before
-    changing anything. Invariants: `check_invariants()`, mirroring the spec's manager.
+    grow, stored hashes can never go stale. Every public method checks its preconditions,
+    argument types included (`pagedkv.call_arguments`), before changing anything.
+
+    Not thread-safe, but never silently corrupted: a call that overlaps another call on the
+    same manager or its pool (from another thread, or re-entering from a hash function) raises
+    `ConcurrentUseError` and changes nothing, while the running call goes on. The guard costs
+    about 50 ns a call: it pops a token from a list, which is atomic (a busy flag would cost
+    13 ns, but its check-then-set is not). To share a manager between threads, serialize the
+    calls with a lock of your own.
+    Invariants: `check_invariants()`, mirroring the spec's manager.
 
     Args:
         kv_cache_config: one KV cache group, full attention or sliding window.
@@ -93,13 +109,15 @@ class KVCacheManager:
         semantics: Semantics = PAGEDKV,
         debug_invariants: bool | int | None = None,
     ) -> None:
-        if len(kv_cache_config.kv_cache_groups) != 1:
-            raise KVCacheConfigError(
-                f"KVCacheManager needs exactly one KV cache group, got "
-                f"{len(kv_cache_config.kv_cache_groups)}"
-            )
-        if max_model_len <= 0:
-            raise InvalidArgumentError(f"max_model_len must be > 0, got {max_model_len}")
+        check_manager(
+            kv_cache_config,
+            max_model_len,
+            enable_caching,
+            caching_hash_algo,
+            use_eagle,
+            log_stats,
+            semantics,
+        )
         kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
         self.block_size = kv_cache_spec.block_size
         self.num_gpu_blocks = kv_cache_config.num_blocks
@@ -130,10 +148,23 @@ class KVCacheManager:
                     f"{CHECK_INVARIANTS_ENV} must be a number of calls (0: off), got {setting!r}"
                 )
             debug_invariants = int(setting)
-        if int(debug_invariants) < 0:
-            raise InvalidArgumentError(f"debug_invariants must be >= 0, got {debug_invariants}")
+        elif not isinstance(debug_invariants, bool):
+            require_int(MANAGER, "debug_invariants", debug_invariants, 0)
         self.debug_invariants = int(debug_invariants)
         self._calls_until_check = self.debug_invariants
+        # The pool's call token (see BlockPool): a manager call holds it, so a call overlapping
+        # it, on the manager or on its pool, is refused; the manager calls the pool's
+        # underscored methods, which assume it is held. Bound once: the guard is on every call.
+        self._take_token = self.block_pool._idle.pop
+        self._give_token = self.block_pool._idle.append
+
+    def _enter(self, call: str) -> None:
+        """Take the call token, or refuse a call that overlaps another one. (The calls made
+        once a decode step inline this.)"""
+        try:
+            self._take_token()
+        except IndexError:
+            raise ConcurrentUseError(call) from None
 
     @property
     def usage(self) -> float:
@@ -142,11 +173,15 @@ class KVCacheManager:
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
         """The stats gathered since the last call (renewed), or None without `log_stats`."""
-        if self.prefix_cache_stats is None:
-            return None
-        stats = self.prefix_cache_stats
-        self.prefix_cache_stats = PrefixCacheStats()
-        return stats
+        self._enter("KVCacheManager.make_prefix_cache_stats")
+        try:
+            if self.prefix_cache_stats is None:
+                return None
+            stats = self.prefix_cache_stats
+            self.prefix_cache_stats = PrefixCacheStats()
+            return stats
+        finally:
+            self._give_token(None)
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The cached blocks a waiting request can reuse, and how many tokens they hold.
@@ -158,10 +193,20 @@ class KVCacheManager:
         `allocate_slots` does that if the request gets scheduled.
 
         Raises:
+            ArgumentTypeError: `request` is not a Request, or its prompt_logprobs not a bool.
             RequestError: another Request object already uses this request id.
+            ConcurrentUseError: another call on this manager is running.
 
         Complexity: O(num_tokens) the first time, O(full blocks) after.
         """
+        self._enter("KVCacheManager.get_computed_blocks")
+        try:
+            check_lookup(request)
+            return self._get_computed_blocks(request)
+        finally:
+            self._give_token(None)
+
+    def _get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         if not self.enable_caching:
             return [], 0
         self._check_identity(request)
@@ -214,37 +259,55 @@ class KVCacheManager:
             The newly allocated blocks (maybe none), or None if they do not fit.
 
         Raises:
-            InvalidArgumentError: num_tokens <= 0, lookahead < 0, or more speculative tokens
-                than num_tokens; hits with caching off; more tokens scheduled than the request
-                has.
+            ArgumentTypeError, InvalidArgumentError: an argument of the wrong type or out of
+                range (`check_allocation`: num_tokens an int >= 1, lookahead an int >= 0, the
+                request's num_computed_tokens an int and spec_token_ids a list, hits blocks);
+                more speculative tokens than num_tokens; hits with caching off; more tokens
+                scheduled than the request has.
             RequestError: another Request object uses the id; num_computed_tokens outside the
                 request's slots; hits for a request that already holds blocks; a hit that is not
-                the request's cached block at its position, or a sliding-window hit of the wrong
-                shape; fewer full blocks than already cached.
+                the request's cached block at its position, or a hit of a shape the attention
+                type cannot produce; fewer full blocks than already cached.
             BlockStateError: a hit that does not belong to the pool, or a null hit under full
                 attention.
             MaxModelLenExceededError: the request would need more than
                 cdiv(max_model_len, block_size) blocks.
+            ConcurrentUseError: another call on this manager is running.
 
         Complexity: O(new blocks + hits + blocks to cache * block_size); O(1) for a decode step
         that stays inside its last block.
         """
-        plan = self._plan_allocation(request, num_tokens, new_computed_blocks, num_lookahead_tokens)
-        # Every precondition holds; from here on nothing can fail.
+        try:
+            self._take_token()
+        except IndexError:
+            raise ConcurrentUseError("KVCacheManager.allocate_slots") from None
+        try:
+            hits = check_allocation(
+                request, num_tokens, new_computed_blocks, num_lookahead_tokens, _is_kv_block
+            )
+            plan = self._plan_allocation(request, num_tokens, hits, num_lookahead_tokens)
+            return self._allocate(request, plan)
+        finally:
+            self._give_token(None)
+
+    def _allocate(self, request: Request, plan: _Allocation) -> list[KVCacheBlock] | None:
+        """allocate_slots once every precondition holds: from here on nothing can fail."""
         request_id = request.request_id
         req_blocks = self.req_to_blocks.get(request_id, [])
         pool = self.block_pool
-        pool.free_blocks(
-            self.specialized_manager.remove_skipped_blocks(req_blocks, request.num_computed_tokens)
+        removed = self.specialized_manager.remove_skipped_blocks(
+            req_blocks, request.num_computed_tokens
         )
+        if removed:
+            pool._free_blocks(removed)
         new_computed = plan.new_computed
         num_new = num_new_blocks(plan.num_required, len(req_blocks), len(new_computed))
         num_evictable_hits = self._num_evictable_hits(new_computed) if new_computed else 0
         if not fits(num_new, pool.get_num_free_blocks(), num_evictable_hits):
             self._after_call()
             return None
-        if self.enable_caching:
-            pool.touch(new_computed)
+        if self.enable_caching and new_computed:
+            pool._touch(new_computed)
         req_blocks.extend(new_computed)
         self.req_to_blocks[request_id] = req_blocks
         self._requests[request_id] = request
@@ -255,19 +318,23 @@ class KVCacheManager:
                 pool.get_num_free_blocks(),
                 self.max_num_blocks_per_req - len(req_blocks),
             )
-            new_blocks = pool.get_new_blocks(num_new)
+            new_blocks = pool._get_new_blocks(num_new)
             req_blocks.extend(new_blocks)
         if self.enable_caching:
             # min(): only vLLM's capped allocation (cap_at_max_model_len) can hold fewer blocks.
-            pool.cache_full_blocks(
-                request,
-                req_blocks,
-                self.req_to_block_hashes.setdefault(request_id, []),
-                min(plan.num_cached, len(req_blocks)),
-                min(plan.num_full, len(req_blocks)),
-                self.block_size,
-                self.caching_hash_fn,
-            )
+            num_cached = min(plan.num_cached, len(req_blocks))
+            num_full = min(plan.num_full, len(req_blocks))
+            stored = self.req_to_block_hashes.setdefault(request_id, [])
+            if num_full > num_cached:
+                pool._cache_full_blocks(
+                    request,
+                    req_blocks,
+                    stored,
+                    num_cached,
+                    num_full,
+                    self.block_size,
+                    self.caching_hash_fn,
+                )
             self.num_cached_block[request_id] = plan.num_full
         self._after_call()
         return new_blocks
@@ -287,44 +354,28 @@ class KVCacheManager:
         self,
         request: Request,
         num_tokens: int,
-        new_computed_blocks: Sequence[KVCacheBlock] | None,
+        new_computed: list[KVCacheBlock],
         num_lookahead_tokens: int,
     ) -> _Allocation:
-        """Check every precondition of `allocate_slots`, in its documented order."""
+        """Check every precondition of `allocate_slots` past its argument checks, in order."""
         request_id = request.request_id
         block_size = self.block_size
-        if num_tokens <= 0:
-            raise InvalidArgumentError(
-                f"request {request_id!r}: num_tokens must be > 0, got {num_tokens}"
-            )
-        if num_lookahead_tokens < 0:
-            raise InvalidArgumentError(
-                f"request {request_id!r}: num_lookahead_tokens must be >= 0, got "
-                f"{num_lookahead_tokens}"
-            )
         if len(request.spec_token_ids) > num_tokens:
-            raise InvalidArgumentError(
-                f"request {request_id!r}: {len(request.spec_token_ids)} speculative tokens but "
-                f"only {num_tokens} scheduled (speculative tokens are part of num_tokens)"
+            raise refusals.more_drafts_than_scheduled(
+                request_id, len(request.spec_token_ids), num_tokens
             )
         self._check_identity(request)
         num_held = len(self.req_to_blocks.get(request_id, ()))
-        new_computed = list(new_computed_blocks) if new_computed_blocks else []
         num_computed = request.num_computed_tokens
         if not 0 <= num_computed <= num_held * block_size:
-            raise RequestError(
-                request_id,
-                "num_computed_tokens outside the request's slots",
-                f"{num_computed} computed, {num_held} blocks of {block_size} held",
-            )
+            raise refusals.computed_outside_slots(request_id, num_computed, num_held, block_size)
         if new_computed:
             self._check_hits(request, num_held, new_computed)
         num_computed_tokens = num_computed + len(new_computed) * block_size
         num_scheduled_real = num_computed_tokens + num_tokens - len(request.spec_token_ids)
         if num_scheduled_real > request.num_tokens:
-            raise InvalidArgumentError(
-                f"request {request_id!r}: {num_scheduled_real} tokens computed after this step, "
-                f"but the request has {request.num_tokens}"
+            raise refusals.more_tokens_than_request(
+                request_id, num_scheduled_real, request.num_tokens
             )
         num_required = num_required_blocks(
             num_computed_tokens, num_tokens, num_lookahead_tokens, block_size
@@ -333,38 +384,47 @@ class KVCacheManager:
             not self.semantics.cap_at_max_model_len
             or num_held + len(new_computed) >= self.max_num_blocks_per_req
         ):
-            raise MaxModelLenExceededError(
+            raise refusals.past_max_model_len(
                 request_id,
-                "allocation past max_model_len",
-                f"{num_required} blocks needed, at most {self.max_num_blocks_per_req} "
-                f"(max_model_len {self.max_model_len}, block size {block_size})",
+                num_required,
+                self.max_num_blocks_per_req,
+                self.max_model_len,
+                block_size,
             )
         num_full = num_full_blocks(
             num_computed_tokens, num_tokens, len(request.spec_token_ids), block_size
         )
         num_cached = self.num_cached_block.get(request_id, len(new_computed))
         if self.enable_caching and num_full < num_cached:
-            raise RequestError(
-                request_id,
-                "fewer full blocks than already cached",
-                f"{num_full} full, {num_cached} cached: did num_computed_tokens go back?",
-            )
+            raise refusals.cached_blocks_lost(request_id, num_full, num_cached)
         return _Allocation(new_computed, num_required, num_full, num_cached)
 
     def free(self, request: Request) -> None:
-        """Release the request's blocks: tail first when caching (evicted first), else in order.
+        """Release the request's blocks: tail first when caching (evicted first), else in order
+        (tail first as well under `free_tail_first_without_caching`).
 
         Keeps its block hashes (a preempted request reuses them). An unknown request is a no-op.
 
         Raises:
+            ArgumentTypeError: `request` is not a Request.
             RequestError: another Request object uses this request id.
+            ConcurrentUseError: another call on this manager is running.
 
         Complexity: O(blocks held).
         """
+        self._enter("KVCacheManager.free")
+        try:
+            check_request("free", request)
+            self._free(request)
+        finally:
+            self._give_token(None)
+
+    def _free(self, request: Request) -> None:
         self._check_identity(request)
         request_id = request.request_id
         blocks = self.req_to_blocks.get(request_id, [])
-        self.block_pool.free_blocks(reversed(blocks) if self.enable_caching else blocks)
+        tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
+        self.block_pool._free_blocks(blocks[::-1] if tail_first else blocks)
         self.req_to_blocks.pop(request_id, None)
         self.num_cached_block.pop(request_id, None)
         self._forget_if_done(request_id)
@@ -374,52 +434,73 @@ class KVCacheManager:
         """Drop the request's stored block hashes (when it finishes, not when preempted).
 
         Raises:
+            ArgumentTypeError: `request` is not a Request.
             RequestError: another Request object uses this request id, or the request still
                 holds blocks (its cached blocks need their hashes: `free` it first).
+            ConcurrentUseError: another call on this manager is running.
         """
-        self._check_identity(request)
-        if request.request_id in self.req_to_blocks:
-            raise RequestError(
-                request.request_id,
-                "free_block_hashes of a request that still holds blocks",
-                "free it first; a running request's cached blocks need their stored hashes",
-            )
-        self.req_to_block_hashes.pop(request.request_id, None)
-        self._forget_if_done(request.request_id)
-        self._after_call()
+        self._enter("KVCacheManager.free_block_hashes")
+        try:
+            check_request("free_block_hashes", request)
+            self._check_identity(request)
+            if request.request_id in self.req_to_blocks:
+                raise refusals.hashes_dropped_while_held(request.request_id)
+            self.req_to_block_hashes.pop(request.request_id, None)
+            self._forget_if_done(request.request_id)
+            self._after_call()
+        finally:
+            self._give_token(None)
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached hash if no request holds blocks; else refuse (False)."""
-        if not self.block_pool.reset_prefix_cache():
-            return False
-        if self.prefix_cache_stats is not None:
-            self.prefix_cache_stats.reset = True
-        self._after_call()
-        return True
+        """Forget every cached hash if no request holds blocks; else refuse (False).
+
+        Raises:
+            ConcurrentUseError: another call on this manager is running.
+        """
+        self._enter("KVCacheManager.reset_prefix_cache")
+        try:
+            if not self.block_pool._reset_prefix_cache():
+                return False
+            if self.prefix_cache_stats is not None:
+                self.prefix_cache_stats.reset = True
+            self._after_call()
+            return True
+        finally:
+            self._give_token(None)
 
     def get_num_common_prefix_blocks(self, request: Request, num_running_requests: int) -> int:
         """Leading blocks of `request` whose ref_cnt equals `num_running_requests`.
 
         With every running request holding them, these blocks are a prefix common to all.
+
+        Raises:
+            ArgumentTypeError, InvalidArgumentError: `request` is not a Request, or
+                `num_running_requests` not an int >= 0.
+            ConcurrentUseError: another call on this manager is running.
+
         Complexity: O(common prefix).
         """
-        count = 0
-        for block in self.req_to_blocks.get(request.request_id, []):
-            if block.ref_cnt != num_running_requests:
-                break
-            count += 1
-        return count
+        try:
+            self._take_token()
+        except IndexError:
+            raise ConcurrentUseError("KVCacheManager.get_num_common_prefix_blocks") from None
+        try:
+            check_common_prefix(request, num_running_requests)
+            count = 0
+            for block in self.req_to_blocks.get(request.request_id, []):
+                if block.ref_cnt != num_running_requests:
+                    break
+                count += 1
+            return count
+        finally:
+            self._give_token(None)
 
     # -- checks ------------------------------------------------------------------------------
 
     def _check_identity(self, request: Request) -> None:
         known = self._requests.get(request.request_id)
         if known is not None and known is not request:
-            raise RequestError(
-                request.request_id,
-                "request id already in use by another Request object",
-                "free it and drop its hashes (free_block_hashes) before reusing the id",
-            )
+            raise refusals.id_in_use(request.request_id)
 
     def _check_hits(
         self, request: Request, num_held: int, new_computed: list[KVCacheBlock]
@@ -427,60 +508,27 @@ class KVCacheManager:
         """Prefix hits are the request's cached blocks, position by position."""
         request_id = request.request_id
         if not self.enable_caching:
-            raise InvalidArgumentError(
-                f"request {request_id!r}: new_computed_blocks given while prefix caching is off"
-            )
+            raise refusals.hits_without_caching(request_id)
         if num_held or request.num_computed_tokens:
-            raise RequestError(
-                request_id,
-                "new_computed_blocks for a request that already holds blocks or computed tokens",
-            )
+            raise refusals.hits_for_running_request(request_id)
         stored = self.req_to_block_hashes.get(request_id, [])
         if len(new_computed) > len(stored):
-            raise RequestError(
-                request_id,
-                "new_computed_blocks must be the request's cached blocks",
-                f"{len(new_computed)} hits but {len(stored)} stored block hashes",
-            )
+            raise refusals.more_hits_than_hashes(request_id, len(new_computed), len(stored))
         pool = self.block_pool
-        full_attention = isinstance(self.specialized_manager, FullAttentionManager)
+        policy = self.specialized_manager
         for position, block in enumerate(new_computed):
             block_id = block.block_id
             if not 0 <= block_id < pool.num_gpu_blocks or pool.blocks[block_id] is not block:
-                raise BlockStateError(block_id, "block does not belong to this pool")
+                raise refusals.foreign_block(block_id)
             if block is pool.null_block:
-                if full_attention:
-                    raise BlockStateError(block_id, "a null block is no hit under full attention")
+                if not policy.allows_null_blocks:
+                    raise refusals.null_hit(block_id)
                 continue
             if block.block_hash != stored[position]:
-                raise RequestError(
-                    request_id,
-                    "new_computed_blocks must be the request's cached blocks",
-                    f"block {block_id} at position {position} is not cached under the "
-                    f"request's hash there",
-                )
-        if isinstance(self.specialized_manager, SlidingWindowManager):
-            self._check_window_hit(request_id, new_computed)
-
-    def _check_window_hit(self, request_id: str, new_computed: list[KVCacheBlock]) -> None:
-        """Null hits are a prefix, followed by enough cached blocks to fill the window."""
-        null_block = self.block_pool.null_block
-        num_nulls = 0
-        while num_nulls < len(new_computed) and new_computed[num_nulls] is null_block:
-            num_nulls += 1
-        if not num_nulls:
-            return
-        assert isinstance(self.specialized_manager, SlidingWindowManager)
-        needed = max(self.specialized_manager.sliding_window_contiguous_blocks, 1) - int(
-            self.use_eagle
-        )
-        cached = new_computed[num_nulls:]
-        if any(block is null_block for block in cached) or len(cached) < needed:
-            raise RequestError(
-                request_id,
-                "new_computed_blocks is not a sliding-window hit",
-                f"{num_nulls} null blocks, then {len(cached)} blocks; the window needs {needed}",
-            )
+                raise refusals.hit_not_cached(request_id, block_id, position)
+        shape_error = policy.hit_shape_error(new_computed, self.use_eagle)
+        if shape_error is not None:
+            raise refusals.hit_shape(request_id, shape_error)
 
     def _forget_if_done(self, request_id: str) -> None:
         if request_id not in self.req_to_blocks and request_id not in self.req_to_block_hashes:
@@ -492,7 +540,7 @@ class KVCacheManager:
         self._calls_until_check -= 1
         if self._calls_until_check <= 0:
             self._calls_until_check = self.debug_invariants
-            self.check_invariants()
+            self._check_invariants()
 
     def check_invariants(self) -> None:
         """The pool's invariants and the request-level ones (the spec manager states them).
@@ -502,18 +550,26 @@ class KVCacheManager:
 
         Raises:
             InvariantViolation: the first broken invariant and the state that breaks it.
+            ConcurrentUseError: another call on this manager is running.
 
         Complexity: O(num_gpu_blocks + tokens of the requests holding blocks), the tokens
         rehashed to check the stored chains.
         """
+        self._enter("KVCacheManager.check_invariants")
+        try:
+            self._check_invariants()
+        finally:
+            self._give_token(None)
+
+    def _check_invariants(self) -> None:
         pool = self.block_pool
-        pool.check_invariants()
+        pool._check_invariants()
         null_block = pool.null_block
         holders: Counter[int] = Counter()
-        sliding = isinstance(self.specialized_manager, SlidingWindowManager)
+        null_blocks_allowed = self.specialized_manager.allows_null_blocks
         for request_id, blocks in self.req_to_blocks.items():
             nulls = [i for i, block in enumerate(blocks) if block is null_block]
-            if nulls and (not sliding or nulls != list(range(len(nulls)))):
+            if nulls and (not null_blocks_allowed or nulls != list(range(len(nulls)))):
                 raise InvariantViolation(
                     "null blocks only as a prefix, and only under sliding window",
                     f"request {request_id!r}: null at positions {nulls}",

@@ -1,30 +1,39 @@
-"""Plan a model's KV cache: page size, blocks, token capacity and concurrency for a memory budget.
+"""Plan a model's KV cache on each GPU: page size, blocks, token capacity and concurrency.
 
-The model's shape comes from a local Hugging Face config.json, from flags, or both (flags win).
-The budget is given in bytes, or as a GPU's memory, the share pagedkv may use, and the memory
-the model needs besides its KV cache. The plan is what `get_kv_cache_config` would build on one
-worker. When one request of max_model_len does not fit, the error says the largest that does.
+The planner is pure: a `ModelShape` (from flags, or from a config.json through
+`pagedkv.hf_config`), one GPU's KV cache budget in bytes and the serving limits give a
+`KVCachePlan`: the config `get_kv_cache_config` builds on that GPU, with the figures an operator
+sizes a server by. It decides as vLLM 0.8.5 does:
 
-Exit status: 0 with a plan; 1 when the model does not fit the budget; 2 on bad arguments.
+- dtypes (`resolve_dtypes`): dtype "auto" is the model's own, except that a float32 model, or one
+  whose config names no dtype, runs in float16; kv_cache_dtype "auto" is the model dtype.
+- tensor parallelism (`ModelShape.num_kv_heads_per_gpu`): each GPU stores num_kv_heads // tp
+  heads, at least one (a head is replicated when tp exceeds them); an MLA latent is on every GPU.
+- a model with both full-attention and sliding-window layers gets one block table, so every
+  layer is planned as full attention. vLLM checks one request of max_model_len against the
+  budget on the layers as given; `make_plan` also checks it on the layers as planned, which vLLM
+  0.8.5 does not (it starts with a pool that such a request cannot fit in).
+
+Its command line is `pagedkv plan` (`pagedkv.plan_cli`).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import re
-import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from pagedkv.available_memory import kv_cache_budget_bytes
+from pagedkv.byte_sizes import format_bytes
 from pagedkv.errors import InvalidArgumentError, KVCacheConfigError
-from pagedkv.kv_cache_config import get_kv_cache_config
+from pagedkv.kv_cache_config import (
+    check_enough_kv_cache_memory,
+    estimate_max_model_len,
+    get_kv_cache_config,
+    memory_needed_bytes,
+    unify_hybrid_kv_cache_specs,
+)
 from pagedkv.kv_cache_interface import (
     AttentionSpec,
-    DTypeLike,
     DTypeName,
     FullAttentionSpec,
     KVCacheConfig,
@@ -34,66 +43,103 @@ from pagedkv.kv_cache_interface import (
     dtype_name,
 )
 
-SIZE_UNITS: Mapping[str, int] = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
+MODEL_DTYPES: tuple[DTypeName, ...] = tuple(map(DTypeName, ("float16", "bfloat16", "float32")))
+"""What vLLM 0.8.5's `--dtype` may name besides "auto" (aliases such as "half" or "bf16" too)."""
+
+KV_CACHE_DTYPES: Mapping[str, DTypeName] = {
+    "fp8": DTypeName("float8_e4m3fn"),
+    "fp8_e4m3": DTypeName("float8_e4m3fn"),
+    "fp8_e5m2": DTypeName("float8_e5m2"),
 }
-_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*")
+"""vLLM 0.8.5's `--kv-cache-dtype` choices besides "auto" (the model dtype), one byte each."""
+
+PLAN_JSON_SCHEMA = "pagedkv-plan/1"
+"""The `schema` of `pagedkv plan --json` documents; it changes when a key changes meaning."""
 
 
-def parse_size(text: str) -> int:
-    """Bytes in `text`: a number with an optional unit (B, KB..TB decimal, KiB..TiB binary).
+@dataclass(frozen=True)
+class DTypeChoice:
+    """The dtypes vLLM 0.8.5 runs a model and its KV cache in.
+
+    Attributes:
+        model_dtype: the weights' and activations' dtype.
+        kv_cache_dtype: the KV cache's element type.
+        note: why the model dtype is not the one config.json names, or None.
+    """
+
+    model_dtype: DTypeName
+    kv_cache_dtype: DTypeName
+    note: str | None = None
+
+
+def resolve_dtypes(
+    config_dtype: str | None, dtype: str = "auto", kv_cache_dtype: str = "auto"
+) -> DTypeChoice:
+    """vLLM 0.8.5's dtype choice (`_get_and_verify_dtype`, then the model runner's cache dtype).
+
+    dtype "auto" takes `config_dtype`, except float32, or no dtype at all (which vLLM reads as
+    float32), which become float16. Any other dtype must be a 16- or 32-bit float. kv_cache_dtype
+    "auto" is the model dtype; otherwise one of `KV_CACHE_DTYPES`.
+
+    Args:
+        config_dtype: config.json's `torch_dtype` (or `dtype`), None if it names none.
+        dtype: "auto" or one of `MODEL_DTYPES`.
+        kv_cache_dtype: "auto" or one of `KV_CACHE_DTYPES`.
 
     Raises:
-        InvalidArgumentError: not a number with a known unit, or not a whole number of bytes.
+        InvalidArgumentError: an unknown dtype or kv_cache_dtype, or a config dtype that is
+            no dtype at all.
 
-    Complexity: O(len(text)).
+    Complexity: O(1).
     """
-    match = _SIZE.fullmatch(text.lower())
-    if match is None or match.group(2) not in SIZE_UNITS:
+    note = None
+    if dtype.strip().lower() == "auto":
+        if config_dtype is None:
+            model_dtype = DTypeName("float16")
+            note = "config.json names no dtype: vLLM reads float32 and runs float16 (dtype=auto)"
+        else:
+            model_dtype = dtype_name(config_dtype)
+            if model_dtype == "float32":
+                model_dtype = DTypeName("float16")
+                note = "float32 model: vLLM runs it and its KV cache in float16 (dtype=auto)"
+    else:
+        model_dtype = dtype_name(dtype)
+        if model_dtype not in MODEL_DTYPES:
+            raise InvalidArgumentError(
+                f"dtype must be auto, float16, bfloat16 or float32 (the model's dtype), got "
+                f"{dtype!r}; for an fp8 KV cache give kv_cache_dtype fp8"
+            )
+    choice = kv_cache_dtype.strip().lower()
+    if choice == "auto":
+        return DTypeChoice(model_dtype, model_dtype, note)
+    if choice not in KV_CACHE_DTYPES:
         raise InvalidArgumentError(
-            f"not a memory size: {text!r} (a number with B, KB, MB, GB, TB, KiB, MiB, GiB or "
-            f"TiB, e.g. 40GiB)"
+            f"kv_cache_dtype must be auto or one of {', '.join(KV_CACHE_DTYPES)} (vLLM 0.8.5's "
+            f"choices), got {kv_cache_dtype!r}"
         )
-    number, unit = match.groups()
-    scale = SIZE_UNITS[unit]
-    if "." not in number:
-        return int(number) * scale
-    value = float(number) * scale
-    if value != int(value):
-        raise InvalidArgumentError(f"not a whole number of bytes: {text!r} = {value} bytes")
-    return int(value)
+    return DTypeChoice(model_dtype, KV_CACHE_DTYPES[choice], note)
 
 
-def format_bytes(num_bytes: int) -> str:
-    """`num_bytes` with thousands separators and in the largest binary unit that is >= 1."""
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(num_bytes) >= scale:
-            return f"{num_bytes:,} bytes ({num_bytes / scale:.2f} {unit})"
-    return f"{num_bytes:,} bytes"
+def _check_count(name: str, value: object, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InvalidArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What the KV cache needs to know about a model's attention layers.
+    """What the KV cache needs to know about a whole model's attention layers.
 
     Attributes:
         num_layers: attention layers (>= 1).
-        num_kv_heads: KV heads per layer (>= 1; 1 for MLA).
+        num_kv_heads: KV heads per layer over all GPUs (>= 1; 1 for MLA).
         head_size: elements per head (for MLA: the latent width, kv_lora_rank + rope dims).
         dtype: the KV cache's element type.
         use_mla: the layers store one latent vector per token (DeepSeek-V2/V3 style).
         sliding_window: the window of the sliding-window layers, or None if there are none.
         num_sliding_window_layers: how many layers use the window (0 without one); the rest
             use full attention, and a mix is planned as all full attention, as vLLM does.
+        num_attention_heads: query heads per layer (>= 1), None if unknown; tensor parallelism
+            must divide them.
     """
 
     num_layers: int
@@ -103,12 +149,14 @@ class ModelShape:
     use_mla: bool = False
     sliding_window: int | None = None
     num_sliding_window_layers: int = 0
+    num_attention_heads: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_layers, int) or isinstance(self.num_layers, bool):
-            raise InvalidArgumentError(f"num_layers must be an int, got {self.num_layers!r}")
-        if self.num_layers < 1:
-            raise InvalidArgumentError(f"num_layers must be >= 1, got {self.num_layers}")
+        _check_count("num_layers", self.num_layers, 1)
+        _check_count("num_kv_heads", self.num_kv_heads, 1)
+        _check_count("head_size", self.head_size, 1)
+        if self.num_attention_heads is not None:
+            _check_count("num_attention_heads", self.num_attention_heads, 1)
         if self.use_mla and self.sliding_window is not None:
             raise InvalidArgumentError("MLA is not supported with a sliding window")
         if self.sliding_window is None and self.num_sliding_window_layers:
@@ -119,15 +167,61 @@ class ModelShape:
                 f"got {self.num_sliding_window_layers}"
             )
 
-    def kv_cache_specs(self, block_size: int) -> dict[str, KVCacheSpec]:
-        """Layer name (`layers.{i}`) -> spec; the window layers come first. Complexity: O(layers).
+    @property
+    def is_hybrid(self) -> bool:
+        """Both sliding-window and full-attention layers: vLLM 0.8.5 plans them all as full."""
+        return 0 < self.num_sliding_window_layers < self.num_layers
+
+    def num_kv_heads_per_gpu(self, tensor_parallel_size: int) -> int:
+        """KV heads one GPU stores when `tensor_parallel_size` GPUs share every layer.
+
+        As vLLM 0.8.5 splits them: `num_kv_heads // tp`, or 1 when tp >= num_kv_heads (each
+        head then on `tp // num_kv_heads` GPUs); 1 for MLA, whose latent every GPU keeps whole.
 
         Raises:
-            InvalidArgumentError, KVCacheConfigError: as the specs' constructors.
+            InvalidArgumentError: tp < 1; tp does not divide num_attention_heads; or, without
+                MLA, neither of tp and num_kv_heads divides the other (vLLM refuses these).
+
+        Complexity: O(1).
         """
+        tp = tensor_parallel_size
+        _check_count("tensor_parallel_size", tp, 1)
+        if self.num_attention_heads is not None and self.num_attention_heads % tp:
+            raise InvalidArgumentError(
+                f"tensor_parallel_size={tp} must divide num_attention_heads="
+                f"{self.num_attention_heads}: each GPU gets the same number of query heads"
+            )
+        if self.use_mla:
+            return 1
+        if tp >= self.num_kv_heads:
+            if tp % self.num_kv_heads:
+                raise InvalidArgumentError(
+                    f"tensor_parallel_size={tp} must be a multiple of num_kv_heads="
+                    f"{self.num_kv_heads}: each KV head is replicated on tp // num_kv_heads GPUs"
+                )
+            return 1
+        if self.num_kv_heads % tp:
+            raise InvalidArgumentError(
+                f"tensor_parallel_size={tp} must divide num_kv_heads={self.num_kv_heads}: "
+                f"each GPU gets the same number of KV heads"
+            )
+        return self.num_kv_heads // tp
+
+    def kv_cache_specs(
+        self, block_size: int, tensor_parallel_size: int = 1
+    ) -> dict[str, KVCacheSpec]:
+        """One GPU's layer name (`layers.{i}`) -> spec; the window layers come first.
+
+        Raises:
+            InvalidArgumentError, KVCacheConfigError: as `num_kv_heads_per_gpu` and the specs'
+                constructors.
+
+        Complexity: O(layers).
+        """
+        heads = self.num_kv_heads_per_gpu(tensor_parallel_size)
         full = FullAttentionSpec(
             block_size=block_size,
-            num_kv_heads=self.num_kv_heads,
+            num_kv_heads=heads,
             head_size=self.head_size,
             dtype=self.dtype,
             use_mla=self.use_mla,
@@ -138,7 +232,7 @@ class ModelShape:
         if self.sliding_window is not None:
             window = SlidingWindowSpec(
                 block_size=block_size,
-                num_kv_heads=self.num_kv_heads,
+                num_kv_heads=heads,
                 head_size=self.head_size,
                 dtype=self.dtype,
                 sliding_window=self.sliding_window,
@@ -166,89 +260,108 @@ class ModelShape:
         )
         return f"{self.num_layers} layers, {kind}, {heads}, {self.dtype}"
 
+    def as_json(self) -> dict[str, Any]:
+        """The shape's fields, `describe()` as `description`, and the full-attention layers."""
+        return {
+            "description": self.describe(),
+            "num_layers": self.num_layers,
+            "num_full_attention_layers": self.num_layers - self.num_sliding_window_layers,
+            "num_sliding_window_layers": self.num_sliding_window_layers,
+            "sliding_window": self.sliding_window,
+            "num_attention_heads": self.num_attention_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "head_size": self.head_size,
+            "use_mla": self.use_mla,
+            "kv_cache_dtype": self.dtype,
+        }
 
-def _hf_int(config: Mapping[str, Any], key: str) -> int:
-    value = config.get(key)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidArgumentError(f"config.json: {key!r} must be an int, got {value!r}")
-    return value
 
+class RequestDoesNotFitError(KVCacheConfigError):
+    """One request of max_model_len needs more KV cache than one GPU's budget.
 
-def shape_from_hf_config(config: Mapping[str, Any], dtype: DTypeLike | None = None) -> ModelShape:
-    """The KV cache shape of a Hugging Face `config.json` (its `text_config` if it has one).
-
-    Reads num_hidden_layers, num_key_value_heads (default num_attention_heads), head_dim
-    (default hidden_size // num_attention_heads), torch_dtype (or dtype), and sliding_window
-    (unless use_sliding_window is false; `layer_types` says which layers use it, else all do).
-    A config with kv_lora_rank is MLA: 1 head of kv_lora_rank + qk_rope_head_dim.
-
-    Args:
-        config: the parsed config.json.
-        dtype: the KV cache dtype, instead of the model's.
-
-    Raises:
-        InvalidArgumentError: a key missing or of the wrong type, or an unknown dtype.
-
-    Complexity: O(layers).
+    Attributes:
+        max_model_len: the request's length.
+        needed_bytes: the KV cache it needs on one GPU, over all layers.
+        available_bytes: the budget.
+        largest_max_model_len: the longest request that fits (0: none).
+        planned_as_full_attention: the check that failed is the one on the layers as planned
+            (sliding-window layers as full attention), which vLLM 0.8.5 does not make.
     """
-    text = config.get("text_config")
-    if isinstance(text, Mapping) and "num_hidden_layers" not in config:
-        config = {**config, **text}
-    num_layers = _hf_int(config, "num_hidden_layers")
-    if config.get("kv_lora_rank") is not None:
-        num_kv_heads = 1
-        head_size = _hf_int(config, "kv_lora_rank") + _hf_int(config, "qk_rope_head_dim")
-        use_mla = True
-    else:
-        num_heads = _hf_int(config, "num_attention_heads")
-        num_kv_heads = (
-            _hf_int(config, "num_key_value_heads")
-            if config.get("num_key_value_heads") is not None
-            else num_heads
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        max_model_len: int,
+        needed_bytes: int,
+        available_bytes: int,
+        largest_max_model_len: int,
+        planned_as_full_attention: bool,
+    ) -> None:
+        super().__init__(message)
+        self.max_model_len = max_model_len
+        self.needed_bytes = needed_bytes
+        self.available_bytes = available_bytes
+        self.largest_max_model_len = largest_max_model_len
+        self.planned_as_full_attention = planned_as_full_attention
+
+
+def _check_one_request_fits(
+    specs: Mapping[str, KVCacheSpec],
+    budget_bytes: int,
+    max_model_len: int,
+    max_num_batched_tokens: int,
+    *,
+    as_planned: bool,
+) -> None:
+    """`check_enough_kv_cache_memory`, its refusal raised as `RequestDoesNotFitError`."""
+    try:
+        check_enough_kv_cache_memory(
+            specs,
+            budget_bytes,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens,
         )
-        head_size = (
-            _hf_int(config, "head_dim")
-            if config.get("head_dim") is not None
-            else _hf_int(config, "hidden_size") // num_heads
+    except KVCacheConfigError as error:
+        context = (
+            "with its sliding-window layers planned as full attention (one block table for "
+            "every layer, as vLLM 0.8.5 does; its start-up check counts them by their window "
+            "and would pass), "
+            if as_planned
+            else ""
         )
-        use_mla = False
-    if dtype is None:
-        dtype = config.get("torch_dtype") or config.get("dtype")
-        if not isinstance(dtype, str):
-            raise InvalidArgumentError("config.json names no torch_dtype: give --dtype")
-    window: int | None = None
-    num_window_layers = 0
-    if config.get("sliding_window") is not None and config.get("use_sliding_window") is not False:
-        window = _hf_int(config, "sliding_window")
-        layer_types = config.get("layer_types")
-        num_window_layers = (
-            sum(kind == "sliding_attention" for kind in layer_types)
-            if isinstance(layer_types, list)
-            else num_layers
-        )
-        if not num_window_layers:
-            window = None
-    return ModelShape(
-        num_layers=num_layers,
-        num_kv_heads=num_kv_heads,
-        head_size=head_size,
-        dtype=dtype_name(dtype),
-        use_mla=use_mla,
-        sliding_window=window,
-        num_sliding_window_layers=num_window_layers,
-    )
+        raise RequestDoesNotFitError(
+            f"{context}{error}",
+            max_model_len=max_model_len,
+            needed_bytes=memory_needed_bytes(
+                specs, max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens
+            ),
+            available_bytes=budget_bytes,
+            largest_max_model_len=estimate_max_model_len(
+                specs,
+                budget_bytes,
+                max_model_len=max_model_len,
+                max_num_batched_tokens=max_num_batched_tokens,
+            ),
+            planned_as_full_attention=as_planned,
+        ) from None
 
 
 @dataclass(frozen=True)
 class KVCachePlan:
-    """A KV cache config for one worker, with the numbers an operator sizes a server by.
+    """One GPU's KV cache config, with the numbers an operator sizes a server by.
+
+    Every figure but `shape` is per GPU; token capacity and concurrency hold for the whole
+    tensor-parallel group, since each GPU stores its share of the heads of every token.
 
     Attributes:
         shape: the model.
-        budget_bytes: memory given to the KV cache.
+        budget_bytes: memory given to the KV cache on each GPU.
         max_model_len: the longest request.
         max_num_batched_tokens: the most tokens one step computes.
-        config: what `get_kv_cache_config` built.
+        config: what `get_kv_cache_config` built for one GPU.
+        tensor_parallel_size: GPUs sharing every layer.
+        notes: what the plan assumed, one sentence each.
     """
 
     shape: ModelShape
@@ -256,6 +369,8 @@ class KVCachePlan:
     max_model_len: int
     max_num_batched_tokens: int
     config: KVCacheConfig
+    tensor_parallel_size: int = 1
+    notes: tuple[str, ...] = ()
 
     @property
     def spec(self) -> AttentionSpec:
@@ -267,6 +382,10 @@ class KVCachePlan:
     @property
     def block_size(self) -> int:
         return self.spec.block_size
+
+    @property
+    def num_kv_heads_per_gpu(self) -> int:
+        return self.spec.num_kv_heads
 
     @property
     def page_size_bytes(self) -> int:
@@ -310,10 +429,31 @@ class KVCachePlan:
         """Requests of max_model_len that fit at once; block 0 is the null block, never used."""
         return (self.num_blocks - 1) // self.blocks_per_request
 
-    def format(self) -> str:
-        """The plan as aligned `name  value` lines."""
-        rows = [
-            ("model", self.shape.describe()),
+    @property
+    def all_notes(self) -> tuple[str, ...]:
+        """`notes`, then the unification's, if the model mixes layer kinds."""
+        if self.shape.is_hybrid:
+            return (*self.notes, "sliding and full layers mixed: all planned as full")
+        return self.notes
+
+    def _tensor_parallel_row(self) -> str:
+        gpus = f"{self.tensor_parallel_size} GPUs"
+        if self.shape.use_mla:
+            heads = "each keeps the whole MLA latent"
+        elif self.tensor_parallel_size > self.shape.num_kv_heads:
+            copies = self.tensor_parallel_size // self.shape.num_kv_heads
+            heads = f"1 of {self.shape.num_kv_heads} KV heads on each (each head on {copies})"
+        else:
+            heads = f"{self.num_kv_heads_per_gpu} of {self.shape.num_kv_heads} KV heads on each"
+        return f"{gpus}, {heads}; sizes, budget and blocks below per GPU"
+
+    def rows(self) -> list[tuple[str, str]]:
+        """The plan as (name, value) pairs, in the order `format` prints them."""
+        rows = [("model", self.shape.describe())]
+        if self.tensor_parallel_size > 1:
+            rows.append(("tensor parallel", self._tensor_parallel_row()))
+        rows += [("note", note) for note in self.all_notes]
+        rows += [
             ("block size", f"{self.block_size} tokens"),
             ("page size", f"{format_bytes(self.page_size_bytes)} per layer"),
             ("block", f"{format_bytes(self.block_bytes)} over {self.shape.num_layers} layers"),
@@ -325,17 +465,47 @@ class KVCachePlan:
                 "max_model_len",
                 f"{self.max_model_len:,} tokens ({self.blocks_per_request:,} blocks per request)",
             ),
+        ]
+        if self.shape.num_sliding_window_layers:
+            rows.append(("max batched", f"{self.max_num_batched_tokens:,} tokens per step"))
+        rows.append(
             (
                 "max concurrency",
                 f"{self.max_concurrency:.2f}x ({self.max_whole_requests:,} whole requests at once)",
-            ),
-        ]
-        if self.shape.num_sliding_window_layers:
-            rows.insert(-1, ("max batched", f"{self.max_num_batched_tokens:,} tokens per step"))
-        if 0 < self.shape.num_sliding_window_layers < self.shape.num_layers:
-            rows.insert(1, ("note", "sliding and full layers mixed: all planned as full"))
+            )
+        )
+        return rows
+
+    def format(self) -> str:
+        """The plan as aligned `name  value` lines."""
+        rows = self.rows()
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+    def as_json(self) -> dict[str, Any]:
+        """Every figure `format` prints, by name (the `pagedkv plan --json` schema, less
+        `memory`): see the README's "KV memory planning" section."""
+        return {
+            "schema": PLAN_JSON_SCHEMA,
+            "fits": True,
+            "model": self.shape.as_json(),
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "num_kv_heads_per_gpu": self.num_kv_heads_per_gpu,
+            "planned_as_full_attention": self.shape.is_hybrid,
+            "notes": list(self.all_notes),
+            "block_size": self.block_size,
+            "page_size_bytes": self.page_size_bytes,
+            "block_bytes": self.block_bytes,
+            "bytes_per_token": self.bytes_per_token,
+            "kv_budget_bytes": self.budget_bytes,
+            "num_blocks": self.num_blocks,
+            "kv_capacity_tokens": self.capacity_tokens,
+            "max_model_len": self.max_model_len,
+            "blocks_per_request": self.blocks_per_request,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_concurrency": self.max_concurrency,
+            "max_whole_requests": self.max_whole_requests,
+        }
 
 
 def make_plan(
@@ -346,182 +516,47 @@ def make_plan(
     max_model_len: int,
     max_num_batched_tokens: int | None = None,
     num_blocks_override: int | None = None,
+    tensor_parallel_size: int = 1,
+    notes: Iterable[str] = (),
 ) -> KVCachePlan:
-    """The plan for `shape` within `budget_bytes` (see `get_kv_cache_config`).
+    """The plan for `shape` within `budget_bytes` on each of `tensor_parallel_size` GPUs.
+
+    One request of max_model_len must fit the budget on the layers as given (vLLM's check) and,
+    for a model that mixes layer kinds, as planned (all full attention); then
+    `get_kv_cache_config` builds the GPU's config.
+
+    Args:
+        shape: the model.
+        budget_bytes: one GPU's KV cache budget.
+        block_size: tokens per block.
+        max_model_len: the longest request.
+        max_num_batched_tokens: the most tokens one step computes; None means max_model_len.
+        num_blocks_override: use this many blocks, whatever the budget holds.
+        tensor_parallel_size: GPUs sharing every layer (see `ModelShape.num_kv_heads_per_gpu`).
+        notes: what the caller assumed, carried into the plan.
 
     Raises:
-        KVCacheConfigError: one request of max_model_len does not fit (the message names the
-            largest max_model_len that does).
-        InvalidArgumentError: a size, limit or override out of its domain.
+        RequestDoesNotFitError: one request of max_model_len does not fit (the message names
+            the largest max_model_len that does).
+        InvalidArgumentError: a size, limit, override or tensor-parallel size out of its domain.
 
     Complexity: O(num_layers + log max_model_len).
     """
+    if num_blocks_override is not None:  # a bad override is bad input, whatever fits
+        _check_count("num_blocks_override", num_blocks_override, 1)
     batched = max_model_len if max_num_batched_tokens is None else max_num_batched_tokens
+    specs = shape.kv_cache_specs(block_size, tensor_parallel_size)
+    _check_one_request_fits(specs, budget_bytes, max_model_len, batched, as_planned=False)
+    if shape.is_hybrid:
+        planned = unify_hybrid_kv_cache_specs(specs)
+        _check_one_request_fits(planned, budget_bytes, max_model_len, batched, as_planned=True)
     config = get_kv_cache_config(
-        shape.kv_cache_specs(block_size),
+        specs,
         budget_bytes,
         max_model_len=max_model_len,
         max_num_batched_tokens=batched,
         num_blocks_override=num_blocks_override,
     )
-    return KVCachePlan(shape, budget_bytes, max_model_len, batched, config)
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except InvalidArgumentError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `pagedkv plan` flags."""
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    model = parser.add_argument_group("model (from --config, flags, or both: flags win)")
-    model.add_argument("--config", type=Path, metavar="PATH", help="a local HF config.json")
-    model.add_argument("--num-layers", type=int, metavar="N", help="attention layers")
-    model.add_argument("--num-kv-heads", type=int, metavar="N", help="KV heads per layer")
-    model.add_argument("--head-size", type=int, metavar="N", help="elements per head")
-    model.add_argument("--dtype", help="KV cache dtype: float16, bfloat16, fp8, ...")
-    model.add_argument("--mla", action="store_true", help="one latent vector per token (MLA)")
-    model.add_argument("--sliding-window", type=int, metavar="W", help="window in tokens")
-    model.add_argument(
-        "--sliding-window-layers",
-        type=int,
-        metavar="N",
-        help="layers that use the window (default: all)",
+    return KVCachePlan(
+        shape, budget_bytes, max_model_len, batched, config, tensor_parallel_size, tuple(notes)
     )
-    model.add_argument(
-        "--no-sliding-window", action="store_true", help="ignore config.json's window"
-    )
-    memory = parser.add_argument_group("memory (a budget, or a GPU's memory)")
-    memory.add_argument(
-        "--memory-budget", type=_size, metavar="SIZE", help="bytes for the KV cache, e.g. 40GiB"
-    )
-    memory.add_argument("--gpu-memory", type=_size, metavar="SIZE", help="e.g. 80GiB")
-    memory.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=0.9,
-        metavar="F",
-        help="share of --gpu-memory pagedkv may use (default: 0.9)",
-    )
-    memory.add_argument(
-        "--non-kv-memory",
-        type=_size,
-        default=0,
-        metavar="SIZE",
-        help="peak memory besides the KV cache: weights, activations (default: 0)",
-    )
-    limits = parser.add_argument_group("limits")
-    limits.add_argument(
-        "--block-size", type=int, default=16, metavar="N", help="tokens per block (default: 16)"
-    )
-    limits.add_argument(
-        "--max-model-len",
-        type=int,
-        metavar="N",
-        help="longest request (default: config.json's max_position_embeddings)",
-    )
-    limits.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        metavar="N",
-        help="most tokens per step; sliding-window layers need it (default: max_model_len)",
-    )
-    limits.add_argument(
-        "--num-gpu-blocks-override", type=int, metavar="N", help="use N blocks, whatever fits"
-    )
-
-
-def _shape_from_args(args: argparse.Namespace) -> tuple[ModelShape, int | None]:
-    """The model shape and config.json's max_position_embeddings (None without a config)."""
-    if args.config is not None:
-        try:
-            loaded = json.loads(Path(args.config).read_text())
-        except (OSError, ValueError) as error:
-            raise InvalidArgumentError(f"cannot read {args.config}: {error}") from None
-        if not isinstance(loaded, dict):
-            raise InvalidArgumentError(f"{args.config}: not a JSON object")
-        base = shape_from_hf_config(loaded, args.dtype)
-        positions = loaded.get("max_position_embeddings")
-        if not isinstance(positions, int):
-            positions = (loaded.get("text_config") or {}).get("max_position_embeddings")
-    else:
-        missing = [
-            flag
-            for flag, value in (
-                ("--num-layers", args.num_layers),
-                ("--num-kv-heads", args.num_kv_heads),
-                ("--head-size", args.head_size),
-                ("--dtype", args.dtype),
-            )
-            if value is None
-        ]
-        if missing:
-            raise InvalidArgumentError(f"give --config or {', '.join(missing)}")
-        base = ModelShape(
-            num_layers=args.num_layers,
-            num_kv_heads=args.num_kv_heads,
-            head_size=args.head_size,
-            dtype=dtype_name(args.dtype),
-        )
-        positions = None
-    num_layers = base.num_layers if args.num_layers is None else args.num_layers
-    window = base.sliding_window if args.sliding_window is None else args.sliding_window
-    if args.no_sliding_window:
-        window = None
-    if window is None:
-        num_window_layers = 0
-    elif args.sliding_window_layers is not None:
-        num_window_layers = args.sliding_window_layers
-    elif args.sliding_window is None and base.num_sliding_window_layers < base.num_layers:
-        num_window_layers = min(base.num_sliding_window_layers, num_layers)  # config's mix
-    else:
-        num_window_layers = num_layers
-    shape = ModelShape(
-        num_layers=num_layers,
-        num_kv_heads=base.num_kv_heads if args.num_kv_heads is None else args.num_kv_heads,
-        head_size=base.head_size if args.head_size is None else args.head_size,
-        dtype=base.dtype if args.dtype is None else dtype_name(args.dtype),
-        use_mla=base.use_mla or args.mla,
-        sliding_window=window,
-        num_sliding_window_layers=num_window_layers,
-    )
-    return shape, positions if isinstance(positions, int) else None
-
-
-def _budget_from_args(args: argparse.Namespace) -> int:
-    if (args.memory_budget is None) == (args.gpu_memory is None):
-        raise InvalidArgumentError("give exactly one of --memory-budget and --gpu-memory")
-    if args.memory_budget is not None:
-        return int(args.memory_budget)
-    return kv_cache_budget_bytes(args.gpu_memory, args.gpu_memory_utilization, args.non_kv_memory)
-
-
-def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Print the plan for `args`, or the reason there is none. Returns the exit status."""
-    out = sys.stdout if out is None else out
-    err = sys.stderr if err is None else err
-    try:
-        shape, positions = _shape_from_args(args)
-        max_model_len = args.max_model_len if args.max_model_len is not None else positions
-        if max_model_len is None:
-            raise InvalidArgumentError("give --max-model-len (no config.json to take it from)")
-        budget = _budget_from_args(args)
-        plan = make_plan(
-            shape,
-            budget,
-            block_size=args.block_size,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            num_blocks_override=args.num_gpu_blocks_override,
-        )
-    except InvalidArgumentError as error:
-        print(f"pagedkv plan: error: {error}", file=err)
-        return 2
-    except KVCacheConfigError as error:
-        print(f"pagedkv plan: does not fit: {error}", file=err)
-        return 1
-    print(plan.format(), file=out)
-    return 0

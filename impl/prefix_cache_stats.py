@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from pagedkv.errors import InvalidArgumentError
+from pagedkv.arguments import require_instance, require_int
 
 
 @dataclass
@@ -34,10 +34,7 @@ class PrefixCachingMetrics:
     """
 
     def __init__(self, max_recent_requests: int = 1000) -> None:
-        if max_recent_requests < 1:
-            raise InvalidArgumentError(
-                f"max_recent_requests must be >= 1, got {max_recent_requests}"
-            )
+        require_int("PrefixCachingMetrics", "max_recent_requests", max_recent_requests, 1)
         self.max_recent_requests = max_recent_requests
         self.aggregated_requests = 0
         self.aggregated_query_total = 0
@@ -45,6 +42,8 @@ class PrefixCachingMetrics:
         self.query_queue: deque[tuple[int, int, int]] = deque()
 
     def observe(self, stats: PrefixCacheStats) -> None:
+        """Add one batch of stats (a `PrefixCacheStats`)."""
+        require_instance("PrefixCachingMetrics.observe", "stats", stats, PrefixCacheStats)
         if stats.reset:
             self.reset()
         self.query_queue.append((stats.requests, stats.queries, stats.hits))

@@ -10,9 +10,20 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import NoReturn, overload
 
-from pagedkv.errors import InvalidArgumentError
+from pagedkv.arguments import (
+    MAX_LORA_ID,
+    MAX_TOKEN_ID,
+    require_bool,
+    require_instance,
+    require_int,
+    require_iterable,
+    require_optional_str,
+    require_str,
+    require_token_ids,
+)
+from pagedkv.errors import FrozenRequestFieldError, InvalidArgumentError
 
 
 @dataclass(frozen=True)
@@ -23,11 +34,8 @@ class PlaceholderRange:
     length: int
 
     def __post_init__(self) -> None:
-        if self.offset < 0 or self.length <= 0:
-            raise InvalidArgumentError(
-                f"placeholder range needs offset >= 0 and length > 0, got "
-                f"offset={self.offset}, length={self.length}"
-            )
+        require_int("PlaceholderRange", "offset", self.offset, 0)
+        require_int("PlaceholderRange", "length", self.length, 1)
 
     @property
     def end(self) -> int:
@@ -72,77 +80,156 @@ class TokenView(Sequence[int]):
 class Request:
     """One sequence as the KV cache manager sees it.
 
-    The prompt, multimodal placeholders, LoRA id and cache salt are fixed at construction and
-    validated there: placeholders must be sorted, disjoint, inside the prompt, and paired one to
-    one with `mm_hashes`. Output tokens grow with `append_output_token_ids`; speculative tokens
-    and `num_computed_tokens` are set by the scheduler.
+    Its identity (`request_id`, `prompt_token_ids`, `mm_positions`, `mm_hashes`, `lora_id`,
+    `cache_salt`) is validated and fixed at construction: assigning to it raises
+    `FrozenRequestFieldError`, so the blocks a manager cached for a request always match what it
+    sees of it (another tenant's salt or another id can never be swapped in). Placeholders must
+    be sorted, disjoint, inside the prompt, and paired one to one with `mm_hashes`. Output
+    tokens grow with `append_output_token_ids`; the scheduler sets `spec_token_ids`,
+    `num_computed_tokens` and `prompt_logprobs`, which each manager call checks where it reads
+    them.
 
     Attributes:
-        request_id: unique among live requests.
-        prompt_token_ids: the prompt, immutable.
+        request_id: unique among live requests (a str).
+        prompt_token_ids: the prompt, token ids in `[0, MAX_TOKEN_ID]`.
         mm_positions: placeholder ranges of multimodal inputs, sorted by offset.
-        mm_hashes: content hash of each multimodal input (same length as `mm_positions`).
-        lora_id: the LoRA adapter's integer id, or None.
-        cache_salt: a tenant secret; requests with different salts never share a block.
+        mm_hashes: content hash of each multimodal input (a str; same length as `mm_positions`).
+        lora_id: the LoRA adapter's id (an int in `[1, MAX_LORA_ID]`), or None.
+        cache_salt: a tenant secret (a str); requests with different salts never share a block.
         prompt_logprobs: the request wants prompt logprobs (it skips the prefix cache).
-        spec_token_ids: speculative (draft) tokens scheduled but not yet accepted.
-        num_computed_tokens: tokens whose KV is already in the cache.
+        spec_token_ids: speculative (draft) tokens scheduled but not yet accepted (a list).
+        num_computed_tokens: tokens whose KV is already in the cache (an int).
     """
 
     __slots__ = (
         "_all_token_ids",
+        "_cache_salt",
+        "_lora_id",
+        "_mm_hashes",
+        "_mm_positions",
+        "_prompt_token_ids",
+        "_request_id",
         "_token_view",
-        "cache_salt",
-        "lora_id",
-        "mm_hashes",
-        "mm_positions",
         "num_computed_tokens",
         "prompt_logprobs",
-        "prompt_token_ids",
-        "request_id",
         "spec_token_ids",
     )
 
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: Sequence[int],
+        prompt_token_ids: Iterable[int],
         *,
-        mm_positions: Sequence[PlaceholderRange] = (),
-        mm_hashes: Sequence[str] = (),
+        mm_positions: Iterable[PlaceholderRange] = (),
+        mm_hashes: Iterable[str] = (),
         lora_id: int | None = None,
         cache_salt: str | None = None,
         prompt_logprobs: bool = False,
     ) -> None:
-        if len(mm_positions) != len(mm_hashes):
-            raise InvalidArgumentError(
-                f"request {request_id!r}: {len(mm_positions)} multimodal placeholder ranges but "
-                f"{len(mm_hashes)} multimodal hashes; they must pair one to one"
+        call = "Request"
+        require_str(call, "request_id", request_id)
+        context = f" {request_id!r}"
+        tokens = require_token_ids(call, "prompt_token_ids", prompt_token_ids, context=context)
+        positions: list[PlaceholderRange] = require_iterable(
+            call, "mm_positions", mm_positions, context=context
+        )
+        for index, position in enumerate(positions):
+            require_instance(
+                call, f"mm_positions[{index}]", position, PlaceholderRange, context=context
             )
-        for prev, cur in itertools.pairwise(mm_positions):
+        hashes: list[str] = require_iterable(call, "mm_hashes", mm_hashes, context=context)
+        for index, mm_hash in enumerate(hashes):
+            require_str(call, f"mm_hashes[{index}]", mm_hash, context=context)
+        if lora_id is not None:
+            require_int(call, "lora_id", lora_id, 1, MAX_LORA_ID, context=context)
+        require_optional_str(call, "cache_salt", cache_salt, context=context)
+        require_bool(call, "prompt_logprobs", prompt_logprobs, context=context)
+        if len(positions) != len(hashes):
+            raise InvalidArgumentError(
+                f"request {request_id!r}: {len(positions)} multimodal placeholder ranges but "
+                f"{len(hashes)} multimodal hashes; they must pair one to one"
+            )
+        for prev, cur in itertools.pairwise(positions):
             if cur.offset < prev.end:
                 raise InvalidArgumentError(
                     f"request {request_id!r}: multimodal ranges must be sorted and disjoint, "
                     f"got {prev} before {cur}"
                 )
-        if mm_positions and mm_positions[-1].end > len(prompt_token_ids):
+        if positions and positions[-1].end > len(tokens):
             raise InvalidArgumentError(
-                f"request {request_id!r}: multimodal range {mm_positions[-1]} ends past the "
-                f"prompt ({len(prompt_token_ids)} tokens)"
+                f"request {request_id!r}: multimodal range {positions[-1]} ends past the "
+                f"prompt ({len(tokens)} tokens)"
             )
-        if lora_id is not None and lora_id <= 0:
-            raise InvalidArgumentError(f"request {request_id!r}: lora_id must be > 0")
-        self.request_id = request_id
-        self.prompt_token_ids: tuple[int, ...] = tuple(prompt_token_ids)
-        self._all_token_ids: list[int] = list(self.prompt_token_ids)
+        self._request_id = request_id
+        self._prompt_token_ids = tokens
+        self._all_token_ids: list[int] = list(tokens)
         self._token_view = TokenView(self._all_token_ids)
-        self.mm_positions: tuple[PlaceholderRange, ...] = tuple(mm_positions)
-        self.mm_hashes: tuple[str, ...] = tuple(mm_hashes)
-        self.lora_id = lora_id
-        self.cache_salt = cache_salt
+        self._mm_positions: tuple[PlaceholderRange, ...] = tuple(positions)
+        self._mm_hashes: tuple[str, ...] = tuple(hashes)
+        self._lora_id = lora_id
+        self._cache_salt = cache_salt
         self.prompt_logprobs = prompt_logprobs
         self.spec_token_ids: list[int] = []
         self.num_computed_tokens = 0
+
+    # -- the identity, fixed at construction ------------------------------------------------
+
+    @property
+    def request_id(self) -> str:
+        return self._request_id
+
+    @request_id.setter
+    def request_id(self, value: str) -> None:
+        self._refuse_change("request_id")
+
+    @property
+    def prompt_token_ids(self) -> tuple[int, ...]:
+        return self._prompt_token_ids
+
+    @prompt_token_ids.setter
+    def prompt_token_ids(self, value: tuple[int, ...]) -> None:
+        self._refuse_change("prompt_token_ids")
+
+    @property
+    def mm_positions(self) -> tuple[PlaceholderRange, ...]:
+        return self._mm_positions
+
+    @mm_positions.setter
+    def mm_positions(self, value: tuple[PlaceholderRange, ...]) -> None:
+        self._refuse_change("mm_positions")
+
+    @property
+    def mm_hashes(self) -> tuple[str, ...]:
+        return self._mm_hashes
+
+    @mm_hashes.setter
+    def mm_hashes(self, value: tuple[str, ...]) -> None:
+        self._refuse_change("mm_hashes")
+
+    @property
+    def lora_id(self) -> int | None:
+        return self._lora_id
+
+    @lora_id.setter
+    def lora_id(self, value: int | None) -> None:
+        self._refuse_change("lora_id")
+
+    @property
+    def cache_salt(self) -> str | None:
+        return self._cache_salt
+
+    @cache_salt.setter
+    def cache_salt(self, value: str | None) -> None:
+        self._refuse_change("cache_salt")
+
+    def _refuse_change(self, field: str) -> NoReturn:
+        raise FrozenRequestFieldError(
+            self._request_id,
+            f"{field} is fixed at construction",
+            "a request's identity cannot change; build a new Request (with a new id) instead",
+        )
+
+    # -- tokens ------------------------------------------------------------------------------
 
     @property
     def all_token_ids(self) -> Sequence[int]:
@@ -155,7 +242,7 @@ class Request:
 
     @property
     def output_token_ids(self) -> Sequence[int]:
-        return self._all_token_ids[len(self.prompt_token_ids) :]
+        return self._all_token_ids[len(self._prompt_token_ids) :]
 
     @property
     def num_tokens(self) -> int:
@@ -163,27 +250,40 @@ class Request:
 
     @property
     def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+        return len(self._prompt_token_ids)
 
     def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:
-        """Append generated tokens (one id or several)."""
-        if isinstance(token_ids, int):
+        """Append generated tokens (one id or several), each in `[0, MAX_TOKEN_ID]`.
+
+        Raises:
+            ArgumentTypeError, InvalidArgumentError: a token that is not such an id; then
+                none is appended.
+        """
+        call = "Request.append_output_token_ids"
+        if type(token_ids) is int and 0 <= token_ids <= MAX_TOKEN_ID:
             self._all_token_ids.append(token_ids)
+        elif isinstance(token_ids, int) and not isinstance(token_ids, bool):
+            context = f" for request {self._request_id!r}"
+            token = require_int(call, "token_ids", token_ids, 0, MAX_TOKEN_ID, context=context)
+            self._all_token_ids.append(int(token))
         else:
-            self._all_token_ids.extend(token_ids)
+            context = f" for request {self._request_id!r}"
+            self._all_token_ids.extend(
+                require_token_ids(call, "token_ids", token_ids, context=context)  # type: ignore[arg-type]
+            )
 
     def __repr__(self) -> str:
         extras = "".join(
             f", {name}={value!r}"
             for name, value in (
-                ("mm_positions", self.mm_positions),
-                ("lora_id", self.lora_id),
+                ("mm_positions", self._mm_positions),
+                ("lora_id", self._lora_id),
             )
             if value
         )
-        if self.cache_salt is not None:
+        if self._cache_salt is not None:
             extras += ", cache_salt=<redacted>"
         return (
-            f"Request({self.request_id!r}, tokens={self._all_token_ids!r}, "
+            f"Request({self._request_id!r}, tokens={self._all_token_ids!r}, "
             f"num_computed_tokens={self.num_computed_tokens}{extras})"
         )

@@ -1,9 +1,9 @@
-"""Switches between pagedkv's deliberate differences and vLLM v0.8.5 behaviour.
+"""Switches between pagedkv's deliberate differences and vLLM's behaviour (0.8.5, 0.33.0).
 
-SEMANTICS.md lists where pagedkv differs from vLLM on purpose. Each difference that changes the
-outcome of a *valid* call sequence has a switch here, so a conformance run can turn it off. Misuse
-(freeing a free block, removing a block that is not queued, ...) raises in both modes: vLLM
-leaves it undefined (silent corruption), so there is nothing to conform to.
+docs/semantics.md lists where pagedkv differs from vLLM on purpose. Each difference that changes
+the outcome of a *valid* call sequence has a switch here, so a conformance run can turn it off.
+Misuse (freeing a free block, removing a block that is not queued, ...) raises in both modes:
+vLLM leaves it undefined (silent corruption), so there is nothing to conform to.
 
 The default hash (difference 3) is the manager's `caching_hash_algo` argument, and the cache salt
 (difference 4) changes nothing for requests without one, which is every vLLM 0.8.5 request. The
@@ -32,19 +32,29 @@ class Semantics:
             `hash_request_tokens` does, so a block's hash never depends on which path made it.
         cap_at_max_model_len: `allocate_slots` past `max_model_len` silently allocates fewer
             blocks instead of raising (difference 7).
+        usage_excludes_null_block: `get_usage()` leaves the null block out of both the used
+            and the total count, as vLLM releases after 0.8.5 do (0.8.5 counts it as used).
+        free_uncached_to_head: `free_blocks` puts a block that reaches ref_cnt 0 without a
+            hash at the head of the free queue (reused first, in the caller's order) instead
+            of the tail, as vLLM releases after 0.8.5 do; hashed blocks still join the tail.
+        free_tail_first_without_caching: the manager's `free` releases a request's blocks
+            last first even when prefix caching is off (vLLM after 0.8.5); 0.8.5 and pagedkv
+            release them in order then.
     """
 
     null_block_refcounted: bool = False
     capacity_counts_null_blocks: bool = False
     vllm_new_block_mm_keys: bool = False
     cap_at_max_model_len: bool = False
+    usage_excludes_null_block: bool = False
+    free_uncached_to_head: bool = False
+    free_tail_first_without_caching: bool = False
 
     @property
     def name(self) -> str:
-        if self == PAGEDKV:
-            return "pagedkv"
-        if self == VLLM_0_8_5:
-            return "vllm-0.8.5"
+        for name, semantics in SEMANTICS_BY_NAME.items():
+            if self == semantics:
+                return name
         return repr(self)
 
 
@@ -55,4 +65,15 @@ VLLM_0_8_5 = Semantics(
     vllm_new_block_mm_keys=True,
     cap_at_max_model_len=True,
 )
-SEMANTICS_BY_NAME: dict[str, Semantics] = {"pagedkv": PAGEDKV, "vllm-0.8.5": VLLM_0_8_5}
+VLLM_0_33 = Semantics(
+    usage_excludes_null_block=True,
+    free_uncached_to_head=True,
+    free_tail_first_without_caching=True,
+)
+"""vLLM 0.33.0's block pool: pagedkv's null-block and capacity rules, and the two switches above.
+Its manager differs further; docs/semantics.md lists how `--against` accounts for that."""
+SEMANTICS_BY_NAME: dict[str, Semantics] = {
+    "pagedkv": PAGEDKV,
+    "vllm-0.8.5": VLLM_0_8_5,
+    "vllm-0.33": VLLM_0_33,
+}

@@ -6,9 +6,11 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from pagedkv.block import KVCacheBlock
+from pagedkv.block_counts import cdiv
 from pagedkv.block_hash import BlockHashType
 from pagedkv.block_pool import BlockPool
-from pagedkv.kv_cache_interface import SlidingWindowSpec, cdiv
+from pagedkv.kv_cache_interface import SlidingWindowSpec
+from pagedkv.refusals import window_hit_detail
 from pagedkv.specialized_manager import SpecializedManager
 
 T = TypeVar("T")
@@ -79,6 +81,8 @@ class SlidingWindowManager(SpecializedManager):
         result:  NULL  NULL  b2    b3          (the rightmost run of 2 cached blocks)
     """
 
+    allows_null_blocks = True
+
     def __init__(self, kv_cache_spec: SlidingWindowSpec, block_pool: BlockPool) -> None:
         super().__init__(kv_cache_spec, block_pool)
         self.sliding_window = kv_cache_spec.sliding_window
@@ -94,13 +98,31 @@ class SlidingWindowManager(SpecializedManager):
 
         Complexity: O(len(block_hashes)).
         """
-        get_cached_block = self.block_pool.get_cached_block
+        get_cached_block = self.block_pool.cached_block
         return scan_window_hit(
             len(block_hashes),
             self.sliding_window_contiguous_blocks,
             lambda i: get_cached_block(block_hashes[i]),
             self.null_block,
         )
+
+    def hit_shape_error(self, hits: Sequence[KVCacheBlock], use_eagle: bool) -> str | None:
+        """A hit with null blocks is what `find_longest_cache_hit` makes of a skip: the nulls,
+        then a full window of cached blocks (one fewer with EAGLE, which drops the last).
+
+        Complexity: O(len(hits)).
+        """
+        null_block = self.null_block
+        num_nulls = 0
+        while num_nulls < len(hits) and hits[num_nulls] is null_block:
+            num_nulls += 1
+        if not num_nulls:
+            return None
+        needed = max(self.sliding_window_contiguous_blocks, 1) - int(use_eagle)
+        cached = hits[num_nulls:]
+        if any(block is null_block for block in cached) or len(cached) < needed:
+            return window_hit_detail(num_nulls, len(cached), needed)
+        return None
 
     def remove_skipped_blocks(
         self, blocks: list[KVCacheBlock], num_computed_tokens: int

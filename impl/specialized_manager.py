@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import ClassVar
 
 from pagedkv.block import KVCacheBlock
 from pagedkv.block_hash import BlockHashType
@@ -17,7 +18,14 @@ from pagedkv.kv_cache_interface import KVCacheSpec
 
 
 class SpecializedManager(ABC):
-    """The policy of one attention type over a shared block pool."""
+    """The policy of one attention type over a shared block pool.
+
+    Attributes:
+        allows_null_blocks: whether a request's block list may start with null blocks
+            (positions the attention no longer reads); a hit may then start with them too.
+    """
+
+    allows_null_blocks: ClassVar[bool]
 
     def __init__(self, kv_cache_spec: KVCacheSpec, block_pool: BlockPool) -> None:
         self.kv_cache_spec = kv_cache_spec
@@ -43,13 +51,20 @@ class SpecializedManager(ABC):
             caller frees them.
         """
 
+    def hit_shape_error(self, hits: Sequence[KVCacheBlock], use_eagle: bool) -> str | None:
+        """Why `hits`, with no null block out of place, cannot be a hit of this attention type;
+        None if they can. Complexity: O(len(hits))."""
+        return None
+
 
 class FullAttentionManager(SpecializedManager):
     """Every earlier token is attended to: reuse the cached prefix, never drop a block."""
 
+    allows_null_blocks = False
+
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHashType]) -> list[KVCacheBlock]:
         """The cached prefix: chained hashes make every block after the first miss a miss too."""
-        get_cached_block = self.block_pool.get_cached_block
+        get_cached_block = self.block_pool.cached_block
         hits = []
         for block_hash in block_hashes:
             block = get_cached_block(block_hash)

@@ -62,6 +62,9 @@ MUTATED_MODULES = (
     "specialized_manager.py",
     "request.py",
     "prefix_cache_stats.py",
+    "arguments.py",
+    "call_arguments.py",
+    "refusals.py",
 )
 """The core modules of `impl/` whose functions mutmut mutates."""
 
@@ -79,10 +82,17 @@ SELECTED_TESTS = (
     "test_invariant_reports.py",
     "test_refusal_messages.py",
     "test_mutation_kills.py",
+    "test_hostile_inputs.py",
 )
 """The tests each mutant faces (those that reach it): fast scenarios and the state machines."""
 
-TEST_HELPERS = ("conftest.py", "manager_fixtures.py", "broken_pools.py", "broken_managers.py")
+TEST_HELPERS = (
+    "conftest.py",
+    "manager_fixtures.py",
+    "broken_pools.py",
+    "broken_managers.py",
+    "hostile_scenes.py",
+)
 PROOFS_MODULES = (
     "__init__.py",
     "crosshair/__init__.py",

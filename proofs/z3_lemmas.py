@@ -550,8 +550,9 @@ def formulas_match_code() -> list[str]:
     """Evaluate the formulas the lemmas model on a grid and compare them with pagedkv's code:
     cdiv, the sliding-window skip and hit-run lengths, num_blocks, page size and max memory.
     Returns the mismatches (none expected)."""
+    from pagedkv.block_counts import cdiv
     from pagedkv.kv_cache_config import get_kv_cache_config
-    from pagedkv.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec, cdiv
+    from pagedkv.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
     from pagedkv.spec.attention import contiguous_blocks_needed, sliding_window_skipped
 
     m = Arithmetic()

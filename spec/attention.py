@@ -2,19 +2,21 @@
 
 The implementation scans cleverly (left to right until a miss; right to left until a long enough
 run); these definitions say what the scans must find, by brute force over candidate lengths.
+`FullAttention` and `SlidingWindow` gather them into the policy the spec manager asks.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 from pagedkv.block_hash import BlockHashType
+from pagedkv.refusals import window_hit_detail
 from pagedkv.spec.block_counts import ceil_div
+from pagedkv.spec.block_pool import NULL_BLOCK_ID
 
 Lookup = Callable[[BlockHashType], "int | None"]
 """The first block cached under a hash, or None (the pool's get_cached_block)."""
-
-NULL_BLOCK_ID = 0
 
 
 def full_attention_hit(lookup: Lookup, block_hashes: Sequence[BlockHashType]) -> list[int]:
@@ -76,3 +78,51 @@ def sliding_window_skipped(num_computed_tokens: int, sliding_window: int, block_
     first_useful_token = num_computed_tokens - sliding_window + 1
     candidates = range(ceil_div(max(first_useful_token, 0), block_size))
     return sum(1 for p in candidates if (p + 1) * block_size <= first_useful_token)
+
+
+class FullAttention:
+    """Every earlier token is attended to: the cached prefix is reused, no block is dropped."""
+
+    allows_null_blocks = False  # a block list never holds the null block
+
+    def longest_hit(self, lookup: Lookup, block_hashes: Sequence[BlockHashType]) -> list[int]:
+        return full_attention_hit(lookup, block_hashes)
+
+    def num_skipped(self, num_computed_tokens: int) -> int:
+        """Leading positions the next token no longer reads: none."""
+        return 0
+
+    def hit_shape_error(self, hits: Sequence[int], use_eagle: bool) -> str | None:
+        """Any run of cached blocks is a hit (null blocks are refused before this is asked)."""
+        return None
+
+
+class SlidingWindow:
+    """A token reads itself and the `sliding_window - 1` tokens before it."""
+
+    allows_null_blocks = True  # positions outside the window hold the null block
+
+    def __init__(self, sliding_window: int, block_size: int) -> None:
+        self.sliding_window = sliding_window
+        self.block_size = block_size
+
+    def longest_hit(self, lookup: Lookup, block_hashes: Sequence[BlockHashType]) -> list[int]:
+        return sliding_window_hit(lookup, block_hashes, self.sliding_window, self.block_size)
+
+    def num_skipped(self, num_computed_tokens: int) -> int:
+        return sliding_window_skipped(num_computed_tokens, self.sliding_window, self.block_size)
+
+    def hit_shape_error(self, hits: Sequence[int], use_eagle: bool) -> str | None:
+        """A hit with null blocks has the shape `sliding_window_hit` gives it: the nulls first,
+        then a window of cached blocks (one fewer with EAGLE, which drops the hit's last)."""
+        if NULL_BLOCK_ID not in hits:
+            return None
+        nulls = list(itertools.takewhile(lambda block_id: block_id == NULL_BLOCK_ID, hits))
+        cached = hits[len(nulls) :]
+        needed = contiguous_blocks_needed(self.sliding_window, self.block_size) - int(use_eagle)
+        if NULL_BLOCK_ID in cached or len(cached) < needed:
+            return window_hit_detail(len(nulls), len(cached), needed)
+        return None
+
+
+AttentionPolicy = FullAttention | SlidingWindow

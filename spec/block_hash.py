@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pagedkv.block_hash import CACHE_SALT_TAG, NONE_HASH, BlockHashType, ExtraKey, HashFn
+from pagedkv.block_hash import NONE_HASH, BlockHashType, CacheSalt, ExtraKey, HashFn
 from pagedkv.request import Request
 
 
@@ -43,9 +43,13 @@ def _ranges(request: Request) -> list[tuple[int, int]]:
 
 
 def block_extra_keys(request: Request, start: int, end: int) -> tuple[ExtraKey, ...] | None:
-    """LoRA id, then every multimodal input overlapping the block, then the tagged salt.
+    """LoRA id, then every multimodal input overlapping the block, then the salt.
 
-    The salt joins every block, not only the first (as SEMANTICS.md's difference 4 words it):
+    Each field has a type of its own (an int, strs, a `CacheSalt`; `Request` validates them),
+    so no value of one field can stand for another's: a multimodal hash shaped like a salt is
+    still a str, never equal to the `CacheSalt` of another tenant.
+
+    The salt joins every block, not only the first (docs/semantics.md, difference 4):
     an index key is (hash value, tokens, extra keys), and the parent chain enters it only
     through the hash value. With the salt in block 0 only, two tenants' identical later blocks
     would have equal keys up to the hash value, and a sliding-window lookup (which probes blocks
@@ -59,7 +63,7 @@ def block_extra_keys(request: Request, start: int, end: int) -> tuple[ExtraKey, 
         for index in mm_inputs_in_block(_ranges(request), start, end):
             keys.append(request.mm_hashes[index])
     if request.cache_salt is not None:
-        keys.append((CACHE_SALT_TAG, request.cache_salt))
+        keys.append(CacheSalt(request.cache_salt))
     return tuple(keys) if keys else None
 
 
@@ -77,7 +81,7 @@ def vllm_new_block_extra_keys(
     for index in vllm_mm_inputs_in_block(_ranges(request), start, end):
         keys.append(request.mm_hashes[index])
     if request.cache_salt is not None:
-        keys.append((CACHE_SALT_TAG, request.cache_salt))
+        keys.append(CacheSalt(request.cache_salt))
     return tuple(keys) if keys else None
 
 

@@ -4,15 +4,26 @@ State is four plain containers indexed by block id. The free order is a list (he
 index a dict from hash to the list of block ids cached under it (first inserted first). Each
 operation checks its preconditions in the order its docstring lists them and raises the first one
 broken, with the same exception class the implementation raises; only then does it change state.
-Every change of a block's state is checked against `TRANSITIONS`.
+Every change of a block's state is checked against `TRANSITIONS`. Arguments are checked first,
+with the implementation's own argument checks (`pagedkv.call_arguments`) in block-id terms: a
+block is an int id, and an id outside the pool is a foreign block.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
+from pagedkv.arguments import require_int
 from pagedkv.block_hash import BlockHashType, HashFn
+from pagedkv.call_arguments import (
+    block_list,
+    check_block_hash,
+    check_cache_full_blocks,
+    check_get_new_blocks,
+    check_pool,
+    is_block_id,
+)
 from pagedkv.errors import (
     BlockStateError,
     InvalidArgumentError,
@@ -27,6 +38,9 @@ from pagedkv.spec.block_state import TRANSITIONS, BlockState, Event, state_of
 logger = logging.getLogger(__name__)
 
 NULL_BLOCK_ID = 0
+"""The id of the null block, the placeholder for positions a sliding window dropped (the one
+definition: spec, harness and proofs import it from here; the implementation's null block is
+`BlockPool.blocks[0]`)."""
 
 
 class SpecBlockPool:
@@ -42,10 +56,7 @@ class SpecBlockPool:
     def __init__(
         self, num_gpu_blocks: int, enable_caching: bool, semantics: Semantics = PAGEDKV
     ) -> None:
-        if not isinstance(num_gpu_blocks, int) or num_gpu_blocks < 1:
-            raise InvalidArgumentError(
-                f"num_gpu_blocks must be an int >= 1, got {num_gpu_blocks!r}"
-            )
+        check_pool(num_gpu_blocks, enable_caching, semantics)
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.semantics = semantics
@@ -61,7 +72,11 @@ class SpecBlockPool:
         return state_of(self.ref_cnt[block_id], self.block_hash[block_id] is not None)
 
     def get_cached_block(self, block_hash: BlockHashType) -> int | None:
-        """The first block cached under `block_hash`, or None."""
+        """The first block cached under `block_hash`, or None.
+
+        Preconditions: `block_hash` is a hashable BlockHashType (ArgumentTypeError).
+        """
+        check_block_hash("BlockPool.get_cached_block", "block_hash", block_hash)
         cached = self.index.get(block_hash, [])
         return cached[0] if cached else None
 
@@ -69,7 +84,10 @@ class SpecBlockPool:
         return len(self.free_order)
 
     def get_usage(self) -> float:
-        """The null block counts as used."""
+        """The null block counts as used; with `usage_excludes_null_block` it is left out."""
+        if self.semantics.usage_excludes_null_block:
+            usable = self.num_gpu_blocks - 1
+            return 1.0 - (len(self.free_order) / usable) if usable else 0.0
         return 1.0 - (len(self.free_order) / self.num_gpu_blocks)
 
     # -- operations --------------------------------------------------------------------------
@@ -77,11 +95,10 @@ class SpecBlockPool:
     def get_new_blocks(self, num_blocks: int) -> list[int]:
         """Pop `num_blocks` blocks from the head; a cached one is evicted; each gets ref_cnt 1.
 
-        Preconditions: num_blocks >= 0 (InvalidArgumentError); num_blocks <= free blocks
-        (NoFreeBlocksError).
+        Preconditions: num_blocks is an int >= 0 (ArgumentTypeError, InvalidArgumentError);
+        num_blocks <= free blocks (NoFreeBlocksError).
         """
-        if num_blocks < 0:
-            raise InvalidArgumentError(f"num_blocks must be >= 0, got {num_blocks}")
+        check_get_new_blocks(num_blocks)
         if num_blocks > len(self.free_order):
             raise NoFreeBlocksError(num_blocks, len(self.free_order))
         taken = list(self.free_order[:num_blocks])
@@ -95,15 +112,17 @@ class SpecBlockPool:
                 self.ref_cnt[block_id] += 1
         return taken
 
-    def touch(self, block_ids: Sequence[int]) -> None:
+    def touch(self, block_ids: Iterable[int]) -> None:
         """One more reference to each block; a block at ref_cnt 0 leaves the free queue first.
 
         The null block is passed over (or, with `null_block_refcounted`, counted like vLLM).
-        Preconditions: every id is a block of this pool (BlockStateError).
+        Preconditions: `block_ids` is an iterable (read once) of ints (ArgumentTypeError); every
+        id is a block of this pool (BlockStateError).
         """
-        for block_id in block_ids:
+        touched: list[int] = block_list("BlockPool.touch", "blocks", block_ids, is_block_id)
+        for block_id in touched:
             self._require_block(block_id)
-        for block_id in block_ids:
+        for block_id in touched:
             if block_id == NULL_BLOCK_ID:
                 if self.semantics.null_block_refcounted:
                     self.ref_cnt[NULL_BLOCK_ID] += 1
@@ -113,15 +132,22 @@ class SpecBlockPool:
                     self.free_order.remove(block_id)
                 self.ref_cnt[block_id] += 1
 
-    def free_blocks(self, ordered_block_ids: Sequence[int]) -> None:
+    def free_blocks(self, ordered_block_ids: Iterable[int]) -> None:
         """One reference fewer to each block, in the given order; at 0 a block joins the tail.
 
         The null block is passed over (or, with `null_block_refcounted`, counted like vLLM).
-        Preconditions, per block in order: it is a block of this pool; unless it is the null
-        block, its ref_cnt is > 0 and it was not listed before in this call (BlockStateError).
+        With `free_uncached_to_head`, the blocks without a hash go to the head instead, in the
+        given order, ahead of every queued block.
+        Preconditions: `ordered_block_ids` is an iterable (read once) of ints
+        (ArgumentTypeError); then per block in order: it is a block of this pool; unless it is
+        the null block, its ref_cnt is > 0 and it was not listed before in this call
+        (BlockStateError).
         """
+        freed: list[int] = block_list(
+            "BlockPool.free_blocks", "ordered_blocks", ordered_block_ids, is_block_id
+        )
         seen: set[int] = set()
-        for block_id in ordered_block_ids:
+        for block_id in freed:
             self._require_block(block_id)
             if block_id == NULL_BLOCK_ID:
                 continue
@@ -130,7 +156,8 @@ class SpecBlockPool:
             if block_id in seen:
                 raise BlockStateError(block_id, "the same block twice in one free_blocks call")
             seen.add(block_id)
-        for block_id in ordered_block_ids:
+        to_head: list[int] = []  # under free_uncached_to_head: unhashed blocks, reused first
+        for block_id in freed:
             if block_id == NULL_BLOCK_ID:
                 if self.semantics.null_block_refcounted:
                     self.ref_cnt[NULL_BLOCK_ID] -= 1
@@ -138,7 +165,11 @@ class SpecBlockPool:
             with self._transition(block_id, Event.RELEASE):
                 self.ref_cnt[block_id] -= 1
                 if self.ref_cnt[block_id] == 0:
-                    self.free_order.append(block_id)
+                    if self.semantics.free_uncached_to_head and self.block_hash[block_id] is None:
+                        to_head.append(block_id)
+                    else:
+                        self.free_order.append(block_id)
+        self.free_order[:0] = to_head
 
     def cache_full_blocks(
         self,
@@ -157,39 +188,37 @@ class SpecBlockPool:
         keys (`block_extra_keys`, or `vllm_new_block_extra_keys` under vLLM semantics), chained
         to block i-1's hash value, and appended to `block_hashes`.
 
-        Preconditions, in order (InvalidArgumentError unless noted):
-          1. prefix caching is on;
-          2. 0 <= num_cached_blocks <= num_full_blocks <= len(block_ids);
-          3. len(block_hashes) >= num_cached_blocks;
+        Preconditions, in order:
+          1. the argument checks of `check_cache_full_blocks` (ArgumentTypeError,
+             InvalidArgumentError): the types; caching is on; 0 <= num_cached_blocks <=
+             num_full_blocks <= len(block_ids); len(block_hashes) >= num_cached_blocks; the
+             stored hashes read are hashable BlockHashTypes; the blocks read are ids
           (if num_cached_blocks == num_full_blocks the call does nothing)
-          4. block_size > 0;
-          5. each block to cache other than the null block, in order: of this pool,
+          2. each block to cache other than the null block, in order: of this pool,
              ref_cnt > 0, not hashed, not listed twice (BlockStateError);
-          6. the block before the first one to cache, if any, is hashed or is the null block
-             (BlockStateError);
-          7. the request has the tokens of every block whose hash it lacks.
+          3. the block before the first one to cache, if any, is of this pool, and is hashed or
+             is the null block (BlockStateError);
+          4. block by block, for each hash the request lacks: the request has the block's tokens
+             (InvalidArgumentError), and `hash_fn` returns an int (ArgumentTypeError).
 
         A null block in the range (a position a sliding window already dropped) gets no hash and
         no index entry, but its hash is still stored in `block_hashes` so the chain goes on; a
         null block before the range chains through the stored hash at its position.
         """
-        if not self.enable_caching:
-            raise InvalidArgumentError("cache_full_blocks needs a pool with prefix caching on")
-        if not 0 <= num_cached_blocks <= num_full_blocks <= len(block_ids):
-            raise InvalidArgumentError(
-                f"need 0 <= num_cached_blocks ({num_cached_blocks}) <= num_full_blocks "
-                f"({num_full_blocks}) <= len(blocks) ({len(block_ids)})"
-            )
-        if len(block_hashes) < num_cached_blocks:
-            raise InvalidArgumentError(
-                f"request {request.request_id!r} has {len(block_hashes)} stored block hashes, "
-                f"fewer than num_cached_blocks ({num_cached_blocks})"
-            )
-        if num_cached_blocks == num_full_blocks:
+        checked = check_cache_full_blocks(
+            self.enable_caching,
+            request,
+            block_ids,
+            block_hashes,
+            num_cached_blocks,
+            num_full_blocks,
+            block_size,
+            hash_fn,
+            is_block_id,
+        )
+        if checked is None:
             return
-        if block_size <= 0:
-            raise InvalidArgumentError(f"block_size must be > 0, got {block_size}")
-        to_cache = list(block_ids[num_cached_blocks:num_full_blocks])
+        to_cache = list(checked[num_cached_blocks:num_full_blocks])
         seen: set[int] = set()
         for block_id in to_cache:
             self._require_block(block_id)
@@ -204,7 +233,8 @@ class SpecBlockPool:
             seen.add(block_id)
         parent_hash_value: int | None = None
         if num_cached_blocks > 0:
-            parent_id = block_ids[num_cached_blocks - 1]
+            parent_id = checked[num_cached_blocks - 1]
+            self._require_block(parent_id)
             parent_hash = (
                 block_hashes[num_cached_blocks - 1]
                 if parent_id == NULL_BLOCK_ID
@@ -212,8 +242,7 @@ class SpecBlockPool:
             )
             if parent_hash is None:
                 raise BlockStateError(
-                    block_ids[num_cached_blocks - 1],
-                    "the block before the first block to cache has no hash",
+                    parent_id, "the block before the first block to cache has no hash"
                 )
             parent_hash_value = parent_hash.hash_value
 
@@ -234,6 +263,11 @@ class SpecBlockPool:
                 else:
                     extra_keys = block_extra_keys(request, start, end)
                 this_hash = block_hash(hash_fn, parent_hash_value, tokens, extra_keys)
+                require_int(
+                    "BlockPool.cache_full_blocks",
+                    "the value hash_fn returned",
+                    this_hash.hash_value,
+                )
                 new_hashes.append(this_hash)
             parent_hash_value = this_hash.hash_value
 

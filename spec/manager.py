@@ -1,36 +1,36 @@
 """The reference KV cache manager: every KVCacheManager operation over the spec pool, in ids.
 
 Per request it keeps a block-id list, the stored chain of block hashes, and how many blocks are
-cached. Preconditions are listed in each docstring in the order they are checked; the first one
-broken raises, before anything changes. `check_invariants()` adds the request-level invariants to
-the pool's, among them prefix closure for full attention, checked against a ghost map of every
-hash's parent that only the spec keeps.
+cached. Each operation is written as its preconditions, in the order its docstring lists them
+(the first one broken raises, before anything changes), then the state it leads to. Arguments
+go through the implementation's own argument checks (`pagedkv.call_arguments`) and rules are
+worded by `pagedkv.refusals`, so both sides refuse alike; which rule is broken is decided here,
+plainly. `check_invariants()` adds the request-level invariants to the pool's, among them prefix
+closure for full attention, checked against a ghost map of every hash's parent that only the
+spec keeps.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from pagedkv import refusals
 from pagedkv.block_hash import BlockHashType, HashFn, get_hash_fn
-from pagedkv.errors import (
-    BlockStateError,
-    InvalidArgumentError,
-    InvariantViolation,
-    KVCacheConfigError,
-    MaxModelLenExceededError,
-    RequestError,
+from pagedkv.call_arguments import (
+    check_allocation,
+    check_common_prefix,
+    check_lookup,
+    check_manager,
+    check_request,
+    is_block_id,
 )
+from pagedkv.errors import InvariantViolation, KVCacheConfigError
 from pagedkv.kv_cache_interface import FullAttentionSpec, KVCacheConfig, SlidingWindowSpec
 from pagedkv.prefix_cache_stats import PrefixCacheStats
 from pagedkv.request import Request
 from pagedkv.semantics import PAGEDKV, Semantics
-from pagedkv.spec.attention import (
-    contiguous_blocks_needed,
-    full_attention_hit,
-    sliding_window_hit,
-    sliding_window_skipped,
-)
+from pagedkv.spec.attention import AttentionPolicy, FullAttention, SlidingWindow
 from pagedkv.spec.block_counts import (
     ceil_div,
     fits,
@@ -42,11 +42,29 @@ from pagedkv.spec.block_hash import request_block_hashes
 from pagedkv.spec.block_pool import NULL_BLOCK_ID, SpecBlockPool
 
 
+@dataclass(frozen=True)
+class Step:
+    """What one `allocate_slots` call asks for, once its preconditions hold.
+
+    Attributes:
+        hits: the prefix hits (block ids, nulls first under a sliding window).
+        num_required: blocks the request must hold after the step, lookahead included.
+        num_full: its full blocks after the step, speculative tokens left out: cached after it.
+        num_cached: its blocks cached before the step.
+    """
+
+    hits: list[int]
+    num_required: int
+    num_full: int
+    num_cached: int
+
+
 class SpecKVCacheManager:
     """Reference model of `pagedkv.KVCacheManager`.
 
     Attributes:
         pool: the spec block pool.
+        attention: the attention policy (which hits are usable, which blocks are dropped).
         blocks: request id -> its block ids, in position order (null block 0 = skipped).
         hashes: request id -> its stored block hashes (kept across preemption).
         num_cached: request id -> how many of its blocks are cached.
@@ -65,20 +83,24 @@ class SpecKVCacheManager:
         *,
         semantics: Semantics = PAGEDKV,
     ) -> None:
-        if len(kv_cache_config.kv_cache_groups) != 1:
-            raise KVCacheConfigError(
-                f"KVCacheManager needs exactly one KV cache group, got "
-                f"{len(kv_cache_config.kv_cache_groups)}"
-            )
-        if max_model_len <= 0:
-            raise InvalidArgumentError(f"max_model_len must be > 0, got {max_model_len}")
-        kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
-        if not isinstance(kv_cache_spec, (FullAttentionSpec, SlidingWindowSpec)):
-            raise KVCacheConfigError(f"no attention manager for {type(kv_cache_spec).__name__}")
-        self.block_size = kv_cache_spec.block_size
-        self.sliding_window: int | None = (
-            kv_cache_spec.sliding_window if isinstance(kv_cache_spec, SlidingWindowSpec) else None
+        check_manager(
+            kv_cache_config,
+            max_model_len,
+            enable_caching,
+            caching_hash_algo,
+            use_eagle,
+            log_stats,
+            semantics,
         )
+        layer_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        self.block_size = layer_spec.block_size
+        self.attention: AttentionPolicy
+        if isinstance(layer_spec, SlidingWindowSpec):
+            self.attention = SlidingWindow(layer_spec.sliding_window, self.block_size)
+        elif isinstance(layer_spec, FullAttentionSpec):
+            self.attention = FullAttention()
+        else:
+            raise KVCacheConfigError(f"no attention manager for {type(layer_spec).__name__}")
         self.max_model_len = max_model_len
         self.max_num_blocks_per_req = ceil_div(max_model_len, self.block_size)
         self.enable_caching = enable_caching
@@ -114,8 +136,10 @@ class SpecKVCacheManager:
         wanting prompt logprobs gets ([], 0); the lookup leaves out the last hash if every token
         lies in full blocks; with use_eagle a non-empty hit loses its last block.
 
-        Preconditions: the id names no other Request object (RequestError).
+        Preconditions: `check_lookup` (ArgumentTypeError); the id names no other Request object
+        (RequestError).
         """
+        check_lookup(request)
         if not self.enable_caching:
             return [], 0
         self._require_same_request(request)
@@ -133,20 +157,13 @@ class SpecKVCacheManager:
             lookup = stored[:-1]  # recompute the last block, so the last token yields logits
         else:
             lookup = list(stored)
-        hits = self._longest_cache_hit(lookup)
+        hits = self.attention.longest_hit(self.pool.get_cached_block, lookup)
         if self.use_eagle and hits:
             hits = hits[:-1]
         if self.stats is not None:
             self.stats.queries += len(lookup)
             self.stats.hits += len(hits)
         return hits, len(hits) * self.block_size
-
-    def _longest_cache_hit(self, lookup: list[BlockHashType]) -> list[int]:
-        if self.sliding_window is None:
-            return full_attention_hit(self.pool.get_cached_block, lookup)
-        return sliding_window_hit(
-            self.pool.get_cached_block, lookup, self.sliding_window, self.block_size
-        )
 
     # -- allocation --------------------------------------------------------------------------
 
@@ -160,18 +177,20 @@ class SpecKVCacheManager:
         """Reserve slots for `num_tokens` scheduled tokens; None when they do not fit.
 
         Preconditions, in order:
-          1. num_tokens > 0; 2. num_lookahead_tokens >= 0; 2b. no more speculative tokens
-             than num_tokens (InvalidArgumentError);
+          1. `check_allocation`: a Request; num_tokens an int >= 1; num_lookahead_tokens an
+             int >= 0; the request's num_computed_tokens an int and spec_token_ids a list; the
+             hits None or an iterable of block ids (ArgumentTypeError, InvalidArgumentError);
+          2. no more speculative tokens than num_tokens (InvalidArgumentError);
           3. the id names no other Request object (RequestError);
           4. 0 <= num_computed_tokens <= blocks held * B (RequestError);
           5. if there are hits: caching is on (InvalidArgumentError); the request holds no
              blocks and has no computed tokens (RequestError); there are no more hits than
              stored hashes (RequestError); each hit, in order, is a block of the pool
-             (BlockStateError), is not the null block under full attention (BlockStateError),
-             and unless it is the null block is cached under the request's stored hash at its
-             position (RequestError); under sliding window, if there are null hits, they come
-             first and are followed by contiguous_blocks_needed cached blocks, one fewer with
-             use_eagle (RequestError);
+             (BlockStateError), is the null block only if the attention allows null blocks
+             (BlockStateError), and unless it is the null block is cached under the request's
+             stored hash at its position (RequestError); the hits have a shape the attention
+             can produce: under sliding window, null hits first, then contiguous_blocks_needed
+             cached blocks, one fewer with use_eagle (RequestError);
           6. computed tokens after the step, speculative ones excluded, do not exceed the
              request's tokens (InvalidArgumentError);
           7. the blocks required, lookahead included, do not exceed cdiv(max_model_len, B)
@@ -179,193 +198,163 @@ class SpecKVCacheManager:
           8. with caching, full blocks after the step are at least the blocks already cached
              (RequestError).
 
-        Then: the blocks wholly outside the window are replaced by the null block and freed,
-        newest first (even if the request then does not fit); the new blocks must fit in the
-        free blocks minus the hits that are themselves free (null blocks not counted, unless
-        vLLM semantics); the hits are touched and appended; the missing blocks are allocated;
-        with caching, blocks [cached, full) are cached, speculative tokens excluded.
+        Then, in three steps: `_drop_skipped_blocks` (even if the request then does not fit);
+        `_fits`, or None; `_grow`, which returns the new blocks.
         """
+        hits = check_allocation(
+            request, num_tokens, new_computed_blocks, num_lookahead_tokens, is_block_id
+        )
+        step = self._allocation_step(request, num_tokens, hits, num_lookahead_tokens)
+        self._drop_skipped_blocks(request)
+        if not self._fits(request, step):
+            return None
+        return self._grow(request, step)
+
+    def _allocation_step(
+        self, request: Request, num_tokens: int, hits: list[int], num_lookahead_tokens: int
+    ) -> Step:
+        """Preconditions 2-8 of `allocate_slots`; the step they allow. Changes nothing."""
         request_id = request.request_id
-        block_size = self.block_size
-        if num_tokens <= 0:
-            raise InvalidArgumentError(
-                f"request {request_id!r}: num_tokens must be > 0, got {num_tokens}"
-            )
-        if num_lookahead_tokens < 0:
-            raise InvalidArgumentError(
-                f"request {request_id!r}: num_lookahead_tokens must be >= 0, got "
-                f"{num_lookahead_tokens}"
-            )
-        if len(request.spec_token_ids) > num_tokens:
-            raise InvalidArgumentError(
-                f"request {request_id!r}: {len(request.spec_token_ids)} speculative tokens but "
-                f"only {num_tokens} scheduled (speculative tokens are part of num_tokens)"
-            )
+        num_spec = len(request.spec_token_ids)
+        if num_spec > num_tokens:
+            raise refusals.more_drafts_than_scheduled(request_id, num_spec, num_tokens)
         self._require_same_request(request)
         held = self.blocks.get(request_id, [])
-        hits = list(new_computed_blocks or [])
-        if not 0 <= request.num_computed_tokens <= len(held) * block_size:
-            raise RequestError(
-                request_id,
-                "num_computed_tokens outside the request's slots",
-                f"{request.num_computed_tokens} computed, {len(held)} blocks of {block_size} held",
+        slots = len(held) * self.block_size
+        if request.num_computed_tokens not in range(slots + 1):
+            raise refusals.computed_outside_slots(
+                request_id, request.num_computed_tokens, len(held), self.block_size
             )
         if hits:
             self._require_hits(request, held, hits)
-        computed_tokens = request.num_computed_tokens + len(hits) * block_size
-        real_tokens_after = computed_tokens + num_tokens - len(request.spec_token_ids)
-        if real_tokens_after > request.num_tokens:
-            raise InvalidArgumentError(
-                f"request {request_id!r}: {real_tokens_after} tokens computed after this step, "
-                f"but the request has {request.num_tokens}"
+        computed = request.num_computed_tokens + len(hits) * self.block_size
+        if computed + num_tokens - num_spec > request.num_tokens:
+            raise refusals.more_tokens_than_request(
+                request_id, computed + num_tokens - num_spec, request.num_tokens
             )
-        num_required = num_required_blocks(
-            computed_tokens, num_tokens, num_lookahead_tokens, block_size
-        )
-        num_held_after_hits = len(held) + len(hits)
-        if num_required > self.max_num_blocks_per_req and (
-            not self.semantics.cap_at_max_model_len
-            or num_held_after_hits >= self.max_num_blocks_per_req
-        ):
-            raise MaxModelLenExceededError(
+        required = num_required_blocks(computed, num_tokens, num_lookahead_tokens, self.block_size)
+        could_grow = len(held) + len(hits) < self.max_num_blocks_per_req
+        capped = self.semantics.cap_at_max_model_len and could_grow  # vLLM allocates fewer
+        if required > self.max_num_blocks_per_req and not capped:
+            raise refusals.past_max_model_len(
                 request_id,
-                "allocation past max_model_len",
-                f"{num_required} blocks needed, at most {self.max_num_blocks_per_req} "
-                f"(max_model_len {self.max_model_len}, block size {block_size})",
+                required,
+                self.max_num_blocks_per_req,
+                self.max_model_len,
+                self.block_size,
             )
-        num_full = num_full_blocks(
-            computed_tokens, num_tokens, len(request.spec_token_ids), block_size
-        )
-        num_cached = self.num_cached.get(request_id, len(hits))
-        if self.enable_caching and num_full < num_cached:
-            raise RequestError(
-                request_id,
-                "fewer full blocks than already cached",
-                f"{num_full} full, {num_cached} cached: did num_computed_tokens go back?",
-            )
+        full = num_full_blocks(computed, num_tokens, num_spec, self.block_size)
+        cached = self.num_cached.get(request_id, len(hits))
+        if self.enable_caching and full < cached:
+            raise refusals.cached_blocks_lost(request_id, full, cached)
+        return Step(hits, required, full, cached)
 
-        held = list(held)
-        if self.sliding_window is not None:
-            skipped = sliding_window_skipped(
-                request.num_computed_tokens, self.sliding_window, block_size
-            )
-            removed = [b for b in reversed(held[:skipped]) if b != NULL_BLOCK_ID]
-            held[:skipped] = [NULL_BLOCK_ID] * min(skipped, len(held))
-            self.pool.free_blocks(removed)
-            if request_id in self.blocks:
-                self.blocks[request_id] = held
-        num_new = num_new_blocks(num_required, len(held), len(hits))
-        num_free_hits = sum(
-            1
-            for block_id in hits
+    def _require_hits(self, request: Request, held: list[int], hits: list[int]) -> None:
+        """Precondition 5: the hits are what `get_computed_blocks` could have returned."""
+        request_id = request.request_id
+        if not self.enable_caching:
+            raise refusals.hits_without_caching(request_id)
+        if held or request.num_computed_tokens:
+            raise refusals.hits_for_running_request(request_id)
+        stored = self.hashes.get(request_id, [])
+        if len(hits) > len(stored):
+            raise refusals.more_hits_than_hashes(request_id, len(hits), len(stored))
+        for position, block_id in enumerate(hits):
+            if block_id not in range(self.pool.num_gpu_blocks):
+                raise refusals.foreign_block(block_id)
+            if block_id == NULL_BLOCK_ID:
+                if not self.attention.allows_null_blocks:
+                    raise refusals.null_hit(block_id)
+            elif self.pool.block_hash[block_id] != stored[position]:
+                raise refusals.hit_not_cached(request_id, block_id, position)
+        shape_error = self.attention.hit_shape_error(hits, self.use_eagle)
+        if shape_error is not None:
+            raise refusals.hit_shape(request_id, shape_error)
+
+    def _drop_skipped_blocks(self, request: Request) -> None:
+        """The positions the next token no longer reads hold the null block afterwards; the
+        blocks they held are freed, the newest first."""
+        held = self.blocks.get(request.request_id)
+        if held is None:
+            return
+        skipped = min(self.attention.num_skipped(request.num_computed_tokens), len(held))
+        dropped = [block_id for block_id in held[:skipped] if block_id != NULL_BLOCK_ID]
+        self.pool.free_blocks(dropped[::-1])
+        held[:skipped] = [NULL_BLOCK_ID] * skipped
+
+    def _fits(self, request: Request, step: Step) -> bool:
+        """The blocks still missing fit in the free blocks the hits leave: a hit at ref_cnt 0
+        leaves the free queue when touched (a null hit only under vLLM semantics)."""
+        num_held = len(self.blocks.get(request.request_id, []))
+        missing = num_new_blocks(step.num_required, num_held, len(step.hits))
+        free_hits = [
+            block_id
+            for block_id in step.hits
             if self.pool.ref_cnt[block_id] == 0
             and (block_id != NULL_BLOCK_ID or self.semantics.capacity_counts_null_blocks)
-        )
-        if not fits(num_new, self.pool.get_num_free_blocks(), num_free_hits):
-            return None
+        ]
+        return fits(missing, self.pool.get_num_free_blocks(), len(free_hits))
+
+    def _grow(self, request: Request, step: Step) -> list[int]:
+        """The state after a step that fits: the request holds its blocks, then the hits (one
+        more reference each), then the missing blocks from the head of the free queue (as many
+        as max_model_len leaves room for); with caching, its blocks [cached, full) are cached
+        and `num_cached` is `full`."""
+        request_id = request.request_id
         if self.enable_caching:
-            self.pool.touch(hits)
-        held += hits
-        new_blocks: list[int] = []
-        if num_new > 0:
-            room = self.max_num_blocks_per_req - len(held)
-            new_blocks = self.pool.get_new_blocks(
-                min(num_new, self.pool.get_num_free_blocks(), room)
-            )
-            held += new_blocks
-        self.blocks[request_id] = held
+            self.pool.touch(step.hits)
+        blocks = self.blocks.get(request_id, []) + step.hits
+        room = self.max_num_blocks_per_req - len(blocks)
+        missing = num_new_blocks(step.num_required, len(blocks), 0)
+        new_blocks = self.pool.get_new_blocks(
+            max(min(missing, self.pool.get_num_free_blocks(), room), 0)
+        )
+        blocks += new_blocks
+        self.blocks[request_id] = blocks
         self.requests[request_id] = request
         if self.enable_caching:
             stored = self.hashes.setdefault(request_id, [])
             self.pool.cache_full_blocks(
                 request,
-                held,
+                blocks,
                 stored,
-                min(num_cached, len(held)),
-                min(num_full, len(held)),
-                block_size,
+                min(step.num_cached, len(blocks)),
+                min(step.num_full, len(blocks)),
+                self.block_size,
                 self.hash_fn,
             )
             self._record_parents(stored)
-            self.num_cached[request_id] = num_full
+            self.num_cached[request_id] = step.num_full
         return new_blocks
-
-    def _require_hits(self, request: Request, held: list[int], hits: list[int]) -> None:
-        request_id = request.request_id
-        if not self.enable_caching:
-            raise InvalidArgumentError(
-                f"request {request_id!r}: new_computed_blocks given while prefix caching is off"
-            )
-        if held or request.num_computed_tokens:
-            raise RequestError(
-                request_id,
-                "new_computed_blocks for a request that already holds blocks or computed tokens",
-            )
-        stored = self.hashes.get(request_id, [])
-        if len(hits) > len(stored):
-            raise RequestError(
-                request_id,
-                "new_computed_blocks must be the request's cached blocks",
-                f"{len(hits)} hits but {len(stored)} stored block hashes",
-            )
-        for position, block_id in enumerate(hits):
-            if not 0 <= block_id < self.pool.num_gpu_blocks:
-                raise BlockStateError(block_id, "block does not belong to this pool")
-            if block_id == NULL_BLOCK_ID:
-                if self.sliding_window is None:
-                    raise BlockStateError(block_id, "a null block is no hit under full attention")
-                continue
-            if self.pool.block_hash[block_id] != stored[position]:
-                raise RequestError(
-                    request_id,
-                    "new_computed_blocks must be the request's cached blocks",
-                    f"block {block_id} at position {position} is not cached under the "
-                    f"request's hash there",
-                )
-        if self.sliding_window is not None and NULL_BLOCK_ID in hits:
-            # The shape sliding_window_hit produces: nulls, then a window of cached blocks
-            # (one block fewer with use_eagle, which drops the hit's last block).
-            num_nulls = len(hits) - len(list(itertools.dropwhile(lambda b: b == 0, hits)))
-            cached = hits[num_nulls:]
-            needed = contiguous_blocks_needed(self.sliding_window, self.block_size)
-            needed -= int(self.use_eagle)
-            if NULL_BLOCK_ID in cached or len(cached) < needed:
-                raise RequestError(
-                    request_id,
-                    "new_computed_blocks is not a sliding-window hit",
-                    f"{num_nulls} null blocks, then {len(cached)} blocks; "
-                    f"the window needs {needed}",
-                )
 
     # -- release -----------------------------------------------------------------------------
 
     def free(self, request: Request) -> None:
-        """Free the request's blocks, last first when caching (first evicted), else in order.
+        """Free the request's blocks, last first when caching (first evicted), else in order
+        (last first as well under `free_tail_first_without_caching`).
 
         Its stored hashes stay. Unknown request: nothing happens.
-        Preconditions: the id names no other Request object (RequestError).
+        Preconditions: a Request (ArgumentTypeError); the id names no other Request object
+        (RequestError).
         """
+        check_request("free", request)
         self._require_same_request(request)
-        request_id = request.request_id
-        held = self.blocks.get(request_id, [])
-        self.pool.free_blocks(list(reversed(held)) if self.enable_caching else held)
-        self.blocks.pop(request_id, None)
-        self.num_cached.pop(request_id, None)
-        self._forget_if_done(request_id)
+        held = self.blocks.pop(request.request_id, [])
+        tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
+        self.pool.free_blocks(held[::-1] if tail_first else held)
+        self.num_cached.pop(request.request_id, None)
+        self._forget_if_done(request.request_id)
 
     def free_block_hashes(self, request: Request) -> None:
         """Drop the stored hashes of a finished request.
 
-        Preconditions: the id names no other Request object; the request holds no blocks
-        (its cached blocks need their stored hashes) (RequestError).
+        Preconditions: a Request (ArgumentTypeError); the id names no other Request object; the
+        request holds no blocks (its cached blocks need their stored hashes) (RequestError).
         """
+        check_request("free_block_hashes", request)
         self._require_same_request(request)
         if request.request_id in self.blocks:
-            raise RequestError(
-                request.request_id,
-                "free_block_hashes of a request that still holds blocks",
-                "free it first; a running request's cached blocks need their stored hashes",
-            )
+            raise refusals.hashes_dropped_while_held(request.request_id)
         self.hashes.pop(request.request_id, None)
         self._forget_if_done(request.request_id)
 
@@ -378,24 +367,20 @@ class SpecKVCacheManager:
         return True
 
     def get_num_common_prefix_blocks(self, request: Request, num_running_requests: int) -> int:
-        """Leading blocks of the request with ref_cnt == num_running_requests."""
-        count = 0
-        for block_id in self.blocks.get(request.request_id, []):
-            if self.pool.ref_cnt[block_id] != num_running_requests:
-                break
-            count += 1
-        return count
+        """Leading blocks of the request with ref_cnt == num_running_requests.
+
+        Preconditions: `check_common_prefix` (ArgumentTypeError, InvalidArgumentError).
+        """
+        check_common_prefix(request, num_running_requests)
+        held = self.blocks.get(request.request_id, [])
+        shared = [self.pool.ref_cnt[block_id] == num_running_requests for block_id in held]
+        return shared.index(False) if False in shared else len(shared)
 
     # -- helpers -----------------------------------------------------------------------------
 
     def _require_same_request(self, request: Request) -> None:
-        known = self.requests.get(request.request_id)
-        if known is not None and known is not request:
-            raise RequestError(
-                request.request_id,
-                "request id already in use by another Request object",
-                "free it and drop its hashes (free_block_hashes) before reusing the id",
-            )
+        if self.requests.get(request.request_id, request) is not request:
+            raise refusals.id_in_use(request.request_id)
 
     def _forget_if_done(self, request_id: str) -> None:
         if request_id not in self.blocks and request_id not in self.hashes:
@@ -431,12 +416,12 @@ class SpecKVCacheManager:
             raise InvariantViolation(
                 "every tracked request has blocks or stored hashes", repr(sorted(tracked))
             )
-        if self.sliding_window is None and self.enable_caching:
+        if not self.attention.allows_null_blocks and self.enable_caching:
             self._check_prefix_closure()
 
     def _check_request(self, request_id: str, held: list[int]) -> None:
         nulls = [position for position, block_id in enumerate(held) if block_id == NULL_BLOCK_ID]
-        if nulls and (self.sliding_window is None or nulls != list(range(len(nulls)))):
+        if nulls and (not self.attention.allows_null_blocks or nulls != list(range(len(nulls)))):
             raise InvariantViolation(
                 "null blocks only as a prefix, and only under sliding window",
                 f"request {request_id!r}: {held}",
@@ -450,28 +435,28 @@ class SpecKVCacheManager:
         request = self.requests[request_id]
         num_cached = self.num_cached.get(request_id, 0)
         stored = self.hashes.get(request_id, [])
-        if num_cached * self.block_size > request.num_tokens or num_cached > len(stored):
+        num_full = request.num_tokens // self.block_size
+        if num_cached > min(num_full, len(stored)):
             raise InvariantViolation(
                 "a request's cached blocks are full blocks with stored hashes",
-                f"request {request_id!r}: {num_cached} cached, {request.num_tokens} tokens, "
+                f"request {request_id!r}: {num_cached} cached of {num_full} full blocks and "
                 f"{len(stored)} stored hashes",
             )
-        for position, block_id in enumerate(held[:num_cached]):
-            if block_id != NULL_BLOCK_ID and self.pool.block_hash[block_id] != stored[position]:
+        carried = [self.pool.block_hash[block_id] for block_id in held[:num_cached]]
+        for position, block_hash in enumerate(carried):
+            if held[position] != NULL_BLOCK_ID and block_hash != stored[position]:
                 raise InvariantViolation(
                     "a request's cached block carries the hash its tokens chain to",
-                    f"request {request_id!r}, position {position}, block {block_id}",
+                    f"request {request_id!r}, position {position}, block {held[position]}",
                 )
-        if not self.semantics.vllm_new_block_mm_keys:
-            expected = request_block_hashes(self.hash_fn, self.block_size, request)
-            for position, block_hash in enumerate(stored):
-                chained = expected[position] if position < len(expected) else None
-                if block_hash != chained:
-                    raise InvariantViolation(
-                        "stored hashes are the chain of the request's tokens",
-                        f"request {request_id!r}, position {position}: stored {block_hash}, "
-                        f"its tokens chain to {chained}",
-                    )
+        if self.semantics.vllm_new_block_mm_keys:
+            return  # vLLM 0.8.5 stores some hashes with other multimodal keys than the chain's
+        chain = request_block_hashes(self.hash_fn, self.block_size, request)
+        if stored != chain[: len(stored)]:  # the stored hashes are a prefix of the chain
+            raise InvariantViolation(
+                "stored hashes are the chain of the request's tokens",
+                f"request {request_id!r}: stored {stored}, its tokens chain to {chain}",
+            )
 
     def _check_prefix_closure(self) -> None:
         """Full attention: every cached hash's parent is cached too (tail-first freeing)."""

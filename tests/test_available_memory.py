@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from pagedkv.available_memory import (
+    GPUMemoryBudget,
     MemoryProfile,
+    NoKVCacheMemoryError,
     available_kv_cache_memory,
     determine_available_memory,
     kv_cache_budget_bytes,
@@ -86,6 +88,97 @@ def test_profile_fields_are_validated() -> None:
         MemoryProfile(1, -1, 0, 0)
     with pytest.raises(InvalidArgumentError, match="device_used_bytes must be an int >= 0"):
         MemoryProfile(1, 0, 0, 1.5)  # type: ignore[arg-type]
+
+
+# -- a GPU planned before any run ------------------------------------------------------------
+
+
+def test_gpu_budget_splits_the_weights_over_the_tensor_parallel_gpus() -> None:
+    # 0.9 * 80 GiB = 77,309,411,328 usable; 141 GB over 4 GPUs = 35,250,000,000 each, plus
+    # 3 GiB of activations and context: 77,309,411,328 - 38,471,225,472 = 38,838,185,856
+    budget = GPUMemoryBudget(
+        gpu_memory_bytes=80 * GiB,
+        gpu_memory_utilization=0.9,
+        weights_bytes=141 * 10**9,
+        other_bytes=3 * GiB,
+        tensor_parallel_size=4,
+    )
+    assert budget.usable_bytes == 77_309_411_328
+    assert budget.weights_bytes_per_gpu == 35_250_000_000
+    assert budget.non_kv_bytes == 38_471_225_472
+    assert budget.kv_cache_bytes == budget.require_kv_cache_bytes() == 38_838_185_856
+    # where it is positive it is the profile arithmetic's budget
+    assert budget.kv_cache_bytes == kv_cache_budget_bytes(80 * GiB, 0.9, 38_471_225_472)
+    # an odd share rounds up: 7 bytes over 2 GPUs is 4 each
+    assert GPUMemoryBudget(100, 1.0, weights_bytes=7, tensor_parallel_size=2).kv_cache_bytes == 96
+    assert budget.as_json() == {
+        "gpu_memory_bytes": 85_899_345_920,
+        "gpu_memory_utilization": 0.9,
+        "usable_bytes": 77_309_411_328,
+        "weights_bytes": 141_000_000_000,
+        "tensor_parallel_size": 4,
+        "weights_bytes_per_gpu": 35_250_000_000,
+        "other_bytes": 3_221_225_472,
+        "non_kv_bytes": 38_471_225_472,
+        "kv_cache_bytes": 38_838_185_856,
+    }
+
+
+@pytest.mark.parametrize(
+    ("budget", "message"),
+    [
+        # the weights alone exceed the whole GPU: no utilization helps
+        (
+            GPUMemoryBudget(80 * GiB, 0.9, weights_bytes=145 * 10**9),
+            "the model needs 145,000,000,000 bytes (135.04 GiB) on each GPU besides its KV "
+            "cache, more than the 77,309,411,328 bytes (72.00 GiB) that "
+            "gpu_memory_utilization=0.9 allows of the GPU's 85,899,345,920 bytes (80.00 GiB): "
+            "nothing is left for the KV cache. To fit, use a GPU with more memory or split the "
+            "model over more GPUs (tensor_parallel_size).",
+        ),
+        # split, with activations: 0.95 * 40 GiB = 38 GiB usable, 36 + 2 GiB needed exactly
+        (
+            GPUMemoryBudget(
+                40 * GiB,
+                0.95,
+                weights_bytes=72 * GiB,
+                other_bytes=2 * GiB,
+                tensor_parallel_size=2,
+            ),
+            "the model needs 40,802,189,312 bytes (38.00 GiB) on each GPU besides its KV cache "
+            "(weights 36.00 GiB, 1/2 of 72.00 GiB; other 2.00 GiB), all of the "
+            "40,802,189,312 bytes (38.00 GiB) that gpu_memory_utilization=0.95 allows of the "
+            "GPU's 42,949,672,960 bytes (40.00 GiB): nothing is left for the KV cache. To fit, "
+            "raise gpu_memory_utilization above 0.950, use a GPU with more memory or split the "
+            "model over more GPUs (tensor_parallel_size).",
+        ),
+    ],
+)
+def test_a_gpu_with_nothing_left_names_the_numbers_and_the_fixes(
+    budget: GPUMemoryBudget, message: str
+) -> None:
+    assert budget.kv_cache_bytes <= 0
+    with pytest.raises(NoKVCacheMemoryError) as refused:
+        budget.require_kv_cache_bytes()
+    assert str(refused.value) == message
+    assert refused.value.budget is budget
+    assert "-" not in str(refused.value).split("GPU besides")[0]  # never a negative count
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"gpu_memory_bytes": 0}, "gpu_memory_bytes must be an int >= 1"),
+        ({"gpu_memory_utilization": 1.5}, r"gpu_memory_utilization must be in \(0, 1\]"),
+        ({"weights_bytes": -1}, "weights_bytes must be an int >= 0"),
+        ({"other_bytes": 1.5}, "other_bytes must be an int >= 0"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size must be an int >= 1"),
+    ],
+)
+def test_gpu_budget_fields_are_validated(fields: dict[str, object], message: str) -> None:
+    arguments: dict[str, object] = {"gpu_memory_bytes": GiB, "gpu_memory_utilization": 0.9}
+    with pytest.raises(InvalidArgumentError, match=message):
+        GPUMemoryBudget(**{**arguments, **fields})  # type: ignore[arg-type]
 
 
 class FakeCuda:

@@ -41,3 +41,15 @@ def test_pool_benchmark_replays_end_in_the_recorded_state(
 ) -> None:
     assert bench_pool.main(["--ops", "2000", "--runs", "1"]) == 0
     assert "1M / 1k per-call ratio" in capsys.readouterr().out
+
+
+def test_the_vllm_benchmark_runs_against_pagedkv_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    """Its machinery offline: pagedkv as the baseline, a small trace, no compiled build."""
+    import bench_vllm
+
+    argv = ["--quick", "--baseline", "pagedkv", "--conversations", "8", "--compiled-site", "-"]
+    assert bench_vllm.main(argv) == 0
+    report = capsys.readouterr().out
+    assert "checked call by call: same blocks, same hits" in report
+    assert "compiled build: not measured" in report
+    assert "decode inside a block" in report

@@ -23,7 +23,7 @@ from pagedkv import (
     hash_request_tokens,
     sha256,
 )
-from pagedkv.block_hash import CACHE_SALT_TAG
+from pagedkv.block_hash import CacheSalt
 from pagedkv.harness.requests import requests
 from pagedkv.semantics import PAGEDKV, VLLM_0_8_5
 from pagedkv.spec import block_extra_keys, request_block_hashes
@@ -79,11 +79,11 @@ def test_extra_keys_order_lora_then_multimodal_then_salt() -> None:
         cache_salt="s",
     )
     assert generate_block_hash_extra_keys(request, 0, 4, 0) == (
-        (7, "a", "b", (CACHE_SALT_TAG, "s")),
+        (7, "a", "b", CacheSalt("s")),
         1,
     )
     # Block [4, 8): input "b" ends at 5, so it joins; the salt joins every block.
-    assert generate_block_hash_extra_keys(request, 4, 8, 1) == ((7, "b", (CACHE_SALT_TAG, "s")), 2)
+    assert generate_block_hash_extra_keys(request, 4, 8, 1) == ((7, "b", CacheSalt("s")), 2)
 
 
 def test_an_input_ending_where_a_block_starts_joins_it_only_in_vllm_semantics() -> None:
@@ -174,7 +174,7 @@ def test_salts_separate_tenants_and_equal_salts_share() -> None:
     assert alice == alice_again
     assert not set(alice) & set(bob)
     assert not set(alice) & set(unsalted)
-    assert alice[1].extra_keys == (("cache_salt", "alice"),)  # every block carries the salt
+    assert alice[1].extra_keys == (CacheSalt("alice"),)  # every block carries the salt
 
 
 def test_salt_key_never_equals_a_lora_id_or_multimodal_hash() -> None:

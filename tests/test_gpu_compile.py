@@ -2,16 +2,22 @@
 
 NVRTC is called directly (no driver needed); a compile error in any `.cu` file, any template
 instantiation, or a host/kernel disagreement on launch constants (the generated static_asserts)
-fails here.
+fails here. Every cubin the loader caches is checked with the CUDA tools themselves
+(`cuobjdump`, `nvdisasm`, from the pinned `nvidia-cuda-*` wheels), and ptxas' resource report
+must show no register spills.
 """
 
 from __future__ import annotations
 
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
+from pagedkv.gpu import kernel_loader
+from pagedkv.gpu.cubin_image import check_cubin, cuda_tool, image_extent
 from pagedkv.gpu.errors import KernelCompileError
 from pagedkv.gpu.kernel_variants import (
     ATTENTION_DTYPES,
@@ -24,7 +30,14 @@ from pagedkv.gpu.kernel_variants import (
     attention_kernel_name,
     attention_traits,
 )
-from pagedkv.gpu.nvrtc_build import CompiledModule, cache_key, compile_source
+from pagedkv.gpu.nvrtc_build import (
+    CompiledModule,
+    cache_key,
+    compile_options,
+    compile_source,
+    read_cubin,
+    source_text,
+)
 
 ELF_MAGIC = b"\x7fELF"
 
@@ -100,3 +113,105 @@ def test_the_cache_key_depends_on_arch_and_source_only() -> None:
     assert cache_key(WRITE_SOURCE, 90) != cache_key(ATTENTION_SOURCE, 90)
     edited = KernelSource(WRITE_SOURCE.file_name, WRITE_SOURCE.name_expressions, "// edit\n")
     assert cache_key(edited, 90) != cache_key(WRITE_SOURCE, 90)
+
+
+def _tool(name: str) -> Path:
+    path = cuda_tool(name)
+    assert path is not None, f"{name} is pinned in the dev install (cuda-toolkit[{name}])"
+    return path
+
+
+@pytest.fixture(scope="module")
+def cached_cubins(
+    compiled: dict[tuple[str, int], CompiledModule],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[tuple[str, int], Path]:
+    """Every cubin as the loader writes it into a fresh cache (no second compile)."""
+    directory = tmp_path_factory.mktemp("kernel-cache")
+    paths = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PAGEDKV_KERNEL_CACHE", str(directory))
+        patch.setattr(kernel_loader, "compile_source", lambda s, a: compiled[(s.file_name, a)])
+        for source in KERNEL_SOURCES:
+            for arch in CI_ARCHS:
+                paths[(source.file_name, arch)], _ = kernel_loader.cubin_path(source, arch)
+    return paths
+
+
+def test_every_cached_cubin_is_the_exact_image_nvrtc_reports(
+    compiled: dict[tuple[str, int], CompiledModule], cached_cubins: dict[tuple[str, int], Path]
+) -> None:
+    for key, path in cached_cubins.items():
+        image = path.read_bytes()
+        assert image == compiled[key].cubin
+        assert image_extent(image) == len(image), "ELF headers and file size agree"
+
+
+def test_cuobjdump_and_nvdisasm_accept_every_cached_cubin(
+    compiled: dict[tuple[str, int], CompiledModule], cached_cubins: dict[tuple[str, int], Path]
+) -> None:
+    cuobjdump, nvdisasm = _tool("cuobjdump"), _tool("nvdisasm")
+    for key, path in cached_cubins.items():
+        listing = subprocess.run(
+            [cuobjdump, "-elf", path], capture_output=True, text=True, check=True, timeout=60
+        ).stdout
+        assert f"sm={key[1]}," in listing
+        for symbol in compiled[key].lowered_names.values():
+            assert f".text.{symbol}" in listing, f"{symbol} has code in {path.name}"
+        disassembly = subprocess.run(
+            [nvdisasm, path], capture_output=True, text=True, check=True, timeout=60
+        ).stdout
+        assert "EXIT" in disassembly
+
+
+def test_cupys_getcubin_drops_the_last_byte_and_the_tools_reject_that_image(
+    tmp_path: Path,
+) -> None:
+    """The defect the loader had: CuPy's getCUBIN returns nvrtcGetCUBINSize - 1 bytes."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    module = compile_source(WRITE_SOURCE, 90)
+    program = nvrtc.createProgram(source_text(WRITE_SOURCE), WRITE_SOURCE.file_name, [], [])
+    try:
+        nvrtc.compileProgram(program, list(compile_options(90)))
+        exact = read_cubin(nvrtc, program)
+        short = bytes(nvrtc.getCUBIN(program))
+    finally:
+        nvrtc.destroyProgram(program)
+    assert len(short) == len(exact) - 1 and exact.startswith(short)
+    for image in (short, module.cubin[:-1]):
+        with pytest.raises(KernelCompileError, match="truncated"):
+            check_cubin(image, "cut")
+    with pytest.raises(KernelCompileError, match="trailing bytes"):
+        check_cubin(module.cubin + b"\0", "padded")
+    (tmp_path / "short.cubin").write_bytes(module.cubin[:-1])
+    result = subprocess.run(
+        [_tool("nvdisasm"), tmp_path / "short.cubin"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0, "nvdisasm refuses the truncated image too"
+
+
+def test_a_truncated_cache_entry_is_rebuilt_not_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PAGEDKV_KERNEL_CACHE", str(tmp_path))
+    path, _ = kernel_loader.cubin_path(WRITE_SOURCE, 80)
+    good = path.read_bytes()
+    path.write_bytes(good[:-1])  # what the old loader cached
+    rebuilt, names = kernel_loader.cubin_path(WRITE_SOURCE, 80)
+    assert rebuilt == path and path.read_bytes() == good
+    assert set(names) == set(WRITE_SOURCE.name_expressions)
+
+
+def test_ptxas_reports_every_kernel_and_no_variant_spills(
+    compiled: dict[tuple[str, int], CompiledModule],
+) -> None:
+    for (file_name, arch), module in compiled.items():
+        assert set(module.usage) == set(module.lowered_names.values()), file_name
+        for usage in module.usage.values():
+            assert usage.arch == arch and usage.registers > 0
+            assert not usage.spills, f"{usage.symbol} spills on sm_{arch}: {usage}"

@@ -10,9 +10,10 @@ import torch
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.attention import paged_attention, paged_attention_varlen, plan_step
+from pagedkv.gpu.error_bound import compare_to_reference
 from pagedkv.gpu.kv_write import write_kv
 from pagedkv.gpu.reference import reference_write_kv
-from pagedkv.gpu.synthetic_batch import BatchShape, make_batch, paged_reference
+from pagedkv.gpu.synthetic_batch import BatchShape, batch_terms, make_batch, plan_batch
 
 
 def _has_device() -> bool:
@@ -26,7 +27,6 @@ def _has_device() -> bool:
 needs_device = pytest.mark.skipif(
     not _has_device(), reason="needs a CUDA device visible to both cupy and torch"
 )
-TOLERANCE = {torch.float32: 2e-4, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
 
 @pytest.mark.gpu
@@ -45,19 +45,10 @@ def test_attention_kernel_matches_the_reference(
 ) -> None:
     shape = BatchShape((1, 7, 1, 40), (200, 60, 1, 40), 8, 2, head_size, block_size, window)
     batch = make_batch(shape, dtype=dtype, device="cuda", seed=head_size)
-    plan = plan_step(
-        batch.query,
-        batch.key_cache,
-        batch.query_start_loc,
-        batch.seq_lens,
-        batch.block_table,
-        sliding_window=window,
-        num_splits=num_splits,
-    )
+    plan = plan_batch(batch, num_splits=num_splits)
     out = paged_attention(batch.query, batch.key_cache, batch.value_cache, plan)
-    expected = paged_reference(batch)
-    assert out.isfinite().all()
-    torch.testing.assert_close(out, expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    result = compare_to_reference(out, batch_terms(batch), str(dtype).removeprefix("torch."))
+    assert result["passed"], result
 
 
 @pytest.mark.gpu

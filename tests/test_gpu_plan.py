@@ -7,6 +7,7 @@ matching the reference proves the plan and the index arithmetic the kernel uses,
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -26,8 +27,9 @@ from pagedkv.gpu.attention_plan import (
     DeviceLimits,
     choose_num_splits,
     plan_attention,
+    split_tiles,
 )
-from pagedkv.gpu.synthetic_batch import BatchShape, make_batch, paged_reference
+from pagedkv.gpu.synthetic_batch import BatchShape, make_batch, paged_reference, plan_batch
 
 
 def _metadata(
@@ -191,18 +193,63 @@ def test_work_keys_count_only_the_window_and_causal_range() -> None:
 
 def test_split_policy() -> None:
     assert choose_num_splits(num_ctas=512, max_keys=4096, resident_ctas=528) == 1
-    assert choose_num_splits(num_ctas=64, max_keys=4096, resident_ctas=528) == 9
+    assert choose_num_splits(num_ctas=300, max_keys=4096, resident_ctas=528) == 1
+    assert choose_num_splits(num_ctas=64, max_keys=4096, resident_ctas=528) == 8, "not 9: 576"
     assert choose_num_splits(num_ctas=8, max_keys=32768, resident_ctas=528) == MAX_SPLITS
     assert (
         choose_num_splits(num_ctas=8, max_keys=512, resident_ctas=528) == 512 // MIN_KEYS_PER_SPLIT
     )
     assert choose_num_splits(num_ctas=8, max_keys=100, resident_ctas=528) == 1
     assert choose_num_splits(num_ctas=0, max_keys=0, resident_ctas=528) == 1
+    assert choose_num_splits(num_ctas=600, max_keys=10**6, resident_ctas=528) == 1
+
+
+@given(
+    num_ctas=st.integers(1, 2000),
+    max_keys=st.integers(0, 10**6),
+    resident=st.integers(1, 2000),
+)
+def test_splits_never_start_a_second_wave(num_ctas: int, max_keys: int, resident: int) -> None:
+    splits = choose_num_splits(num_ctas, max_keys, resident)
+    assert 1 <= splits <= MAX_SPLITS
+    assert splits == 1 or num_ctas * splits <= resident
+    assert splits == 1 or max_keys // splits >= MIN_KEYS_PER_SPLIT
+    if splits < MAX_SPLITS and splits < max_keys // MIN_KEYS_PER_SPLIT:
+        assert num_ctas * (splits + 1) > resident, "one more split would not fit: the most"
+
+
+@given(range_tiles=st.integers(0, 5000), num_splits=st.integers(1, MAX_SPLITS))
+def test_split_tiles_deal_the_range_out_evenly(range_tiles: int, num_splits: int) -> None:
+    chunks = [split_tiles(range_tiles, num_splits, s) for s in range(num_splits)]
+    assert chunks[0][0] == 0 and chunks[-1][1] == range_tiles
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(chunks)), "contiguous"
+    sizes = [stop - first for first, stop in chunks]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_the_decode_table_cells_fill_one_wave_with_equal_splits() -> None:
+    from pagedkv.gpu.check import DECODE_BATCHES, DECODE_CONTEXTS, plan_decode_cell
+
+    resident = 132 * 4
+    for batch in DECODE_BATCHES:
+        for context in DECODE_CONTEXTS:
+            plan = plan_decode_cell(batch, context, DeviceLimits())
+            ctas = plan.num_work * plan.num_kv_heads * plan.num_splits
+            assert ctas <= resident, (batch, context, ctas)
+            if plan.num_splits > 1:
+                assert ctas * 2 > resident or plan.num_splits == context // MIN_KEYS_PER_SPLIT
+            tiles = -(-context // plan.traits.tile_tokens)
+            chunks = [split_tiles(tiles, plan.num_splits, s) for s in range(plan.num_splits)]
+            sizes = {stop - first for first, stop in chunks}
+            assert max(sizes) - min(sizes) <= 1, (batch, context, sizes)
+    assert plan_decode_cell(8, 4096, DeviceLimits()).num_splits == 8  # 512 CTAs of 16 tiles
 
 
 def test_resident_ctas_follow_shared_memory_and_launch_bounds() -> None:
-    assert DeviceLimits(num_sms=132, shared_memory_per_sm=228 * 1024).resident_ctas(46_000) == 4
-    assert DeviceLimits(num_sms=108, shared_memory_per_sm=164 * 1024).resident_ctas(46_000) == 3
+    h200 = DeviceLimits(num_sms=132, shared_memory_per_sm=228 * 1024)
+    assert h200.resident_ctas(46_000, 4) == 4
+    assert h200.resident_ctas(46_000, 3) == 3
+    assert DeviceLimits(num_sms=108, shared_memory_per_sm=164 * 1024).resident_ctas(46_000, 4) == 3
     with pytest.raises(InvalidArgumentError):
         DeviceLimits(num_sms=0)
 
@@ -267,7 +314,7 @@ def emulate_kernel(
         last_pos = context + (row0 + n_rows - 1) // group
         kv_begin = max(0, first_pos - window + 1) if window > 0 else 0
         kv_end = last_pos + 1
-        per_split = (-(-(kv_end - kv_begin) // splits) + tile - 1) // tile * tile
+        range_tiles = -(-(kv_end - kv_begin) // tile)
         row_tok = [(row0 + r) // group for r in range(n_rows)]
         qpos = np.array([context + t for t in row_tok])
         for kv_head in range(plan.num_kv_heads):
@@ -275,8 +322,9 @@ def emulate_kernel(
             q = np.stack([query[q_start + t, h] for t, h in zip(row_tok, row_heads, strict=True)])
             q = q * scale_log2
             for split in range(splits):
-                kv_start = kv_begin + split * per_split
-                kv_stop = min(kv_end, kv_start + per_split)
+                tile_lo, tile_hi = split_tiles(range_tiles, splits, split)
+                kv_start = kv_begin + tile_lo * tile
+                kv_stop = min(kv_end, kv_begin + tile_hi * tile)
                 m = np.full(n_rows, -np.inf)
                 l_sum = np.zeros(n_rows)
                 acc = np.zeros((n_rows, dim))
@@ -330,15 +378,7 @@ def test_the_kernel_algorithm_matches_the_reference(
         sliding_window=window,
     )
     batch = make_batch(shape, dtype=torch.float32, seed=num_splits)
-    plan = plan_step(
-        batch.query,
-        batch.key_cache,
-        batch.query_start_loc,
-        batch.seq_lens,
-        batch.block_table,
-        sliding_window=window,
-        num_splits=num_splits,
-    )
+    plan = plan_batch(batch, num_splits=num_splits)
     assert plan.traits.tile_tokens == 32  # several tiles per range
     expected = paged_reference(batch)
     emulated = emulate_kernel(
@@ -350,3 +390,31 @@ def test_the_kernel_algorithm_matches_the_reference(
     )
     assert np.isfinite(emulated).all()
     np.testing.assert_allclose(emulated, expected.double().numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_tensor_core_kernel_is_the_default_for_16_bit_types_only() -> None:
+    batch = make_batch(BatchShape((1,), (40,), 8, 2, 128, 16), dtype=torch.bfloat16)
+    plan = plan_batch(batch)
+    assert (plan.traits.kernel, plan.traits.rows, plan.traits.tile_tokens) == ("mma", 16, 32)
+    assert plan_batch(batch, kernel="simt").traits.rows == 8
+    fp32 = make_batch(BatchShape((1,), (40,), 8, 2, 128, 16), dtype=torch.float32)
+    assert plan_batch(fp32).traits.kernel == "simt"
+    with pytest.raises(InvalidArgumentError, match="tensor-core kernel takes"):
+        plan_batch(fp32, kernel="mma")
+
+
+def test_a_launch_over_48_kib_of_shared_memory_opts_in_first() -> None:
+    from pagedkv.gpu.kernel_variants import MMA_ATTENTION_SOURCE
+    from pagedkv.gpu.launch import OPT_IN_SHARED_BYTES, KernelCall
+
+    launched: list[tuple[int, int]] = []
+
+    class FakeKernel:
+        max_dynamic_shared_size_bytes = 0
+
+        def __call__(self, grid: object, block: object, args: object, shared_mem: int) -> None:
+            launched.append((shared_mem, self.max_dynamic_shared_size_bytes))
+
+    for smem in (OPT_IN_SHARED_BYTES, 56_768):
+        KernelCall(MMA_ATTENTION_SOURCE, "k", (1, 1, 1), (128, 1, 1), smem, ()).launch(FakeKernel())
+    assert launched == [(OPT_IN_SHARED_BYTES, 0), (56_768, 56_768)]

@@ -97,8 +97,19 @@ def test_a_block_out_of_its_place_is_reported() -> None:
 def test_a_queued_block_of_no_pool_is_reported() -> None:
     pool = _pool()
     queued = pool.blocks[3]
-    pool.blocks[3] = KVCacheBlock(3)  # the queue still links the old object
-    assert _report(pool.check_invariants) == ("queued blocks belong to the pool", repr(queued))
+    replacement = KVCacheBlock(3)
+    replacement.owner_queue = pool.free_block_queue
+    pool.blocks[3] = replacement  # the queue still links the old object
+    assert _report(pool.check_invariants) == ("free blocks belong to the pool", repr(queued))
+
+
+def test_a_block_of_another_queue_in_the_pool_is_reported() -> None:
+    pool = _pool()
+    pool.blocks[2].owner_queue = None
+    assert _report(pool.check_invariants) == (
+        "every block belongs to the pool's free queue",
+        repr(pool.blocks[2]),
+    )
 
 
 @pytest.mark.parametrize("block_id", [1, 2])
@@ -129,7 +140,10 @@ def test_a_block_count_that_does_not_add_up_is_reported() -> None:
 def test_an_empty_index_entry_is_reported() -> None:
     pool = _pool()
     pool.cached_block_hash_to_block[H] = {}
-    assert _report(pool.check_invariants) == ("no empty index entry", repr(H))
+    assert _report(pool.check_invariants) == (
+        "index entries are non-empty lists of distinct blocks",
+        repr(H),
+    )
 
 
 def test_an_indexed_block_without_its_hash_is_reported() -> None:
@@ -137,7 +151,7 @@ def test_an_indexed_block_without_its_hash_is_reported() -> None:
     (block_hash,) = pool.cached_block_hash_to_block
     pool.blocks[1].reset_hash()
     assert _report(pool.check_invariants) == (
-        "every indexed block carries its index key",
+        "hash index <=> hashed blocks",
         f"{block_hash} -> {pool.blocks[1]!r}",
     )
 
@@ -146,7 +160,7 @@ def test_a_hashed_block_outside_the_index_is_reported() -> None:
     pool = _pool()
     pool.blocks[2]._block_hash = H
     assert _report(pool.check_invariants) == (
-        "every hashed block is indexed",
+        "hash index <=> hashed blocks",
         "2 hashed blocks, 1 index entries",
     )
 
@@ -166,7 +180,10 @@ def test_a_hashed_block_with_caching_off_is_reported() -> None:
 def test_a_cycle_in_the_free_queue_is_reported_where_it_closes() -> None:
     pool = _pool()  # queue: 3, 4
     pool.blocks[4].next_free_block = pool.blocks[3]
-    assert _report(pool.check_invariants) == ("free queue is acyclic", "block 3 is reached twice")
+    assert _report(pool.check_invariants) == (
+        "no block twice in the free order",
+        "block 3 is reached twice",
+    )
 
 
 def test_a_link_that_disagrees_is_reported_with_both_ends() -> None:

@@ -17,6 +17,7 @@ from pagedkv import (
     BlockPool,
     FullAttentionSpec,
     InvariantViolation,
+    KVCacheBlock,
     Request,
     SlidingWindowSpec,
     sha256,
@@ -75,6 +76,14 @@ def _unlink_middle(pool: BlockPool) -> None:
     block.next_free_block = None  # breaks the chain after block 3
 
 
+def _owned(pool: BlockPool | None, block_id: int) -> KVCacheBlock:
+    """A new block object owned by `pool`'s free queue (None: by no queue)."""
+    block = KVCacheBlock(block_id)
+    block.owner_queue = None if pool is None else pool.free_block_queue
+    block.ref_cnt = 1
+    return block
+
+
 IMPL_CORRUPTIONS: list[tuple[str, Callable[[BlockPool], None]]] = [
     (
         "num_free_blocks counts the queue",
@@ -89,9 +98,14 @@ IMPL_CORRUPTIONS: list[tuple[str, Callable[[BlockPool], None]]] = [
     ("the null block's ref_cnt stays 0", lambda p: setattr(p.null_block, "ref_cnt", 1)),
     ("iff its ref_cnt is 0", lambda p: setattr(p.blocks[2], "ref_cnt", 0)),
     ("ref_cnt >= 0", lambda p: setattr(p.blocks[2], "ref_cnt", -1)),
-    ("every hashed block is indexed", lambda p: setattr(p.blocks[2], "_block_hash", H)),
-    ("every indexed block carries its index key", lambda p: p.blocks[1].reset_hash()),
-    ("no empty index entry", lambda p: p.cached_block_hash_to_block.__setitem__(H, {})),
+    ("hash index <=> hashed blocks", lambda p: setattr(p.blocks[2], "_block_hash", H)),
+    ("hash index <=> hashed blocks", lambda p: p.blocks[1].reset_hash()),
+    ("index entries are non-empty", lambda p: p.cached_block_hash_to_block.__setitem__(H, {})),
+    ("free blocks belong to the pool", lambda p: p.blocks.__setitem__(3, _owned(p, 3))),
+    (
+        "every block belongs to the pool's free queue",
+        lambda p: p.blocks.__setitem__(2, _owned(None, 2)),
+    ),
 ]
 
 
@@ -110,7 +124,7 @@ def test_a_cycle_in_the_free_queue_is_reported_not_looped_on() -> None:
     last = pool.free_block_queue.free_list_tail
     assert last is not None
     last.next_free_block = pool.blocks[3]
-    with pytest.raises(InvariantViolation, match=r"acyclic|agree"):
+    with pytest.raises(InvariantViolation, match=r"no block twice in the free order|agree"):
         pool.check_invariants()
 
 

@@ -1,4 +1,4 @@
-"""KVCacheManager scenarios, one per rule of SEMANTICS.md's manager section.
+"""KVCacheManager scenarios, one per rule of docs/semantics.md's manager section.
 
 Every scenario runs on the spec manager and on the implementation (through the same id-based
 adapter), with exact block ids and free-queue orders. Block size 4 and 10 blocks unless stated:
@@ -331,8 +331,13 @@ def _with_drafts(request: Request, drafts: list[int], call: Callable[[], object]
 
 
 HOSTILE: list[tuple[str, Callable[[ManagerUnderTest, Scene], object], type[Exception], str]] = [
-    ("no tokens", lambda m, s: m.allocate_slots(s.running, 0), InvalidArgumentError, "> 0"),
-    ("negative tokens", lambda m, s: m.allocate_slots(s.running, -3), InvalidArgumentError, "> 0"),
+    ("no tokens", lambda m, s: m.allocate_slots(s.running, 0), InvalidArgumentError, "an int >= 1"),
+    (
+        "negative tokens",
+        lambda m, s: m.allocate_slots(s.running, -3),
+        InvalidArgumentError,
+        "an int >= 1",
+    ),
     (
         "negative lookahead",
         lambda m, s: m.allocate_slots(s.running, 1, None, -1),
@@ -438,7 +443,7 @@ def test_a_sliding_window_hit_must_have_the_shape_of_one(side: str) -> None:
     assert hits == [0, 0, 3, 4]
     before = manager.snapshot()
     for bogus in ([0, 0, 0, 4], [0, 2, 0, 4], [0, 0]):  # [0, 0]: nulls and nothing after
-        with pytest.raises(RequestError, match="sliding-window hit"):
+        with pytest.raises(RequestError, match="not a hit this attention type can produce"):
             manager.allocate_slots(other, 1, bogus)
     assert manager.snapshot() == before
 

@@ -93,13 +93,13 @@ def test_an_attention_type_without_a_policy_is_refused_by_name() -> None:
 def test_max_model_len_must_be_positive() -> None:
     with pytest.raises(InvalidArgumentError) as info:
         KVCacheManager(uniform_kv_cache_config(FULL, 10), max_model_len=0)
-    assert str(info.value) == "max_model_len must be > 0, got 0"
+    assert str(info.value) == "KVCacheManager: max_model_len must be an int >= 1, got 0"
 
 
 def test_negative_checking_is_refused() -> None:
     with pytest.raises(InvalidArgumentError) as info:
         KVCacheManager(uniform_kv_cache_config(FULL, 10), 64, debug_invariants=-1)
-    assert str(info.value) == "debug_invariants must be >= 0, got -1"
+    assert str(info.value) == "KVCacheManager: debug_invariants must be an int >= 0, got -1"
 
 
 def test_a_blank_checking_variable_means_off(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,7 +149,7 @@ def test_extra_keys_without_multimodal_inputs_keep_the_scan_position() -> None:
 def test_hashing_with_an_empty_block_size_is_refused() -> None:
     with pytest.raises(InvalidArgumentError) as info:
         hash_request_tokens(sha256, 0, Request("a", [1]))
-    assert str(info.value) == "block_size must be > 0, got 0"
+    assert str(info.value) == "hash_request_tokens: block_size must be an int >= 1, got 0"
 
 
 # -- requests ----------------------------------------------------------------------------------
@@ -158,9 +158,10 @@ def test_hashing_with_an_empty_block_size_is_refused() -> None:
 def test_a_bad_placeholder_range_is_refused_with_its_numbers() -> None:
     with pytest.raises(InvalidArgumentError) as info:
         PlaceholderRange(-1, 2)
-    assert str(info.value) == (
-        "placeholder range needs offset >= 0 and length > 0, got offset=-1, length=2"
-    )
+    assert str(info.value) == "PlaceholderRange: offset must be an int >= 0, got -1"
+    with pytest.raises(InvalidArgumentError) as info:
+        PlaceholderRange(0, 0)
+    assert str(info.value) == "PlaceholderRange: length must be an int >= 1, got 0"
 
 
 def test_a_token_view_equals_the_same_tokens_in_any_sequence_type() -> None:
@@ -203,7 +204,9 @@ def test_a_window_of_one_request_is_valid_and_zero_is_refused() -> None:
     assert PrefixCachingMetrics(1).max_recent_requests == 1
     with pytest.raises(InvalidArgumentError) as info:
         PrefixCachingMetrics(0)
-    assert str(info.value) == "max_recent_requests must be >= 1, got 0"
+    assert str(info.value) == (
+        "PrefixCachingMetrics: max_recent_requests must be an int >= 1, got 0"
+    )
 
 
 def test_the_window_holds_exactly_max_recent_requests_then_drops_the_oldest_batch() -> None:

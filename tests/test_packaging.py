@@ -1,8 +1,10 @@
-"""spec/ and impl/ import only the standard library; importing pagedkv loads no extra."""
+"""spec/ and impl/ import only the standard library; importing pagedkv loads no extra; the spec
+shares vocabulary with impl, no algorithm, and names each shared invariant as impl does."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +37,15 @@ def test_spec_and_impl_import_only_the_standard_library(folder: str) -> None:
     assert not offenders
 
 
+def _pagedkv_modules(path: Path) -> set[str]:
+    """The pagedkv modules a file imports; `from pagedkv import x` counts as `pagedkv.x`."""
+    names = {module for module in _imported_modules(path) if module.startswith("pagedkv.")}
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "pagedkv":
+            names.update(f"pagedkv.{alias.name}" for alias in node.names)
+    return names
+
+
 def _is_lazy(path: Path, module: str) -> bool:
     """An import inside a function body or under `if TYPE_CHECKING:` never runs at import time."""
     tree = ast.parse(path.read_text())
@@ -50,8 +61,12 @@ def _is_lazy(path: Path, module: str) -> bool:
 
 
 def test_spec_does_not_import_the_implementations_algorithms() -> None:
-    """The spec shares vocabulary (errors, request, hash types) but no algorithm with impl."""
+    """The spec shares vocabulary (errors, request, hash types, argument checks, the wording of
+    refusals) but no algorithm with impl."""
     shared_vocabulary = {
+        "pagedkv.arguments",  # how an argument is checked (types, ranges)
+        "pagedkv.call_arguments",  # which arguments each public call checks, in order
+        "pagedkv.refusals",  # the error each broken rule raises, worded once
         "pagedkv.errors",
         "pagedkv.request",
         "pagedkv.semantics",
@@ -60,8 +75,8 @@ def test_spec_does_not_import_the_implementations_algorithms() -> None:
         "pagedkv.prefix_cache_stats",  # the stats record
     }
     for path in (ROOT / "spec").rglob("*.py"):
-        for module in _imported_modules(path):
-            if module.startswith("pagedkv.") and not module.startswith("pagedkv.spec"):
+        for module in _pagedkv_modules(path):
+            if not module.startswith("pagedkv.spec"):
                 assert module in shared_vocabulary, f"{path.name} imports {module}"
 
 
@@ -73,3 +88,37 @@ def test_importing_pagedkv_loads_no_optional_dependency() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+REPRESENTATION_ONLY = {
+    # The spec's plain containers and its transition table.
+    "spec": {
+        "one ref_cnt and one hash slot per block",
+        "every block state change is in TRANSITIONS",
+        "prefix closure: a cached block's parent hash is cached",  # needs the spec's ghost map
+    },
+    # The implementation's block objects and linked list.
+    "impl": {
+        "the null block is block 0",
+        "blocks[i].block_id == i",
+        "every block belongs to the pool's free queue",
+        "free queue links agree both ways",
+        "free queue tail is its last block",
+        "num_free_blocks counts the queue",
+    },
+}
+
+
+def _invariant_names(*paths: str) -> set[str]:
+    """The names the files give InvariantViolation."""
+    pattern = re.compile(r'InvariantViolation\(\s*"([^"]+)"')
+    return {name for path in paths for name in pattern.findall((ROOT / path).read_text())}
+
+
+def test_spec_and_impl_name_each_shared_invariant_alike() -> None:
+    """An invariant both sides check has one name, so a report reads the same from either; the
+    ones only a representation has are listed above."""
+    spec = _invariant_names("spec/block_pool.py", "spec/manager.py")
+    impl = _invariant_names("impl/block_pool.py", "impl/free_queue.py", "impl/manager.py")
+    assert REPRESENTATION_ONLY["spec"] <= spec and REPRESENTATION_ONLY["impl"] <= impl
+    assert spec - REPRESENTATION_ONLY["spec"] == impl - REPRESENTATION_ONLY["impl"]

@@ -28,7 +28,7 @@ def test_tokens_grow_with_outputs() -> None:
             "sorted and disjoint",
         ),
         ({"mm_positions": [PlaceholderRange(3, 2)], "mm_hashes": ["a"]}, "ends past the prompt"),
-        ({"lora_id": 0}, "lora_id must be > 0"),
+        ({"lora_id": 0}, r"lora_id must be an int in \[1, 2147483647\]"),
     ],
 )
 def test_inconsistent_requests_are_refused(kwargs: dict[str, object], message: str) -> None:

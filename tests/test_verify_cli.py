@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from pagedkv.cli import main
+from pagedkv.harness.adapters import pagedkv_pool
+from pagedkv.harness.protocol import ManagerConfig
+from pagedkv.semantics import Semantics
 
 TESTS_DIR = Path(__file__).parent
 
@@ -190,3 +193,74 @@ def test_unloadable_impl_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["verify", "--impl", "not-a-target"]) == 2
     assert main(["verify", "--manager-impl", "no_such_module:factory"]) == 2
     assert "cannot load the implementation" in capsys.readouterr().err
+
+
+def keyerror_pool(num_gpu_blocks: int, enable_caching: bool, semantics: Semantics) -> object:
+    """A factory with a bug of its own: it fails before any pool exists."""
+    return {}["pool"]
+
+
+def late_keyerror_pool(num_gpu_blocks: int, enable_caching: bool, semantics: Semantics) -> object:
+    """Builds the pools of 4 blocks the pre-campaign check tries, and no larger one."""
+    if num_gpu_blocks > 4:
+        return {}["pool"]
+    return pagedkv_pool(num_gpu_blocks, enable_caching, semantics)
+
+
+def unobservable_manager(config: ManagerConfig) -> object:
+    """A manager without `snapshot()`: an adapter that was never finished."""
+    return object()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--impl", "test_verify_cli:keyerror_pool"], "raised KeyError('pool')"),
+        (["--impl", "test_verify_cli:late_keyerror_pool"], "raised KeyError('pool')"),
+        (
+            ["--layer", "manager", "--manager-impl", "test_verify_cli:unobservable_manager"],
+            "cannot be observed",
+        ),
+    ],
+)
+def test_a_failing_factory_is_a_setup_error_not_a_divergence(
+    args: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["verify", "--quiet", "--steps", "5000", *args]) == 2
+    captured = capsys.readouterr()
+    assert "DIVERGENCE" not in captured.out
+    assert "setup error (nothing was checked)" in captured.err
+    assert says in captured.err
+    assert "Traceback (most recent call last)" in captured.err  # the cause, for the user to fix
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--against", "vllm>=0.8"], "--against takes vllm==VERSION or vllm==latest"),
+        (["--against", "vllm==0.1.0"], "no adapter for vllm==0.1.0; adapters exist for"),
+        (["--against", "vllm==0.8.5", "--impl", "broken_pools:free_to_head"], "--impl"),
+        (["--against", "vllm==0.8.5", "--semantics", "pagedkv"], "--semantics"),
+    ],
+)
+def test_bad_against_arguments_exit_2_before_fetching(
+    args: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["verify", "--quiet", *args]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_missing_verify_extra_names_the_install_command() -> None:
+    """`pip install pagedkv` without `[verify]`, then `pagedkv verify`: one line, exit 2."""
+    script = (
+        "import sys; sys.modules['hypothesis'] = None; "  # as if hypothesis were not installed
+        "from pagedkv.cli import main; sys.exit(main(['verify']))"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert completed.returncode == 2
+    assert completed.stderr.strip() == (
+        "pagedkv verify: needs hypothesis, which is not installed: pip install 'pagedkv[verify]'"
+    )
+    assert "Traceback" not in completed.stderr

@@ -31,10 +31,9 @@ from pagedkv.harness.protocol import PoolFactory, PoolSnapshot, PoolUnderTest
 from pagedkv.request import Request
 from pagedkv.semantics import PAGEDKV, Semantics
 from pagedkv.spec.block_hash import request_block_hashes
+from pagedkv.spec.block_pool import NULL_BLOCK_ID
 from proofs.exhaustive.fingerprint import fingerprint
 from proofs.exhaustive.search import Frozen, Transition, World, freeze, thaw
-
-NULL_BLOCK_ID = 0
 
 
 @dataclass(frozen=True)

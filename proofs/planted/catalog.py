@@ -6,9 +6,12 @@ impl class replaced (`MethodPatch`), a module-level function replaced wherever i
 binding of a function replaced (`CallSitePatch`: that module's calls pass a wrong argument, while
 the function itself, and every contract on it, stays right). Nothing in
 `impl/` is edited: `planted(variant)` swaps the attributes in this process and restores them on
-exit, so checkers run unchanged against the broken code. The spec shares only types, constants
-and hash functions with impl (`tests/test_packaging.py`), none of which a variant replaces, so
-the spec stays correct while a variant is planted.
+exit, so checkers run unchanged against the broken code. The spec shares only vocabulary with
+impl (types, constants, hash functions, argument checks and the wording of refusals:
+`tests/test_packaging.py`), none of which a variant replaces, so the spec stays correct while a
+variant is planted. Public methods of the pool and the manager check arguments and guard the
+call, then run an underscored method that does the work (the manager calls the pool's directly):
+variants replace the underscored ones, so both paths see the bug.
 
 `proofs.planted.bugs` runs every checker against every variant and tabulates what caught it.
 """
@@ -187,7 +190,7 @@ def append_at_head(self: free_queue.FreeKVCacheBlockQueue, block: KVCacheBlock) 
 
 
 def _touch_without_unlink(self: block_pool.BlockPool, blocks: Sequence[KVCacheBlock]) -> None:
-    """BlockPool.touch taking the reference but leaving a free block in the free queue."""
+    """BlockPool._touch taking the reference but leaving a free block in the free queue."""
     for block in blocks:
         self._check_owned(block)
     for block in blocks:
@@ -212,7 +215,7 @@ def _evict_keeping_hash(self: block_pool.BlockPool, block: KVCacheBlock) -> None
 def _free_blocks_null_queued(
     self: block_pool.BlockPool, ordered_blocks: Iterable[KVCacheBlock]
 ) -> None:
-    """BlockPool.free_blocks whose null-block guard covers only the decrement: the null block's
+    """BlockPool._free_blocks whose null-block guard covers only the decrement: the null block's
     ref_cnt is 0 under pagedkv semantics, so freeing it links it into the free queue."""
     blocks = list(ordered_blocks)
     null_block = self.null_block
@@ -326,10 +329,10 @@ def _evictable_hits_counting_null(
 
 
 def _free_head_first(self: manager.KVCacheManager, request: Request) -> None:
-    """KVCacheManager.free releasing blocks head first even with caching on (no reversed())."""
+    """KVCacheManager._free releasing blocks head first even with caching on (no reversal)."""
     self._check_identity(request)
     request_id = request.request_id
-    self.block_pool.free_blocks(self.req_to_blocks.get(request_id, []))
+    self.block_pool._free_blocks(self.req_to_blocks.get(request_id, []))
     self.req_to_blocks.pop(request_id, None)
     self.num_cached_block.pop(request_id, None)
     self._forget_if_done(request_id)
@@ -339,7 +342,7 @@ def _free_head_first(self: manager.KVCacheManager, request: Request) -> None:
 def _computed_blocks_without_last_block_rule(
     self: manager.KVCacheManager, request: Request
 ) -> tuple[list[KVCacheBlock], int]:
-    """get_computed_blocks looking up every full block, so a fully cached prompt computes
+    """_get_computed_blocks looking up every full block, so a fully cached prompt computes
     nothing and yields no logits."""
     if not self.enable_caching:
         return [], 0
@@ -403,7 +406,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "touch_keeps_queued",
         "touch takes a reference to a free cached block but leaves it in the free queue",
-        (MethodPatch(block_pool.BlockPool, "touch", _touch_without_unlink),),
+        (MethodPatch(block_pool.BlockPool, "_touch", _touch_without_unlink),),
     ),
     Variant(
         "eviction_keeps_hash",
@@ -413,7 +416,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "null_block_freed",
         "free_blocks guards only the null block's decrement, so it joins the free queue",
-        (MethodPatch(block_pool.BlockPool, "free_blocks", _free_blocks_null_queued),),
+        (MethodPatch(block_pool.BlockPool, "_free_blocks", _free_blocks_null_queued),),
     ),
     Variant(
         "capacity_counts_null",
@@ -437,7 +440,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "forward_free",
         "free releases a request's blocks head first with caching on (prefix evicted first)",
-        (MethodPatch(manager.KVCacheManager, "free", _free_head_first),),
+        (MethodPatch(manager.KVCacheManager, "_free", _free_head_first),),
     ),
     Variant(
         "no_last_block_rule",
@@ -445,7 +448,7 @@ VARIANTS: tuple[Variant, ...] = (
         (
             MethodPatch(
                 manager.KVCacheManager,
-                "get_computed_blocks",
+                "_get_computed_blocks",
                 _computed_blocks_without_last_block_rule,
             ),
         ),
@@ -491,9 +494,9 @@ VARIANTS: tuple[Variant, ...] = (
         (
             MethodPatch(
                 block_pool.BlockPool,
-                "cache_full_blocks",
+                "_cache_full_blocks",
                 rebound(
-                    block_pool.BlockPool.cache_full_blocks,
+                    block_pool.BlockPool._cache_full_blocks,
                     generate_block_hash_extra_keys=_vllm_new_block_keys,
                 ),
             ),

@@ -1,0 +1,54 @@
+"""Counting prefix-cache evictions from outside the pool.
+
+The pool evicts lazily: a freed block keeps its hash (and stays hittable) until `allocate_slots`
+hands it out for new content. A block only ever gets its hash while a request holds it, as one
+of that request's leading full blocks, so watching each request's block list after every
+allocation sees every cached block; a block seen cached that comes back as a *new* block of an
+allocation was evicted. This is exactly vLLM's eviction (`_maybe_evict_cached_block`), counted
+through the manager's public state (`req_to_blocks`, `KVCacheBlock.block_hash`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from pagedkv.block import KVCacheBlock
+
+
+class EvictionCounter:
+    """Evictions so far, and the cached block ids they are judged against.
+
+    Complexity: O(new blocks + newly cached blocks) per `after_allocation`.
+    """
+
+    def __init__(self) -> None:
+        self.num_evictions = 0
+        self.cached_block_ids: set[int] = set()
+        self.request_to_num_seen: dict[str, int] = {}  # leading blocks already seen cached
+
+    def after_allocation(
+        self,
+        request_id: str,
+        request_blocks: Sequence[KVCacheBlock],
+        new_blocks: Iterable[KVCacheBlock],
+    ) -> None:
+        """Account for one successful `allocate_slots` of `request_id`.
+
+        Args:
+            request_id: the request that was allocated for.
+            request_blocks: its whole block list after the call.
+            new_blocks: what the call returned (blocks taken from the free queue).
+        """
+        for block in new_blocks:
+            if block.block_id in self.cached_block_ids:
+                self.cached_block_ids.discard(block.block_id)
+                self.num_evictions += 1
+        seen = self.request_to_num_seen.get(request_id, 0)
+        while seen < len(request_blocks) and request_blocks[seen].block_hash is not None:
+            self.cached_block_ids.add(request_blocks[seen].block_id)
+            seen += 1
+        self.request_to_num_seen[request_id] = seen
+
+    def after_free(self, request_id: str) -> None:
+        """The request gave its blocks back (preempted or finished); its blocks stay cached."""
+        self.request_to_num_seen.pop(request_id, None)

@@ -1,0 +1,280 @@
+"""The engine loop: scheduler -> step metadata -> paged model -> greedy sampling -> scheduler.
+
+    engine = LLMEngine(model, EngineConfig(num_blocks=64))
+    result = engine.run(requests)            # every request to completion
+    result.outputs["req-0"]                  # its generated token ids
+
+Each step: admit the requests that have arrived, `Scheduler.schedule()` (allocations,
+preemptions, admissions), `scheduled_from_manager` + `build_step_metadata` (block tables, slot
+mappings, positions, query offsets from the manager's block lists), the model's forward pass
+through the executor, argmax, `Scheduler.update_from_output`. Sampling is greedy only.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.engine_request import EngineRequest
+from pagedkv.engine.executor import ExecutorFactory, ExecutorName, make_executor
+from pagedkv.engine.metrics import RunSummary, StepRecord
+from pagedkv.engine.model import check_llama
+from pagedkv.engine.paged_llama import PagedLlamaRunner
+from pagedkv.engine.scheduler import Scheduler, SchedulerOutput
+from pagedkv.engine.stage_timer import StageTimer
+from pagedkv.errors import InvalidArgumentError, InvariantViolation, RequestError
+from pagedkv.gpu.kv_cache_tensors import allocate_kv_caches
+from pagedkv.gpu.step_metadata import build_step_metadata, scheduled_from_manager
+from pagedkv.kv_cache_interface import FullAttentionSpec, uniform_kv_cache_config
+from pagedkv.manager import KVCacheManager
+
+
+@dataclass
+class RunResult:
+    """What `LLMEngine.run` produced.
+
+    Attributes:
+        requests: the requests, in the order given, all finished.
+        steps: one record per engine step.
+        summary: the totals.
+        logits: request id -> float32 [generated, vocab] on the host, the logits each output
+            token was sampled from (only with `keep_logits`).
+    """
+
+    requests: list[EngineRequest]
+    steps: list[StepRecord]
+    summary: RunSummary
+    logits: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def outputs(self) -> dict[str, list[int]]:
+        """Request id -> generated token ids."""
+        return {item.request_id: list(item.output_token_ids) for item in self.requests}
+
+
+class LLMEngine:
+    """Continuous batching of greedy generation over pagedkv's `KVCacheManager`.
+
+    Args:
+        model: a Llama-layout causal LM (`pagedkv.engine.model`), in eval mode; its device and
+            dtype are the caches'.
+        config: pool and scheduling limits.
+        executor: "reference" (torch, any device), "cupy" (the CUDA kernels),
+            "cupy-dry-run" (the kernels' glue and checks, computing with the reference), or a
+            factory making an executor from the per-layer caches.
+        keep_logits: keep every sampled token's logits row (for the dense check).
+
+    Raises:
+        InvalidArgumentError: max_model_len beyond the model's positions, or a bad executor.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        config: EngineConfig,
+        *,
+        executor: ExecutorName | ExecutorFactory = "reference",
+        keep_logits: bool = False,
+    ) -> None:
+        check_llama(model)
+        model_config = model.config
+        if config.max_model_len > model_config.max_position_embeddings:
+            raise InvalidArgumentError(
+                f"max_model_len {config.max_model_len} exceeds the model's "
+                f"max_position_embeddings {model_config.max_position_embeddings}"
+            )
+        weight = next(model.parameters())
+        layers = model.model.layers
+        spec = FullAttentionSpec(
+            block_size=config.block_size,
+            num_kv_heads=model_config.num_key_value_heads,
+            head_size=layers[0].self_attn.head_dim,
+            dtype=weight.dtype,
+        )
+        kv_cache_config = uniform_kv_cache_config(spec, config.num_blocks, len(layers))
+        self.config = config
+        self.device: torch.device = weight.device
+        self.manager = KVCacheManager(
+            kv_cache_config,
+            config.max_model_len,
+            enable_caching=config.enable_prefix_caching,
+            debug_invariants=config.runtime_checks,
+        )
+        caches = allocate_kv_caches(kv_cache_config, backend="torch", device=str(self.device))
+        layer_names = kv_cache_config.kv_cache_groups[0].layer_names
+        layer_caches = [caches[name] for name in layer_names]
+        self.executor = (
+            make_executor(executor, layer_caches)
+            if isinstance(executor, str)
+            else executor(layer_caches)
+        )
+        self.timer = StageTimer(self.device)
+        self.runner = PagedLlamaRunner(model, self.executor, self.timer)
+        self.summary = RunSummary()
+        self.scheduler = Scheduler(config, self.manager, self.summary)
+        self.keep_logits = keep_logits
+        self.step_index = 0
+        self.steps: list[StepRecord] = []
+        self.requests: list[EngineRequest] = []  # every request added, in order
+        self.pending: list[EngineRequest] = []  # not arrived yet, by arrival step
+        self.logit_rows: dict[str, list[torch.Tensor]] = {}
+        self._known_ids: set[str] = set()
+
+    # -- requests --------------------------------------------------------------------------
+
+    def add_request(self, item: EngineRequest) -> None:
+        """Accept a request; it joins the waiting queue at its arrival step.
+
+        Raises:
+            RequestError: a request id used before in this engine, a prompt token outside the
+                model's vocabulary, or as `Scheduler.check_request`.
+        """
+        if item.request_id in self._known_ids:
+            raise RequestError(item.request_id, "request id already used in this engine")
+        vocab_size = self.runner.model.config.vocab_size
+        for position, token in enumerate(item.prompt_token_ids):
+            if not 0 <= token < vocab_size:
+                raise RequestError(
+                    item.request_id,
+                    f"prompt token ids must be in the model's vocabulary [0, {vocab_size})",
+                    f"token {token} at position {position}",
+                )
+        self.scheduler.check_request(item)
+        self._known_ids.add(item.request_id)
+        self.requests.append(item)
+        bisect.insort(self.pending, item, key=lambda pending: pending.arrival_step)  # stable
+        self.summary.num_prompt_tokens += item.request.num_prompt_tokens
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.pending) or self.scheduler.has_unfinished_requests
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def step(self) -> list[EngineRequest]:
+        """Run one step; return the requests it finished.
+
+        Raises:
+            InvariantViolation: nothing could be scheduled although nothing runs and requests
+                wait (cannot happen for requests `check_request` accepted), or a runtime check
+                failed.
+        """
+        while self.pending and self.pending[0].arrival_step <= self.step_index:
+            self.scheduler.add_request(self.pending.pop(0))
+        output = self.scheduler.schedule()
+        finished: list[EngineRequest] = []
+        if output.scheduled:
+            sampled = self._execute(output)
+            finished = self.scheduler.update_from_output(output, sampled)
+        elif self.scheduler.waiting and not self.scheduler.running:
+            raise InvariantViolation(
+                "a step with waiting requests and an idle pool schedules something",
+                f"step {self.step_index}: {len(self.scheduler.waiting)} waiting, "
+                f"{self.manager.block_pool.get_num_free_blocks()} free blocks",
+            )
+        self._record(output)
+        checks = self.config.runtime_checks
+        if checks and self.step_index % checks == 0:
+            self.scheduler.check_invariants()
+        self.step_index += 1
+        return finished
+
+    def run(
+        self,
+        requests: Iterable[EngineRequest] = (),
+        on_step: Callable[[StepRecord, list[EngineRequest]], None] | None = None,
+    ) -> RunResult:
+        """Add `requests`, step until every request added so far has finished, and report.
+
+        Args:
+            requests: new requests (ids unused in this engine).
+            on_step: called after every step with its record and the requests it finished.
+
+        Returns:
+            The result over every request this engine was given, and every step it ran.
+
+        Raises:
+            RequestError: as `add_request` (before any step runs).
+        """
+        for item in requests:
+            self.add_request(item)
+        began, began_cpu = time.perf_counter(), time.process_time()
+        while self.has_unfinished_requests:
+            finished = self.step()
+            if on_step is not None:
+                on_step(self.steps[-1], finished)
+        self.timer.collect()
+        summary = self.summary
+        summary.seconds += time.perf_counter() - began  # over every run() of this engine
+        summary.cpu_seconds += time.process_time() - began_cpu
+        summary.stage_seconds = dict(self.timer.seconds)
+        items = list(self.requests)
+        summary.num_requests = len(items)
+        summary.num_generated_tokens = sum(len(item.output_token_ids) for item in items)
+        logits = {}
+        if self.keep_logits:
+            logits = {
+                item.request_id: torch.stack(self.logit_rows[item.request_id]) for item in items
+            }
+        return RunResult(items, list(self.steps), summary, logits)
+
+    def _execute(self, output: SchedulerOutput) -> dict[str, int]:
+        """Build the step's metadata, run the model, sample greedily."""
+        chunks = output.scheduled
+        requests = [chunk.item.request for chunk in chunks]
+        num_scheduled = {chunk.item.request_id: chunk.num_tokens for chunk in chunks}
+        metadata = build_step_metadata(
+            scheduled_from_manager(self.manager, requests, num_scheduled), self.config.block_size
+        )
+        token_ids: list[int] = []
+        sample_rows: list[int] = []
+        for index, chunk in enumerate(chunks):
+            start = chunk.num_computed_tokens
+            token_ids += chunk.item.request.all_token_ids[start : start + chunk.num_tokens]
+            if chunk.samples:
+                sample_rows.append(int(metadata.query_start_loc[index + 1]) - 1)
+        device = self.device
+        self.executor.begin_step(metadata)
+        logits = self.runner.forward(
+            torch.tensor(token_ids, dtype=torch.int64, device=device),
+            torch.from_numpy(metadata.positions).to(device),
+            torch.tensor(sample_rows, dtype=torch.int64, device=device),
+        )
+        tokens = logits.argmax(dim=-1).tolist()
+        sampling = [chunk.item.request_id for chunk in chunks if chunk.samples]
+        if self.keep_logits:
+            host = logits.cpu()
+            for row, request_id in enumerate(sampling):
+                self.logit_rows.setdefault(request_id, []).append(host[row])
+        self.summary.num_computed_tokens += len(token_ids)
+        return dict(zip(sampling, tokens, strict=True))
+
+    def _record(self, output: SchedulerOutput) -> None:
+        scheduler = self.scheduler
+        stats = scheduler.stats
+        decode = sum(1 for chunk in output.scheduled if chunk.is_decode)
+        usage = self.manager.usage
+        record = StepRecord(
+            step=self.step_index,
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            num_prefill_tokens=output.num_tokens - decode,
+            num_decode_tokens=decode,
+            num_partial_prefills=sum(1 for chunk in output.scheduled if not chunk.samples),
+            pool_usage=usage,
+            prefix_hit_rate=stats.prefix_hit_rate,
+            num_preemptions=stats.num_preemptions,
+            num_evictions=scheduler.evictions.num_evictions,
+            num_finished=stats.num_finished,
+        )
+        self.steps.append(record)
+        summary = self.summary
+        summary.num_steps += 1
+        summary.peak_pool_usage = max(summary.peak_pool_usage, usage)
+        summary.num_evictions = scheduler.evictions.num_evictions

@@ -1,0 +1,103 @@
+"""The text report of `pagedkv run`: one aligned line per measure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.dense_check import DenseCheck
+from pagedkv.engine.metrics import RunSummary
+
+
+@dataclass(frozen=True)
+class RunDescription:
+    """What ran: the model, where, with which executor, on which workload."""
+
+    model: str
+    device: str
+    executor: str
+    workload: str
+
+
+def _line(name: str, value: str) -> str:
+    return f"  {name:<22} {value}"
+
+
+def format_report(
+    description: RunDescription,
+    config: EngineConfig,
+    summary: RunSummary,
+    *,
+    num_preempted_requests: int,
+    check: DenseCheck | None,
+) -> str:
+    """The report, one measure per line (wall-clock times, as the run measured them)."""
+    stages = summary.stage_seconds
+    pool_tokens = config.num_usable_blocks * config.block_size
+    lines = [
+        f"pagedkv run — {description.workload}",
+        _line("model", description.model),
+        _line("executor", f"{description.executor} on {description.device}"),
+        _line(
+            "pool",
+            f"{config.num_blocks:,} blocks x {config.block_size} tokens ({pool_tokens:,} tokens "
+            f"usable), {config.max_num_batched_tokens:,} tokens/step, "
+            f"{config.max_num_seqs} sequences",
+        ),
+        _line("steps", f"{summary.num_steps:,}"),
+        _line(
+            "tokens",
+            f"{summary.num_prompt_tokens:,} prompt, {summary.num_generated_tokens:,} generated, "
+            f"{summary.num_computed_tokens:,} computed by the model",
+        ),
+        _line(
+            "throughput",
+            f"{summary.generated_tokens_per_second:,.1f} generated tokens/s, "
+            f"{summary.computed_tokens_per_second:,.1f} computed tokens/s "
+            f"({summary.seconds:.2f} s wall clock, {summary.cpu_seconds:.2f} s CPU)",
+        ),
+        _line(
+            "attention share",
+            f"{100 * summary.attention_share:.1f}% of the time (K/V writes "
+            f"{stages.get('kv_write', 0.0):.2f} s, attention {stages.get('attention', 0.0):.2f} s)",
+        ),
+        _line(
+            "prefix-cache hits",
+            f"{100 * summary.prefix_hit_rate:.1f}% ({summary.num_hit_tokens:,} of "
+            f"{summary.num_lookup_tokens:,} tokens looked up at admission)",
+        ),
+        _line(
+            "preemptions",
+            f"{summary.num_preemptions:,} ({num_preempted_requests} "
+            f"{'request' if num_preempted_requests == 1 else 'requests'} recomputed)",
+        ),
+        _line("evictions", f"{summary.num_evictions:,} cached blocks reused for new content"),
+        _line("peak pool usage", f"{100 * summary.peak_pool_usage:.1f}%"),
+    ]
+    if check is not None:
+        lines.append(_line("dense check", _check_line(check)))
+    return "\n".join(lines)
+
+
+def _check_line(check: DenseCheck) -> str:
+    total = len(check.comparisons)
+    bound = (
+        f"max |logit diff| {check.max_logit_diff:.1e} <= {check.atol:.1e} (transformers' own "
+        f"generate vs forward: {check.noise_floor:.1e})"
+    )
+    if check.passed:
+        return (
+            f"OK: {total} of {total} requests equal transformers' generate token for token "
+            f"({check.num_tokens:,} tokens), {bound}"
+        )
+    failures = check.failures
+    first = failures[0]
+    where = first.first_mismatch
+    detail = (
+        f"first at {first.request_id!r} output token {where}: engine "
+        f"{list(first.engine_tokens[where : where + 3])}, dense "
+        f"{list(first.dense_tokens[where : where + 3])}"
+        if where is not None
+        else f"{first.request_id!r}: logits differ by {first.max_logit_diff:.1e}"
+    )
+    return f"FAILED: {len(failures)} of {total} requests differ; {detail}; {bound}"

@@ -1,0 +1,274 @@
+// pagedkv's CPU SIMT runtime: the CUDA built-ins our kernels use, for a host C++ compiler.
+//
+// A kernel's exact source (what NVRTC compiles) is compiled with g++ against this header
+// (force-included, with PAGEDKV_EMULATOR defined) and run one CTA at a time, one fiber per CUDA
+// thread. Between two synchronization points a fiber runs alone; the scheduler picks the next
+// fiber at random (seeded), so every interleaving the barriers allow can happen.
+//
+//   __syncthreads()        every live thread of the CTA must arrive at the same call site
+//   __shfl_*_sync, votes   every lane named in the mask must arrive at the same call site
+//   cp.async (16 bytes)    the destination holds NaN bytes (0xff) from issue until a
+//                          cp.async.wait_group retires its group; the source is read then
+//   mma.sync m16n8k16      bf16/fp16 inputs, fp32 accumulators, the PTX ISA fragment layouts
+//   shared memory          NaN bytes at CTA start; its end abuts a guard page
+//
+// Anything else a CTA does (deadlock, a divergent barrier or shuffle, a thread exiting with
+// copies in flight) stops the run with a message naming the CTA, thread and call site. Memory
+// ordering, timing, bank conflicts and inter-CTA concurrency are not modelled (gpu/README.md).
+#pragma once
+
+#define PAGEDKV_EMULATOR 1
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+// ---- qualifiers --------------------------------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+#define __shared__ static_assert(false, "use pagedkv::dynamic_smem(): static __shared__ is not emulated");
+
+#define CUDART_INF_F (__builtin_inff())
+
+// ---- vector types and indices ------------------------------------------------------------------
+struct dim3 {
+  unsigned int x = 1, y = 1, z = 1;
+};
+struct __attribute__((aligned(16))) uint4 {
+  unsigned int x, y, z, w;
+};
+struct __attribute__((aligned(8))) uint2 {
+  unsigned int x, y;
+};
+struct __attribute__((aligned(16))) float4 {
+  float x, y, z, w;
+};
+struct __attribute__((aligned(8))) float2 {
+  float x, y;
+};
+
+// ---- half and bfloat16 -------------------------------------------------------------------------
+struct __half {
+  uint16_t bits;
+};
+struct __nv_bfloat16 {
+  uint16_t bits;
+};
+struct __attribute__((aligned(4))) __half2 {
+  __half x, y;
+};
+struct __attribute__((aligned(4))) __nv_bfloat162 {
+  __nv_bfloat16 x, y;
+};
+
+inline float __half2float(__half h) {
+  _Float16 f;
+  memcpy(&f, &h.bits, 2);
+  return static_cast<float>(f);
+}
+inline __half __float2half_rn(float x) {
+  const _Float16 f = static_cast<_Float16>(x);  // IEEE round to nearest even
+  __half h;
+  memcpy(&h.bits, &f, 2);
+  return h;
+}
+inline float __bfloat162float(__nv_bfloat16 b) {
+  const uint32_t u = static_cast<uint32_t>(b.bits) << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+inline __nv_bfloat16 __float2bfloat16_rn(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  __nv_bfloat16 b;
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    b.bits = static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  } else {
+    b.bits = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  return b;
+}
+inline __half2 __floats2half2_rn(float a, float b) { return {__float2half_rn(a), __float2half_rn(b)}; }
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
+  return {__float2bfloat16_rn(a), __float2bfloat16_rn(b)};
+}
+
+// ---- math --------------------------------------------------------------------------------------
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned int min(unsigned int a, unsigned int b) { return a < b ? a : b; }
+inline unsigned int max(unsigned int a, unsigned int b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline float min(float a, float b) { return fminf(a, b); }
+inline float max(float a, float b) { return fmaxf(a, b); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __frcp_rn(float a) { return 1.f / a; }
+
+namespace simt {
+
+// ---- fibers and the CTA scheduler ----------------------------------------------------------------
+enum class Wait { kNone, kBarrier, kWarp };
+enum class WarpOp { kShflXor, kShflIdx, kShflDown, kShflUp, kBallot, kAny, kAll, kSync, kMma };
+
+struct CpAsync {
+  unsigned char* dst;
+  const unsigned char* src;
+  int src_bytes;
+  long long group;
+};
+
+struct Thread {
+  void* sp = nullptr;  // saved stack pointer while switched out
+  unsigned char* stack = nullptr;
+  dim3 idx;
+  int linear = 0;
+  bool done = false;
+  Wait wait = Wait::kNone;
+  const void* site = nullptr;  // call site of the pending barrier / warp op
+  WarpOp op = WarpOp::kSync;
+  unsigned int mask = 0;
+  int arg = 0;  // lane mask / source lane / delta
+  int width = 32;
+  uint64_t value = 0;
+  uint64_t result = 0;
+  const void* payload = nullptr;  // kMma: this lane's MmaOperands (on its own stack)
+  std::vector<CpAsync> copies;
+  long long committed = 0;  // cp.async groups committed so far
+};
+
+struct Cta {
+  dim3 block_idx, grid_dim, block_dim;
+  std::vector<Thread> threads;
+  Thread* current = nullptr;
+  void* scheduler_sp = nullptr;
+  unsigned char* smem = nullptr;
+  size_t smem_bytes = 0;
+};
+
+Cta& cta();
+[[noreturn]] void fail(const char* format, ...) __attribute__((format(printf, 1, 2)));
+void yield_to_scheduler();
+uint64_t warp_collective(WarpOp op, unsigned int mask, uint64_t value, int arg, int width,
+                         const void* site);
+void barrier(const void* site);
+struct MmaOperands {
+  float* d;
+  const uint32_t* a;
+  const uint32_t* b;
+  const float* c;
+  bool bf16;
+};
+void warp_mma(const MmaOperands& operands, const void* site);
+void cp_async(void* dst, const void* src, int src_bytes);
+void cp_async_commit();
+void cp_async_wait(int pending);
+
+template <typename T>
+inline uint64_t to_bits(T value) {
+  static_assert(sizeof(T) <= 8, "shuffle of at most 64 bits");
+  uint64_t bits = 0;
+  memcpy(&bits, &value, sizeof(T));
+  return bits;
+}
+template <typename T>
+inline T from_bits(uint64_t bits) {
+  T value;
+  memcpy(&value, &bits, sizeof(T));
+  return value;
+}
+
+}  // namespace simt
+
+// ---- the built-in variables ----------------------------------------------------------------------
+#define threadIdx (::simt::cta().current->idx)
+#define blockIdx (::simt::cta().block_idx)
+#define blockDim (::simt::cta().block_dim)
+#define gridDim (::simt::cta().grid_dim)
+
+// ---- synchronization built-ins (the call site is the caller's return address) -------------------
+__attribute__((noinline)) inline void __syncthreads() {
+  ::simt::barrier(__builtin_return_address(0));
+}
+__attribute__((noinline)) inline void __syncwarp(unsigned int mask = 0xffffffffu) {
+  ::simt::warp_collective(::simt::WarpOp::kSync, mask, 0, 0, 32, __builtin_return_address(0));
+}
+template <typename T>
+__attribute__((noinline)) T __shfl_xor_sync(unsigned int mask, T value, int lane_mask,
+                                            int width = 32) {
+  return ::simt::from_bits<T>(::simt::warp_collective(::simt::WarpOp::kShflXor, mask,
+                                                      ::simt::to_bits(value), lane_mask, width,
+                                                      __builtin_return_address(0)));
+}
+template <typename T>
+__attribute__((noinline)) T __shfl_sync(unsigned int mask, T value, int src_lane, int width = 32) {
+  return ::simt::from_bits<T>(::simt::warp_collective(::simt::WarpOp::kShflIdx, mask,
+                                                      ::simt::to_bits(value), src_lane, width,
+                                                      __builtin_return_address(0)));
+}
+template <typename T>
+__attribute__((noinline)) T __shfl_down_sync(unsigned int mask, T value, unsigned int delta,
+                                             int width = 32) {
+  return ::simt::from_bits<T>(::simt::warp_collective(::simt::WarpOp::kShflDown, mask,
+                                                      ::simt::to_bits(value),
+                                                      static_cast<int>(delta), width,
+                                                      __builtin_return_address(0)));
+}
+template <typename T>
+__attribute__((noinline)) T __shfl_up_sync(unsigned int mask, T value, unsigned int delta,
+                                           int width = 32) {
+  return ::simt::from_bits<T>(::simt::warp_collective(::simt::WarpOp::kShflUp, mask,
+                                                      ::simt::to_bits(value),
+                                                      static_cast<int>(delta), width,
+                                                      __builtin_return_address(0)));
+}
+__attribute__((noinline)) inline unsigned int __ballot_sync(unsigned int mask, int predicate) {
+  return static_cast<unsigned int>(::simt::warp_collective(
+      ::simt::WarpOp::kBallot, mask, predicate != 0, 0, 32, __builtin_return_address(0)));
+}
+__attribute__((noinline)) inline int __any_sync(unsigned int mask, int predicate) {
+  return static_cast<int>(::simt::warp_collective(::simt::WarpOp::kAny, mask, predicate != 0, 0,
+                                                  32, __builtin_return_address(0)));
+}
+__attribute__((noinline)) inline int __all_sync(unsigned int mask, int predicate) {
+  return static_cast<int>(::simt::warp_collective(::simt::WarpOp::kAll, mask, predicate != 0, 0,
+                                                  32, __builtin_return_address(0)));
+}
+
+// ---- the hooks pagedkv_common.cuh calls instead of its inline PTX --------------------------------
+namespace simt {
+
+inline unsigned char* dynamic_smem() { return cta().smem; }
+
+inline void cp_async16(void* smem_dst, const void* src, bool pred) {
+  cp_async(smem_dst, src, pred ? 16 : 0);
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32: one warp multiplies a 16x16
+// tile A (row-major) by a 16x8 tile B (column-major) into a 16x8 fp32 tile D = A B + C. Each
+// lane holds its fragments in registers as the PTX ISA lays them out (groupID = lane / 4,
+// tig = lane % 4): A in 4 .b32 registers of 2 elements, rows {g, g + 8}, columns
+// {2 tig, 2 tig + 1} + {0, 8}; B in 2 registers, rows (k) {2 tig, 2 tig + 1} + {0, 8}, column
+// g; C and D in 4 floats, rows {g, g + 8}, columns {2 tig, 2 tig + 1}. The warp's lanes meet
+// as in a shuffle (all 32 must arrive), then every lane gets its part of D.
+template <typename T>
+inline void mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4],
+                         const void* site) {
+  static_assert(sizeof(T) == 2, "bf16 or fp16 inputs");
+  warp_mma(MmaOperands{d, a, b, c, std::is_same<T, __nv_bfloat16>::value}, site);
+}
+
+}  // namespace simt

@@ -1,0 +1,388 @@
+"""vLLM 0.33.0's own `BlockPool` and `KVCacheManager` as a pool and a manager under test.
+
+vLLM 0.33.0 moved the hashing of blocks into the request: `request.block_hashes` lists the hash
+of every full block, in bytes, extended as tokens are appended, and the pool indexes blocks by
+that hash plus a group id. pagedkv keys blocks by `BlockHashType`. The adapters keep a
+`HashTranslation` between the two, filled from both sides' hashes of the same blocks of the
+same requests; it fails the step the moment the two stop pairing one to one (a block pagedkv
+and vLLM would key differently), and maps vLLM's hashes back for the snapshots. So the pool's
+hashes and index are compared in full; the hash *values* differ by design (bytes vs int).
+
+Where the API changed, the adapters translate (docs/semantics.md lists each change):
+`cache_full_blocks` no longer takes or extends the caller's hash list, so the adapter extends it
+with pagedkv's hashes, as pagedkv's pool would; requests are shown with the attributes 0.33.0
+reads (`block_hashes`, `mm_features`, `lora_request` with a name, ...); the manager records
+prefix-cache stats when the scheduler asks (`record_prefix_cache_stats`), so the adapter asks
+after each lookup, as vLLM's scheduler does.
+
+Three things the manager no longer exposes as pagedkv does are reported as `UNOBSERVED` (equal
+to anything, so not compared) and listed in docs/semantics.md: a request's stored block hashes
+(vLLM keeps every full block's hash on the request, computed as tokens arrive), the prefix-cache
+stats' counts (vLLM counts tokens, and counts preempted requests apart), and
+`get_num_common_prefix_blocks` (deprecated in 0.33.0: always 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from pagedkv.block_hash import BlockHashType, HashFn, get_hash_fn
+from pagedkv.harness.adapters import ObjectPoolAdapter
+from pagedkv.harness.domain import Domain
+from pagedkv.harness.protocol import (
+    ManagerConfig,
+    ManagerFactory,
+    ManagerSnapshot,
+    PoolFactory,
+    PoolSnapshot,
+)
+from pagedkv.harness.vllm_033_stand_ins import MODULES, STAND_INS
+from pagedkv.harness.vllm_views import RequestViews, torch_or_stand_in, vllm_attention_spec
+from pagedkv.request import Request
+from pagedkv.semantics import Semantics
+from pagedkv.spec.block_hash import request_block_hashes
+
+__all__ = ["DOMAIN", "HASH_SEEDING", "LOGGERS", "MODULES", "STAND_INS", "VERSION", "load"]
+
+VERSION = "0.33.0"
+LOGGERS = ("vllm",)
+HASH_SEEDING = "compared through the hash translation, whatever the seeds"
+DOMAIN = Domain(min_window=2, eagle_with_sliding_window=False, multimodal=False)
+"""Outside it vLLM 0.33.0 differs from every semantics of the spec (docs/semantics.md): a
+one-token window (vLLM caches none of its blocks), eagle with a sliding window (vLLM asks the
+hit for one more block, then drops it), and a multimodal input's offset inside a block (vLLM
+keys it, pagedkv does not)."""
+GROUP_ID = 0  # one KV cache group
+
+
+class Unobserved:
+    """A value the object under test does not expose: equal to anything, so never compared."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __ne__(self, other: object) -> bool:
+        return False
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return "UNOBSERVED"
+
+
+UNOBSERVED: Any = Unobserved()
+
+
+class HashPairingError(AssertionError):
+    """vLLM and pagedkv key two blocks differently: one hash of one side pairs with two."""
+
+
+@dataclass
+class HashTranslation:
+    """vLLM's block keys (hash bytes + group id) <-> pagedkv's `BlockHashType`, one to one."""
+
+    to_vllm: dict[BlockHashType, bytes] = field(default_factory=dict)
+    to_ours: dict[bytes, BlockHashType] = field(default_factory=dict)
+
+    def pair(self, ours: BlockHashType, vllm_key: bytes) -> None:
+        """Record that both sides key the same block content by these hashes.
+
+        Raises:
+            HashPairingError: either hash is already paired with another.
+        """
+        known_key = self.to_vllm.get(ours, vllm_key)
+        known_ours = self.to_ours.get(vllm_key, ours)
+        if known_key != vllm_key or known_ours != ours:
+            raise HashPairingError(
+                f"pagedkv's {ours} pairs with two vLLM keys or vLLM's key pairs with two "
+                f"pagedkv hashes ({known_ours}): the two sides key these blocks differently"
+            )
+        self.to_vllm[ours] = vllm_key
+        self.to_ours[vllm_key] = ours
+
+    def ours(self, vllm_key: bytes | None) -> BlockHashType | None:
+        if vllm_key is None:
+            return None
+        try:
+            return self.to_ours[vllm_key]
+        except KeyError:
+            raise HashPairingError(f"vLLM holds a key no request produced: {vllm_key!r}") from None
+
+
+@dataclass(frozen=True)
+class _Feature:
+    """A multimodal input as vLLM 0.33.0 reads it: an identifier and a placeholder range."""
+
+    identifier: str
+    mm_position: Any
+
+
+class RequestView:
+    """pagedkv's `Request` as vLLM 0.33.0 reads it; `block_hashes` are vLLM's own, refreshed
+    from the request's current tokens by `refresh()`."""
+
+    def __init__(self, request: Request, hasher: Any) -> None:
+        self.request = request
+        self._hasher = hasher
+        self.block_hashes: list[bytes] = []
+        self.lora_request = (
+            None
+            if request.lora_id is None
+            else SimpleNamespace(lora_name=f"lora-{request.lora_id}", lora_path="")
+        )
+        self.mm_features = [
+            _Feature(mm_hash, position)
+            for mm_hash, position in zip(request.mm_hashes, request.mm_positions, strict=True)
+        ]
+        self.prompt_embeds = None
+        self.cache_salt = request.cache_salt
+        self.skip_reading_prefix_cache = request.prompt_logprobs  # as vLLM sets it
+        self.num_preemptions = 0
+        self.num_in_flight_tokens = 0  # no asynchronous scheduling here
+        self.shared_prefix_boundary = 0
+        self.status: Any = None  # set by the manager adapter before each call
+
+    def refresh(self) -> RequestView:
+        """Hash the full blocks the request gained since the last call (as vLLM's Request does
+        when tokens are appended)."""
+        self.block_hashes.extend(self._hasher(self))
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.request, name)
+
+
+def request_views(hasher: Any) -> RequestViews[RequestView]:
+    return RequestViews(lambda request: RequestView(request, hasher))
+
+
+def hashing_off(request: RequestView) -> list[bytes]:
+    """vLLM gives requests no block hasher when prefix caching is off."""
+    return []
+
+
+class Vllm033Pool(ObjectPoolAdapter):
+    """vLLM 0.33.0's `BlockPool` through block ids and pagedkv hashes."""
+
+    def __init__(self, pool: Any, api: Any, hasher_for: Any) -> None:
+        super().__init__(pool)
+        self.api = api
+        self.translation = HashTranslation()
+        self.hasher_for = hasher_for
+        self.views: RequestViews[RequestView] | None = None
+
+    def _views(self, block_size: int) -> RequestViews[RequestView]:
+        """The request views; on first use the pool learns the block size, which a pool of one
+        KV cache group hashes at (`hash_block_size`: the factory is not told the block size)."""
+        if self.views is None:
+            self.pool.hash_block_size = block_size
+            self.views = request_views(self.hasher_for(block_size))
+        assert self.pool.hash_block_size == block_size, "one block size per pool"
+        return self.views
+
+    def cache_full_blocks(
+        self,
+        request: Request,
+        block_ids: Sequence[int],
+        block_hashes: list[BlockHashType],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        hash_fn: HashFn,
+    ) -> None:
+        view = self._views(block_size)(request).refresh()
+        ours = self.pair(request, view, hash_fn, block_size)
+        self.pool.cache_full_blocks(
+            view, self._blocks(block_ids), num_cached_blocks, num_full_blocks, block_size, GROUP_ID
+        )
+        # pagedkv's contract: the caller's list gains the hashes of the blocks just cached.
+        block_hashes.extend(ours[len(block_hashes) : num_full_blocks])
+
+    def get_cached_block(self, block_hash: BlockHashType) -> int | None:
+        key = self.translation.to_vllm.get(block_hash)
+        if key is None:
+            return None  # vLLM never saw a block with this content
+        found = self.pool.get_cached_block(self.api.get_block_hash(key), [GROUP_ID])
+        return None if found is None else int(found[0].block_id)
+
+    def pair(
+        self, request: Request, view: RequestView, hash_fn: HashFn, block_size: int
+    ) -> list[BlockHashType]:
+        """Pair pagedkv's and vLLM's hashes of every full block of the request; pagedkv's."""
+        ours = request_block_hashes(hash_fn, block_size, request)
+        for our_hash, vllm_hash in zip(ours, view.block_hashes, strict=False):
+            self.translation.pair(
+                our_hash, self.api.make_block_hash_with_group_id(vllm_hash, GROUP_ID)
+            )
+        return ours
+
+    def snapshot(self) -> PoolSnapshot:
+        pool = self.pool
+        index: dict[BlockHashType, tuple[int, ...]] = {}
+        for key, cached in pool.cached_block_hash_to_block._cache.items():
+            ours = self.translation.ours(key)
+            assert ours is not None
+            blocks = cached.values() if isinstance(cached, dict) else (cached,)
+            index[ours] = tuple(block.block_id for block in blocks)
+        return PoolSnapshot(
+            free_order=tuple(
+                block.block_id for block in pool.free_block_queue.get_all_free_blocks()
+            ),
+            ref_cnt=tuple(block.ref_cnt for block in pool.blocks),
+            block_hash=tuple(self.translation.ours(block.block_hash) for block in pool.blocks),
+            index=index,
+            num_free_blocks=self.get_num_free_blocks(),
+            usage=self.get_usage(),
+        )
+
+
+class Vllm033Manager:
+    """vLLM 0.33.0's `KVCacheManager` through block ids and pagedkv requests."""
+
+    def __init__(self, manager: Any, api: Any, config: ManagerConfig, hasher: Any) -> None:
+        self.manager = manager
+        self.api = api
+        self.block_size = config.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+        self.hash_fn = get_hash_fn(config.caching_hash_algo)
+        self.pool = Vllm033Pool(manager.block_pool, api, lambda _: hasher)
+        self.views = request_views(hasher if config.enable_caching else hashing_off)
+        self.running: set[str] = set()
+        self.single_type = manager.coordinator.single_type_managers[0]
+
+    def _view(self, request: Request) -> RequestView:
+        view = self.views(request).refresh()
+        view.status = self.api.RUNNING if request.request_id in self.running else self.api.WAITING
+        self.pool.pair(request, view, self.hash_fn, self.block_size)
+        return view
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
+        view = self._view(request)
+        blocks, num_tokens, _ = self.manager.get_computed_blocks(view)
+        self.manager.record_prefix_cache_stats(view, num_tokens)  # as the scheduler does
+        return [block.block_id for block in blocks.blocks[GROUP_ID]], int(num_tokens)
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_tokens: int,
+        new_computed_blocks: Sequence[int] | None = None,
+        num_lookahead_tokens: int = 0,
+    ) -> list[int] | None:
+        view = self._view(request)
+        hits = self.pool._blocks(new_computed_blocks or ())
+        blocks = self.manager.allocate_slots(
+            view,
+            num_tokens,
+            len(hits) * self.block_size,
+            self.manager.create_kv_cache_blocks((hits,)) if hits else None,
+            num_lookahead_tokens,
+        )
+        if blocks is None:
+            return None
+        self.running.add(request.request_id)
+        return [block.block_id for block in blocks.blocks[GROUP_ID]]
+
+    def free(self, request: Request) -> None:
+        view = self._view(request)
+        self.manager.free(view)
+        if request.request_id in self.running:
+            self.running.discard(request.request_id)
+            view.num_preemptions += 1
+
+    def free_block_hashes(self, request: Request) -> None:
+        """vLLM keeps hashes on the request: a finished request's view is dropped."""
+        self.views.forget(request)
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self.manager.reset_prefix_cache())
+
+    def get_num_common_prefix_blocks(self, request: Request, num_running_requests: int) -> int:
+        self.manager.get_num_common_prefix_blocks(request.request_id)  # deprecated: always 0
+        unobserved: int = UNOBSERVED
+        return unobserved
+
+    def make_prefix_cache_stats(self) -> Any:
+        return None if self.manager.make_prefix_cache_stats() is None else UNOBSERVED
+
+    @property
+    def usage(self) -> float:
+        return float(self.manager.usage)
+
+    def snapshot(self) -> ManagerSnapshot:
+        single_type = self.single_type
+        return ManagerSnapshot(
+            pool=self.pool.snapshot(),
+            blocks={
+                request_id: tuple(block.block_id for block in blocks)
+                for request_id, blocks in single_type.req_to_blocks.items()
+                if blocks
+            },
+            hashes=UNOBSERVED,
+            num_cached=self._num_cached(),
+            stats=None if self.manager.prefix_cache_stats is None else UNOBSERVED,
+        )
+
+    def _num_cached(self) -> dict[str, int]:
+        """vLLM records a count once a block is cached; pagedkv records 0 from the first
+        allocation on (with caching on): the same state, written two ways."""
+        counts = dict(self.single_type.num_cached_block)
+        if self.manager.enable_caching:
+            for request_id, blocks in self.single_type.req_to_blocks.items():
+                if blocks:
+                    counts.setdefault(request_id, 0)
+        return counts
+
+    def check_invariants(self) -> None:
+        """vLLM's manager has no invariant check of its own."""
+
+
+def load(semantics: Semantics) -> tuple[PoolFactory, ManagerFactory]:
+    """Pool and manager factories over vLLM 0.33.0's classes (its tree must be on sys.path)."""
+    torch = torch_or_stand_in()  # before vLLM's modules import it
+    from vllm.utils.hashing import sha256
+    from vllm.v1 import kv_cache_interface as interface
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.request import RequestStatus
+
+    kv_cache_utils.init_none_hash(sha256)
+    api = SimpleNamespace(
+        make_block_hash_with_group_id=kv_cache_utils.make_block_hash_with_group_id,
+        get_block_hash=kv_cache_utils.get_block_hash,
+        RUNNING=RequestStatus.RUNNING,
+        WAITING=RequestStatus.WAITING,
+    )
+
+    def hasher(block_size: int) -> Any:
+        return kv_cache_utils.get_request_block_hasher(block_size, sha256)
+
+    def vllm_pool(num_gpu_blocks: int, enable_caching: bool, _: Semantics) -> Vllm033Pool:
+        pool = BlockPool(num_gpu_blocks, enable_caching, hash_block_size=1)  # see _views
+        return Vllm033Pool(pool, api, hasher)
+
+    def vllm_manager(config: ManagerConfig) -> Vllm033Manager:
+        spec = vllm_attention_spec(config, interface, torch)
+        num_blocks = config.kv_cache_config.num_blocks
+        page = spec.page_size_bytes
+        kv_cache_config = interface.KVCacheConfig(
+            num_blocks,
+            [interface.KVCacheTensor(page * num_blocks, ["layers.0"], page * num_blocks, page)],
+            [interface.KVCacheGroupSpec(["layers.0"], spec, is_eagle_group=config.use_eagle)],
+        )
+        manager = KVCacheManager(
+            kv_cache_config,
+            config.max_model_len,
+            scheduler_block_size=spec.block_size,
+            hash_block_size=spec.block_size,
+            enable_caching=config.enable_caching,
+            use_eagle=config.use_eagle,
+            log_stats=config.log_stats,
+        )
+        return Vllm033Manager(manager, api, config, hasher(spec.block_size))
+
+    return vllm_pool, vllm_manager

@@ -1,0 +1,159 @@
+"""`pagedkv verify --against vllm==VERSION`: a vllm release's own code as the implementation.
+
+`prepare("vllm==0.8.5")` fetches the release's KV cache modules (`vllm_wheel`), puts them on
+`sys.path` as the `vllm` package, and returns pool and manager factories over its classes with
+the semantics the spec must take to match it. `vllm==latest` (or `newest`, or a bare `vllm`)
+asks the package index for the newest release. Releases without an adapter of their own are
+refused; the newest release is tried with the adapter of the newest release tested here.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from pagedkv.harness import vllm_033, vllm_085
+from pagedkv.harness.domain import FULL_DOMAIN, Domain
+from pagedkv.harness.protocol import ManagerFactory, PoolFactory
+from pagedkv.harness.setup_check import SetupError
+from pagedkv.harness.vllm_wheel import (
+    FetchError,
+    newest_release,
+    project_listing,
+    release_key,
+    source_tree,
+)
+from pagedkv.semantics import VLLM_0_8_5, VLLM_0_33, Semantics
+
+_AGAINST = re.compile(r"^vllm(==(?P<version>[\w.+-]+))?$")
+LATEST_ALIASES = ("latest", "newest")
+
+
+@dataclass(frozen=True)
+class VllmAdapter:
+    """What it takes to run one vllm release under the harness.
+
+    Attributes:
+        version: the release this adapter was written and tested for.
+        semantics: the spec's semantics that the release conforms to.
+        modules: the wheel members to fetch.
+        stand_ins: our replacements for the rest of vllm, path -> source.
+        load: builds the factories once the fetched tree is importable.
+        loggers: vllm's loggers to quiet (a refused reset logs a warning each time).
+        domain: where the campaigns draw from: outside it the release differs from every
+            semantics the spec has, for reasons docs/semantics.md lists.
+        hash_seeding: how both sides' hash chains are made to start alike, for the user.
+    """
+
+    version: str
+    semantics: Semantics
+    modules: tuple[str, ...]
+    stand_ins: Mapping[str, str]
+    load: Callable[[Semantics], tuple[PoolFactory, ManagerFactory]]
+    loggers: tuple[str, ...] = ()
+    domain: Domain = FULL_DOMAIN
+    hash_seeding: str = ""
+
+
+ADAPTERS: dict[str, VllmAdapter] = {
+    vllm_085.VERSION: VllmAdapter(
+        vllm_085.VERSION,
+        VLLM_0_8_5,
+        vllm_085.MODULES,
+        vllm_085.STAND_INS,
+        vllm_085.load,
+        vllm_085.LOGGERS,
+        hash_seeding=vllm_085.HASH_SEEDING,
+    ),
+    vllm_033.VERSION: VllmAdapter(
+        vllm_033.VERSION,
+        VLLM_0_33,
+        vllm_033.MODULES,
+        vllm_033.STAND_INS,
+        vllm_033.load,
+        vllm_033.LOGGERS,
+        vllm_033.DOMAIN,
+        vllm_033.HASH_SEEDING,
+    ),
+}
+NEWEST_TESTED = max(ADAPTERS, key=release_key)
+
+
+@dataclass(frozen=True)
+class Against:
+    """A vllm release ready to be checked: its factories, semantics, and what to tell the user."""
+
+    version: str
+    adapter: VllmAdapter
+    pool_factory: PoolFactory
+    manager_factory: ManagerFactory
+    notes: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"vllm {self.version}"
+
+
+def parse_against(text: str) -> str:
+    """The version in `vllm==VERSION` ("latest" for `vllm`, `vllm==latest`, `vllm==newest`).
+
+    Raises:
+        SetupError: not of that form.
+    """
+    match = _AGAINST.match(text.strip())
+    if match is None:
+        raise SetupError(f"--against takes vllm==VERSION or vllm==latest, got {text!r}")
+    version = match.group("version") or "latest"
+    return "latest" if version in LATEST_ALIASES else version
+
+
+def prepare(text: str) -> Against:
+    """Fetch the release named by `text`, import it, and build its factories.
+
+    Raises:
+        SetupError: a malformed `text`, a release without an adapter, a failed fetch or import,
+            or vllm already imported from elsewhere in this process. The cause is chained.
+    """
+    version = parse_against(text)
+    asked_latest = version == "latest"
+    notes: list[str] = []
+    listing = None
+    if asked_latest:
+        try:
+            listing = project_listing()
+            version = newest_release(listing)
+        except FetchError as error:
+            raise SetupError(f"cannot find the newest vllm release: {error}") from error
+        notes.append(f"vllm==latest is {version} on the package index")
+    adapter = ADAPTERS.get(version)
+    if adapter is None:
+        if not asked_latest:
+            known = ", ".join(f"vllm=={v}" for v in sorted(ADAPTERS, key=release_key))
+            raise SetupError(f"no adapter for vllm=={version}; adapters exist for {known}")
+        adapter = ADAPTERS[NEWEST_TESTED]
+        notes.append(
+            f"vllm {version} is newer than {NEWEST_TESTED}, the newest release tested here: "
+            f"trying {NEWEST_TESTED}'s adapter and semantics"
+        )
+    try:
+        root = source_tree(version, adapter.modules, adapter.stand_ins, listing)
+    except FetchError as error:
+        raise SetupError(f"cannot fetch vllm=={version}: {error}") from error
+    loaded = sys.modules.get("vllm")
+    if loaded is not None and not str(getattr(loaded, "__file__", "")).startswith(str(root)):
+        raise SetupError(
+            f"another vllm is already imported in this process ({loaded.__file__}); "
+            "run the check in a fresh process"
+        )
+    sys.path.insert(0, str(root))
+    try:
+        pool_factory, manager_factory = adapter.load(adapter.semantics)
+    except Exception as error:
+        raise SetupError(f"cannot import vllm {version}'s KV cache modules: {error!r}") from error
+    notes.append(f"vllm {version}'s KV cache modules from {root}")
+    notes.append(f"hash chains: {adapter.hash_seeding} (PYTHONHASHSEED not needed)")
+    if adapter.domain.describe():
+        notes.append(f"checked on {adapter.domain.describe()} (docs/semantics.md says why)")
+    return Against(version, adapter, pool_factory, manager_factory, tuple(notes))

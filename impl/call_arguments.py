@@ -1,0 +1,258 @@
+"""The argument checks of each public call of the block pool and the manager, in their order.
+
+The spec and the implementation run the same function at the top of each call, so both refuse
+the same input, in the same words, before either changes anything; the differential harness
+holds pagedkv's own objects to the spec's wording. Calls are named as the implementation's API
+names them ("BlockPool.touch", "KVCacheManager.allocate_slots"), and block arguments are checked
+with each side's notion of a block (a `KVCacheBlock`, or a block id).
+
+What each check accepts is in `pagedkv.arguments`; the rules about state (a free block, a hit
+that is not cached, ...) stay with each side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pagedkv.arguments import (
+    argument_error,
+    is_int,
+    require_bool,
+    require_callable,
+    require_instance,
+    require_int,
+    require_iterable,
+    require_str,
+)
+from pagedkv.block_hash import BlockHashType
+from pagedkv.errors import ArgumentTypeError, InvalidArgumentError, KVCacheConfigError
+from pagedkv.kv_cache_interface import KVCacheConfig
+from pagedkv.request import Request
+from pagedkv.semantics import Semantics
+
+IsBlock = Callable[[object], bool]
+"""Whether a value is a block in one side's terms (a `KVCacheBlock`, or an int block id)."""
+
+POOL = "BlockPool"
+MANAGER = "KVCacheManager"
+
+
+def is_block_id(value: object) -> bool:
+    """A block as the spec and the harness name it: an int (not a bool)."""
+    return is_int(value)
+
+
+def not_a_block(call: str, argument: str, value: object, *, context: str = "") -> ArgumentTypeError:
+    """The error for an item of a block list that is no block at all."""
+    error = argument_error(call, argument, "a block", value, type_ok=False, context=context)
+    assert isinstance(error, ArgumentTypeError)
+    return error
+
+
+def block_list(
+    call: str, argument: str, blocks: object, is_block: IsBlock, *, context: str = ""
+) -> list[Any]:
+    """The items of `blocks` as a new list (read once), each a block in `is_block`'s terms.
+
+    Raises:
+        ArgumentTypeError: `blocks` is not iterable, or names the first item that is no block.
+
+    Complexity: O(len(blocks)).
+    """
+    items: list[Any] = require_iterable(call, argument, blocks, context=context)
+    for index, item in enumerate(items):
+        if not is_block(item):
+            raise not_a_block(call, f"{argument}[{index}]", item, context=context)
+    return items
+
+
+# -- the block pool ----------------------------------------------------------------------------
+
+
+def check_pool(num_gpu_blocks: object, enable_caching: object, semantics: object) -> None:
+    """BlockPool(num_gpu_blocks, enable_caching, semantics): an int >= 1, a bool, a Semantics."""
+    require_int(POOL, "num_gpu_blocks", num_gpu_blocks, 1)
+    require_bool(POOL, "enable_caching", enable_caching)
+    require_instance(POOL, "semantics", semantics, Semantics)
+
+
+def check_get_new_blocks(num_blocks: object) -> None:
+    """BlockPool.get_new_blocks(num_blocks): an int >= 0."""
+    require_int(f"{POOL}.get_new_blocks", "num_blocks", num_blocks, 0)
+
+
+def check_block_hash(call: str, argument: str, value: object) -> None:
+    """A `BlockHashType` whose fields can be hashed (it becomes, or looks up, an index key)."""
+    require_instance(call, argument, value, BlockHashType)
+    try:
+        hash(value)
+    except TypeError:
+        raise argument_error(
+            call, argument, "a hashable BlockHashType", value, type_ok=False
+        ) from None
+
+
+def check_cache_full_blocks(
+    enable_caching: bool,
+    request: object,
+    blocks: object,
+    block_hashes: object,
+    num_cached_blocks: object,
+    num_full_blocks: object,
+    block_size: object,
+    hash_fn: object,
+    is_block: IsBlock,
+) -> Sequence[Any] | None:
+    """BlockPool.cache_full_blocks' argument checks, in order; then its range checks.
+
+    Types: a Request; a sequence of blocks (any iterable, read once); a list of stored hashes
+    (it grows); counts that are ints >= 0; block_size an int >= 1; a callable hash function.
+    Then: caching is on; 0 <= num_cached_blocks <= num_full_blocks <= len(blocks); at least
+    num_cached_blocks stored hashes; every stored hash the call reads (from the parent's
+    position on) is a hashable BlockHashType; the blocks to cache and the parent are blocks.
+
+    Returns:
+        The blocks as a sequence, or None when there is nothing to cache (num_cached_blocks ==
+        num_full_blocks).
+
+    Complexity: O(num_full_blocks - num_cached_blocks) plus, for an iterator, reading it.
+    """
+    call = f"{POOL}.cache_full_blocks"
+    require_instance(call, "request", request, Request)
+    assert isinstance(request, Request)
+    sequence: Sequence[Any] = (
+        blocks if isinstance(blocks, (list, tuple)) else require_iterable(call, "blocks", blocks)
+    )
+    hashes: list[Any] = require_instance(call, "block_hashes", block_hashes, list)
+    num_cached = require_int(call, "num_cached_blocks", num_cached_blocks, 0)
+    num_full = require_int(call, "num_full_blocks", num_full_blocks, 0)
+    require_int(call, "block_size", block_size, 1)
+    require_callable(call, "hash_fn", hash_fn)
+    if not enable_caching:
+        raise InvalidArgumentError("cache_full_blocks needs a pool with prefix caching on")
+    if not num_cached <= num_full <= len(sequence):
+        raise InvalidArgumentError(
+            f"need 0 <= num_cached_blocks ({num_cached}) <= num_full_blocks "
+            f"({num_full}) <= len(blocks) ({len(sequence)})"
+        )
+    if len(hashes) < num_cached:
+        raise InvalidArgumentError(
+            f"request {request.request_id!r} has {len(hashes)} stored block hashes, "
+            f"fewer than num_cached_blocks ({num_cached})"
+        )
+    first_read = max(num_cached - 1, 0)
+    for position in range(first_read, min(num_full, len(hashes))):
+        check_block_hash(call, f"block_hashes[{position}]", hashes[position])
+    if num_cached == num_full:
+        return None
+    for position in range(first_read, num_full):
+        if not is_block(sequence[position]):
+            raise not_a_block(call, f"blocks[{position}]", sequence[position])
+    return sequence
+
+
+# -- the manager ---------------------------------------------------------------------------------
+
+
+def check_manager(
+    kv_cache_config: object,
+    max_model_len: object,
+    enable_caching: object,
+    caching_hash_algo: object,
+    use_eagle: object,
+    log_stats: object,
+    semantics: object,
+) -> None:
+    """KVCacheManager's constructor arguments: their types, then one KV cache group in the
+    config (KVCacheConfigError). The hash algorithm's name is checked by `get_hash_fn`."""
+    require_instance(MANAGER, "kv_cache_config", kv_cache_config, KVCacheConfig)
+    require_int(MANAGER, "max_model_len", max_model_len, 1)
+    require_bool(MANAGER, "enable_caching", enable_caching)
+    require_str(MANAGER, "caching_hash_algo", caching_hash_algo)
+    require_bool(MANAGER, "use_eagle", use_eagle)
+    require_bool(MANAGER, "log_stats", log_stats)
+    require_instance(MANAGER, "semantics", semantics, Semantics)
+    assert isinstance(kv_cache_config, KVCacheConfig)
+    num_groups = len(kv_cache_config.kv_cache_groups)
+    if num_groups != 1:
+        raise KVCacheConfigError(
+            f"KVCacheManager needs exactly one KV cache group, got {num_groups}"
+        )
+
+
+def check_request(method: str, request: object) -> Request:
+    """`request` if it is a Request (every request-level call takes one)."""
+    return require_instance(f"{MANAGER}.{method}", "request", request, Request)
+
+
+def request_context(request: Request) -> str:
+    return f" for request {request.request_id!r}"
+
+
+def check_lookup(request: object) -> Request:
+    """KVCacheManager.get_computed_blocks(request): a Request whose prompt_logprobs is a bool."""
+    checked = check_request("get_computed_blocks", request)
+    require_bool(
+        f"{MANAGER}.get_computed_blocks",
+        "request.prompt_logprobs",
+        checked.prompt_logprobs,
+        context=request_context(checked),
+    )
+    return checked
+
+
+def check_allocation(
+    request: object,
+    num_tokens: object,
+    new_computed_blocks: object,
+    num_lookahead_tokens: object,
+    is_block: IsBlock,
+) -> list[Any]:
+    """KVCacheManager.allocate_slots' argument checks, in order.
+
+    A Request; num_tokens an int >= 1; num_lookahead_tokens an int >= 0; the request's
+    num_computed_tokens an int and its spec_token_ids a list; new_computed_blocks None or an
+    iterable of blocks.
+
+    Returns:
+        The hits as a new list (empty for None).
+
+    Complexity: O(1) plus the hits.
+    """
+    if (
+        type(num_tokens) is int
+        and num_tokens > 0
+        and type(num_lookahead_tokens) is int
+        and num_lookahead_tokens >= 0
+        and new_computed_blocks is None
+        and isinstance(request, Request)
+        and type(request.num_computed_tokens) is int
+        and type(request.spec_token_ids) is list
+    ):
+        return []  # the decode step: every check passed, in one test
+    checked = check_request("allocate_slots", request)
+    call = f"{MANAGER}.allocate_slots"
+    context = request_context(checked)
+    require_int(call, "num_tokens", num_tokens, 1, context=context)
+    require_int(call, "num_lookahead_tokens", num_lookahead_tokens, 0, context=context)
+    require_int(call, "request.num_computed_tokens", checked.num_computed_tokens, context=context)
+    require_instance(call, "request.spec_token_ids", checked.spec_token_ids, list, context=context)
+    if new_computed_blocks is None:
+        return []
+    return block_list(call, "new_computed_blocks", new_computed_blocks, is_block, context=context)
+
+
+def check_common_prefix(request: object, num_running_requests: object) -> Request:
+    """KVCacheManager.get_num_common_prefix_blocks(request, num_running_requests): a Request and
+    an int >= 0."""
+    checked = check_request("get_num_common_prefix_blocks", request)
+    if type(num_running_requests) is not int or num_running_requests < 0:
+        require_int(
+            f"{MANAGER}.get_num_common_prefix_blocks",
+            "num_running_requests",
+            num_running_requests,
+            0,
+            context=request_context(checked),
+        )
+    return checked

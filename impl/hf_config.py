@@ -1,0 +1,374 @@
+"""Read a Hugging Face config.json as transformers reads it, to plan the model's KV cache.
+
+transformers fills what a config.json leaves out from the model type's config class, and some
+classes derive which layers use the sliding window (`layer_types`) from other fields. A
+config.json saved before its class had `layer_types` has none: Gemma-2's layers alternate
+between the window and full attention, and taking `sliding_window` for every layer plans a
+model that needs twice the memory per request. `TRANSFORMERS_DEFAULTS` holds, for the model
+types whose layers may use a window, the class defaults of the fields read here and the rule
+that builds `layer_types`, as of transformers 5.24; `tests/test_hf_config.py` checks both
+against transformers itself. Other model types take `layer_types` from the config, or else the
+window on every layer, as vLLM 0.8.5 applies a model-wide `sliding_window`.
+
+Fields read (from `text_config` when the config has one and no `num_hidden_layers` of its own):
+num_hidden_layers, num_attention_heads, num_key_value_heads (default: num_attention_heads),
+head_dim (default: hidden_size // num_attention_heads), kv_lora_rank and qk_rope_head_dim (MLA),
+sliding_window, use_sliding_window, max_window_layers, sliding_window_pattern, layer_types,
+max_position_embeddings, and torch_dtype or dtype (the text config's, else the top level's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pagedkv.errors import InvalidArgumentError
+from pagedkv.plan import ModelShape, resolve_dtypes
+
+FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+
+LayerRule = Callable[[Mapping[str, Any], int], list[bool]]
+"""(config with defaults, num_layers) -> whether each layer uses the window."""
+
+
+def _every_nth_layer_full(pattern_key: str | None, default: int) -> LayerRule:
+    """Layer i uses the window unless i + 1 is a multiple of the pattern (the config's
+    `pattern_key`, else `default`)."""
+
+    def rule(config: Mapping[str, Any], num_layers: int) -> list[bool]:
+        pattern = default if pattern_key is None else config.get(pattern_key, default)
+        if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 1:
+            raise InvalidArgumentError(
+                f"config.json: {pattern_key!r} must be an int >= 1, got {pattern!r}"
+            )
+        return [(i + 1) % pattern != 0 for i in range(num_layers)]
+
+    return rule
+
+
+def _from_max_window_layers(config: Mapping[str, Any], num_layers: int) -> list[bool]:
+    """Qwen2/Qwen3: the layers from `max_window_layers` on use the window."""
+    first = _int(config, "max_window_layers")
+    return [i >= first for i in range(num_layers)]
+
+
+def _odd_below_max_window_layers(config: Mapping[str, Any], num_layers: int) -> list[bool]:
+    """Qwen2-MoE: every other layer (0, 2, ...) below `max_window_layers` uses the window."""
+    end = _int(config, "max_window_layers")
+    return [i % 2 == 0 and i < end for i in range(num_layers)]
+
+
+def _every_layer(config: Mapping[str, Any], num_layers: int) -> list[bool]:
+    return [True] * num_layers
+
+
+@dataclass(frozen=True)
+class ModelTypeDefaults:
+    """What transformers' config class for one model type gives a config.json that lacks it.
+
+    Attributes:
+        fields: class defaults of the fields read here (None-valued defaults left out).
+        sliding_layers: the rule that builds `layer_types` when the config has none.
+        window_needs_switch: the window applies only when `use_sliding_window` is true
+            (Qwen); otherwise a `sliding_window` that is not None applies.
+    """
+
+    fields: Mapping[str, int | bool]
+    sliding_layers: LayerRule
+    window_needs_switch: bool = False
+
+
+_MISTRAL_FIELDS: Mapping[str, int | bool] = {
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_size": 4096,
+    "max_position_embeddings": 131_072,
+    "sliding_window": 4096,
+}
+
+_QWEN2_FIELDS: Mapping[str, int | bool] = {
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "hidden_size": 4096,
+    "max_position_embeddings": 32_768,
+    "sliding_window": 4096,
+    "use_sliding_window": False,
+    "max_window_layers": 28,
+}
+
+TRANSFORMERS_DEFAULTS: Mapping[str, ModelTypeDefaults] = {
+    "gemma2": ModelTypeDefaults(
+        {
+            "num_hidden_layers": 26,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+            "hidden_size": 2304,
+            "max_position_embeddings": 8192,
+            "sliding_window": 4096,
+        },
+        _every_nth_layer_full(None, 2),
+    ),
+    "gemma3_text": ModelTypeDefaults(
+        {
+            "num_hidden_layers": 26,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+            "hidden_size": 2304,
+            "max_position_embeddings": 131_072,
+            "sliding_window": 4096,
+        },
+        _every_nth_layer_full("sliding_window_pattern", 6),
+    ),
+    "cohere2": ModelTypeDefaults(
+        {
+            "num_hidden_layers": 40,
+            "num_attention_heads": 64,
+            "hidden_size": 8192,
+            "max_position_embeddings": 8192,
+            "sliding_window": 4096,
+        },
+        _every_nth_layer_full("sliding_window_pattern", 4),
+    ),
+    "gpt_oss": ModelTypeDefaults(
+        {
+            "num_hidden_layers": 36,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "head_dim": 64,
+            "hidden_size": 2880,
+            "max_position_embeddings": 131_072,
+            "sliding_window": 128,
+        },
+        _every_nth_layer_full(None, 2),
+    ),
+    "mistral": ModelTypeDefaults(_MISTRAL_FIELDS, _every_layer),
+    "ministral": ModelTypeDefaults(_MISTRAL_FIELDS, _every_layer),
+    "qwen2": ModelTypeDefaults(_QWEN2_FIELDS, _from_max_window_layers, window_needs_switch=True),
+    "qwen2_moe": ModelTypeDefaults(
+        {
+            "num_hidden_layers": 24,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 16,
+            "hidden_size": 2048,
+            "max_position_embeddings": 32_768,
+            "sliding_window": 4096,
+            "use_sliding_window": False,
+            "max_window_layers": 28,
+        },
+        _odd_below_max_window_layers,
+        window_needs_switch=True,
+    ),
+    "qwen3": ModelTypeDefaults(
+        {**_QWEN2_FIELDS, "head_dim": 128}, _from_max_window_layers, window_needs_switch=True
+    ),
+    "qwen3_moe": ModelTypeDefaults(
+        {
+            "num_hidden_layers": 24,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "hidden_size": 2048,
+            "max_position_embeddings": 32_768,
+            "sliding_window": 4096,
+            "use_sliding_window": False,
+        },
+        _every_layer,
+        window_needs_switch=True,
+    ),
+}
+"""Model type -> transformers' defaults, for the model types whose layers may use a window."""
+
+TEXT_MODEL_TYPES: Mapping[str, str] = {"gemma3": "gemma3_text"}
+"""A multimodal model type -> the model type of its `text_config` when that names none."""
+
+
+def _int(config: Mapping[str, Any], key: str) -> int:
+    value = config.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidArgumentError(f"config.json: {key!r} must be an int, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class HFModelConfig:
+    """A config.json as pagedkv plans it, transformers' defaults filled in.
+
+    Attributes:
+        model_type: the text model's type (None if the config names none).
+        shape: the model's KV cache shape.
+        layer_types: each layer's attention, `FULL_ATTENTION` or `SLIDING_ATTENTION` (all full
+            when no window applies).
+        max_position_embeddings: the model's longest sequence, None if the config has none.
+        layer_types_note: where `layer_types` came from when the config has none, or None.
+        dtype_note: why the model runs in another dtype than the config's, or None.
+    """
+
+    model_type: str | None
+    shape: ModelShape
+    layer_types: tuple[str, ...]
+    max_position_embeddings: int | None
+    layer_types_note: str | None = None
+    dtype_note: str | None = None
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """The notes that are not None."""
+        return tuple(note for note in (self.layer_types_note, self.dtype_note) if note)
+
+
+def text_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The fields of the model's language model and its model type, transformers' defaults
+    for that type filled in: a multimodal config's `text_config` over the top level.
+
+    Complexity: O(fields).
+    """
+    root_type = config.get("model_type")
+    nested = config.get("text_config")
+    if isinstance(nested, Mapping) and "num_hidden_layers" not in config:
+        model_type = nested.get("model_type") or TEXT_MODEL_TYPES.get(str(root_type))
+        fields = {key: value for key, value in config.items() if key != "text_config"}
+        fields.update(nested)
+        if not (nested.get("torch_dtype") or nested.get("dtype")):
+            fields["torch_dtype"] = config.get("torch_dtype") or config.get("dtype")
+    else:
+        model_type, fields = root_type, dict(config)
+    if not isinstance(model_type, str):
+        model_type = None
+    defaults = TRANSFORMERS_DEFAULTS.get(model_type) if model_type else None
+    if defaults is not None:
+        fields = {**defaults.fields, **fields}  # a key given as null stays null, as in transformers
+    return fields, model_type
+
+
+def _window(fields: Mapping[str, Any], model_type: str | None) -> int | None:
+    """The sliding window, or None where none applies (as transformers' classes and vLLM read
+    `use_sliding_window`)."""
+    defaults = TRANSFORMERS_DEFAULTS.get(model_type) if model_type else None
+    switch = fields.get("use_sliding_window")
+    if switch is False or (defaults is not None and defaults.window_needs_switch and not switch):
+        return None
+    if fields.get("sliding_window") is None:
+        return None
+    window = _int(fields, "sliding_window")
+    return window if window > 0 else None
+
+
+def _layer_types(
+    fields: Mapping[str, Any], model_type: str | None, num_layers: int
+) -> tuple[tuple[str, ...], str | None]:
+    """Each layer's attention and, when the config did not say, a note on where it came from."""
+    window = _window(fields, model_type)
+    given = fields.get("layer_types")
+    if given is not None:
+        if not isinstance(given, list) or len(given) != num_layers:
+            raise InvalidArgumentError(
+                f"config.json: 'layer_types' must list one type for each of the {num_layers} "
+                f"layers, got {given!r}"
+            )
+        for index, kind in enumerate(given):
+            if kind not in (FULL_ATTENTION, SLIDING_ATTENTION):
+                raise InvalidArgumentError(
+                    f"config.json: layer {index} is {kind!r}; pagedkv plans only "
+                    f"{FULL_ATTENTION!r} and {SLIDING_ATTENTION!r} layers"
+                )
+        sliding = [kind == SLIDING_ATTENTION and window is not None for kind in given]
+        note = None
+    elif window is None:
+        sliding, note = [False] * num_layers, None
+    elif model_type is not None and model_type in TRANSFORMERS_DEFAULTS:
+        sliding = TRANSFORMERS_DEFAULTS[model_type].sliding_layers(fields, num_layers)
+        note = (
+            None
+            if all(sliding)
+            else f"no layer_types in config.json: transformers' {model_type} layout"
+        )
+    else:
+        sliding = [True] * num_layers
+        known = f"model_type {model_type!r}" if model_type else "a config without model_type"
+        note = f"no layer_types, and {known} has no layout pagedkv knows: window on every layer"
+    kinds = tuple(SLIDING_ATTENTION if uses else FULL_ATTENTION for uses in sliding)
+    return kinds, note
+
+
+def layer_types(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """Each layer's attention as transformers builds it (`FULL_ATTENTION` everywhere when no
+    window applies).
+
+    Raises:
+        InvalidArgumentError: a field missing or of the wrong type, or a layer type other than
+            full or sliding attention.
+
+    Complexity: O(layers).
+    """
+    fields, model_type = text_config(config)
+    return _layer_types(fields, model_type, _int(fields, "num_hidden_layers"))[0]
+
+
+def read_hf_config(
+    config: Mapping[str, Any], *, dtype: str = "auto", kv_cache_dtype: str = "auto"
+) -> HFModelConfig:
+    """The KV cache shape of a Hugging Face `config.json`, read as transformers reads it.
+
+    A config with kv_lora_rank is MLA: 1 head of kv_lora_rank + qk_rope_head_dim. The dtypes are
+    vLLM 0.8.5's choice (`resolve_dtypes`).
+
+    Args:
+        config: the parsed config.json.
+        dtype: the model dtype, "auto" for the config's (see `resolve_dtypes`).
+        kv_cache_dtype: the KV cache dtype, "auto" for the model dtype.
+
+    Raises:
+        InvalidArgumentError: a field missing or of the wrong type, a layer type pagedkv does
+            not plan, or an unknown dtype.
+
+    Complexity: O(layers).
+    """
+    fields, model_type = text_config(config)
+    num_layers = _int(fields, "num_hidden_layers")
+    if fields.get("kv_lora_rank") is not None:
+        num_kv_heads = 1
+        head_size = _int(fields, "kv_lora_rank") + _int(fields, "qk_rope_head_dim")
+        use_mla = True
+    else:
+        num_kv_heads = (
+            _int(fields, "num_key_value_heads")
+            if fields.get("num_key_value_heads") is not None
+            else _int(fields, "num_attention_heads")
+        )
+        head_size = (
+            _int(fields, "head_dim")
+            if fields.get("head_dim") is not None
+            else _int(fields, "hidden_size") // _int(fields, "num_attention_heads")
+        )
+        use_mla = False
+    num_heads = fields.get("num_attention_heads")
+    config_dtype = fields.get("torch_dtype") or fields.get("dtype")
+    if config_dtype is not None and not isinstance(config_dtype, str):
+        raise InvalidArgumentError(f"config.json: dtype must be a name, got {config_dtype!r}")
+    dtypes = resolve_dtypes(config_dtype, dtype, kv_cache_dtype)
+    kinds, layers_note = _layer_types(fields, model_type, num_layers)
+    num_window_layers = kinds.count(SLIDING_ATTENTION)
+    shape = ModelShape(
+        num_layers=num_layers,
+        num_kv_heads=num_kv_heads,
+        head_size=head_size,
+        dtype=dtypes.kv_cache_dtype,
+        use_mla=use_mla,
+        sliding_window=_window(fields, model_type) if num_window_layers else None,
+        num_sliding_window_layers=num_window_layers,
+        num_attention_heads=_int(fields, "num_attention_heads") if num_heads is not None else None,
+    )
+    positions = fields.get("max_position_embeddings")
+    return HFModelConfig(
+        model_type=model_type,
+        shape=shape,
+        layer_types=kinds,
+        max_position_embeddings=positions if isinstance(positions, int) else None,
+        layer_types_note=layers_note,
+        dtype_note=dtypes.note,
+    )

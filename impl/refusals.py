@@ -1,0 +1,168 @@
+"""The refusals of the block- and request-level rules, each worded once.
+
+The spec and the implementation each decide on their own whether a rule is broken (the spec
+plainly, the implementation in its cheapest way), then raise the error built here, so both say
+the same thing about the same misuse. Each function names the block or the request and the rule
+(`BlockStateError.rule`, `RequestError.rule`: stable strings that callers may match on); the
+argument checks that come before them are in `pagedkv.call_arguments`.
+"""
+
+from __future__ import annotations
+
+from pagedkv.errors import (
+    BlockStateError,
+    InvalidArgumentError,
+    MaxModelLenExceededError,
+    RequestError,
+)
+
+# -- block rules (the pool) ----------------------------------------------------------------------
+
+
+def foreign_block(block_id: int) -> BlockStateError:
+    return BlockStateError(block_id, "block does not belong to this pool")
+
+
+def free_of_free_block(block_id: int) -> BlockStateError:
+    return BlockStateError(block_id, "free of a block whose ref_cnt is 0")
+
+
+def freed_twice(block_id: int) -> BlockStateError:
+    return BlockStateError(block_id, "the same block twice in one free_blocks call")
+
+
+def cache_of_free_block(block_id: int) -> BlockStateError:
+    return BlockStateError(block_id, "cache of a free block")
+
+
+def hash_already_set(block_id: int) -> BlockStateError:
+    return BlockStateError(block_id, "block hash is already set")
+
+
+def cached_twice(block_id: int) -> BlockStateError:
+    return BlockStateError(block_id, "the same block twice in one cache call")
+
+
+def parent_without_hash(block_id: int) -> BlockStateError:
+    return BlockStateError(block_id, "the block before the first block to cache has no hash")
+
+
+def too_few_tokens(
+    request_id: str, num_tokens: int, position: int, block_size: int
+) -> InvalidArgumentError:
+    start = position * block_size
+    return InvalidArgumentError(
+        f"request {request_id!r} has {num_tokens} tokens; block {position} needs tokens "
+        f"[{start}, {start + block_size})"
+    )
+
+
+# -- request rules (the manager) -----------------------------------------------------------------
+
+
+def id_in_use(request_id: str) -> RequestError:
+    return RequestError(
+        request_id,
+        "request id already in use by another Request object",
+        "free it and drop its hashes (free_block_hashes) before reusing the id",
+    )
+
+
+def more_drafts_than_scheduled(
+    request_id: str, num_spec: int, num_tokens: int
+) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"request {request_id!r}: {num_spec} speculative tokens but only {num_tokens} "
+        f"scheduled (speculative tokens are part of num_tokens)"
+    )
+
+
+def computed_outside_slots(
+    request_id: str, num_computed: int, num_held: int, block_size: int
+) -> RequestError:
+    return RequestError(
+        request_id,
+        "num_computed_tokens outside the request's slots",
+        f"{num_computed} computed, {num_held} blocks of {block_size} held",
+    )
+
+
+def hits_without_caching(request_id: str) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"request {request_id!r}: new_computed_blocks given while prefix caching is off"
+    )
+
+
+def hits_for_running_request(request_id: str) -> RequestError:
+    return RequestError(
+        request_id,
+        "new_computed_blocks for a request that already holds blocks or computed tokens",
+    )
+
+
+NOT_CACHED_HITS = "new_computed_blocks must be the request's cached blocks"
+
+
+def more_hits_than_hashes(request_id: str, num_hits: int, num_stored: int) -> RequestError:
+    return RequestError(
+        request_id, NOT_CACHED_HITS, f"{num_hits} hits but {num_stored} stored block hashes"
+    )
+
+
+def hit_not_cached(request_id: str, block_id: int, position: int) -> RequestError:
+    return RequestError(
+        request_id,
+        NOT_CACHED_HITS,
+        f"block {block_id} at position {position} is not cached under the request's hash there",
+    )
+
+
+def null_hit(block_id: int) -> BlockStateError:
+    return BlockStateError(block_id, "a null block is no hit: this attention type never skips one")
+
+
+def window_hit_detail(num_nulls: int, num_after_nulls: int, num_needed: int) -> str:
+    """Why a hit with null blocks is no sliding-window hit (`hit_shape`'s detail)."""
+    return f"{num_nulls} null blocks, then {num_after_nulls} blocks; the window needs {num_needed}"
+
+
+def hit_shape(request_id: str, detail: str) -> RequestError:
+    return RequestError(
+        request_id, "new_computed_blocks is not a hit this attention type can produce", detail
+    )
+
+
+def more_tokens_than_request(
+    request_id: str, num_after: int, num_tokens: int
+) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"request {request_id!r}: {num_after} tokens computed after this step, but the request "
+        f"has {num_tokens}"
+    )
+
+
+def past_max_model_len(
+    request_id: str, num_required: int, max_blocks: int, max_model_len: int, block_size: int
+) -> MaxModelLenExceededError:
+    return MaxModelLenExceededError(
+        request_id,
+        "allocation past max_model_len",
+        f"{num_required} blocks needed, at most {max_blocks} (max_model_len {max_model_len}, "
+        f"block size {block_size})",
+    )
+
+
+def cached_blocks_lost(request_id: str, num_full: int, num_cached: int) -> RequestError:
+    return RequestError(
+        request_id,
+        "fewer full blocks than already cached",
+        f"{num_full} full, {num_cached} cached: did num_computed_tokens go back?",
+    )
+
+
+def hashes_dropped_while_held(request_id: str) -> RequestError:
+    return RequestError(
+        request_id,
+        "free_block_hashes of a request that still holds blocks",
+        "free it first; a running request's cached blocks need their stored hashes",
+    )

@@ -1,0 +1,193 @@
+"""`pagedkv run`: the dense check passes with evictions and preemptions in the report, a wrong
+executor exits 1, bad input and missing dependencies exit 2 with a message naming the cause."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pagedkv.cli import main
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+# The tiny synthetic Llama on a pool of 31 usable blocks of 4 tokens, prompts of at most ~80
+# tokens, a 32-token budget: hits, chunked prefills, evictions and preemptions all happen.
+TINY = [
+    "run",
+    "--preset",
+    "tiny",
+    "--requests",
+    "20",
+    "--prompt-tokens",
+    "80",
+    "--max-tokens",
+    "16",
+    "--num-blocks",
+    "32",
+    "--block-size",
+    "4",
+    "--max-num-batched-tokens",
+    "32",
+    "--max-num-seqs",
+    "8",
+    "--max-model-len",
+    "128",
+    "--threads",
+    "1",
+    "--no-progress",
+]
+
+
+@pytest.fixture(autouse=True)
+def restore_threads() -> Iterator[None]:
+    """`--threads` sets torch's global thread count; give other tests theirs back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def _field(report: str, name: str) -> str:
+    match = re.search(rf"^  {name}\s+(.*)$", report, re.M)
+    assert match, report
+    return match.group(1)
+
+
+def _count(report: str, name: str) -> int:
+    return int(_field(report, name).split()[0].replace(",", ""))
+
+
+def test_check_dense_passes_and_the_report_shows_evictions_and_preemptions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    figure, numbers = tmp_path / "run.png", tmp_path / "run.json"
+    args = [*TINY, "--check-dense", "--runtime-checks", "1", "--plot", str(figure)]
+    assert main([*args, "--json", str(numbers)]) == 0
+    report = capsys.readouterr().out
+    assert report.startswith("pagedkv run — 20 requests, synthetic chat trace")
+    assert _field(report, "dense check").startswith("OK: 20 of 20 requests equal")
+    assert _count(report, "preemptions") > 0
+    assert _count(report, "evictions") > 0
+    assert _field(report, "peak pool usage") == "100.0%"
+    assert re.match(r"[1-9][\d.]*% \(", _field(report, "prefix-cache hits"))
+    assert re.match(r"[\d,.]+ generated tokens/s", _field(report, "throughput"))
+    assert re.match(r"[\d.]+% of the time", _field(report, "attention share"))
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and figure.stat().st_size > 10_000
+    document = json.loads(numbers.read_text())
+    assert document["dense_check"]["passed"] is True
+    assert document["summary"]["num_preemptions"] == _count(report, "preemptions")
+    assert len(document["steps"]) == _count(report, "steps")
+    assert document["config"]["runtime_checks"] == 1
+
+
+def test_the_kernels_dry_run_passes_the_same_check(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*TINY, "--executor", "cupy-dry-run", "--check-dense"]) == 0
+    report = capsys.readouterr().out
+    assert _field(report, "executor") == "cupy-dry-run on cpu"
+    assert _field(report, "dense check").startswith("OK")
+
+
+def test_a_wrong_executor_fails_the_check_and_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pagedkv.engine.torch_executor import TorchReferenceExecutor
+
+    attention = TorchReferenceExecutor.attention
+
+    def off_by_a_bit(
+        self: TorchReferenceExecutor, layer: int, query: object, scale: float
+    ) -> object:
+        return attention(self, layer, query, scale * 1.01)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(TorchReferenceExecutor, "attention", off_by_a_bit)
+    assert main([*TINY, "--requests", "4", "--check-dense"]) == 1
+    assert _field(capsys.readouterr().out, "dense check").startswith("FAILED")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"prompt_token_ids": [1, 2, 3000]}', r"prompts\.jsonl:2: token id 3000 is outside"),
+        ('{"prompt": "hello"}', r"prompts\.jsonl:2: a text prompt needs a tokenizer"),
+        ('{"prompt_token_ids": [1], "max_tokens": 0}', r"prompts\.jsonl:2: max_tokens must be"),
+        ("[1, 2]", r"prompts\.jsonl:2: a line must be a JSON object"),
+    ],
+)
+def test_bad_prompts_exit_2_naming_the_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, message: str
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt_token_ids": [1, 2, 3]}\n' + line + "\n")
+    assert main([*TINY, "--prompts", str(prompts)]) == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_prompts_from_a_jsonl_file_are_served(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [
+        {"prompt_token_ids": [5, 6, 7, 8, 9, 10], "max_tokens": 5, "id": "first"},
+        {"prompt_token_ids": [5, 6, 7, 8, 9, 10, 11, 12], "arrival_step": 3},
+    ]
+    prompts.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+    assert main([*TINY, "--prompts", str(prompts), "--check-dense"]) == 0
+    report = capsys.readouterr().out
+    assert report.startswith(f"pagedkv run — 2 requests from {prompts}")
+    assert _field(report, "tokens").startswith("14 prompt, 21 generated")  # 5 + 16 (default)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--executor", "cupy"], "--executor cupy launches CUDA kernels: add --device cuda"),
+        pytest.param(
+            ["--device", "cuda"],
+            "--device cuda: torch sees no CUDA device",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here"),
+        ),
+        (["--num-blocks", "8"], "'chat-000': a request must fit in the pool on its own"),
+        (["--block-size", "6"], "block_size must be a power of two"),
+        (["--preset", "huge"], "unknown synthetic model 'huge'"),
+        (["--model", "/nonexistent"], "--model /nonexistent: no config.json there"),
+        (["--threads", "0"], "--threads must be >= 1"),
+    ],
+)
+def test_bad_arguments_exit_2_with_the_reason(
+    capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    assert main([*TINY, *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_missing_dependency_names_the_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+
+    def without_transformers(name: str, *args: object) -> object:
+        return None if name == "transformers" else find_spec(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_transformers)
+    assert main(TINY) == 2
+    err = capsys.readouterr().err
+    assert "needs transformers, which is not installed: pip install 'pagedkv[engine]'" in err
+
+
+def test_the_run_command_imports_no_optional_dependency_until_it_runs() -> None:
+    """So that a missing extra is reported as such, not as an ImportError traceback."""
+    code = (
+        "import sys, pagedkv.cli, pagedkv.engine, pagedkv.engine.run_command;"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'torch', 'transformers', 'tqdm', 'matplotlib', 'numpy'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,95 @@
+"""The differences between vLLM 0.33.0 and the spec outside the `--against` domain, replayed.
+
+    python tests/vllm_033_divergences.py
+
+docs/semantics.md lists three behaviours of vLLM 0.33.0 that no semantics of the spec has, and
+`pagedkv verify --against vllm==0.33.0` leaves them out of its domain. This replays one
+shortest case of each on the spec and on vLLM's code and prints what each side did as one JSON
+line, so a test can pin that the difference is still there (and the docs still true).
+Exit status 3: the package index is unreachable and nothing is cached.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from vllm_campaign import UNREACHABLE, _unreachable
+
+from pagedkv.block_hash import sha256
+from pagedkv.harness.adapters import spec_manager, spec_pool
+from pagedkv.harness.protocol import ManagerConfig
+from pagedkv.harness.setup_check import SetupError
+from pagedkv.harness.vllm_against import prepare
+from pagedkv.kv_cache_interface import SlidingWindowSpec, uniform_kv_cache_config
+from pagedkv.request import PlaceholderRange, Request
+from pagedkv.semantics import VLLM_0_33
+
+
+def sliding_config(window: int, use_eagle: bool) -> ManagerConfig:
+    spec = SlidingWindowSpec(
+        block_size=1, num_kv_heads=1, head_size=1, dtype="float16", sliding_window=window
+    )
+    return ManagerConfig(
+        uniform_kv_cache_config(spec, 5), 8, True, "sha256", use_eagle, False, VLLM_0_33
+    )
+
+
+def mm_offset(target: Any) -> dict[str, object]:
+    """The same image at another offset inside an otherwise equal block."""
+    first = Request("a", [0, 0], mm_positions=[PlaceholderRange(0, 1)], mm_hashes=["img-a"])
+    second = Request("b", [0, 0], mm_positions=[PlaceholderRange(1, 1)], mm_hashes=["img-a"])
+    seen: dict[str, object] = {}
+    pools = (
+        ("spec", spec_pool(4, True, VLLM_0_33)),
+        ("vllm", target.pool_factory(4, True, VLLM_0_33)),
+    )
+    for side, pool in pools:
+        pool.get_new_blocks(2)
+        try:
+            pool.cache_full_blocks(first, [1], [], 0, 1, 2, sha256)
+            pool.cache_full_blocks(second, [2], [], 0, 1, 2, sha256)
+            index = pool.snapshot().index
+            seen[side] = sorted(ids for ids in index.values())
+        except AssertionError as error:
+            seen[side] = type(error).__name__
+    return seen
+
+
+def eagle_sliding_hit(target: Any) -> dict[str, object]:
+    """An eagle lookup in a sliding window of 3 tokens, after a 3-token prompt was cached."""
+    seen: dict[str, object] = {}
+    config = sliding_config(window=3, use_eagle=True)
+    for side, manager in (("spec", spec_manager(config)), ("vllm", target.manager_factory(config))):
+        first = Request("a", [0, 0, 0])
+        manager.get_computed_blocks(first)
+        manager.allocate_slots(first, 3)
+        seen[side] = manager.get_computed_blocks(Request("b", [0, 0, 0, 0]))
+    return seen
+
+
+def one_token_window(target: Any) -> dict[str, object]:
+    """A full block computed under a one-token window: is it cached?"""
+    seen: dict[str, object] = {}
+    config = sliding_config(window=1, use_eagle=False)
+    for side, manager in (("spec", spec_manager(config)), ("vllm", target.manager_factory(config))):
+        request = Request("a", [0])
+        manager.get_computed_blocks(request)
+        manager.allocate_slots(request, 1)
+        seen[side] = [h is not None for h in manager.snapshot().pool.block_hash]
+    return seen
+
+
+if __name__ == "__main__":
+    try:
+        against = prepare("vllm==0.33.0")
+    except SetupError as error:
+        print(json.dumps({"setup_error": str(error)}))
+        sys.exit(UNREACHABLE if _unreachable(error) else 2)
+    report = {
+        "mm_offset": mm_offset(against),
+        "eagle_sliding_hit": eagle_sliding_hit(against),
+        "one_token_window": one_token_window(against),
+    }
+    print(json.dumps(report))
