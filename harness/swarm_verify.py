@@ -8,7 +8,8 @@ divergence it prints the failing run's seed and configuration and the shrunk seq
 operations with every call and outcome.
 
 Exit status: 0 no divergence and every coverage target met; 1 a divergence; 3 no divergence
-but a coverage target unmet (the campaign did not reach what it promises to exercise).
+but a coverage target unmet (the campaign did not reach what it promises to exercise). A factory
+that raises is a `SetupError` for `verify` to report, never a divergence.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from pagedkv.harness.adapters import load_factory
+from pagedkv.harness.adapters import load_factory, pagedkv_manager, pagedkv_pool
 from pagedkv.harness.campaign import ProgressBar
 from pagedkv.harness.coverage import (
     MANAGER_TARGETS,
@@ -33,6 +35,12 @@ from pagedkv.harness.coverage import (
     render_refusals,
     render_targets,
     unmet,
+)
+from pagedkv.harness.setup_check import (
+    Guarded,
+    SetupError,
+    check_manager_factory,
+    check_pool_factory,
 )
 from pagedkv.harness.shrink import Shrunk, shrink
 from pagedkv.harness.swarm import (
@@ -75,15 +83,21 @@ class SwarmCampaign:
 
 
 def plan(args: argparse.Namespace) -> list[SwarmCampaign]:
-    """The campaigns the arguments ask for, pool first."""
-    semantics = SEMANTICS_BY_NAME[args.semantics]
+    """The campaigns the arguments ask for, pool first; each factory tried first.
+
+    Raises:
+        SetupError: a factory raised, or built an object that cannot be observed.
+    """
+    semantics = SEMANTICS_BY_NAME[args.semantics or "pagedkv"]
     misuse = not args.no_misuse and semantics == PAGEDKV
     campaigns = []
     unbounded = args.seconds is not None and args.steps is None
     if args.layer in ("pool", "all"):
         steps = args.steps or (sys.maxsize if unbounded else DEFAULT_POOL_STEPS)
+        pool_factory = load_factory(args.impl)
+        check_pool_factory(pool_factory, args.impl, semantics)
         layer = pool_layer(
-            load_factory(args.impl),
+            _guarded(pool_factory, args.impl),
             semantics=semantics,
             misuse=misuse,
             steps_per_run=args.steps_per_run,
@@ -96,8 +110,10 @@ def plan(args: argparse.Namespace) -> list[SwarmCampaign]:
         )
     if args.layer in ("manager", "all"):
         steps = args.steps or (sys.maxsize if unbounded else DEFAULT_MANAGER_STEPS)
+        manager_factory = load_factory(args.manager_impl)
+        check_manager_factory(manager_factory, args.manager_impl, semantics)
         layer = manager_layer(
-            load_factory(args.manager_impl),
+            _guarded(manager_factory, args.manager_impl),
             semantics=semantics,
             misuse=misuse,
             attention=args.attention,
@@ -114,6 +130,20 @@ def plan(args: argparse.Namespace) -> list[SwarmCampaign]:
     return campaigns
 
 
+def _guarded(factory: Any, target: str) -> Any:
+    """`factory`, wrapped so that an error it raises mid-campaign is a setup error; pagedkv's
+    own factories stay as they are (the drivers recognize them to demand the spec's wording)."""
+    return factory if factory in (pagedkv_pool, pagedkv_manager) else Guarded(factory, target)
+
+
+def _setup_error(failure: BaseException) -> SetupError | None:
+    """The setup error behind a failed run: the factory raised (not a divergence)."""
+    for error in (failure, failure.__cause__, failure.__context__):
+        if isinstance(error, SetupError):
+            return error
+    return None
+
+
 def _replay_flags(args: argparse.Namespace, layer: str) -> str:
     """The options that, with --replay-run, rebuild the same run (the seed decides the rest)."""
     flags = [f"--layer {layer}"]
@@ -123,7 +153,7 @@ def _replay_flags(args: argparse.Namespace, layer: str) -> str:
         flags.append(f"--manager-impl {args.manager_impl}")
     if layer == "manager" and args.attention != "both":
         flags.append(f"--attention {args.attention}")
-    if args.semantics != "pagedkv":
+    if args.semantics not in (None, "pagedkv"):
         flags.append(f"--semantics {args.semantics}")
     if args.no_misuse:
         flags.append("--no-misuse")
@@ -154,6 +184,9 @@ def run_swarm(args: argparse.Namespace) -> int:
         shrunk = None
         if result.failure is not None:
             failure = result.failure
+            setup_error = _setup_error(failure.error)
+            if setup_error is not None:
+                raise setup_error
             print("pagedkv verify: shrinking the failing run ...", file=sys.stderr, flush=True)
             shrunk = shrink(campaign.layer, failure.run, failure.ops, failure.error)
         if index:

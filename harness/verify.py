@@ -15,8 +15,10 @@ returns a `ManagerUnderTest`). Wrap vLLM-shaped objects in `ObjectPoolAdapter` o
 
 `--against vllm==0.8.5` (or `vllm==latest`) checks a vllm release's own pool and manager: its
 KV cache modules are fetched from PyPI at run time and run under the semantics they conform to
-(`pagedkv.harness.vllm_against`). A factory that cannot be loaded or built, or a release that
-cannot be fetched, is a setup error (exit status 2, with its traceback), never a divergence.
+(`pagedkv.harness.vllm_against`), on the hypothesis state machines, which hold the domain
+restrictions (`pagedkv.harness.domain`) such a release needs. A factory that cannot be loaded or
+built, or a release that cannot be fetched, is a setup error (exit status 2, with its
+traceback), never a divergence.
 """
 
 from __future__ import annotations
@@ -318,6 +320,8 @@ def _run_swarm(args: argparse.Namespace) -> int:
     except (InvalidArgumentError, ImportError) as error:
         print(f"pagedkv verify: cannot load the implementation: {error}", file=sys.stderr)
         return 2
+    except SetupError as error:
+        return report_setup_error(error)
 
 
 def _guard(factory: Any, target: str) -> Guarded | None:
