@@ -6,7 +6,10 @@ configuration, and a small int `arg` that picks among its variants). It makes it
 whatever it changes on the request (speculative tokens, computed tokens) it restores. A catalog
 is a mapping from kind to function: the swarm draws kinds from `HOSTILE_CALLS` unless given
 another (`SwarmDriver(hostile_calls=...)`), so new hostile calls plug in without touching the
-engine.
+engine. `HOSTILE_CALLS` holds this module's calls (which need the swarm's view of the run: is
+the request running, how many hashes it stores) and every entry of the state machines' catalog
+(`harness/hostile_calls.py`: wrong types, NaN, mutated scheduler fields, identity changes, bad
+tokens), named "catalog: <its name>" and drawn through `harness/catalog_draws.py`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from pagedkv.harness.catalog_draws import draw_entry, side_name
 from pagedkv.harness.comparison import ComparedPair
+from pagedkv.harness.hostile_calls import MANAGER_HOSTILE_CALLS, ManagerScene
 from pagedkv.harness.protocol import ManagerUnderTest
 from pagedkv.request import Request
 
@@ -200,7 +205,23 @@ def unknown_request(scene: Scene) -> None:
     scene.refuse("free", "free(never-seen)", lambda manager: manager.free(_STRANGER))
 
 
-HOSTILE_CALLS: Mapping[str, HostileCall] = {
+def catalog_call(name: str) -> HostileCall:
+    """Entry `name` of `MANAGER_HOSTILE_CALLS` as a swarm hostile call: its values drawn from
+    the scene's `arg`, refused by both sides, changing neither (counted as "hostile catalog")."""
+
+    def call(scene: Scene) -> None:
+        shown, side_call = draw_entry(
+            MANAGER_HOSTILE_CALLS, name, ManagerScene(scene.request), scene.arg
+        )
+        spec = scene.pair.spec
+        scene.refuse(
+            "hostile catalog", shown, lambda manager: side_call(manager, side_name(manager, spec))
+        )
+
+    return call
+
+
+SWARM_HOSTILE_CALLS: Mapping[str, HostileCall] = {
     "bad counts": bad_counts,
     "more tokens than the request has": more_tokens_than_the_request_has,
     "past max_model_len": past_max_model_len,
@@ -213,4 +234,10 @@ HOSTILE_CALLS: Mapping[str, HostileCall] = {
     "hashes dropped while running": hashes_dropped_while_running,
     "unknown request": unknown_request,
 }
-"""The default catalog: kind -> call."""
+"""The calls of this module: kind -> call."""
+
+HOSTILE_CALLS: Mapping[str, HostileCall] = {
+    **SWARM_HOSTILE_CALLS,
+    **{f"catalog: {name}": catalog_call(name) for name in MANAGER_HOSTILE_CALLS},
+}
+"""The default catalog: this module's calls and the state machines' catalog."""

@@ -5,8 +5,8 @@
 own stored hash list, since `cache_full_blocks` appends the hashes it computes). It draws and
 executes `harness/pool_ops.py` operations: allocation, touches, frees in the caller's order,
 admissions as a manager makes them (prefix lookup, touch, allocate, cache), growing sequences,
-lookups, resets, and invalid calls (`MISUSE`), which must fail the same way on both sides and
-change nothing. Events are counted on the spec's side.
+lookups, resets, and invalid calls (`MISUSE`, the hostile catalog included), which must fail the
+same way on both sides and change nothing. Events are counted on the spec's side.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from dataclasses import dataclass
 
 from pagedkv.block_hash import BlockHashType, HashFn, get_hash_fn
 from pagedkv.harness.adapters import SpecPoolAdapter, pagedkv_pool, spec_pool
+from pagedkv.harness.catalog_draws import draw_entry, side_name
 from pagedkv.harness.comparison import ComparedPair
 from pagedkv.harness.coverage import Coverage
+from pagedkv.harness.hostile_calls import POOL_HOSTILE_CALLS, PoolScene
 from pagedkv.harness.lockstep import Divergence
 from pagedkv.harness.pool_ops import (
     Admit,
@@ -54,8 +56,10 @@ MISUSE = (
     "cache with a bad range",
     "cache a hashed block",
     "cache without caching",
+    *(f"catalog: {name}" for name in POOL_HOSTILE_CALLS),
 )
-"""The invalid calls the pool driver makes."""
+"""The invalid calls the pool driver makes: its own, and every entry of the state machines'
+catalog (`harness/hostile_calls.py`), drawn through `harness/catalog_draws.py`."""
 
 MAX_SEQUENCES = 4
 
@@ -483,6 +487,22 @@ class PoolDriver:
             self._refused(f"free_blocks({ids})", lambda pool: pool.free_blocks(ids))
         elif kind.startswith("cache") and self.sequences:
             self._bad_cache(kind, self.sequences[arg % len(self.sequences)], arg)
+        elif kind.startswith("catalog: ") and self.sequences:
+            self._catalog_call(kind.removeprefix("catalog: "), arg)
+
+    def _catalog_call(self, name: str, arg: int) -> None:
+        """Entry `name` of the hostile catalog, about one of the sequences, values from `arg`."""
+        sequence = self.sequences[arg % len(self.sequences)]
+        scene = PoolScene(
+            sequence.request,
+            tuple(sequence.block_ids),
+            tuple(sequence.spec_hashes),
+            self.run.block_size,
+            self.hash_fn,
+        )
+        shown, side_call = draw_entry(POOL_HOSTILE_CALLS, name, scene, arg)
+        spec = self.pair.spec
+        self._refused(shown, lambda pool: side_call(pool, side_name(pool, spec)))
 
     def _bad_cache(self, kind: str, sequence: _Sequence, arg: int) -> None:
         request, block_ids = sequence.request, sequence.block_ids

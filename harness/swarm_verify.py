@@ -263,7 +263,8 @@ def format_report(
         return lines
     lines += ["", *render_targets(targets)]
     lines += ["", "  configurations (share of runs)", *render_histogram(coverage, "    ")]
-    for operation in ("allocate_slots", "get_computed_blocks", "free", "free_block_hashes"):
+    operations = ("allocate_slots", "get_computed_blocks", "free", "free_block_hashes")
+    for operation in (*operations, "hostile catalog"):
         refusals = render_refusals(coverage, operation, "    ")
         if refusals:
             lines += ["", f"  refusals of {operation}", *refusals]

@@ -8,13 +8,17 @@ from collections.abc import Iterator
 import broken_managers
 import broken_pools
 import pytest
+from hypothesis import strategies as st
 
 from pagedkv.harness.adapters import pagedkv_manager, pagedkv_pool, spec_manager
+from pagedkv.harness.catalog_draws import SeededData
 from pagedkv.harness.comparison import describe_difference
 from pagedkv.harness.coverage import Coverage
+from pagedkv.harness.hostile_calls import MANAGER_HOSTILE_CALLS, POOL_HOSTILE_CALLS
 from pagedkv.harness.lockstep import Divergence
 from pagedkv.harness.manager_hostile import Scene
 from pagedkv.harness.manager_ops import Admit, Arrive, Step
+from pagedkv.harness.pool_driver import MISUSE
 from pagedkv.harness.protocol import ManagerConfig, ManagerUnderTest, PoolFactory
 from pagedkv.harness.shrink import shrink
 from pagedkv.harness.swarm import (
@@ -158,6 +162,35 @@ def test_the_hostile_call_catalog_is_a_plug_in() -> None:
     assert result.failure is None
     assert made
     assert result.coverage.counts["hostile call free twice"] == len(made)
+
+
+def test_the_swarm_draws_every_entry_of_the_state_machines_hostile_catalog() -> None:
+    """Core's catalog (`harness/hostile_calls.py`) is a swarm operation on both layers: each
+    entry is made, refused alike by both sides, and counted as a typed error."""
+    manager = run_campaign(manager_layer(pagedkv_manager), seed=3, max_steps=12_000)
+    pool = run_campaign(pool_layer(pagedkv_pool), seed=3, max_steps=8_000)
+    assert manager.failure is None and pool.failure is None
+    counts = manager.coverage.counts
+    for name in MANAGER_HOSTILE_CALLS:
+        assert counts[f"hostile call catalog: {name}"] > 0, name
+    assert counts["typed error ArgumentTypeError"] > 0
+    assert counts["typed error FrozenRequestFieldError"] > 0
+    assert any(key.startswith("refusal hostile catalog: ") for key in counts)
+    assert pool.coverage.counts["typed error ArgumentTypeError"] > 0
+    assert {f"catalog: {name}" for name in POOL_HOSTILE_CALLS} <= set(MISUSE)
+
+
+def test_seeded_data_draws_only_what_hypothesis_would() -> None:
+    data = SeededData(7)
+    values = {data.draw(st.sampled_from((1, 2, 3)), label="x") for _ in range(50)}
+    assert values == {1, 2, 3}
+    assert SeededData(7).draw(st.sampled_from((1, 2, 3))) == SeededData(7).draw(
+        st.sampled_from((1, 2, 3))
+    )
+    with pytest.raises(TypeError, match="sampled_from"):
+        data.draw(st.integers())
+    with pytest.raises(TypeError, match="sampled_from"):
+        data.draw(st.sampled_from((1, 2)).map(str))
 
 
 def test_full_mode_compares_whole_snapshots_after_every_step() -> None:
