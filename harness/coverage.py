@@ -10,6 +10,7 @@ same way on every machine.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -51,6 +52,20 @@ class Coverage:
         """A call both sides refused: counted by class and by the operation's refusal kind."""
         self.counts[f"typed error {type(error).__name__}"] += 1
         self.counts[f"refusal {operation}: {refusal_kind(error)}"] += 1
+
+    def digest(self) -> str:
+        """16 hex digits of SHA-256 over the counts, histogram, states, steps and runs: equal
+        digests mean equal coverage (a fixed seed and step count give one on every machine)."""
+        text = repr(
+            (
+                sorted(self.counts.items()),
+                sorted(self.histogram.items()),
+                sorted(self.states),
+                self.steps,
+                self.runs,
+            )
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def refusals(self, operation: str) -> dict[str, int]:
         """Refusal kind -> count, for one operation (e.g. "allocate_slots")."""
