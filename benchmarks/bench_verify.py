@@ -37,6 +37,13 @@ from pagedkv.harness.pool_machine import make_pool_machine
 from pagedkv.harness.swarm import Layer, manager_layer, pool_layer, run_campaign
 
 SEED = 2_025
+SHARED_CHECKS = (
+    "/pagedkv/arguments.py",
+    "/pagedkv/call_arguments.py",
+    "/pagedkv/refusals.py",
+    "/pagedkv/request.py",
+)
+"""impl modules the spec calls as well: argument checks, refusals, the request's checked fields."""
 
 Measure = Callable[[], int]
 """Runs one campaign; the number of steps it ran."""
@@ -103,6 +110,8 @@ def _part(filename: str) -> str:
         return "snapshots and adapters"
     if "/pagedkv/harness/" in path:
         return "driver (drawing, scheduling, coverage)"
+    if path.endswith(SHARED_CHECKS):
+        return "argument checks and request (shared by spec and impl)"
     if "/pagedkv/" in path:
         return "implementation (pagedkv)"
     return "the standard library (random, hashlib, ...)"

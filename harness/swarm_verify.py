@@ -256,8 +256,8 @@ def format_report(
         f"  steps per CPU second   {result.steps_per_cpu_second:,.0f} "
         f"({result.cpu_seconds:.1f} s CPU, {result.wall_seconds:.1f} s wall)",
         f"  distinct states        {len(coverage.states):,}",
-        f"  coverage digest        {coverage.digest()} (the same for this seed and step "
-        "count on any machine, at any load)",
+        f"  coverage digest        {coverage.digest()} (equal for this seed and step count "
+        "on any machine, at any load)",
         f"  result                 {verdict}",
     ]
     if result.failure is not None and shrunk is not None:
