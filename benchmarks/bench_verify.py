@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {name:<40} {statistics.median(values):>9,.0f} steps/CPU-s")
     print(f"where a manager step's time goes (cProfile, {args.profile_steps:,} steps):")
     for part, share in where_the_time_goes(args.profile_steps):
-        print(f"  {part:<48} {share:>5.0%}")
+        print(f"  {part:<56} {share:>5.0%}")
     return 0
 
 
