@@ -39,7 +39,9 @@ POOL_OPERATIONS = {
 def test_the_machine_reaches_every_operation_and_every_refusal() -> None:
     stats = CampaignStats()
     run_state_machine_as_test(
-        make_pool_machine(pagedkv_pool, stats=stats), settings=settings(max_examples=100)
+        make_pool_machine(pagedkv_pool, stats=stats),
+        # derandomized under every profile: what the campaign reaches is a fixed-seed fact
+        settings=settings(max_examples=100, derandomize=True, database=None),
     )
     seen = stats.outcomes_by_operation()
     assert set(seen) == POOL_OPERATIONS

@@ -98,13 +98,18 @@ def test_the_vllm_0_33_semantics_is_named_and_listed() -> None:
 
 def test_appendleft_links_a_block_at_the_head_and_refuses_a_queued_one() -> None:
     blocks = [KVCacheBlock(i) for i in range(3)]
-    queue = FreeKVCacheBlockQueue(blocks[:2])
+    queue = FreeKVCacheBlockQueue(blocks)
+    queue.remove(blocks[2])
     queue.appendleft(blocks[2])
     assert [b.block_id for b in queue.get_all_free_blocks()] == [2, 0, 1]
     queue.check_invariants()
     with pytest.raises(FreeQueueError, match="already in the free queue"):
         queue.appendleft(blocks[0])
-    empty = FreeKVCacheBlockQueue([])
-    empty.appendleft(KVCacheBlock(7))
-    assert [b.block_id for b in empty.get_all_free_blocks()] == [7]
-    empty.check_invariants()
+    with pytest.raises(FreeQueueError, match="appendleft of a block of another free queue"):
+        queue.appendleft(KVCacheBlock(3))
+    only = KVCacheBlock(7)
+    single = FreeKVCacheBlockQueue([only])
+    assert single.popleft() is only
+    single.appendleft(only)
+    assert [b.block_id for b in single.get_all_free_blocks()] == [7]
+    single.check_invariants()
