@@ -102,24 +102,26 @@ class ProgressBar:
         self.last_decile = -1
 
     def __call__(self, stats: CampaignStats) -> None:
-        fraction = min(stats.steps / self.total, 1.0)
-        rate = stats.steps / max(time.monotonic() - self.start, 1e-9)
-        text = (
-            f"{stats.steps:>9,}/{self.total:,} steps  {rate:>7,.0f} steps/s  "
-            f"{len(stats.state_keys):,} states"
-        )
+        self.show(stats.steps, len(stats.state_keys))
+
+    def show(self, steps: int, states: int, *, final: bool = False) -> None:
+        """Draw the bar for `steps` steps and `states` distinct states; `final` ends the line."""
+        fraction = min(steps / self.total, 1.0)
+        rate = steps / max(time.monotonic() - self.start, 1e-9)
+        total = f"{self.total:,}" if self.total < 10**15 else "?"
+        text = f"{steps:>9,}/{total} steps  {rate:>7,.0f} steps/s  {states:,} states"
         if self.tty:
             filled = int(fraction * self.width)
             bar = "#" * filled + "." * (self.width - filled)
             self.stream.write(f"\r[{bar}] {text}")
             self.stream.flush()
-        elif int(fraction * 10) > self.last_decile:
+        elif int(fraction * 10) > self.last_decile or final:
             self.last_decile = int(fraction * 10)
             self.stream.write(f"[{fraction:4.0%}] {text}\n")
             self.stream.flush()
-
-    def close(self, stats: CampaignStats) -> None:
-        self(stats)
-        if self.tty:
+        if final and self.tty:
             self.stream.write("\n")
             self.stream.flush()
+
+    def close(self, stats: CampaignStats) -> None:
+        self.show(stats.steps, len(stats.state_keys), final=True)

@@ -1,8 +1,11 @@
 """Check an implementation against pagedkv's executable spec, step by step, and report.
 
-Runs the differential state machine (spec vs the implementation under test) for a budget of
-steps or seconds. Exit status: 0 when no divergence was found, 1 with the shrunk failing sequence
-when one was, 2 on bad arguments.
+Runs differential campaigns (spec vs the implementation under test) for a budget of steps or
+seconds: by default the swarm engine (`pagedkv.harness.swarm_verify`: seeded runs drawn from the
+whole configuration space, a coverage table with targets), or with `--engine hypothesis` the
+hypothesis state machines. Exit status: 0 when no divergence was found (and, for the swarm,
+every coverage target was met), 1 with the shrunk failing sequence when one was, 2 on bad
+arguments, 3 when a swarm campaign found no divergence but missed a coverage target.
 
 Two layers: the block pool (`--impl module:factory`; `factory(num_gpu_blocks, enable_caching,
 semantics)` returns a `pagedkv.harness.protocol.PoolUnderTest`) and the request-level manager,
@@ -12,8 +15,10 @@ returns a `ManagerUnderTest`). Wrap vLLM-shaped objects in `ObjectPoolAdapter` o
 
 `--against vllm==0.8.5` (or `vllm==latest`) checks a vllm release's own pool and manager: its
 KV cache modules are fetched from PyPI at run time and run under the semantics they conform to
-(`pagedkv.harness.vllm_against`). A factory that cannot be loaded or built, or a release that
-cannot be fetched, is a setup error (exit status 2, with its traceback), never a divergence.
+(`pagedkv.harness.vllm_against`), on the hypothesis state machines, which hold the domain
+restrictions (`pagedkv.harness.domain`) such a release needs. A factory that cannot be loaded or
+built, or a release that cannot be fetched, is a setup error (exit status 2, with its
+traceback), never a divergence.
 """
 
 from __future__ import annotations
@@ -52,6 +57,39 @@ DEFAULT_MANAGER_STEPS = 10_000
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
+        "--engine",
+        choices=("swarm", "hypothesis"),
+        default="swarm",
+        help="the swarm campaign engine, or the hypothesis state machines (default: swarm)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="swarm: the campaign seed (default: random, printed in the report)",
+    )
+    parser.add_argument(
+        "--replay-run",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="swarm: run only the run of this seed (as a report names it) and shrink it",
+    )
+    parser.add_argument(
+        "--check-every",
+        type=int,
+        default=None,
+        metavar="K",
+        help="swarm: compare whole snapshots and run the invariant checks every K steps "
+        "(1: every step; default: drawn per run, by pool size)",
+    )
+    parser.add_argument(
+        "--steps-per-run",
+        type=int,
+        default=None,
+        help="swarm: the length of every run (default: drawn, 20-2,000 steps)",
+    )
+    parser.add_argument(
         "--layer",
         choices=("pool", "manager", "all"),
         default="all",
@@ -79,20 +117,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--steps",
         type=int,
         default=None,
-        help=f"steps per campaign (default: {DEFAULT_POOL_STEPS:,} for the pool, "
+        help="steps per campaign (default: swarm 200,000 for the pool and 400,000 for the "
+        f"manager; hypothesis {DEFAULT_POOL_STEPS:,} for the pool, "
         f"{DEFAULT_MANAGER_STEPS:,} per attention type for the manager)",
     )
     parser.add_argument(
         "--seconds",
         type=float,
         default=None,
-        help="stop each campaign after this many seconds (default: none)",
+        help="stop each campaign after this many seconds (default: none; with the swarm and "
+        "no --steps, run until then: nightly runs)",
     )
     parser.add_argument(
         "--steps-per-example",
         type=int,
         default=50,
-        help="longest operation sequence before a fresh pool or manager (default: 50)",
+        help="hypothesis: longest operation sequence before a fresh pool or manager (default: 50)",
     )
     parser.add_argument(
         "--semantics",
@@ -220,6 +260,8 @@ def run(args: argparse.Namespace) -> int:
     ):
         print("pagedkv verify: --steps and --seconds must be positive", file=sys.stderr)
         return 2
+    if args.engine == "swarm" and args.against is None:
+        return _run_swarm(args)
     against = None
     if args.against is not None:
         chosen = [f"--{name.replace('_', '-')}" for name in ("impl", "manager_impl", "semantics")]
@@ -264,6 +306,22 @@ def run(args: argparse.Namespace) -> int:
         if not result.ok:
             return 1
     return 0
+
+
+def _run_swarm(args: argparse.Namespace) -> int:
+    from pagedkv.harness.swarm_verify import run_swarm
+
+    if any(value is not None and value <= 0 for value in (args.check_every, args.steps_per_run)):
+        print("pagedkv verify: --check-every and --steps-per-run must be positive", file=sys.stderr)
+        return 2
+    logging.getLogger("pagedkv").setLevel(logging.ERROR)
+    try:
+        return run_swarm(args)
+    except (InvalidArgumentError, ImportError) as error:
+        print(f"pagedkv verify: cannot load the implementation: {error}", file=sys.stderr)
+        return 2
+    except SetupError as error:
+        return report_setup_error(error)
 
 
 def _guard(factory: Any, target: str) -> Guarded | None:

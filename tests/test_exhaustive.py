@@ -7,6 +7,8 @@ known here (breadth-first order makes the first failure found a shortest one).
 
 from __future__ import annotations
 
+import dataclasses
+
 import broken_managers
 import broken_pools
 import pytest
@@ -16,14 +18,24 @@ from pagedkv.harness.protocol import ManagerFactory, PoolFactory
 from pagedkv.spec.block_state import BlockState, state_of
 from proofs.exhaustive import explore as exhaustive
 from proofs.exhaustive.explore import MANAGER_SCOPES, POOL_SCOPES, explore_manager, explore_pool
-from proofs.exhaustive.manager_world import ManagerSearchConfig, ManagerWorld
+from proofs.exhaustive.fingerprint import canonical, fingerprint
+from proofs.exhaustive.manager_world import (
+    ManagerSearchConfig,
+    ManagerWorld,
+    RequestKeys,
+    initial_manager_world,
+)
 from proofs.exhaustive.pool_world import PoolSearchConfig, PoolWorld
 from proofs.exhaustive.search import SearchResult
+from proofs.planted.catalog import VARIANTS_BY_NAME, planted
 
 POOL = PoolSearchConfig(3, 1, ((0, 0), (0, 1)))
 FULL = ManagerSearchConfig(4, 1, 4, ((0, 1), (0, 1, 1)))
 WINDOW = ManagerSearchConfig(4, 1, 5, ((0, 1), (0, 1, 1)), sliding_window=2, samples=(0,))
 BUSY = ManagerSearchConfig(4, 1, 5, ((0, 1), (0, 1, 1)))  # both requests may run at once
+SPECULATIVE = ManagerSearchConfig(
+    4, 1, 4, ((0,), (0, 1)), samples=(0,), drafts=(0, 1), lookaheads=(0, 1)
+)
 
 
 def _failure(result: SearchResult) -> tuple[tuple[str, ...], str]:
@@ -98,7 +110,81 @@ def test_manager_search_reaches_shared_blocks_and_preemption() -> None:
     assert preempted > 0
 
 
+def test_drafts_and_lookahead_reach_states_plain_steps_do_not() -> None:
+    """Rejected drafts and lookahead slots leave blocks reserved past the tokens; accepted
+    drafts advance a request by two tokens at once."""
+    plain = dataclasses.replace(SPECULATIVE, drafts=(0,), lookaheads=(0,))
+    with_drafts = dataclasses.replace(SPECULATIVE, lookaheads=(0,))
+    counts = [explore_manager(pagedkv_manager, c).states for c in (plain, with_drafts)]
+    assert counts[0] < counts[1]
+
+
+@pytest.mark.parametrize(
+    ("keys", "shared"),
+    [
+        ((RequestKeys(lora_id=1), RequestKeys(lora_id=1)), True),
+        ((RequestKeys(lora_id=1), RequestKeys(lora_id=2)), False),
+        ((RequestKeys(cache_salt="tenant-1"), None), False),
+        ((RequestKeys(mm=((0, 1, "img-a"),)), RequestKeys(mm=((0, 1, "img-b"),))), False),
+    ],
+)
+def test_extra_keys_decide_whether_equal_tokens_share_blocks(
+    keys: tuple[RequestKeys | None, ...], shared: bool
+) -> None:
+    config = ManagerSearchConfig(4, 1, 5, ((0, 1), (0, 1, 1)), samples=(0,), keys=keys)
+    most = 0
+
+    def visit(world: ManagerWorld) -> None:
+        nonlocal most
+        most = max(most, *world.pair.state.pool.ref_cnt)
+
+    assert explore_manager(pagedkv_manager, config, visit=visit).ok
+    assert (most >= 2) == shared
+
+
+# -- the merge key holds the implementation's whole state -------------------------------------
+
+
+def test_equal_states_reached_in_other_orders_have_one_fingerprint() -> None:
+    first: dict[str, object] = {"a": [1, 2], "b": (3, (4,))}
+    second: dict[str, object] = {"b": (3, (4,)), "a": [1, 2]}
+    assert fingerprint(first) == fingerprint(second)
+    assert fingerprint({1, 2, 3}) == fingerprint({3, 2, 1})
+
+
+def test_aliasing_of_mutable_objects_counts_and_of_immutable_values_does_not() -> None:
+    shared = [0]
+    assert canonical([shared, shared]) != canonical([[0], [0]])
+    value = (1, (2,))
+    assert canonical([value, value]) == canonical([(1, (2,)), (1, (2,))])
+
+
+def test_hidden_state_of_the_implementation_changes_the_merge_key() -> None:
+    """Two worlds whose managers agree on every snapshot but differ inside are not merged."""
+    world = initial_manager_world(pagedkv_manager, FULL)
+    twin = world.load(world.dump(), world.pair.state)
+    assert twin.key() == world.key()
+    manager = twin.pair.impl.manager  # type: ignore[attr-defined]
+    manager.hidden_counter = 1  # invisible to snapshot(), visible to the search
+    assert twin.pair.impl.snapshot() == world.pair.impl.snapshot()
+    assert twin.key() != world.key()
+
+
 # -- planted bugs fail with the shortest trace -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variant", "last"),
+    [
+        ("drafts_as_full_blocks", "step(r0, t=0, d=1, a=0)"),  # a draft's block is cached
+        ("lookahead_ignored", "admit(r0, t=0, la=1)"),  # the lookahead slot gets no block
+    ],
+)
+def test_issue_10_planted_bugs_fail_the_speculative_search(variant: str, last: str) -> None:
+    with planted(VARIANTS_BY_NAME[variant]):
+        trace, _ = _failure(explore_manager(pagedkv_manager, SPECULATIVE))
+    assert trace[-1] == last
+    assert len(trace) <= 2
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,17 @@
 """Planted bugs: every deliberately broken variant of impl is caught by at least two checkers.
 
 The full table (`test_every_variant_is_caught_by_two_checkers`) runs every checker against every
-variant in worker processes, two at a time (about two minutes on two cores), and prints it. The
+variant in worker processes, two at a time, and prints it; the CI swarm campaign must be among
+the catches of every variant. The
 other tests keep the machinery honest: planting is undone, a patch reaches every binding, the
 scenario checker passes with nothing planted, and the committed table lists the catalog.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,8 +30,8 @@ from proofs.planted.bugs import (
     render_table,
     run_all,
 )
-from proofs.planted.catalog import VARIANTS, VARIANTS_BY_NAME, FunctionPatch, planted
-from proofs.planted.checkers import CHECKERS, PLANT_ENV, Verdict, check_scenarios
+from proofs.planted.catalog import PLANT_ENV, VARIANTS, VARIANTS_BY_NAME, FunctionPatch, planted
+from proofs.planted.checkers import CHECKERS, Verdict, check_scenarios
 from proofs.planted.crosshair_checks import CHECKS_BY_VARIANT
 
 
@@ -38,6 +42,8 @@ def test_every_variant_is_caught_by_two_checkers() -> None:
     print(render_table(results))
     assert problems(results) == []
     assert all(catches(verdicts) >= MIN_CATCHES for verdicts in results.values())
+    column = CHECKERS.index("campaign")
+    assert all(verdicts[column].status == "caught" for verdicts in results.values())
 
 
 def test_the_committed_table_lists_every_variant_and_each_is_caught_twice() -> None:
@@ -47,6 +53,7 @@ def test_the_committed_table_lists_every_variant_and_each_is_caught_twice() -> N
         assert len(statuses) == len(CHECKERS)
         assert statuses.count("caught") >= MIN_CATCHES, name
         assert "error" not in statuses, name
+        assert statuses[CHECKERS.index("campaign")] == "caught", name  # the CI campaign
 
 
 def test_scenario_tests_pass_with_nothing_planted() -> None:
@@ -89,10 +96,36 @@ def test_a_method_patch_replaces_the_method_of_the_class() -> None:
     assert not pool.free_block_queue.contains(block)
 
 
-def test_crosshair_sees_exactly_the_variants_that_replace_a_pure_function() -> None:
+def test_rebound_contracts_see_exactly_the_variants_that_replace_a_pure_function() -> None:
     visible = {name for name, items in CHECKS_BY_VARIANT.items() if items}
     expected = {variant.name for variant in VARIANTS if variant.replaced_functions}
     assert visible == expected - {"salt_ignored"}  # no contract calls the extra-key builder
+    # A call-site patch leaves the function, and every pure contract on it, intact.
+    assert not CHECKS_BY_VARIANT["drafts_as_full_blocks"]
+    assert not CHECKS_BY_VARIANT["lookahead_ignored"]
+
+
+def test_a_call_site_patch_changes_only_the_calling_module() -> None:
+    variant = VARIANTS_BY_NAME["drafts_as_full_blocks"]
+    original = block_counts.num_full_blocks
+    with planted(variant):
+        assert vars(manager)["num_full_blocks"] is not original
+        assert vars(manager)["num_full_blocks"](0, 3, 2, 1) == 3  # the drafts counted
+        assert block_counts.num_full_blocks is original
+    assert vars(manager)["num_full_blocks"] is original
+
+
+def test_the_manager_contracts_see_a_variant_planted_in_their_process() -> None:
+    """CrossHair's process plants the variant named in its environment at import."""
+    script = (
+        "import proofs.planted.crosshair_manager as suite, pagedkv.manager as m, "
+        "pagedkv.block_counts as b; print(m.num_required_blocks is b.num_required_blocks)"
+    )
+    env = {**os.environ, PLANT_ENV: "lookahead_ignored"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "False"
 
 
 def test_the_plugin_refuses_an_unknown_variant(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,23 +143,24 @@ def _verdicts(*statuses: str) -> list[Verdict]:
 
 def test_problems_name_rare_catches_errors_and_control_failures() -> None:
     results = {
-        "twice": _verdicts("caught", "caught", "n/a", "missed"),
-        "once": _verdicts("caught", "missed", "n/a", "missed"),
-        "broken": _verdicts("caught", "caught", "error", "missed"),
+        "twice": _verdicts("missed", "caught", "caught", "n/a", "missed"),
+        "once": _verdicts("missed", "caught", "missed", "n/a", "missed"),
+        "broken": _verdicts("caught", "caught", "caught", "error", "missed"),
     }
     assert problems(results) == [
         "once: caught by 1 checkers, fewer than 2",
         "broken: crosshair could not run: ",
     ]
-    control = {"control": _verdicts("missed", "caught", "n/a", "missed")}
+    control = {"control": _verdicts("missed", "missed", "caught", "n/a", "missed")}
     assert problems(control, control=True) == ["control: exhaustive fails unplanted: "]
 
 
 def test_the_document_round_trips_through_read_table(tmp_path: Path) -> None:
-    results = {variant.name: _verdicts("caught", "missed", "n/a", "caught") for variant in VARIANTS}
+    statuses = ("caught", "caught", "missed", "n/a", "caught")
+    results = {variant.name: _verdicts(*statuses) for variant in VARIANTS}
     table = tmp_path / "planted-bugs.md"
     table.write_text(render_document(results, 1.0, 2))
-    assert read_table(table) == {name: ("caught", "missed", "n/a", "caught") for name in results}
+    assert read_table(table) == dict.fromkeys(results, statuses)
 
 
 def test_write_needs_a_run_of_every_variant() -> None:

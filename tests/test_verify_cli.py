@@ -24,21 +24,35 @@ def _steps(report: str) -> int:
     return int(match.group(1).replace(",", ""))
 
 
-@pytest.mark.slow
-def test_default_run_checks_both_layers_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["verify", "--quiet"]) == 0
+def test_a_swarm_run_checks_both_layers_and_prints_the_coverage_table(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["verify", "--quiet", "--steps", "20000", "--seed", "5"]) == 0
     report = capsys.readouterr().out
     campaigns = report.split("pagedkv verify — ")[1:]
     assert [c.splitlines()[0].split(":")[0] for c in campaigns] == [
         "block pool",
-        "KV cache manager, full attention",
-        "KV cache manager, sliding window",
+        "KV cache manager",
     ]
-    assert all("OK: no divergence" in campaign for campaign in campaigns)
-    assert _steps(campaigns[0]) >= 20_000
-    assert all(_steps(campaign) >= 10_000 for campaign in campaigns[1:])
-    assert re.search(r"distinct states seen\s+[1-9]", report)
-    assert re.search(r"invariant checks run\s+[1-9]", report)
+    for campaign in campaigns:
+        assert "campaign seed          5 (--seed 5 reproduces it)" in campaign
+        assert "OK: no divergence (targets need >= 100,000 steps)" in campaign
+        assert re.search(r"steps per CPU second\s+[1-9][\d,]* \(", campaign)
+        assert re.search(r"distinct states\s+[1-9]", campaign)
+        assert "coverage" in campaign and "(not enforced)" in campaign
+        assert _steps(campaign) >= 20_000
+    assert "sliding-window hits with leading null blocks" in campaigns[1]
+    assert "refusals of allocate_slots" in campaigns[1]
+    assert "attention  full" in campaigns[1]
+
+
+def test_an_unmet_coverage_target_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
+    """Full attention only: the sliding-window targets cannot be met."""
+    args = ["verify", "--quiet", "--layer", "manager", "--attention", "full"]
+    assert main([*args, "--steps", "100000", "--seed", "1"]) == 3
+    report = capsys.readouterr().out
+    assert re.search(r"prefix hits, sliding window\s+0\s+>=\s+[\d,]+\s+UNMET", report)
+    assert "coverage targets UNMET" in report
 
 
 @pytest.mark.parametrize(
@@ -49,13 +63,48 @@ def test_default_run_checks_both_layers_and_exits_0(capsys: pytest.CaptureFixtur
         ("window_off_by_one", "sliding"),
     ],
 )
-def test_broken_manager_fails_with_shrunk_sequence(
+def test_broken_manager_fails_with_a_shrunk_replayable_run(
+    factory: str, attention: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [
+        "verify",
+        "--quiet",
+        "--layer",
+        "manager",
+        "--attention",
+        attention,
+        "--manager-impl",
+        f"broken_managers:{factory}",
+    ]
+    assert main([*args, "--seed", "3"]) == 1
+    report = capsys.readouterr().out
+    assert "DIVERGENCE" in report
+    seed = re.search(r"^Failing run (\d+): ", report, re.M)
+    assert seed, report
+    replay = re.search(r"^Replay it: pagedkv verify (.*)$", report, re.M)
+    assert replay, report
+    steps = re.findall(r"^  \d+\. \w+\(", report, re.M)
+    assert 1 <= len(steps) <= 10, report
+    assert "error: " in report
+    # The printed command replays the run and shrinks it to the same operations.
+    assert main(["verify", *replay.group(1).split()]) == 1
+    replayed = capsys.readouterr().out
+    assert replayed.split("Failing run", 1)[1] == report.split("Failing run", 1)[1]
+
+
+@pytest.mark.parametrize(
+    ("factory", "attention"),
+    [("forward_free", "full"), ("window_off_by_one", "sliding")],
+)
+def test_broken_manager_fails_with_a_shrunk_hypothesis_sequence(
     factory: str, attention: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     status = main(
         [
             "verify",
             "--quiet",
+            "--engine",
+            "hypothesis",
             "--layer",
             "manager",
             "--attention",
@@ -78,29 +127,22 @@ def test_vllm_conformance_run_exits_0(capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["verify", "--quiet", "--semantics", "vllm-0.8.5", "--steps", "2000"]) == 0
     report = capsys.readouterr().out
     assert "vllm-0.8.5 (valid calls only)" in report
+    assert "salts" not in report.split("features", 1)[1].splitlines()[0]
+    args = ["verify", "--quiet", "--engine", "hypothesis", "--semantics", "vllm-0.8.5"]
+    assert main([*args, "--steps", "1000"]) == 0
 
 
 @pytest.mark.parametrize(
     ("factory", "rules", "evidence"),
-    [
-        ("free_to_head", {"free_blocks", "free_everything", "finish"}, ("free_order: spec",)),
-        (
-            "touch_keeps_queued",
-            {"touch", "hit_sequence", "admit"},
-            ("free_order: spec", "the one under test"),
-        ),
-        (
-            "eviction_keeps_hash",
-            {"get_new_blocks", "admit"},
-            ("block_hash: spec", "the one under test"),
-        ),
-    ],
+    # touch_keeps_queued and eviction_keeps_hash: tests/test_swarm.py (the default engine).
+    [("free_to_head", {"free_blocks", "free_everything", "finish"}, ("free_order: spec",))],
 )
-def test_broken_pool_fails_with_shrunk_sequence(
+def test_broken_pool_fails_with_shrunk_hypothesis_sequence(
     factory: str, rules: set[str], evidence: tuple[str, ...], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The campaign is random, so the exact sequence varies; what it must show does not."""
-    status = main(["verify", "--quiet", "--impl", f"broken_pools:{factory}", "--steps", "200000"])
+    args = ["verify", "--quiet", "--engine", "hypothesis", "--impl", f"broken_pools:{factory}"]
+    status = main([*args, "--steps", "200000"])
     report = capsys.readouterr().out
     assert status == 1
     assert "DIVERGENCE" in report
@@ -120,10 +162,12 @@ def test_console_script_reports_divergence_with_nonzero_exit() -> None:
             "-m",
             "pagedkv.cli",
             "verify",
+            "--layer",
+            "pool",
             "--impl",
             "broken_pools:free_to_head",
-            "--steps",
-            "50000",
+            "--seed",
+            "1",
         ],
         capture_output=True,
         text=True,
@@ -132,9 +176,16 @@ def test_console_script_reports_divergence_with_nonzero_exit() -> None:
         check=False,
     )
     assert completed.returncode == 1, completed.stdout + completed.stderr
-    assert "Shrunk failing sequence" in completed.stdout
-    assert "free_order: spec" in completed.stdout  # the diff names the diverging observable
+    assert "Shrunk from" in completed.stdout
+    assert "free_order" in completed.stdout  # the diff names the diverging observable
     assert "steps" in completed.stderr  # the progress bar
+    assert "shrinking the failing run" in completed.stderr
+
+
+def test_swarm_arguments_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verify", "--check-every", "0"]) == 2
+    assert main(["verify", "--steps-per-run", "-1"]) == 2
+    assert "must be positive" in capsys.readouterr().err
 
 
 def test_unloadable_impl_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

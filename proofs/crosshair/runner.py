@@ -51,7 +51,11 @@ from proofs.crosshair.contracts import Contract
 from proofs.crosshair.pairs import Pair
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_SUITES = ("proofs.crosshair.contracts", "proofs.crosshair.pairs")
+DEFAULT_SUITES = (
+    "proofs.crosshair.contracts",
+    "proofs.crosshair.manager_contracts",
+    "proofs.crosshair.pairs",
+)
 
 Status = Literal["confirmed", "bounded", "counterexample", "error"]
 STATUS_TEXT: dict[Status, str] = {

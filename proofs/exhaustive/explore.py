@@ -23,7 +23,12 @@ from pagedkv.harness.adapters import load_factory, pagedkv_manager, pagedkv_pool
 from pagedkv.harness.lockstep import quiet_refusal_warnings
 from pagedkv.harness.protocol import ManagerFactory, PoolFactory
 from pagedkv.semantics import VLLM_0_8_5
-from proofs.exhaustive.manager_world import ManagerSearchConfig, ManagerWorld, initial_manager_world
+from proofs.exhaustive.manager_world import (
+    ManagerSearchConfig,
+    ManagerWorld,
+    RequestKeys,
+    initial_manager_world,
+)
 from proofs.exhaustive.pool_world import PoolSearchConfig, PoolWorld, initial_pool_world
 from proofs.exhaustive.search import SearchResult, breadth_first
 
@@ -59,6 +64,10 @@ _B1_THREE = ((0, 1), (0, 1, 1), (0,))  # and a third that is r0's first block
 _B1_TWINS = ((0, 1, 1), (0, 1, 1))  # equal prompts: whole-prompt hits
 _B2 = ((0, 1, 0), (0, 1, 1))  # one shared full block, then a partial one (block size 2)
 _B2_LONG = ((0, 1, 0, 0, 1), (0, 1, 0, 0, 0))  # two shared full blocks, then a partial one
+_B1_SHORT = ((0,), (0, 1))  # r1's prompt extends r0's one-token prompt (block size 1)
+_LORA = RequestKeys(lora_id=1)
+_IMAGE_A = RequestKeys(mm=((1, 2, "img-a"),))  # an image across the first block boundary (B=2)
+_IMAGE_B_SALTED = RequestKeys(mm=((1, 2, "img-b"),), cache_salt="tenant-1")
 
 MANAGER_SCOPES: dict[str, tuple[ManagerSearchConfig, ...]] = {
     # max_model_len must be long enough that requests keep running after their prompt (two at
@@ -80,6 +89,17 @@ MANAGER_SCOPES: dict[str, tuple[ManagerSearchConfig, ...]] = {
         # vLLM 0.8.5 under a sliding window drives the null block's ref_cnt down without bound
         # (every free of a windowed request decrements it): an infinite state space.
         ManagerSearchConfig(4, 1, 5, _B1, semantics=VLLM_0_8_5, misuse=False),
+        # Draft tokens (none or all accepted) and lookahead slots: at B=1 every draft fills a
+        # block that must not be cached, and every lookahead slot needs a block of its own.
+        # Prompts are short, so that a decode step with drafts still fits in three blocks.
+        ManagerSearchConfig(4, 1, 4, _B1_SHORT, samples=(0,), drafts=(0, 1), lookaheads=(0, 1)),
+        ManagerSearchConfig(4, 2, 6, _B2, samples=(0,), drafts=(0, 2), lookaheads=(0, 1)),
+        ManagerSearchConfig(4, 1, 4, _B1_SHORT, sliding_window=2, samples=(0,), drafts=(0, 1)),
+        # Extra keys: equal LoRA ids share blocks; other images and a salt never do.
+        ManagerSearchConfig(4, 1, 5, _B1, samples=(0,), keys=(_LORA, _LORA)),
+        ManagerSearchConfig(
+            4, 2, 5, ((0, 1, 0), (0, 1, 0)), samples=(0,), keys=(_IMAGE_A, _IMAGE_B_SALTED)
+        ),
     ),
     "large": (
         ManagerSearchConfig(5, 1, 5, _B1_THREE, samples=(0,)),
@@ -90,6 +110,11 @@ MANAGER_SCOPES: dict[str, tuple[ManagerSearchConfig, ...]] = {
         ManagerSearchConfig(4, 1, 5, _B1, sliding_window=2, chunked_prefill=True, use_eagle=True),
         ManagerSearchConfig(5, 1, 6, _B1, sliding_window=3),
         ManagerSearchConfig(4, 2, 7, _B2, sliding_window=3, samples=(0,)),
+        ManagerSearchConfig(
+            4, 1, 5, _B1, sliding_window=2, samples=(0,), drafts=(0, 1), lookaheads=(0, 1)
+        ),
+        ManagerSearchConfig(4, 1, 5, (*_B1_TWINS, (0, 1)), samples=(0,), keys=(None, _LORA)),
+        ManagerSearchConfig(5, 1, 6, _B1, drafts=(0, 1, 2), lookaheads=(0, 2)),
     ),
 }
 """Manager configurations per scope: `ci` runs in CI, `large` on demand."""

@@ -3,12 +3,15 @@
 Each request slot `r0, r1, ...` has a fixed prompt and is absent, waiting or running. The
 scheduler's moves (each a transition, every manager call applied to both managers in lock-step):
 
-- `admit(r, t)`: an absent request arrives (a fresh `Request` with the slot's prompt), or a
-  waiting one is retried: `get_computed_blocks`, then `allocate_slots` for the rest of the prompt
-  with the hits. On success it runs; when every token is computed, token `t` is sampled.
+- `admit(r, t)`: an absent request arrives (a fresh `Request` with the slot's prompt and extra
+  keys), or a waiting one is retried: `get_computed_blocks`, then `allocate_slots` for the rest
+  of the prompt with the hits (and, with `lookaheads`, each lookahead count: `admit(r, t,
+  la=l)`). On success it runs; when every token is computed, token `t` is sampled.
 - `admit_chunk(r)` (with `chunked_prefill`): the same, scheduling one token only.
 - `step(r, t)`: a running request's pending tokens (the rest of its prompt, or the last sampled
   token); `allocate_slots`; None preempts it (as a scheduler does), else token `t` is sampled.
+  With `drafts`, a decode step also schedules d draft tokens (`step(r, t, d=d, a=a)`), of which
+  none or all are accepted (appended before `t`); with `lookaheads`, each lookahead count.
 - `preempt(r)`: `free`, computed tokens back to 0, waiting (its stored hashes stay).
 - `finish(r)`: `free` + `free_block_hashes`; the slot is absent again (it may arrive anew).
 - `reset_prefix_cache()`.
@@ -23,6 +26,7 @@ the state space stay finite.
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
@@ -34,14 +38,13 @@ from pagedkv.harness.protocol import (
     ManagerSnapshot,
     ManagerUnderTest,
 )
+from pagedkv.harness.swarm_runs import attention_spec
 from pagedkv.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheSpec,
-    SlidingWindowSpec,
     uniform_kv_cache_config,
 )
-from pagedkv.request import Request
+from pagedkv.request import PlaceholderRange, Request
 from pagedkv.semantics import PAGEDKV, Semantics
+from proofs.exhaustive.fingerprint import fingerprint
 from proofs.exhaustive.pool_world import pool_key
 from proofs.exhaustive.search import Frozen, Transition, World, freeze, thaw
 
@@ -65,6 +68,10 @@ class ManagerSearchConfig:
         misuse: include invalid calls (each must fail identically and change nothing).
         semantics: pagedkv's or vLLM 0.8.5's side of the deliberate differences.
         hash_algo: "sha256" or "builtin".
+        drafts: the numbers of draft tokens a decode step may schedule (each a transition).
+        lookaheads: the lookahead counts admissions and steps may ask for (each a transition).
+        keys: per request slot, its extra keys (LoRA id, multimodal inputs, cache salt), or
+            None for none; slots past the end have none.
     """
 
     num_blocks: int
@@ -79,6 +86,9 @@ class ManagerSearchConfig:
     misuse: bool = True
     semantics: Semantics = PAGEDKV
     hash_algo: str = "sha256"
+    drafts: tuple[int, ...] = (0,)
+    lookaheads: tuple[int, ...] = (0,)
+    keys: tuple[RequestKeys | None, ...] = ()
 
     def __post_init__(self) -> None:
         assert all(0 < len(p) <= self.max_model_len for p in self.prompts), "prompts must fit"
@@ -92,6 +102,9 @@ class ManagerSearchConfig:
                 ("no-caching", not self.enable_caching),
                 ("eagle", self.use_eagle),
                 ("chunked", self.chunked_prefill),
+                (f"drafts={list(self.drafts)}", self.drafts != (0,)),
+                (f"lookaheads={list(self.lookaheads)}", self.lookaheads != (0,)),
+                ("keys=" + "/".join(map(_show_keys, self.keys)), bool(self.keys)),
                 (self.semantics.name, self.semantics != PAGEDKV),
             )
             if on
@@ -105,19 +118,7 @@ class ManagerSearchConfig:
 
     def manager_config(self) -> ManagerConfig:
         """The `ManagerConfig` both managers are built from."""
-        kv_cache_spec: KVCacheSpec
-        if self.sliding_window is None:
-            kv_cache_spec = FullAttentionSpec(
-                block_size=self.block_size, num_kv_heads=1, head_size=1, dtype="float16"
-            )
-        else:
-            kv_cache_spec = SlidingWindowSpec(
-                block_size=self.block_size,
-                num_kv_heads=1,
-                head_size=1,
-                dtype="float16",
-                sliding_window=self.sliding_window,
-            )
+        kv_cache_spec = attention_spec(self.block_size, self.sliding_window)
         return ManagerConfig(
             uniform_kv_cache_config(kv_cache_spec, self.num_blocks),
             self.max_model_len,
@@ -128,6 +129,41 @@ class ManagerSearchConfig:
             self.semantics,
             enable_kv_cache_events=True,  # compared, not part of a state's key (history)
         )
+
+
+@dataclass(frozen=True)
+class RequestKeys:
+    """A request slot's extra keys: they join every block's hash (so equal tokens with other
+    keys never share a block).
+
+    Attributes:
+        lora_id: the LoRA adapter, or None.
+        mm: multimodal inputs as (offset, length, content hash), inside the slot's prompt.
+        cache_salt: the tenant's salt, or None.
+    """
+
+    lora_id: int | None = None
+    mm: tuple[tuple[int, int, str], ...] = ()
+    cache_salt: str | None = None
+
+    def request(self, request_id: str, prompt: tuple[int, ...]) -> Request:
+        return Request(
+            request_id,
+            prompt,
+            mm_positions=[PlaceholderRange(offset, length) for offset, length, _ in self.mm],
+            mm_hashes=[content for _, _, content in self.mm],
+            lora_id=self.lora_id,
+            cache_salt=self.cache_salt,
+        )
+
+
+def _show_keys(keys: RequestKeys | None) -> str:
+    if keys is None:
+        return "-"
+    parts = [f"lora{keys.lora_id}"] if keys.lora_id is not None else []
+    parts += [f"mm{offset}+{length}:{content}" for offset, length, content in keys.mm]
+    parts += ["salt"] if keys.cache_salt is not None else []
+    return ",".join(parts) or "-"
 
 
 @dataclass
@@ -170,7 +206,7 @@ class ManagerWorld:
             else (slot.status, tuple(slot.request.all_token_ids), slot.request.num_computed_tokens)
             for slot in self.slots.values()
         )
-        return manager_key(self.pair.state), requests
+        return manager_key(self.pair.state), requests, fingerprint(self.pair.impl)
 
     # -- transitions -------------------------------------------------------------------------
 
@@ -179,27 +215,43 @@ class ManagerWorld:
         steps: list[Transition] = []
         for request_id, slot in self.slots.items():
             if slot.status != RUNNING:
-                for token in config.samples:
-                    steps.append(
-                        _transition(
-                            f"admit({request_id}, t={token})", _admit, request_id, token, False
-                        )
-                    )
+                for token, lookahead in itertools.product(config.samples, config.lookaheads):
+                    label = f"admit({request_id}, t={token}{_la(lookahead)})"
+                    steps.append(_transition(label, _admit, request_id, token, False, lookahead))
                 if config.chunked_prefill:
                     steps.append(
-                        _transition(f"admit_chunk({request_id})", _admit, request_id, None, True)
+                        _transition(f"admit_chunk({request_id})", _admit, request_id, None, True, 0)
                     )
             else:
-                for token in config.samples:
-                    steps.append(
-                        _transition(f"step({request_id}, t={token})", _step, request_id, token)
-                    )
+                steps += self._steps(request_id)
                 steps.append(_transition(f"preempt({request_id})", _preempt, request_id))
             if slot.status != ABSENT:
                 steps.append(_transition(f"finish({request_id})", _finish, request_id))
         steps.append(_simple_call("reset_prefix_cache()", lambda m: m.reset_prefix_cache()))
         if config.misuse:
             steps += self._misuse()
+        return steps
+
+    def _steps(self, request_id: str) -> list[Transition]:
+        """Every step of a running request: each sampled token, draft count (decode steps
+        only), accepted drafts (none or all) and lookahead that keeps it within max_model_len."""
+        config = self.config
+        request = self.slots[request_id].request
+        assert request is not None
+        pending = request.num_tokens - request.num_computed_tokens
+        room = -(-config.max_model_len // config.block_size) * config.block_size
+        room -= request.num_computed_tokens + pending
+        steps = []
+        for token, drafts, lookahead in itertools.product(
+            config.samples, config.drafts, config.lookaheads
+        ):
+            if (drafts and pending != 1) or drafts + lookahead > room:
+                continue
+            for accepted in sorted({0, drafts}):
+                label = f"step({request_id}, t={token}{_drafts(drafts, accepted)}{_la(lookahead)})"
+                steps.append(
+                    _transition(label, _step, request_id, token, drafts, accepted, lookahead)
+                )
         return steps
 
     def _misuse(self) -> list[Transition]:
@@ -224,6 +276,14 @@ class ManagerWorld:
             if tracked:
                 steps.append(_impostor_free(request_id))
         return steps
+
+
+def _la(lookahead: int) -> str:
+    return f", la={lookahead}" if lookahead else ""
+
+
+def _drafts(drafts: int, accepted: int) -> str:
+    return f", d={drafts}, a={accepted}" if drafts else ""
 
 
 def manager_key(state: ManagerSnapshot) -> Hashable:
@@ -276,12 +336,15 @@ def _both(world: World, name: str, call: Callable[[ManagerUnderTest], object]) -
     return world.pair.both(name, lambda manager, _: call(manager)).result
 
 
-def _admit(world: ManagerWorld, request_id: str, token: int | None, chunked: bool) -> None:
+def _admit(
+    world: ManagerWorld, request_id: str, token: int | None, chunked: bool, lookahead: int
+) -> None:
     config = world.config
     slot = world.slots[request_id]
     if slot.request is None:
         number = int(request_id[1:])
-        slot.request = Request(request_id, config.prompts[number])
+        keys = config.keys[number] if number < len(config.keys) else None
+        slot.request = (keys or RequestKeys()).request(request_id, config.prompts[number])
         slot.status = WAITING
     request = slot.request
     lookup = world.pair.both(
@@ -291,9 +354,11 @@ def _admit(world: ManagerWorld, request_id: str, token: int | None, chunked: boo
     hits, num_hit_tokens = lookup.result
     remaining = request.num_tokens - num_hit_tokens
     chunk = 1 if chunked else remaining
+    room = -(-config.max_model_len // config.block_size) * config.block_size
+    lookahead = min(lookahead, room - num_hit_tokens - chunk)
     allocated = world.pair.both(
-        f"allocate_slots({request_id}, {chunk}, {hits})",
-        lambda m, _: m.allocate_slots(request, chunk, hits),
+        f"allocate_slots({request_id}, {chunk}, {hits}{_la(lookahead)})",
+        lambda m, _: m.allocate_slots(request, chunk, hits, lookahead),
     )
     assert allocated.ok, f"admission of {request_id} raised {allocated.error!r}"
     if allocated.result is None:
@@ -303,19 +368,28 @@ def _admit(world: ManagerWorld, request_id: str, token: int | None, chunked: boo
     _maybe_sample(world, request_id, token)
 
 
-def _step(world: ManagerWorld, request_id: str, token: int) -> None:
+def _step(
+    world: ManagerWorld, request_id: str, token: int, drafts: int, accepted: int, lookahead: int
+) -> None:
     request = world.slots[request_id].request
     assert request is not None
     pending = request.num_tokens - request.num_computed_tokens
-    allocated = world.pair.both(
-        f"allocate_slots({request_id}, {pending})",
-        lambda m, _: m.allocate_slots(request, pending),
-    )
+    request.spec_token_ids = [token] * drafts
+    try:
+        allocated = world.pair.both(
+            f"allocate_slots({request_id}, {pending + drafts}{_la(lookahead)})"
+            + (f" with {drafts} drafts" if drafts else ""),
+            lambda m, _: m.allocate_slots(request, pending + drafts, None, lookahead),
+        )
+    finally:
+        request.spec_token_ids = []
     assert allocated.ok, f"a step of {request_id} raised {allocated.error!r}"
     if allocated.result is None:
         _preempt(world, request_id)
         return
-    request.num_computed_tokens += pending
+    request.num_computed_tokens += pending + accepted
+    if accepted:
+        request.append_output_token_ids([token] * accepted)
     _maybe_sample(world, request_id, token)
 
 

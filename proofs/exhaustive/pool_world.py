@@ -32,6 +32,7 @@ from pagedkv.request import Request
 from pagedkv.semantics import PAGEDKV, Semantics
 from pagedkv.spec.block_hash import request_block_hashes
 from pagedkv.spec.block_pool import NULL_BLOCK_ID
+from proofs.exhaustive.fingerprint import fingerprint
 from proofs.exhaustive.search import Frozen, Transition, World, freeze, thaw
 
 
@@ -116,7 +117,7 @@ class PoolWorld:
         return PoolWorld(pair, self.config, self.prompts, self.hash_fn)
 
     def key(self) -> Hashable:
-        return pool_key(self.pair.state)
+        return pool_key(self.pair.state), fingerprint(self.pair.impl)
 
     # -- transitions -------------------------------------------------------------------------
 

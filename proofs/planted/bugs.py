@@ -1,11 +1,12 @@
 """Planted bugs: which checker catches each deliberately broken variant of impl.
 
 Every variant of `proofs.planted.catalog` faces every checker of `proofs.planted.checkers`
-(state machine, exhaustive search, CrossHair, scenario tests), each bounded and deterministic.
+(the CI swarm campaign, state machine, exhaustive search, CrossHair, scenario tests), each
+bounded and deterministic.
 Each variant runs in its own process (`--worker`), several at a time, so that planting one never
 leaks into another. Every variant must be caught by at least two checkers.
 
-    python -m proofs.planted [--variant NAME]... [--jobs N] [--write]
+    python -m proofs.planted [--variant NAME]... [--jobs N] [--write] [--worker-timeout S]
     python -m proofs.planted --control        # nothing planted: every checker must pass
 
 `--write` regenerates `proofs/planted/planted-bugs.md` (only from a run of every variant).
@@ -28,11 +29,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
+from pagedkv.harness.coverage import CI_MANAGER_STEPS, CI_POOL_STEPS, CI_SEED
 from proofs.planted.catalog import VARIANTS, VARIANTS_BY_NAME, Variant, planted
 from proofs.planted.checkers import (
     CHECKER_FUNCTIONS,
     CHECKERS,
     CROSSHAIR_BOUNDS,
+    CROSSHAIR_MANAGER_BOUNDS,
     ROOT,
     SCENARIO_MODULES,
     SM_EXAMPLES,
@@ -44,7 +47,7 @@ from proofs.planted.checkers import (
 MIN_CATCHES = 2
 TABLE_PATH = ROOT / "proofs" / "planted" / "planted-bugs.md"
 WORKER_TIMEOUT = 600.0
-IN_PROCESS: frozenset[CheckerName] = frozenset({"state machine", "exhaustive"})
+IN_PROCESS: frozenset[CheckerName] = frozenset({"campaign", "state machine", "exhaustive"})
 CONTROL = "control"
 """The pseudo-variant that plants nothing."""
 
@@ -66,7 +69,7 @@ def _worker_command(name: str) -> list[str]:
     return [sys.executable, "-m", "proofs.planted.bugs", "--worker", name]
 
 
-def run_in_worker(name: str) -> list[Verdict]:
+def run_in_worker(name: str, timeout: float = WORKER_TIMEOUT) -> list[Verdict]:
     """Run one variant (or the control) in a fresh process; a crash is an error verdict."""
     start = time.monotonic()
     try:
@@ -75,7 +78,7 @@ def run_in_worker(name: str) -> list[Verdict]:
             cwd=ROOT,
             capture_output=True,
             text=True,
-            timeout=WORKER_TIMEOUT,
+            timeout=timeout,
             check=False,
         )
         lines = done.stdout.strip().splitlines()
@@ -85,15 +88,18 @@ def run_in_worker(name: str) -> list[Verdict]:
             (done.stdout + done.stderr).strip().splitlines()[-3:]
         )
     except subprocess.TimeoutExpired:
-        problem = f"worker killed after {WORKER_TIMEOUT:.0f} s"
+        problem = f"worker killed after {timeout:.0f} s"
     seconds = round(time.monotonic() - start, 1)
     return [Verdict(checker, "error", problem, seconds) for checker in CHECKERS]
 
 
-def run_all(names: Sequence[str], jobs: int) -> Results:
-    """Each named variant in its own worker process, `jobs` at a time, results in name order."""
+def run_all(names: Sequence[str], jobs: int, timeout: float = WORKER_TIMEOUT) -> Results:
+    """Each named variant in its own worker process, `jobs` at a time, results in name order;
+    a worker still running after `timeout` wall-clock seconds is killed (an error verdict)."""
     with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
-        futures = {name: pool.submit(run_in_worker, name) for name in _slowest_first(names)}
+        futures = {
+            name: pool.submit(run_in_worker, name, timeout) for name in _slowest_first(names)
+        }
         return {name: futures[name].result() for name in names}
 
 
@@ -167,11 +173,14 @@ Each variant is a realistic mistake planted into impl (`proofs/planted/catalog.p
 must be caught by at least {MIN_CATCHES} checkers. `tests/test_planted_bugs.py` reruns every
 checker on every variant and requires that again (a cell may change with the code: the state
 machines also draw constants found in the loaded modules, see `checkers.SM_SETTINGS`).
-Bounds (`proofs/planted/checkers.py`): state machines derandomized, {SM_EXAMPLES} examples of
-{SM_STEPS} steps per machine, no shrinking; exhaustive search: the `ci` scope; CrossHair: the
-contracts and pairs that call the replaced function, {CROSSHAIR_BOUNDS.per_condition_timeout:.0f} s
-each; scenario tests: {", ".join(f"`{m}`" for m in SCENARIO_MODULES)} with the `ci` profile.
-`n/a`: the checker cannot see the variant (CrossHair sees only the pure functions).
+Bounds (`proofs/planted/checkers.py`): the CI swarm campaign (seed {CI_SEED}, {CI_MANAGER_STEPS:,}
+manager then {CI_POOL_STEPS:,} pool steps); state machines derandomized, {SM_EXAMPLES} examples
+of {SM_STEPS} steps per machine, no shrinking; exhaustive search: the `ci` scope; CrossHair: the
+contracts and pairs that call the replaced function, rebound to it,
+{CROSSHAIR_BOUNDS.per_condition_timeout:.0f} s each, then the contracts on `allocate_slots` with
+the variant planted, {CROSSHAIR_MANAGER_BOUNDS.per_condition_timeout:.0f} s each; scenario
+tests: {", ".join(f"`{m}`" for m in SCENARIO_MODULES)} with the `ci` profile.
+`n/a`: the checker cannot see the variant.
 
 {render_table(results)}
 
@@ -203,6 +212,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--control", action="store_true", help="plant nothing")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--write", action="store_true", help=f"write {TABLE_PATH.name}")
+    parser.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=WORKER_TIMEOUT,
+        help="wall-clock seconds a variant's worker may take (a loaded machine needs more; "
+        "the checkers' own bounds do not change)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is not None:
@@ -213,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--write needs a run of every variant")
     names = [CONTROL] if args.control else args.variant or [v.name for v in VARIANTS]
     start = time.monotonic()
-    results = run_all(names, args.jobs)
+    results = run_all(names, args.jobs, args.worker_timeout)
     seconds = time.monotonic() - start
     print(render_table(results))
     print()

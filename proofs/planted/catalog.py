@@ -1,8 +1,10 @@
 """Planted bugs: deliberately broken variants of pagedkv's implementation, and how to plant them.
 
 Each `Variant` is one realistic mistake, written as the code would look with it: a method of an
-impl class replaced (`MethodPatch`), or a module-level function replaced wherever impl binds it
-(`FunctionPatch`, e.g. `pagedkv.manager` imports `num_required_blocks` by name). Nothing in
+impl class replaced (`MethodPatch`), a module-level function replaced wherever impl binds it
+(`FunctionPatch`, e.g. `pagedkv.manager` imports `num_required_blocks` by name), or one module's
+binding of a function replaced (`CallSitePatch`: that module's calls pass a wrong argument, while
+the function itself, and every contract on it, stays right). Nothing in
 `impl/` is edited: `planted(variant)` swaps the attributes in this process and restores them on
 exit, so checkers run unchanged against the broken code. The spec shares only vocabulary with
 impl (types, constants, hash functions, argument checks and the wording of refusals:
@@ -31,9 +33,15 @@ from pagedkv.errors import BlockStateError, FreeQueueError
 from pagedkv.kv_events import BlockRemoved
 from pagedkv.request import Request
 
+PLANT_ENV = "PAGEDKV_PLANTED"
+"""The environment variable that names the variant a fresh process plants (the pytest plugin,
+the CrossHair suite of manager contracts)."""
+
 # The untouched functions, captured before anything is planted (a variant may wrap them).
 _MM_INPUTS_IN_BLOCK = block_hash.mm_inputs_in_block
 _EXTRA_KEYS = block_hash.generate_block_hash_extra_keys
+_NUM_FULL_BLOCKS = block_counts.num_full_blocks
+_NUM_REQUIRED_BLOCKS = block_counts.num_required_blocks
 
 
 @dataclass(frozen=True)
@@ -74,13 +82,29 @@ class FunctionPatch:
         return found
 
 
+@dataclass(frozen=True)
+class CallSitePatch:
+    """Replace one impl module's binding of a function: that module's calls go to
+    `replacement`, every other module (and every contract on the function) keeps the original.
+    """
+
+    module: types.ModuleType
+    name: str
+    replacement: Callable[..., Any]
+
+    def bindings(self) -> list[tuple[object, str, object]]:
+        if self.name not in vars(self.module):
+            raise LookupError(f"{self.module.__name__} binds no {self.name}")
+        return [(self.module, self.name, vars(self.module)[self.name])]
+
+
 def _is_impl_module(name: str) -> bool:
     if name != "pagedkv" and not name.startswith("pagedkv."):
         return False
     return not name.startswith(("pagedkv.spec", "pagedkv.harness", "pagedkv.gpu"))
 
 
-Patch = MethodPatch | FunctionPatch
+Patch = MethodPatch | FunctionPatch | CallSitePatch
 
 
 @dataclass(frozen=True)
@@ -310,6 +334,21 @@ def _fits_ignoring_evictable_hits(num_new: int, num_free: int, num_evictable_hit
 # -- the manager ---------------------------------------------------------------------------------
 
 
+def _full_blocks_with_drafts(
+    num_computed_tokens: int, num_tokens: int, num_spec_tokens: int, block_size: int
+) -> int:
+    """num_full_blocks as allocate_slots would call it forgetting the speculative tokens: a
+    block filled only by draft tokens is cached (under the hash of tokens it does not have)."""
+    return _NUM_FULL_BLOCKS(num_computed_tokens, num_tokens, 0, block_size)
+
+
+def _required_blocks_without_lookahead(
+    num_computed_tokens: int, num_tokens: int, num_lookahead_tokens: int, block_size: int
+) -> int:
+    """num_required_blocks as allocate_slots would call it forgetting the lookahead slots."""
+    return _NUM_REQUIRED_BLOCKS(num_computed_tokens, num_tokens, 0, block_size)
+
+
 def _evictable_hits_counting_null(
     self: manager.KVCacheManager, new_computed: list[KVCacheBlock]
 ) -> int:
@@ -370,6 +409,14 @@ def _first_useful_block_off_by_one(
     """first_useful_block from the window's start + 1: a block the next token still attends to
     is freed."""
     return (num_computed_tokens - sliding_window + 2) // block_size
+
+
+def _first_useful_block_one_early(
+    num_computed_tokens: int, sliding_window: int, block_size: int
+) -> int:
+    """first_useful_block from the window's start - 1: a block the window has left stays held
+    (and referenced) one step longer."""
+    return (num_computed_tokens - sliding_window) // block_size
 
 
 def _window_blocks_floor(sliding_window: int, block_size: int) -> int:
@@ -450,9 +497,24 @@ VARIANTS: tuple[Variant, ...] = (
         ),
     ),
     Variant(
+        "drafts_as_full_blocks",
+        "allocate_slots counts draft tokens as computed: blocks full only of drafts are cached",
+        (CallSitePatch(manager, "num_full_blocks", _full_blocks_with_drafts),),
+    ),
+    Variant(
+        "lookahead_ignored",
+        "allocate_slots leaves the lookahead slots out of the blocks it requires",
+        (CallSitePatch(manager, "num_required_blocks", _required_blocks_without_lookahead),),
+    ),
+    Variant(
         "window_off_by_one",
         "the sliding window's first useful block is one token late: a needed block is freed",
         (FunctionPatch(sliding_window.first_useful_block, _first_useful_block_off_by_one),),
+    ),
+    Variant(
+        "window_start_early",
+        "the sliding window's first useful block is one token early: a block it left stays held",
+        (FunctionPatch(sliding_window.first_useful_block, _first_useful_block_one_early),),
     ),
     Variant(
         "window_blocks_floor",

@@ -1,19 +1,22 @@
-"""The four checkers a planted bug must face, each bounded and deterministic.
+"""The five checkers a planted bug must face, each bounded and deterministic.
 
+- campaign: the CI swarm campaign (`pagedkv.harness.swarm`: `CI_SEED`, `CI_MANAGER_STEPS`
+  manager steps, then `CI_POOL_STEPS` pool steps), stopping at the first divergence.
 - state machine: the differential state machines of `pagedkv.harness` (full-attention manager,
   sliding-window manager, block pool, in that order), derandomized, `SM_EXAMPLES` examples of
   `SM_STEPS` steps each, no shrinking; the first machine that fails catches the bug.
 - exhaustive: `proofs.exhaustive`'s `ci` scope, manager configurations first, then the pool's;
   the first configuration whose search fails catches it.
 - crosshair: the contracts and pairs rebound to the variant (`proofs.planted.crosshair_checks`),
-  contracts first, each in its own `crosshair` process bounded by `CROSSHAIR_BOUNDS`; only a
-  counterexample that reproduces concretely counts. Not applicable when the variant replaces no
-  function a contract calls.
+  contracts first, then the contracts on `allocate_slots` itself with the variant planted in
+  CrossHair's process (`proofs.planted.crosshair_manager`), each in its own `crosshair` process
+  bounded by `CROSSHAIR_BOUNDS` (the manager contracts by `CROSSHAIR_MANAGER_BOUNDS`); only a
+  counterexample that reproduces concretely counts.
 - scenario tests: `SCENARIO_MODULES` under pytest in a subprocess with the variant planted by
   `proofs.planted.plugin` (the `ci` hypothesis profile); a failing test catches it.
 
-Every checker except the scenario tests runs in the calling process and expects the variant to
-be planted there already (`proofs.planted.catalog.planted`).
+The campaign, the state machines and the exhaustive search run in the calling process and expect
+the variant to be planted there already (`proofs.planted.catalog.planted`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -34,20 +38,29 @@ from hypothesis.reporting import with_reporter
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from pagedkv.harness.adapters import pagedkv_manager, pagedkv_pool
+from pagedkv.harness.coverage import CI_MANAGER_STEPS, CI_POOL_STEPS, CI_SEED
 from pagedkv.harness.lockstep import quiet_refusal_warnings
 from pagedkv.harness.manager_machine import make_manager_machine
 from pagedkv.harness.pool_machine import make_pool_machine
+from pagedkv.harness.swarm import manager_layer, pool_layer, run_campaign
 from proofs.crosshair.contracts import Contract
+from proofs.crosshair.manager_contracts import CONTRACTS as MANAGER_CONTRACTS
 from proofs.crosshair.runner import Bounds, Check, run_check
 from proofs.exhaustive.explore import MANAGER_SCOPES, POOL_SCOPES, explore_manager, explore_pool
 from proofs.exhaustive.search import SearchResult
-from proofs.planted.catalog import Variant
+from proofs.planted.catalog import PLANT_ENV, Variant, planted
 from proofs.planted.crosshair_checks import CHECKS_BY_VARIANT
 
 ROOT = Path(__file__).resolve().parents[2]
 
-CheckerName = Literal["state machine", "exhaustive", "crosshair", "scenario tests"]
-CHECKERS: tuple[CheckerName, ...] = ("state machine", "exhaustive", "crosshair", "scenario tests")
+CheckerName = Literal["campaign", "state machine", "exhaustive", "crosshair", "scenario tests"]
+CHECKERS: tuple[CheckerName, ...] = (
+    "campaign",
+    "state machine",
+    "exhaustive",
+    "crosshair",
+    "scenario tests",
+)
 
 Status = Literal["caught", "missed", "n/a", "error"]
 
@@ -91,6 +104,30 @@ def summarize(text: str) -> str:
 
 def _first_line(error: BaseException) -> str:
     return summarize(f"{type(error).__name__}: {error}")
+
+
+# -- the CI swarm campaign -----------------------------------------------------------------------
+
+
+def check_campaign(variant: Variant | None) -> Verdict:
+    """The CI campaign, manager layer first: caught at the first failing run."""
+    start = time.monotonic()
+    layers = (
+        ("manager", manager_layer(pagedkv_manager), CI_MANAGER_STEPS),
+        ("pool", pool_layer(pagedkv_pool), CI_POOL_STEPS),
+    )
+    for name, layer, steps in layers:
+        with quiet_refusal_warnings():
+            result = run_campaign(layer, seed=CI_SEED, max_steps=steps)
+        failure = result.failure
+        if failure is not None:
+            evidence = summarize(
+                f"{name} run {failure.index} (seed {failure.run.seed}), operation "
+                f"{len(failure.ops)}: {type(failure.error).__name__}: {failure.error}"
+            )
+            return Verdict("campaign", "caught", evidence, _since(start))
+    summary = f"{CI_MANAGER_STEPS:,} manager and {CI_POOL_STEPS:,} pool steps pass"
+    return Verdict("campaign", "missed", summary, _since(start))
 
 
 # -- state machines ------------------------------------------------------------------------------
@@ -181,21 +218,34 @@ def check_exhaustive(variant: Variant | None) -> Verdict:
 CROSSHAIR_BOUNDS = Bounds(
     per_condition_timeout=10.0, per_path_timeout=2.0, max_iterations=1000, total_timeout=120.0
 )
+CROSSHAIR_MANAGER_BOUNDS = Bounds(
+    per_condition_timeout=8.0, per_path_timeout=2.0, max_iterations=1000, total_timeout=120.0
+)
+"""The manager contracts with a variant planted: CrossHair refutes `drafts_as_full_blocks` after
+about 3.5 CPU seconds of `contract_decode_step`; a variant they cannot see costs each contract
+its whole budget."""
 CROSSHAIR_SUITE = "proofs.planted.crosshair_checks"
+CROSSHAIR_MANAGER_SUITE = "proofs.planted.crosshair_manager"
 
 
 def check_crosshair(variant: Variant | None) -> Verdict:
-    """Run the variant's rebound contracts, then its pairs; stop at the first counterexample
-    that reproduces concretely."""
+    """Run the variant's rebound contracts, then its pairs, then the manager contracts with it
+    planted; stop at the first counterexample that reproduces concretely."""
     start = time.monotonic()
-    items = CHECKS_BY_VARIANT.get(variant.name, ()) if variant is not None else ()
-    if not items:
-        return Verdict("crosshair", "n/a", "no contract calls what it replaces", 0.0)
+    rebound = CHECKS_BY_VARIANT.get(variant.name, ()) if variant is not None else ()
     deadline = time.monotonic() + CROSSHAIR_BOUNDS.total_timeout
     errors: list[str] = []
-    ordered = sorted(items, key=lambda item: not isinstance(item, Contract))
-    for item in ordered:
-        outcome = run_check(Check(CROSSHAIR_SUITE, item), CROSSHAIR_BOUNDS, deadline)
+    ordered = [
+        *(Check(CROSSHAIR_SUITE, item) for item in rebound if isinstance(item, Contract)),
+        *(Check(CROSSHAIR_SUITE, item) for item in rebound if not isinstance(item, Contract)),
+        *(Check(CROSSHAIR_MANAGER_SUITE, contract) for contract in MANAGER_CONTRACTS),
+    ]
+    for check in ordered:
+        if check.suite == CROSSHAIR_MANAGER_SUITE:
+            with planted(variant), _environment(PLANT_ENV, variant.name if variant else None):
+                outcome = run_check(check, CROSSHAIR_MANAGER_BOUNDS, deadline)
+        else:
+            outcome = run_check(check, CROSSHAIR_BOUNDS, deadline)
         if outcome.status == "counterexample":
             evidence = summarize(f"{outcome.name}: {outcome.detail}")
             return Verdict("crosshair", "caught", evidence, _since(start))
@@ -203,8 +253,22 @@ def check_crosshair(variant: Variant | None) -> Verdict:
             errors.append(f"{outcome.name}: {outcome.detail.splitlines()[0]}")
     if errors:
         return Verdict("crosshair", "error", "; ".join(errors), _since(start))
-    evidence = f"{len(items)} checks, no counterexample within bounds"
+    evidence = f"{len(ordered)} checks, no counterexample within bounds"
     return Verdict("crosshair", "missed", evidence, _since(start))
+
+
+@contextmanager
+def _environment(name: str, value: str | None) -> Iterator[None]:
+    """`os.environ[name]` set to `value` (None: unset) inside the block."""
+    previous = os.environ.pop(name, None)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
+        if previous is not None:
+            os.environ[name] = previous
 
 
 # -- scenario tests ------------------------------------------------------------------------------
@@ -218,8 +282,6 @@ SCENARIO_MODULES = (
     "tests/test_kv_events.py",
 )
 SCENARIO_TIMEOUT = 300.0
-PLANT_ENV = "PAGEDKV_PLANTED"
-"""The environment variable naming the variant `proofs.planted.plugin` plants."""
 
 _FAILED = re.compile(r"^FAILED (?P<test>\S+)", re.MULTILINE)
 
@@ -274,6 +336,7 @@ def _since(start: float) -> float:
 
 
 CHECKER_FUNCTIONS: dict[CheckerName, Callable[[Variant | None], Verdict]] = {
+    "campaign": check_campaign,
     "state machine": check_state_machines,
     "exhaustive": check_exhaustive,
     "crosshair": check_crosshair,

@@ -13,8 +13,7 @@ import os
 
 import pytest
 
-from proofs.planted.catalog import VARIANTS_BY_NAME, plant_for_good
-from proofs.planted.checkers import PLANT_ENV
+from proofs.planted.catalog import PLANT_ENV, VARIANTS_BY_NAME, plant_for_good
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,0 +1,288 @@
+"""What a swarm campaign exercised, and the targets it must meet.
+
+The drivers count events as they happen, always on the spec's side (so the counts describe the
+drive, whatever the implementation under test does): `Coverage.counts`. Targets are minimum
+counts per 100,000 steps, each written down once in `MANAGER_TARGETS` / `POOL_TARGETS` with the
+reason for its number. A campaign's counts depend only on its seed and its number of steps, never
+on CPU speed, so the CI campaign (a fixed seed and step count) meets or misses its targets the
+same way on every machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+CI_SEED = 2_025
+"""The CI campaign's seed (`tests/test_swarm_campaign.py`, the planted bugs' campaign checker)."""
+CI_MANAGER_STEPS = 200_000
+CI_POOL_STEPS = 100_000
+
+MIN_STEPS_FOR_TARGETS = 100_000
+"""Shorter campaigns print their counts but are not held to targets (too few runs to judge)."""
+
+
+@dataclass
+class Coverage:
+    """Counters of one campaign.
+
+    Attributes:
+        counts: event -> how often it happened (names as in the targets).
+        histogram: configuration bucket, feature or operation -> runs that had it.
+        states: hashes of the distinct states seen (see each driver's `state_key`).
+        steps: steps run.
+        runs: runs started.
+    """
+
+    counts: Counter[str] = field(default_factory=Counter)
+    histogram: Counter[str] = field(default_factory=Counter)
+    states: set[int] = field(default_factory=set)
+    steps: int = 0
+    runs: int = 0
+
+    def start_run(self, histogram_keys: list[str]) -> None:
+        """Count a run, and each configuration bucket, feature and operation it has."""
+        self.runs += 1
+        for key in histogram_keys:
+            self.histogram[key] += 1
+
+    def count_error(self, operation: str, error: Exception) -> None:
+        """A call both sides refused: counted by class and by the operation's refusal kind."""
+        self.counts[f"typed error {type(error).__name__}"] += 1
+        self.counts[f"refusal {operation}: {refusal_kind(error)}"] += 1
+
+    def digest(self) -> str:
+        """16 hex digits of SHA-256 over the counts, histogram, states, steps and runs: equal
+        digests mean equal coverage (a fixed seed and step count give one on every machine)."""
+        text = repr(
+            (
+                sorted(self.counts.items()),
+                sorted(self.histogram.items()),
+                sorted(self.states),
+                self.steps,
+                self.runs,
+            )
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def refusals(self, operation: str) -> dict[str, int]:
+        """Refusal kind -> count, for one operation (e.g. "allocate_slots")."""
+        prefix = f"refusal {operation}: "
+        return {
+            name.removeprefix(prefix): count
+            for name, count in sorted(self.counts.items())
+            if name.startswith(prefix)
+        }
+
+
+def refusal_kind(error: Exception) -> str:
+    """The rule an error names: its `rule` attribute, else its message without the request id
+    and with every number written N (so one rule is one kind, whatever the arguments)."""
+    rule = getattr(error, "rule", None)
+    text = str(rule) if rule else str(error)
+    if text.startswith("request '"):
+        text = text.split("': ", 1)[-1]
+    words = ["N" if word.strip("(),.:").lstrip("-").isdigit() else word for word in text.split()]
+    return f"{type(error).__name__}: {' '.join(words)}"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A minimum count per 100,000 steps, and why that number.
+
+    Attributes:
+        counter: the `Coverage.counts` key, or "distinct states", or "kinds of <operation>
+            refusals".
+        per_100k: the minimum per 100,000 steps (or, without `scales`, the minimum).
+        why: why the event matters, in one line.
+        needs: the campaign modes it applies to ("misuse", "pagedkv semantics"); it is shown
+            but not enforced otherwise.
+        scales: whether the minimum grows with the campaign's length.
+    """
+
+    counter: str
+    per_100k: float
+    why: str
+    needs: frozenset[str] = frozenset()
+    scales: bool = True
+
+    def required(self, steps: int) -> int:
+        if not self.scales:
+            return math.ceil(self.per_100k)
+        return math.ceil(self.per_100k * steps / 100_000)
+
+
+def _t(counter: str, per_100k: float, why: str, *needs: str) -> Target:
+    return Target(counter, per_100k, why, frozenset(needs))
+
+
+MANAGER_TARGETS: tuple[Target, ...] = (
+    _t("decode steps inside a block", 10_000, "the O(1) decode path, the hot path in serving"),
+    _t("block fills", 10_000, "each fill caches a block: the prefix cache is built here"),
+    _t("new-block allocations", 15_000, "block boundaries crossed by prefill and decode"),
+    _t(
+        "evictions of cached blocks",
+        7_000,
+        "lazy eviction at reuse time is where a stale hash would leak into later hits",
+    ),
+    _t("prefix hits, full attention", 500, "shared system prompts hit on admission"),
+    _t("prefix hits, sliding window", 500, "a window hit needs a run of cdiv(W - 1, B) blocks"),
+    _t(
+        "sliding-window hits with leading null blocks",
+        200,
+        "the hardest hit shape; CI's fixed-seed machine never saw one (issue 10)",
+    ),
+    _t(
+        "hits that use every cached block",
+        600,
+        "a fully cached prompt must still recompute its last block",
+    ),
+    _t(
+        "preemptions for lack of blocks",
+        400,
+        "a step's allocate_slots returned None: the request is freed and waits",
+    ),
+    _t("allocate_slots refused for lack of blocks", 2_000, "the capacity check's False side"),
+    _t("decode steps with draft tokens", 5_000, "speculative tokens: scheduled, never cached"),
+    _t(
+        "blocks left uncached because of draft tokens",
+        2_000,
+        "where the planted bug 'drafts counted as full blocks' shows",
+    ),
+    _t("allocations with lookahead slots", 6_000, "lookahead slots get blocks, never hashes"),
+    _t(
+        "new blocks for lookahead slots only",
+        900,
+        "where the planted bug 'lookahead ignored' shows",
+    ),
+    _t("blocks freed by the sliding window", 3_000, "remove_skipped_blocks on the decode path"),
+    _t(
+        "windows skipping at the boundary token",
+        1_500,
+        "the window just left a block: where window off-by-one bugs show",
+    ),
+    _t("chunked prefill steps", 2_000, "a prefill split over several steps"),
+    _t("requests with extra keys", 7_000, "LoRA, multimodal and salts change every block hash"),
+    _t("prompt-logprobs lookups", 800, "lookups that must skip the cache"),
+    _t("successful prefix-cache resets", 1_000, "only when no request holds a block"),
+    _t("refused prefix-cache resets", 500, "a reset while blocks are in use changes nothing"),
+    _t("finished requests", 10_000, "free + free_block_hashes"),
+    _t("typed error InvalidArgumentError", 550, "bad counts, drafts, uncached hits", "misuse"),
+    _t("typed error RequestError", 300, "impostors, foreign hits, computed tokens", "misuse"),
+    _t("typed error BlockStateError", 30, "hits outside the pool, null hits", "misuse"),
+    _t("typed error MaxModelLenExceededError", 120, "allocations past max_model_len", "misuse"),
+    _t(
+        "typed error ArgumentTypeError",
+        1_000,
+        "the hostile catalog: wrong types, NaN, no Request, mutated scheduler fields",
+        "misuse",
+    ),
+    _t(
+        "typed error FrozenRequestFieldError",
+        140,
+        "the hostile catalog: a request's identity (id, tokens, keys) cannot change",
+        "misuse",
+    ),
+    Target(
+        "kinds of allocate_slots refusals",
+        12,
+        "each precondition of allocate_slots refused at least once (listed below the table)",
+        frozenset({"misuse"}),
+        scales=False,
+    ),
+    _t("distinct states", 10_000, "block tables, free and cached counts: the drive goes wide"),
+)
+"""The manager campaign's targets: each about half the rate the CI campaign (`CI_SEED`,
+`CI_MANAGER_STEPS`) reaches, so that they catch a drive that stopped exercising something
+(a feature never drawn, an operation that always fails early) without flapping when the drive
+changes a little."""
+
+POOL_TARGETS: tuple[Target, ...] = (
+    _t("blocks handed out", 35_000, "get_new_blocks from the free queue's head"),
+    _t("evictions of cached blocks", 3_000, "lazy eviction at reuse time"),
+    _t("touches of free cached blocks", 600, "a hit takes a block off the free queue"),
+    _t("blocks freed", 30_000, "free_blocks appends to the tail in the caller's order"),
+    _t("blocks cached", 4_000, "cache_full_blocks hashing and indexing"),
+    _t("cache hits", 2_000, "get_cached_block finding a block"),
+    _t("successful prefix-cache resets", 120, "only when nothing is in use"),
+    _t("typed error BlockStateError", 750, "freeing free blocks, foreign ids", "misuse"),
+    _t("typed error InvalidArgumentError", 380, "negative counts, bad cache ranges", "misuse"),
+    _t("typed error NoFreeBlocksError", 190, "asking for more blocks than are free", "misuse"),
+    _t(
+        "typed error ArgumentTypeError",
+        750,
+        "the hostile catalog: wrong types, NaN, unhashable keys for every pool call",
+        "misuse",
+    ),
+    _t("distinct states", 10_000, "ref counts and cached counts: the drive goes wide"),
+)
+"""The block-pool campaign's targets (about half the CI campaign's rates, `CI_POOL_STEPS`)."""
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    target: Target
+    count: int
+    required: int
+    enforced: bool
+
+    @property
+    def met(self) -> bool:
+        return self.count >= self.required
+
+
+def evaluate(
+    coverage: Coverage, targets: tuple[Target, ...], modes: frozenset[str]
+) -> list[TargetResult]:
+    """Each target against the campaign's counts; enforced only when it applies to the
+    campaign's modes and the campaign ran at least `MIN_STEPS_FOR_TARGETS` steps."""
+    long_enough = coverage.steps >= MIN_STEPS_FOR_TARGETS
+    results = []
+    for target in targets:
+        if target.counter == "distinct states":
+            count = len(coverage.states)
+        elif target.counter.startswith("kinds of ") and target.counter.endswith(" refusals"):
+            operation = target.counter.removeprefix("kinds of ").removesuffix(" refusals")
+            count = len(coverage.refusals(operation))
+        else:
+            count = coverage.counts[target.counter]
+        enforced = long_enough and target.needs <= modes
+        results.append(TargetResult(target, count, target.required(coverage.steps), enforced))
+    return results
+
+
+def unmet(results: list[TargetResult]) -> list[TargetResult]:
+    return [result for result in results if result.enforced and not result.met]
+
+
+def render_targets(results: list[TargetResult], indent: str = "  ") -> list[str]:
+    """The coverage table: one line per target, with its count, minimum and verdict."""
+    width = max(len(result.target.counter) for result in results)
+    lines = [f"{indent}{'coverage':<{width}}  {'count':>11}  {'target':>10}"]
+    for result in results:
+        verdict = "(not enforced)" if not result.enforced else "met" if result.met else "UNMET"
+        lines.append(
+            f"{indent}{result.target.counter:<{width}}  {result.count:>11,}  "
+            f">= {result.required:>7,}  {verdict}"
+        )
+    return lines
+
+
+def render_histogram(coverage: Coverage, indent: str = "  ") -> list[str]:
+    """Runs per configuration bucket, feature and operation, as a share of all runs."""
+    runs = max(coverage.runs, 1)
+    groups: dict[str, list[str]] = {}
+    for key in sorted(coverage.histogram):
+        group, _, value = key.partition(" ")
+        if group in ("feature", "operation", "full"):
+            group = {"full": "checks"}.get(group, group + "s")
+            value = key.removeprefix("feature ").removeprefix("operation ")
+        groups.setdefault(group, []).append(f"{value} {100 * coverage.histogram[key] / runs:.0f}%")
+    return [f"{indent}{group:<11}{', '.join(values)}" for group, values in groups.items()]
+
+
+def render_refusals(coverage: Coverage, operation: str, indent: str = "  ") -> list[str]:
+    """Each refusal kind of one operation seen, with its count."""
+    return [f"{indent}{count:>9,}  {kind}" for kind, count in coverage.refusals(operation).items()]

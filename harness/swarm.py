@@ -1,0 +1,254 @@
+"""The swarm campaign engine: seeded runs, spec and implementation in lock-step, until a budget.
+
+A campaign is a sequence of runs. Run i's seed is `run_seed(campaign_seed, layer, i)`; from it
+come the run's configuration, features and operation weights (`harness/swarm_runs.py`) and the
+stream its operations are drawn from, so a campaign seed reproduces every run and a run seed
+reproduces one run. Each run builds a fresh spec and a fresh object under test, draws and
+executes its operations (`harness/manager_driver.py`, `harness/pool_driver.py`), comparing as
+`harness/comparison.py` schedules, and ends with a full check. The campaign stops when it has
+run `max_steps` steps (it finishes the run in progress) or `max_seconds` have passed, or at the
+first failure, which it shrinks (`harness/shrink.py`).
+
+The budget in steps, not seconds, is what makes coverage independent of CPU speed: a campaign
+with a fixed seed and step count runs the same operations on every machine.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pagedkv.harness.comparison import ComparedPair
+from pagedkv.harness.coverage import Coverage
+from pagedkv.harness.manager_driver import ManagerDriver
+from pagedkv.harness.manager_hostile import HOSTILE_CALLS, HostileCall
+from pagedkv.harness.pool_driver import PoolDriver
+from pagedkv.harness.protocol import ManagerFactory, PoolFactory
+from pagedkv.harness.swarm_runs import (
+    ManagerRun,
+    PoolRun,
+    draw_manager_run,
+    draw_pool_run,
+    run_seed,
+)
+from pagedkv.semantics import PAGEDKV, Semantics
+
+OPS_STREAM = 0x9E3779B97F4A7C15
+"""Mixed into a run's seed for the stream its operations are drawn from (its configuration is
+drawn from the seed itself), so that changing how operations are drawn leaves configurations."""
+
+
+class Driver(Protocol):
+    """What the engine needs of a layer's driver."""
+
+    @property
+    def pair(self) -> ComparedPair[Any]: ...
+
+    def generate(self, rng: random.Random) -> Any: ...
+
+    def execute(self, op: Any) -> None: ...
+
+    def finish_run(self) -> None: ...
+
+
+Run = ManagerRun | PoolRun
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer the engine can drive: how to draw a run and how to build its driver.
+
+    Attributes:
+        name: "pool" or "manager" (part of every run seed).
+        draw: run seed -> the run.
+        driver: (run, coverage, check_every override or None) -> a fresh driver.
+    """
+
+    name: str
+    draw: Callable[[int], Run]
+    driver: Callable[[Any, Coverage, int | None], Driver]
+
+
+def manager_layer(
+    factory: ManagerFactory,
+    *,
+    semantics: Semantics = PAGEDKV,
+    misuse: bool = True,
+    attention: str = "both",
+    steps_per_run: int | None = None,
+    hostile_calls: Mapping[str, HostileCall] = HOSTILE_CALLS,
+) -> Layer:
+    """The request-level manager layer, checking `factory`'s managers."""
+    return Layer(
+        "manager",
+        lambda seed: draw_manager_run(
+            seed,
+            semantics=semantics,
+            misuse=misuse,
+            attention=attention,
+            steps_per_run=steps_per_run,
+        ),
+        lambda run, coverage, check_every: ManagerDriver(
+            run, factory, coverage, check_every=check_every, hostile_calls=hostile_calls
+        ),
+    )
+
+
+def pool_layer(
+    factory: PoolFactory,
+    *,
+    semantics: Semantics = PAGEDKV,
+    misuse: bool = True,
+    steps_per_run: int | None = None,
+) -> Layer:
+    """The block-pool layer, checking `factory`'s pools."""
+    return Layer(
+        "pool",
+        lambda seed: draw_pool_run(
+            seed, semantics=semantics, misuse=misuse, steps_per_run=steps_per_run
+        ),
+        lambda run, coverage, check_every: PoolDriver(
+            run, factory, coverage, check_every=check_every
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class RunFailure:
+    """A run that failed: which, after which operations, and why.
+
+    Attributes:
+        run: the run (its seed reproduces it).
+        index: its index in the campaign.
+        ops: the operations executed, the failing one last (none: set-up failed).
+        error: the exception.
+    """
+
+    run: Run
+    index: int
+    ops: tuple[Any, ...]
+    error: BaseException
+
+
+def execute_run(
+    layer: Layer, run: Run, coverage: Coverage, check_every: int | None = None
+) -> tuple[list[Any], BaseException | None]:
+    """Draw and execute `run`'s operations; (the operations executed, the error or None)."""
+    ops: list[Any] = []
+    try:
+        driver = layer.driver(run, coverage, check_every)
+    except Exception as error:  # the factory failed
+        return ops, error
+    try:
+        rng = random.Random(run.seed ^ OPS_STREAM)
+        generate, execute = driver.generate, driver.execute
+        for _ in range(run.num_steps):
+            op = generate(rng)
+            ops.append(op)
+            execute(op)
+        driver.finish_run()
+    except Exception as error:
+        return ops, error
+    finally:
+        pair = driver.pair
+        coverage.counts["calls compared"] += pair.calls
+        coverage.counts["full checks"] += pair.full_checks
+    return ops, None
+
+
+def replay(
+    layer: Layer,
+    run: Run,
+    ops: Sequence[Any],
+    *,
+    check_every: int = 1,
+    log: list[list[str]] | None = None,
+) -> tuple[int, BaseException | None]:
+    """Execute recorded operations on a fresh pair (full mode by default): (how many executed,
+    the error or None). With `log`, each operation's calls are appended as one list."""
+    coverage = Coverage()
+    try:
+        driver: Any = layer.driver(run, coverage, check_every)
+    except Exception as error:
+        return 0, error
+    for number, op in enumerate(ops):
+        calls: list[str] = []
+        if log is not None:
+            driver.pair.log = calls
+            log.append(calls)
+        try:
+            driver.execute(op)
+        except Exception as error:
+            return number + 1, error
+    try:
+        driver.finish_run()
+    except Exception as error:
+        return len(ops), error
+    return len(ops), None
+
+
+@dataclass
+class CampaignRun:
+    """A campaign's outcome.
+
+    Attributes:
+        layer: "pool" or "manager".
+        seed: the campaign seed.
+        coverage: what it exercised.
+        cpu_seconds: CPU time spent running (shrinking excluded).
+        wall_seconds: wall-clock time spent running (shrinking excluded).
+        failure: the first failing run, or None.
+    """
+
+    layer: str
+    seed: int
+    coverage: Coverage
+    cpu_seconds: float
+    wall_seconds: float
+    failure: RunFailure | None
+
+    @property
+    def steps_per_cpu_second(self) -> float:
+        return self.coverage.steps / self.cpu_seconds if self.cpu_seconds > 0 else 0.0
+
+
+def run_campaign(
+    layer: Layer,
+    *,
+    seed: int,
+    max_steps: int,
+    max_seconds: float | None = None,
+    check_every: int | None = None,
+    progress: Callable[[Coverage], None] | None = None,
+) -> CampaignRun:
+    """Run `layer`'s runs from `seed` until `max_steps` steps (the last run completes) or
+    `max_seconds` of wall-clock time, or the first failure (not shrunk here)."""
+    coverage = Coverage()
+    start_cpu, start_wall = time.process_time(), time.monotonic()
+    last_progress = start_wall
+    index = 0
+    failure = None
+    while coverage.steps < max_steps:
+        now = time.monotonic()
+        if max_seconds is not None and now - start_wall >= max_seconds:
+            break
+        if progress is not None and now - last_progress >= 0.1:
+            last_progress = now
+            progress(coverage)
+        run = layer.draw(run_seed(seed, layer.name, index))
+        ops, error = execute_run(layer, run, coverage, check_every)
+        if error is not None:
+            failure = RunFailure(run, index, tuple(ops), error)
+            break
+        index += 1
+    return CampaignRun(
+        layer.name,
+        seed,
+        coverage,
+        time.process_time() - start_cpu,
+        time.monotonic() - start_wall,
+        failure,
+    )

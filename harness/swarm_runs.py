@@ -1,0 +1,401 @@
+"""What one swarm run is: its configuration, features and operations, all drawn from its seed.
+
+Swarm testing (Groce et al., "Swarm Testing", ISSTA 2012): instead of enabling every operation
+in every run at fixed rates, each run enables a random subset of operations and features, with
+random weights. A run without `finish` keeps requests alive until the pool fills; a run without
+`admit` chunks never sees chunked prefill ... so interleavings that a uniform mix makes rare
+become common in some runs. Each run's configuration is drawn from the whole space, small pools
+(where edge cases are dense) most often.
+
+A run's seed is derived from the campaign seed, the layer and the run's index
+(`run_seed`), so `--seed` reproduces a campaign and `--replay-run SEED` one run of it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import hashlib
+import itertools
+import math
+import random
+from dataclasses import dataclass, field
+
+from pagedkv.harness.protocol import ManagerConfig
+from pagedkv.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheSpec,
+    SlidingWindowSpec,
+    uniform_kv_cache_config,
+)
+from pagedkv.semantics import PAGEDKV, Semantics
+
+MANAGER_FEATURES = (
+    "shared prefixes",  # prompts start with tokens of an earlier request (system prompts)
+    "lora",
+    "multimodal",
+    "salts",
+    "prompt logprobs",
+    "draft tokens",
+    "lookahead",
+    "chunked prefill",
+)
+"""Request and scheduling features a manager run may enable (each on in about half the runs)."""
+
+MANAGER_OPERATIONS: dict[str, tuple[int, int]] = {
+    "arrive": (2, 8),
+    "admit": (2, 8),
+    "step": (8, 32),  # decode steps dominate serving
+    "preempt": (1, 3),
+    "finish": (1, 4),
+    "reset": (1, 1),  # a successful reset empties the cache: rare, as in serving
+    "stats": (1, 2),
+    "common prefix": (1, 2),
+    "hostile": (1, 4),
+}
+"""The simulated scheduler's moves (`harness/manager_driver.py`) and the range each one's weight
+is drawn from when a run enables it."""
+
+ALWAYS_ON = frozenset({"arrive", "admit", "step"})
+"""Without these a run does nothing a scheduler would."""
+
+POOL_OPERATIONS: dict[str, tuple[int, int]] = {
+    "get_new_blocks": (2, 8),
+    "touch": (1, 4),
+    "free_blocks": (2, 8),
+    "free everything": (1, 2),
+    "admit": (2, 8),
+    "hit": (1, 4),
+    "grow": (2, 8),
+    "cache_full_blocks": (1, 4),
+    "finish": (2, 6),
+    "get_cached_block": (1, 4),
+    "reset": (1, 1),
+    "misuse": (1, 4),
+}
+"""The block-pool driver's moves (`harness/pool_driver.py`) and their weight ranges."""
+
+
+def attention_spec(block_size: int, sliding_window: int | None) -> KVCacheSpec:
+    """The smallest layer of either attention type (one head of size 1): only the block size
+    and the window matter to the managers."""
+    if sliding_window is None:
+        return FullAttentionSpec(
+            block_size=block_size, num_kv_heads=1, head_size=1, dtype="float16"
+        )
+    return SlidingWindowSpec(
+        block_size=block_size,
+        num_kv_heads=1,
+        head_size=1,
+        dtype="float16",
+        sliding_window=sliding_window,
+    )
+
+
+class OperationPicker:
+    """Draws operation names by a run's weights (a bisection over the cumulative weights)."""
+
+    def __init__(self, weights: dict[str, float]) -> None:
+        self.names = list(weights)
+        self.cumulative = list(itertools.accumulate(weights[name] for name in self.names))
+
+    def pick(self, rng: random.Random) -> str:
+        index = bisect.bisect_right(self.cumulative, rng.random() * self.cumulative[-1])
+        return self.names[min(index, len(self.names) - 1)]
+
+
+def run_seed(campaign_seed: int, layer: str, index: int) -> int:
+    """The seed of run `index` of a campaign: 63 bits of SHA-256 over the three, so that it is
+    the same in every process and every Python version."""
+    digest = hashlib.sha256(f"{campaign_seed}/{layer}/{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def _log_uniform(rng: random.Random, low: int, high: int) -> int:
+    """An int in [low, high], each order of magnitude about equally likely."""
+    return min(high, int(math.exp(rng.uniform(math.log(low), math.log(high + 1)))))
+
+
+def draw_pool_size(rng: random.Random) -> int:
+    """Blocks in the pool, the null block included: 2-16 in about half the runs (exhaustion,
+    eviction and reuse on every run), up to 64 in a quarter, up to 384 in the rest."""
+    roll = rng.random()
+    if roll < 0.5:
+        return rng.randint(2, 16)
+    if roll < 0.75:
+        return rng.randint(17, 64)
+    return _log_uniform(rng, 65, 384)
+
+
+def draw_block_size(rng: random.Random) -> int:
+    """Tokens a block: 1-16, small ones most often (more block boundaries per token)."""
+    return rng.choice((1, 1, 1, 2, 2, 2, 3, 4, 4, 5, 6, 8, 8, 12, 16))
+
+
+def _draw_weights(
+    rng: random.Random, ranges: dict[str, tuple[int, int]], always: frozenset[str]
+) -> dict[str, float]:
+    """The swarm: each operation off with probability 1/2 (unless always on); each one on gets
+    a weight drawn from its range."""
+    return {
+        name: float(rng.randint(low, high))
+        for name, (low, high) in ranges.items()
+        if name in always or rng.random() < 0.5
+    }
+
+
+def check_cadence(rng: random.Random, num_blocks: int) -> int:
+    """Steps between full checks: every step in one small-pool run in eight (full mode, as the
+    hypothesis machines compare), else often enough that a full check costs about as much as a
+    few steps (the check is O(pool size))."""
+    if num_blocks <= 16 and rng.random() < 1 / 8:
+        return 1
+    return 16 + num_blocks // 4
+
+
+@dataclass(frozen=True)
+class ManagerRun:
+    """One manager run: its seed, configuration, features, operation weights and length.
+
+    Attributes:
+        seed: the run's own seed (reproduces it).
+        config: what both managers are built from.
+        features: the enabled features of `MANAGER_FEATURES`.
+        weights: enabled operation -> relative weight.
+        alphabet: tokens are drawn from range(alphabet) (2-3: prefixes collide).
+        max_live: most requests alive at once.
+        num_steps: the run's length.
+        check_every: steps between full checks (1: full mode).
+        misuse: whether hostile calls may be made.
+    """
+
+    seed: int
+    config: ManagerConfig
+    features: frozenset[str]
+    weights: dict[str, float] = field(hash=False)
+    alphabet: int
+    max_live: int
+    num_steps: int
+    check_every: int
+    misuse: bool
+
+    @property
+    def block_size(self) -> int:
+        return self.config.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        return self.config.kv_cache_config.num_blocks
+
+    @property
+    def sliding_window(self) -> int | None:
+        spec = self.config.kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        return spec.sliding_window if isinstance(spec, SlidingWindowSpec) else None
+
+    def with_num_blocks(self, num_blocks: int) -> ManagerRun:
+        """The same run on a pool of `num_blocks` blocks (shrinking tries smaller pools)."""
+        spec = self.config.kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        config = dataclasses.replace(
+            self.config, kv_cache_config=uniform_kv_cache_config(spec, num_blocks)
+        )
+        return dataclasses.replace(self, config=config)
+
+    def describe(self) -> str:
+        """One line: the configuration and what is on."""
+        config = self.config
+        window = self.sliding_window
+        attention = "full attention" if window is None else f"sliding window {window}"
+        flags = [
+            attention,
+            f"{self.num_blocks} blocks",
+            f"block size {self.block_size}",
+            f"max_model_len {config.max_model_len}",
+            "caching" if config.enable_caching else "no caching",
+            config.caching_hash_algo,
+        ]
+        if config.use_eagle:
+            flags.append("eagle")
+        if config.log_stats:
+            flags.append("stats")
+        if config.semantics != PAGEDKV:
+            flags.append(config.semantics.name)
+        on = ", ".join(sorted(self.features)) or "none"
+        ops = ", ".join(sorted(self.weights))
+        return f"{'; '.join(flags)}; features: {on}; operations: {ops}"
+
+    def histogram_keys(self) -> list[str]:
+        """The configuration buckets this run counts in (the coverage table's histogram)."""
+        window = self.sliding_window
+        keys = [
+            f"pool {_size_bucket(self.num_blocks)}",
+            f"block size {_block_size_bucket(self.block_size)}",
+            "attention full" if window is None else "attention sliding window",
+            f"caching {'on' if self.config.enable_caching else 'off'}",
+            f"hash {self.config.caching_hash_algo}",
+            f"eagle {'on' if self.config.use_eagle else 'off'}",
+            "full check every step" if self.check_every == 1 else "full check on a cadence",
+        ]
+        keys += [f"feature {name}" for name in self.features]
+        keys += [f"operation {name}" for name in self.weights]
+        return keys
+
+
+def _size_bucket(num_blocks: int) -> str:
+    if num_blocks <= 16:
+        return "2-16 blocks"
+    if num_blocks <= 64:
+        return "17-64 blocks"
+    return "65-384 blocks"
+
+
+def _block_size_bucket(block_size: int) -> str:
+    if block_size <= 2:
+        return str(block_size)
+    if block_size <= 4:
+        return "3-4"
+    return "5-16"
+
+
+def draw_manager_run(
+    seed: int,
+    *,
+    semantics: Semantics = PAGEDKV,
+    misuse: bool = True,
+    attention: str = "both",
+    steps_per_run: int | None = None,
+) -> ManagerRun:
+    """The run of this seed. `attention` ("full", "sliding" or "both") restricts the draw;
+    `steps_per_run` fixes the run length (default: drawn, 20-2,000 steps, log-uniform)."""
+    rng = random.Random(seed)
+    block_size = draw_block_size(rng)
+    num_blocks = draw_pool_size(rng)
+    # A request may hold up to a quarter of a large pool, at least 1-12 blocks; sometimes more
+    # than the whole pool, so that one request alone runs out of blocks and is preempted.
+    max_blocks = _log_uniform(rng, 1, max(12, num_blocks // 4))
+    max_model_len = max(1, max_blocks * block_size - rng.randint(0, block_size - 1))
+    sliding = {"full": False, "sliding": True}.get(attention, rng.random() < 0.45)
+    window = _log_uniform(rng, 1, 4 * block_size + 4) if sliding else None
+    vllm = semantics != PAGEDKV
+    if window is not None and vllm:
+        # vLLM 0.8.5 fails an internal assert when the window skips the parent of the next block
+        # to cache (a window at most a block wide, or accepted drafts reaching past it).
+        window = max(window, block_size + 3)
+    kv_cache_spec = attention_spec(block_size, window)
+    config = ManagerConfig(
+        uniform_kv_cache_config(kv_cache_spec, num_blocks),
+        max_model_len,
+        enable_caching=rng.random() < 0.85,
+        caching_hash_algo=rng.choice(("sha256", "builtin")),
+        use_eagle=rng.random() < 0.25,
+        log_stats=rng.random() < 0.5,
+        semantics=semantics,
+    )
+    features = frozenset(name for name in MANAGER_FEATURES if rng.random() < 0.5)
+    if vllm:
+        features -= {"salts"}  # vLLM 0.8.5 has no cache salt
+    weights = _draw_weights(rng, MANAGER_OPERATIONS, ALWAYS_ON)
+    if not misuse:
+        weights.pop("hostile", None)
+    num_steps = steps_per_run or _log_uniform(rng, 20, 2_000)
+    return ManagerRun(
+        seed=seed,
+        config=config,
+        features=features,
+        weights=weights,
+        alphabet=rng.randint(2, 3),
+        max_live=_log_uniform(rng, 1, 8 if num_blocks <= 64 else 16),
+        num_steps=num_steps,
+        check_every=check_cadence(rng, num_blocks),
+        misuse=misuse,
+    )
+
+
+@dataclass(frozen=True)
+class PoolRun:
+    """One block-pool run: its seed, configuration, operation weights and length.
+
+    Attributes:
+        seed: the run's own seed.
+        num_blocks: blocks in the pool, the null block included.
+        enable_caching: prefix caching on or off.
+        block_size: tokens a block (for the requests whose blocks are cached).
+        hash_algo: "sha256" or "builtin".
+        semantics: pagedkv's or vLLM 0.8.5's side of the deliberate differences.
+        extra_keys: requests may carry LoRA ids, multimodal ranges and (pagedkv) salts.
+        weights: enabled operation -> relative weight.
+        alphabet: tokens are drawn from range(alphabet).
+        num_steps: the run's length.
+        check_every: steps between full checks (1: full mode).
+        misuse: whether invalid calls may be made.
+    """
+
+    seed: int
+    num_blocks: int
+    enable_caching: bool
+    block_size: int
+    hash_algo: str
+    semantics: Semantics
+    extra_keys: bool
+    weights: dict[str, float] = field(hash=False)
+    alphabet: int
+    num_steps: int
+    check_every: int
+    misuse: bool
+
+    def with_num_blocks(self, num_blocks: int) -> PoolRun:
+        """The same run on a pool of `num_blocks` blocks (shrinking tries smaller pools)."""
+        return dataclasses.replace(self, num_blocks=num_blocks)
+
+    def describe(self) -> str:
+        ops = ", ".join(sorted(self.weights))
+        flags = [
+            f"{self.num_blocks} blocks",
+            f"block size {self.block_size}",
+            "caching" if self.enable_caching else "no caching",
+            self.hash_algo,
+            "extra keys" if self.extra_keys else "",
+            self.semantics.name if self.semantics != PAGEDKV else "",
+        ]
+        return f"{'; '.join(flag for flag in flags if flag)}; operations: {ops}"
+
+    def histogram_keys(self) -> list[str]:
+        keys = [
+            f"pool {_size_bucket(self.num_blocks)}",
+            f"block size {_block_size_bucket(self.block_size)}",
+            f"caching {'on' if self.enable_caching else 'off'}",
+            f"hash {self.hash_algo}",
+            "full check every step" if self.check_every == 1 else "full check on a cadence",
+        ]
+        if self.extra_keys:
+            keys.append("feature extra keys")
+        keys += [f"operation {name}" for name in self.weights]
+        return keys
+
+
+def draw_pool_run(
+    seed: int,
+    *,
+    semantics: Semantics = PAGEDKV,
+    misuse: bool = True,
+    steps_per_run: int | None = None,
+) -> PoolRun:
+    """The pool run of this seed (see `draw_manager_run`)."""
+    rng = random.Random(seed)
+    num_blocks = draw_pool_size(rng)
+    weights = _draw_weights(rng, POOL_OPERATIONS, frozenset({"get_new_blocks", "admit"}))
+    if not misuse:
+        weights.pop("misuse", None)
+    return PoolRun(
+        seed=seed,
+        num_blocks=num_blocks,
+        enable_caching=rng.random() < 0.85,
+        block_size=draw_block_size(rng),
+        hash_algo=rng.choice(("sha256", "builtin")),
+        semantics=semantics,
+        extra_keys=rng.random() < 0.5,
+        weights=weights,
+        alphabet=rng.randint(2, 3),
+        num_steps=steps_per_run or _log_uniform(rng, 20, 1_000),
+        check_every=check_cadence(rng, num_blocks),
+        misuse=misuse,
+    )

@@ -1,0 +1,52 @@
+"""The CI campaign: a fixed seed and step count, so its coverage is the same on every machine,
+and every target of the coverage table must be met (the table is printed with -s)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from pagedkv.harness.adapters import pagedkv_manager, pagedkv_pool
+from pagedkv.harness.coverage import (
+    CI_MANAGER_STEPS,
+    CI_POOL_STEPS,
+    CI_SEED,
+    MANAGER_TARGETS,
+    POOL_TARGETS,
+    evaluate,
+    render_targets,
+    unmet,
+)
+from pagedkv.harness.swarm import manager_layer, pool_layer, run_campaign
+
+MODES = frozenset({"misuse", "pagedkv semantics"})
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> Iterator[None]:
+    logging.disable(logging.WARNING)
+    yield
+    logging.disable(logging.NOTSET)
+
+
+@pytest.mark.slow
+def test_the_ci_manager_campaign_finds_no_divergence_and_meets_every_target() -> None:
+    result = run_campaign(manager_layer(pagedkv_manager), seed=CI_SEED, max_steps=CI_MANAGER_STEPS)
+    assert result.failure is None, result.failure
+    results = evaluate(result.coverage, MANAGER_TARGETS, MODES)
+    print("\n".join(render_targets(results)))
+    print(f"{result.steps_per_cpu_second:,.0f} steps per CPU second")
+    assert result.coverage.steps >= CI_MANAGER_STEPS
+    assert all(target.enforced for target in results)
+    assert unmet(results) == []
+
+
+@pytest.mark.slow
+def test_the_ci_pool_campaign_finds_no_divergence_and_meets_every_target() -> None:
+    result = run_campaign(pool_layer(pagedkv_pool), seed=CI_SEED, max_steps=CI_POOL_STEPS)
+    assert result.failure is None, result.failure
+    results = evaluate(result.coverage, POOL_TARGETS, MODES)
+    print("\n".join(render_targets(results)))
+    assert unmet(results) == []
