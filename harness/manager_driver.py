@@ -204,7 +204,12 @@ class ManagerDriver:
             start = rng.randrange(num_tokens)
             if rng.random() < 0.5:
                 start -= start % block_size  # on a block boundary
-            mm = ((start, rng.randint(1, num_tokens - start), rng.choice(MM_HASHES)),)
+            length = rng.randint(1, num_tokens - start)
+            last_boundary = num_tokens - num_tokens % block_size
+            if last_boundary > start and rng.random() < 0.25:
+                # Ends where the first block hashed after the prompt (by a decode) starts.
+                length = last_boundary - start
+            mm = ((start, length, rng.choice(MM_HASHES)),)
         return Arrive(
             tokens,
             share,

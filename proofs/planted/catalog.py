@@ -31,7 +31,7 @@ from pagedkv.block import KVCacheBlock
 from pagedkv.block_hash import BlockHashType, ExtraKey
 from pagedkv.errors import BlockStateError, FreeQueueError
 from pagedkv.kv_events import BlockRemoved
-from pagedkv.request import Request
+from pagedkv.request import PlaceholderRange, Request
 
 PLANT_ENV = "PAGEDKV_PLANTED"
 """The environment variable that names the variant a fresh process plants (the pytest plugin,
@@ -39,6 +39,7 @@ the CrossHair suite of manager contracts)."""
 
 # The untouched functions, captured before anything is planted (a variant may wrap them).
 _MM_INPUTS_IN_BLOCK = block_hash.mm_inputs_in_block
+_FIRST_MM_INPUT = block_hash.first_mm_input
 _EXTRA_KEYS = block_hash.generate_block_hash_extra_keys
 _NUM_FULL_BLOCKS = block_counts.num_full_blocks
 _NUM_REQUIRED_BLOCKS = block_counts.num_required_blocks
@@ -316,6 +317,14 @@ def _mm_inputs_closed_interval(
     return _MM_INPUTS_IN_BLOCK(ranges, start_token_idx, end_token_idx, start_mm_idx, True)
 
 
+def _first_mm_input_closed_interval(
+    positions: Sequence[PlaceholderRange], token_idx: int, include_touching: bool = False
+) -> int:
+    """first_mm_input with the same closed-interval mistake: a scan that starts at a block
+    (cache_full_blocks after a decode) begins at an input ending exactly there."""
+    return _FIRST_MM_INPUT(positions, token_idx, True)
+
+
 # -- allocate_slots arithmetic -------------------------------------------------------------------
 
 
@@ -529,7 +538,10 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "mm_closed_interval",
         "a multimodal input ending where a block starts joins the block (closed intervals)",
-        (FunctionPatch(block_hash.mm_inputs_in_block, _mm_inputs_closed_interval),),
+        (
+            FunctionPatch(block_hash.mm_inputs_in_block, _mm_inputs_closed_interval),
+            FunctionPatch(block_hash.first_mm_input, _first_mm_input_closed_interval),
+        ),
     ),
     Variant(
         "vllm_mm_keys",
