@@ -58,9 +58,13 @@ class BlockPool:
     """
 
     def __init__(
-        self, num_gpu_blocks: int, enable_caching: bool, semantics: Semantics = PAGEDKV
+        self, num_gpu_blocks: object, enable_caching: object, semantics: Semantics = PAGEDKV
     ) -> None:
+        # Arguments a caller supplies are typed `object` and checked here, so that a compiled
+        # build refuses a wrong type with the same typed error as the pure one (mypyc would
+        # raise a bare TypeError before the body runs). The same holds for every public call.
         check_pool(num_gpu_blocks, enable_caching, semantics)
+        assert isinstance(num_gpu_blocks, int) and isinstance(enable_caching, bool)
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.semantics = semantics
@@ -82,7 +86,7 @@ class BlockPool:
         except IndexError:
             raise ConcurrentUseError(call) from None
 
-    def get_cached_block(self, block_hash: BlockHashType) -> KVCacheBlock | None:
+    def get_cached_block(self, block_hash: object) -> KVCacheBlock | None:
         """The first-inserted block cached under `block_hash`, or None.
 
         Raises:
@@ -90,8 +94,9 @@ class BlockPool:
 
         Complexity: O(1).
         """
-        check_block_hash("BlockPool.get_cached_block", "block_hash", block_hash)
-        return self.cached_block(block_hash)
+        return self.cached_block(
+            check_block_hash("BlockPool.get_cached_block", "block_hash", block_hash)
+        )
 
     def cached_block(self, block_hash: BlockHashType) -> KVCacheBlock | None:
         """`get_cached_block` for a hash the caller made itself (no argument check): the lookup
@@ -101,7 +106,7 @@ class BlockPool:
             return None
         return next(iter(cached.values()))
 
-    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+    def get_new_blocks(self, num_blocks: object) -> list[KVCacheBlock]:
         """Hand out `num_blocks` blocks from the queue head, evicting any cached ones.
 
         Returns:
@@ -116,8 +121,7 @@ class BlockPool:
         """
         self._enter("BlockPool.get_new_blocks")
         try:
-            check_get_new_blocks(num_blocks)
-            return self._get_new_blocks(num_blocks)
+            return self._get_new_blocks(check_get_new_blocks(num_blocks))
         finally:
             self._idle.append(None)
 
@@ -237,10 +241,10 @@ class BlockPool:
         self,
         request: Request,
         blocks: Sequence[KVCacheBlock],
-        block_hashes: list[BlockHashType],
-        num_cached_blocks: int,
-        num_full_blocks: int,
-        block_size: int,
+        block_hashes: object,
+        num_cached_blocks: object,
+        num_full_blocks: object,
+        block_size: object,
         hash_fn: HashFn,
     ) -> None:
         """Hash blocks `[num_cached_blocks, num_full_blocks)` and add them to the index.
@@ -278,6 +282,8 @@ class BlockPool:
                 _is_kv_block,
             )
             if checked is not None:
+                assert isinstance(block_hashes, list) and isinstance(num_cached_blocks, int)
+                assert isinstance(num_full_blocks, int) and isinstance(block_size, int)
                 self._cache_full_blocks(
                     request,
                     checked,

@@ -56,9 +56,11 @@ class FreeKVCacheBlockQueue:
             prev.next_free_block = block
             block.prev_free_block = prev
 
-    def contains(self, block: KVCacheBlock) -> bool:
-        """Whether `block` is linked into this queue. Complexity: O(1)."""
-        return block.owner_queue is self and self._is_linked(block)
+    def contains(self, block: object) -> bool:
+        """Whether `block` is a KVCacheBlock linked into this queue. Complexity: O(1)."""
+        return (
+            isinstance(block, KVCacheBlock) and block.owner_queue is self and self._is_linked(block)
+        )
 
     def _is_linked(self, block: KVCacheBlock) -> bool:
         """Whether an owned block is in the queue: it has a neighbour or is the head."""
@@ -82,7 +84,7 @@ class FreeKVCacheBlockQueue:
         self._unlink(block)
         return block
 
-    def remove(self, block: KVCacheBlock) -> None:
+    def remove(self, block: object) -> None:
         """Unlink `block` from any position.
 
         Raises:
@@ -91,12 +93,12 @@ class FreeKVCacheBlockQueue:
 
         Complexity: O(1).
         """
-        self._check_owned(block, "remove")
-        if not self._is_linked(block):
-            raise FreeQueueError(block.block_id, "remove of a block that is not in the free queue")
-        self._unlink(block)
+        owned = self._owned(block, "remove")
+        if not self._is_linked(owned):
+            raise FreeQueueError(owned.block_id, "remove of a block that is not in the free queue")
+        self._unlink(owned)
 
-    def append(self, block: KVCacheBlock) -> None:
+    def append(self, block: object) -> None:
         """Link `block` at the tail.
 
         Raises:
@@ -105,19 +107,19 @@ class FreeKVCacheBlockQueue:
 
         Complexity: O(1).
         """
-        self._check_owned(block, "append")
-        if self._is_linked(block):
-            raise FreeQueueError(block.block_id, "append of a block already in the free queue")
+        owned = self._owned(block, "append")
+        if self._is_linked(owned):
+            raise FreeQueueError(owned.block_id, "append of a block already in the free queue")
         tail = self.free_list_tail
         if tail is None:
-            self.free_list_head = block
+            self.free_list_head = owned
         else:
-            tail.next_free_block = block
-            block.prev_free_block = tail
-        self.free_list_tail = block
+            tail.next_free_block = owned
+            owned.prev_free_block = tail
+        self.free_list_tail = owned
         self.num_free_blocks += 1
 
-    def appendleft(self, block: KVCacheBlock) -> None:
+    def appendleft(self, block: object) -> None:
         """Link `block` at the head: it is the next block handed out.
 
         Raises:
@@ -126,27 +128,25 @@ class FreeKVCacheBlockQueue:
 
         Complexity: O(1).
         """
-        self._check_owned(block, "appendleft")
-        if self._is_linked(block):
-            raise FreeQueueError(block.block_id, "append of a block already in the free queue")
+        owned = self._owned(block, "appendleft")
+        if self._is_linked(owned):
+            raise FreeQueueError(owned.block_id, "append of a block already in the free queue")
         head = self.free_list_head
         if head is None:
-            self.free_list_tail = block
+            self.free_list_tail = owned
         else:
-            head.prev_free_block = block
-            block.next_free_block = head
-        self.free_list_head = block
+            head.prev_free_block = owned
+            owned.next_free_block = head
+        self.free_list_head = owned
         self.num_free_blocks += 1
 
-    def _check_owned(self, block: KVCacheBlock, method: str) -> None:
-        try:
-            owner = block.owner_queue
-        except AttributeError:
-            owner = None
-        if owner is self:
-            return
-        require_instance(f"FreeKVCacheBlockQueue.{method}", "block", block, KVCacheBlock)
-        raise FreeQueueError(block.block_id, f"{method} of a block of another free queue")
+    def _owned(self, block: object, method: str) -> KVCacheBlock:
+        """`block` if it is a KVCacheBlock of this queue (typed `object`, so that a compiled
+        build refuses any other value as the pure one does)."""
+        if isinstance(block, KVCacheBlock) and block.owner_queue is self:
+            return block
+        checked = require_instance(f"FreeKVCacheBlockQueue.{method}", "block", block, KVCacheBlock)
+        raise FreeQueueError(checked.block_id, f"{method} of a block of another free queue")
 
     def _unlink(self, block: KVCacheBlock) -> None:
         prev, nxt = block.prev_free_block, block.next_free_block
