@@ -29,8 +29,8 @@ class KVCacheBlock:
     )
 
     def __init__(self, block_id: object) -> None:
-        if type(block_id) is not int or block_id < 0:
-            block_id = require_int("KVCacheBlock", "block_id", block_id, 0)
+        if type(block_id) is not int:
+            block_id = require_int("KVCacheBlock", "block_id", block_id)
         self.block_id: int = block_id
         self.ref_cnt = 0
         self._block_hash: BlockHashType | None = None

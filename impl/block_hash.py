@@ -313,7 +313,7 @@ def hash_request_tokens(
     require_callable(call, "hash_fn", hash_fn)
     size = require_int(call, "block_size", block_size, 1)
     require_instance(call, "request", request, Request)
-    token_ids = request.all_token_ids
+    token_ids = request._all_token_ids  # read directly: a view's slicing costs a Python call
     with_extra_keys = _need_extra_keys(request)
     extra_keys: tuple[ExtraKey, ...] | None = None
     mm_idx = 0

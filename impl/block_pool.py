@@ -134,7 +134,8 @@ class BlockPool:
         blocks = []
         for _ in range(num_blocks):
             block = popleft()
-            self._maybe_evict_cached_block(block)
+            if block.block_hash is not None:
+                self._maybe_evict_cached_block(block)
             block.ref_cnt += 1
             blocks.append(block)
         return blocks
@@ -171,8 +172,12 @@ class BlockPool:
 
     def _touch(self, blocks: list[KVCacheBlock]) -> None:
         """touch for a list of KVCacheBlocks (the caller holds the call token)."""
+        owned = self.blocks
+        num_gpu_blocks = self.num_gpu_blocks
         for block in blocks:
-            self._check_owned(block)
+            block_id = block.block_id
+            if not 0 <= block_id < num_gpu_blocks or owned[block_id] is not block:
+                raise refusals.foreign_block(block_id)
         null_block = self.null_block
         for block in blocks:
             if block is null_block:
@@ -210,16 +215,20 @@ class BlockPool:
     def _free_blocks(self, blocks: list[KVCacheBlock]) -> None:
         """free_blocks for a list of KVCacheBlocks (the caller holds the call token)."""
         null_block = self.null_block
+        owned = self.blocks
+        num_gpu_blocks = self.num_gpu_blocks
         seen: set[int] = set()
         for block in blocks:
-            self._check_owned(block)
+            block_id = block.block_id
+            if not 0 <= block_id < num_gpu_blocks or owned[block_id] is not block:
+                raise refusals.foreign_block(block_id)
             if block is null_block:
                 continue
             if block.ref_cnt <= 0:
-                raise refusals.free_of_free_block(block.block_id)
-            if block.block_id in seen:
-                raise refusals.freed_twice(block.block_id)
-            seen.add(block.block_id)
+                raise refusals.free_of_free_block(block_id)
+            if block_id in seen:
+                raise refusals.freed_twice(block_id)
+            seen.add(block_id)
         append = self.free_block_queue.append
         uncached_first = self.semantics.free_uncached_to_head
         to_head: list[KVCacheBlock] = []
@@ -314,15 +323,16 @@ class BlockPool:
         # Compute every hash before changing anything, so a failure leaves no trace.
         num_given = len(block_hashes) - num_cached_blocks
         vllm_mm_keys = self.semantics.vllm_new_block_mm_keys
+        # The request's slots are read directly (its identity is fixed at construction).
         with_extra_keys = (
-            bool(request.mm_positions)
-            or request.lora_id is not None
-            or request.cache_salt is not None
+            bool(request._mm_positions)
+            or request._lora_id is not None
+            or request._cache_salt is not None
         )
         mm_idx = -1  # the first multimodal input to scan, found at the first block hashed
         extra_keys = None
         new_hashes: list[BlockHashType] = []
-        token_ids = request.all_token_ids
+        token_ids = request._all_token_ids
         for position in range(num_cached_blocks, num_full_blocks):
             if position - num_cached_blocks < num_given:
                 block_hash = block_hashes[position]
@@ -376,18 +386,22 @@ class BlockPool:
         """cache_full_blocks' block rules in the spec's order; returns the parent's hash value
         (None at the chain's start)."""
         null_block = self.null_block
+        owned = self.blocks
+        num_gpu_blocks = self.num_gpu_blocks
         seen: set[int] = set()
         for block in blocks[num_cached_blocks:num_full_blocks]:
-            self._check_owned(block)
+            block_id = block.block_id
+            if not 0 <= block_id < num_gpu_blocks or owned[block_id] is not block:
+                raise refusals.foreign_block(block_id)
             if block is null_block:
                 continue
             if block.ref_cnt <= 0:
-                raise refusals.cache_of_free_block(block.block_id)
+                raise refusals.cache_of_free_block(block_id)
             if block.block_hash is not None:
-                raise refusals.hash_already_set(block.block_id)
-            if block.block_id in seen:
-                raise refusals.cached_twice(block.block_id)
-            seen.add(block.block_id)
+                raise refusals.hash_already_set(block_id)
+            if block_id in seen:
+                raise refusals.cached_twice(block_id)
+            seen.add(block_id)
         if num_cached_blocks == 0:
             return None
         parent = blocks[num_cached_blocks - 1]

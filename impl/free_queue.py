@@ -93,10 +93,18 @@ class FreeKVCacheBlockQueue:
 
         Complexity: O(1).
         """
-        owned = self._owned(block, "remove")
-        if not self._is_linked(owned):
+        if not (
+            isinstance(block, KVCacheBlock)
+            and block.owner_queue is self
+            and (
+                block.prev_free_block is not None
+                or block.next_free_block is not None
+                or self.free_list_head is block
+            )
+        ):
+            owned = self._owned(block, "remove")  # raises unless it is ours
             raise FreeQueueError(owned.block_id, "remove of a block that is not in the free queue")
-        self._unlink(owned)
+        self._unlink(block)
 
     def append(self, block: object) -> None:
         """Link `block` at the tail.
@@ -107,9 +115,16 @@ class FreeKVCacheBlockQueue:
 
         Complexity: O(1).
         """
-        owned = self._owned(block, "append")
-        if self._is_linked(owned):
+        if not (
+            isinstance(block, KVCacheBlock)
+            and block.owner_queue is self
+            and block.prev_free_block is None
+            and block.next_free_block is None
+            and self.free_list_head is not block
+        ):
+            owned = self._owned(block, "append")  # raises unless it is ours
             raise FreeQueueError(owned.block_id, "append of a block already in the free queue")
+        owned = block
         tail = self.free_list_tail
         if tail is None:
             self.free_list_head = owned
