@@ -177,7 +177,7 @@ class BlockPool:
         for block in blocks:
             block_id = block.block_id
             if not 0 <= block_id < num_gpu_blocks or owned[block_id] is not block:
-                raise refusals.foreign_block(block_id)
+                raise refusals.foreign_block(block_id)  # _check_owned, inline
         null_block = self.null_block
         for block in blocks:
             if block is null_block:
@@ -221,7 +221,7 @@ class BlockPool:
         for block in blocks:
             block_id = block.block_id
             if not 0 <= block_id < num_gpu_blocks or owned[block_id] is not block:
-                raise refusals.foreign_block(block_id)
+                raise refusals.foreign_block(block_id)  # _check_owned, inline
             if block is null_block:
                 continue
             if block.ref_cnt <= 0:
@@ -392,7 +392,7 @@ class BlockPool:
         for block in blocks[num_cached_blocks:num_full_blocks]:
             block_id = block.block_id
             if not 0 <= block_id < num_gpu_blocks or owned[block_id] is not block:
-                raise refusals.foreign_block(block_id)
+                raise refusals.foreign_block(block_id)  # _check_owned, inline
             if block is null_block:
                 continue
             if block.ref_cnt <= 0:
@@ -405,7 +405,8 @@ class BlockPool:
         if num_cached_blocks == 0:
             return None
         parent = blocks[num_cached_blocks - 1]
-        self._check_owned(parent)
+        if not 0 <= parent.block_id < num_gpu_blocks or owned[parent.block_id] is not parent:
+            raise refusals.foreign_block(parent.block_id)
         if parent is null_block:
             return block_hashes[num_cached_blocks - 1].hash_value
         if parent.block_hash is None:
@@ -456,7 +457,8 @@ class BlockPool:
         return 1.0 - self.get_num_free_blocks() / self.num_gpu_blocks
 
     def _check_owned(self, block: KVCacheBlock) -> None:
-        """Refuse a block of another pool (after its type was checked)."""
+        """Refuse a block of another pool (after its type was checked). The per-block loops
+        inline this test."""
         block_id = block.block_id
         if not 0 <= block_id < self.num_gpu_blocks or self.blocks[block_id] is not block:
             raise refusals.foreign_block(block_id)

@@ -118,7 +118,6 @@ class KVCacheManager:
         self.num_gpu_blocks = kv_cache_config.num_blocks
         self.max_model_len = max_model_len
         self.max_num_blocks_per_req = cdiv(max_model_len, self.block_size)
-        self._max_num_slots = self.max_num_blocks_per_req * self.block_size
         self.enable_caching = enable_caching
         self.caching_hash_fn = get_hash_fn(caching_hash_algo)
         self.use_eagle = use_eagle
@@ -282,9 +281,11 @@ class KVCacheManager:
         try:
             # The decode fast path: a running request, no hits, nothing skipped, and a step
             # that neither needs a new block nor completes one changes nothing, so it returns
-            # once it has seen that every check of the full path below would pass. Anything
-            # else (a value of another type, a rule broken, a block to allocate or cache, a
-            # window to slide, invariant checks on) takes the full path, which raises.
+            # once it has seen that every check of the full path below would pass (a request
+            # never holds more than max_num_blocks_per_req blocks, so the slots it holds are
+            # within max_model_len). Anything else (a value of another type, a rule broken, a
+            # block to allocate or cache, a window to slide, invariant checks on) takes the
+            # full path, which raises.
             if new_computed_blocks is None and type(request) is Request:
                 request_id = request._request_id
                 blocks = self.req_to_blocks.get(request_id)
@@ -312,7 +313,6 @@ class KVCacheManager:
                         and num_computed >= 0
                         and num_real <= len(request._all_token_ids)
                         and num_slots <= len(blocks) * block_size
-                        and num_slots <= self._max_num_slots
                         and (
                             not self.enable_caching
                             or num_real // block_size == self.num_cached_block.get(request_id)
@@ -352,13 +352,15 @@ class KVCacheManager:
         assert isinstance(request, Request)
         assert isinstance(num_tokens, int)
         assert isinstance(num_lookahead_tokens, int)
-        request_id = request.request_id
+        request_id = request._request_id
         block_size = self.block_size
         # -- the preconditions, in the spec's order --
         num_spec = len(request.spec_token_ids)
         if num_spec > num_tokens:
             raise refusals.more_drafts_than_scheduled(request_id, num_spec, num_tokens)
-        self._check_identity(request)
+        known = self._requests.get(request_id)  # _check_identity, inline
+        if known is not None and known is not request:
+            raise refusals.id_in_use(request_id)
         req_blocks = self.req_to_blocks.get(request_id, [])
         num_held = len(req_blocks)
         num_computed = request.num_computed_tokens
@@ -368,7 +370,7 @@ class KVCacheManager:
             self._check_hits(request, num_held, hits)
         num_computed_tokens = num_computed + len(hits) * block_size
         num_scheduled_real = num_computed_tokens + num_tokens - num_spec
-        if num_scheduled_real > request.num_tokens:
+        if num_scheduled_real > len(request._all_token_ids):
             raise refusals.more_tokens_than_request(
                 request_id, num_scheduled_real, request.num_tokens
             )
@@ -392,13 +394,15 @@ class KVCacheManager:
             raise refusals.cached_blocks_lost(request_id, num_full, num_cached)
         # -- every precondition holds: from here on nothing can fail --
         pool = self.block_pool
-        removed = self.specialized_manager.remove_skipped_blocks(req_blocks, num_computed)
-        if removed:
-            pool._free_blocks(removed)
+        if self._sliding_window:  # full attention skips nothing
+            removed = self.specialized_manager.remove_skipped_blocks(req_blocks, num_computed)
+            if removed:
+                pool._free_blocks(removed)
         num_new = num_new_blocks(num_required, len(req_blocks), len(hits))
         num_evictable_hits = self._num_evictable_hits(hits) if hits else 0
         if not fits(num_new, pool.free_block_queue.num_free_blocks, num_evictable_hits):
-            self._after_call()
+            if self.debug_invariants:
+                self._after_call()
             return None
         if hits:
             if self.enable_caching:
@@ -430,7 +434,8 @@ class KVCacheManager:
                     self.caching_hash_fn,
                 )
             self.num_cached_block[request_id] = num_full
-        self._after_call()
+        if self.debug_invariants:
+            self._after_call()
         return new_blocks
 
     def _num_evictable_hits(self, new_computed: list[KVCacheBlock]) -> int:
