@@ -256,7 +256,7 @@ def hash_block_tokens(
     hash_fn: HashFn,
     parent_block_hash: object,
     curr_block_token_ids: Sequence[int],
-    extra_keys: tuple[ExtraKey, ...] | None = None,
+    extra_keys: object = None,
 ) -> BlockHashType:
     """Hash one full block, chained to its parent's hash value (None or 0: the chain's start).
 
@@ -275,9 +275,10 @@ def hash_block_tokens(
         else require_int(call, "parent_block_hash", parent_block_hash)
     )
     token_ids = require_token_ids(call, "curr_block_token_ids", curr_block_token_ids)
-    if extra_keys is not None:
-        require_instance(call, "extra_keys", extra_keys, tuple)
-    block_hash = chain_block_hash(hash_fn, parent, token_ids, extra_keys)
+    keys: tuple[ExtraKey, ...] | None = (
+        None if extra_keys is None else require_instance(call, "extra_keys", extra_keys, tuple)
+    )
+    block_hash = chain_block_hash(hash_fn, parent, token_ids, keys)
     require_int(call, "the value hash_fn returned", block_hash.hash_value)
     return block_hash
 

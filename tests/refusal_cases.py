@@ -262,6 +262,9 @@ CASES: dict[str, Case] = {
     "hash_block_tokens: parent hash float": _function(
         lambda: hash_block_tokens(sha256, 1.5, [1, 2])
     ),
+    "hash_block_tokens: extra keys a list": _function(
+        lambda: hash_block_tokens(sha256, None, [1, 2], [1])
+    ),
     "generate_block_hash_extra_keys: start float": _function(
         lambda: generate_block_hash_extra_keys(Request("q", [1], lora_id=1), 0.0, 1, 0)
     ),
