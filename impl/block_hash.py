@@ -18,7 +18,7 @@ import pickle
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Protocol, TypeAlias
+from typing import Any, Literal, NamedTuple, Protocol, TypeAlias
 
 from pagedkv.arguments import (
     require_callable,
@@ -279,7 +279,7 @@ def hash_block_tokens(
         None if extra_keys is None else require_instance(call, "extra_keys", extra_keys, tuple)
     )
     block_hash = chain_block_hash(hash_fn, parent, token_ids, keys)
-    require_int(call, "the value hash_fn returned", block_hash.hash_value)
+    require_int(call, "the value hash_fn returned", hash_value_of(block_hash))
     return block_hash
 
 
@@ -294,7 +294,17 @@ def chain_block_hash(
     Complexity: O(len(token_ids)) plus the hash function.
     """
     parent = parent_hash_value or NONE_HASH
-    return BlockHashType(hash_fn((parent, token_ids, extra_keys)), token_ids, extra_keys)
+    # Called untyped: the callers check that it returned an int (`hash_value_of`); a compiled
+    # build would check the declared return type here and raise a bare TypeError.
+    untyped_hash_fn: Any = hash_fn
+    return BlockHashType(untyped_hash_fn((parent, token_ids, extra_keys)), token_ids, extra_keys)
+
+
+def hash_value_of(block_hash: BlockHashType) -> object:
+    """The hash value a hash function returned, untyped, for its caller to check (a compiled
+    build would check it on reading and raise a bare TypeError)."""
+    untyped: Any = block_hash
+    return untyped.hash_value
 
 
 def hash_request_tokens(

@@ -14,6 +14,7 @@ from pagedkv.block_hash import (
     chain_block_hash,
     first_mm_input,
     generate_block_hash_extra_keys,
+    hash_value_of,
 )
 from pagedkv.call_arguments import (
     block_list,
@@ -354,11 +355,10 @@ class BlockPool:
                 block_hash = chain_block_hash(
                     hash_fn, parent_hash_value, tuple(token_ids[start:end]), extra_keys
                 )
-                if type(block_hash.hash_value) is not int:
+                returned = hash_value_of(block_hash)
+                if type(returned) is not int:
                     require_int(
-                        "BlockPool.cache_full_blocks",
-                        "the value hash_fn returned",
-                        block_hash.hash_value,
+                        "BlockPool.cache_full_blocks", "the value hash_fn returned", returned
                     )
                 new_hashes.append(block_hash)
             parent_hash_value = block_hash.hash_value

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
+from typing import cast
 
 from pagedkv.arguments import require_instance, require_iterable
 from pagedkv.block import KVCacheBlock
@@ -34,10 +35,10 @@ class FreeKVCacheBlockQueue:
         Complexity: O(len(blocks)).
         """
         call = "FreeKVCacheBlockQueue"
-        queued: list[KVCacheBlock] = require_iterable(call, "blocks", blocks)
+        items: list[object] = require_iterable(call, "blocks", blocks)  # each item checked:
         seen: set[int] = set()
-        for index, block in enumerate(queued):
-            require_instance(call, f"blocks[{index}]", block, KVCacheBlock)
+        for index, item in enumerate(items):
+            block = require_instance(call, f"blocks[{index}]", item, KVCacheBlock)
             if id(block) in seen:
                 raise FreeQueueError(block.block_id, "a block listed twice for a new free queue")
             if block.ref_cnt != 0:
@@ -47,6 +48,7 @@ class FreeKVCacheBlockQueue:
             if block.owner_queue is not None:
                 raise FreeQueueError(block.block_id, "a block of another free queue")
             seen.add(id(block))
+        queued = cast("list[KVCacheBlock]", items)
         self.num_free_blocks = len(queued)
         self.free_list_head: KVCacheBlock | None = queued[0] if queued else None
         self.free_list_tail: KVCacheBlock | None = queued[-1] if queued else None
