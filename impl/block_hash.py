@@ -283,6 +283,9 @@ def hash_block_tokens(
     return block_hash
 
 
+_new_tuple = tuple.__new__
+
+
 def chain_block_hash(
     hash_fn: HashFn,
     parent_hash_value: int | None,
@@ -297,7 +300,8 @@ def chain_block_hash(
     # Called untyped: the callers check that it returned an int (`hash_value_of`); a compiled
     # build would check the declared return type here and raise a bare TypeError.
     untyped_hash_fn: Any = hash_fn
-    return BlockHashType(untyped_hash_fn((parent, token_ids, extra_keys)), token_ids, extra_keys)
+    fields = (untyped_hash_fn((parent, token_ids, extra_keys)), token_ids, extra_keys)
+    return _new_tuple(BlockHashType, fields)  # BlockHashType(*fields), one Python frame less
 
 
 def hash_value_of(block_hash: BlockHashType) -> object:
