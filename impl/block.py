@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pagedkv.arguments import require_int
 from pagedkv.block_hash import BlockHashType
 from pagedkv.errors import BlockStateError
 
@@ -27,8 +28,10 @@ class KVCacheBlock:
         "ref_cnt",
     )
 
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
+    def __init__(self, block_id: object) -> None:
+        if type(block_id) is not int:
+            block_id = require_int("KVCacheBlock", "block_id", block_id)
+        self.block_id: int = block_id
         self.ref_cnt = 0
         self._block_hash: BlockHashType | None = None
         self.prev_free_block: KVCacheBlock | None = None

@@ -18,7 +18,7 @@ import pickle
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Protocol, TypeAlias
+from typing import Any, Literal, NamedTuple, Protocol, TypeAlias
 
 from pagedkv.arguments import (
     require_callable,
@@ -90,16 +90,16 @@ HASH_FUNCTIONS: dict[str, HashFn] = {"sha256": sha256, "builtin": hash}
 """
 
 
-def get_hash_fn(algo: str) -> HashFn:
+def get_hash_fn(algo: object) -> HashFn:
     """The hash function named `algo` ("sha256" or "builtin", see `HASH_FUNCTIONS`).
 
     Raises:
         ArgumentTypeError: `algo` is not a str.
         InvalidArgumentError: no hash function has that name.
     """
-    require_str("get_hash_fn", "algo", algo)
+    name = require_str("get_hash_fn", "algo", algo)
     try:
-        return HASH_FUNCTIONS[algo]
+        return HASH_FUNCTIONS[name]
     except KeyError:
         raise InvalidArgumentError(
             f"unknown caching hash algorithm {algo!r}; expected one of {sorted(HASH_FUNCTIONS)}"
@@ -209,9 +209,9 @@ def _input_end(position: PlaceholderRange) -> int:
 
 def generate_block_hash_extra_keys(
     request: Request,
-    start_token_idx: int,
-    end_token_idx: int,
-    start_mm_idx: int,
+    start_token_idx: object,
+    end_token_idx: object,
+    start_mm_idx: object,
     *,
     include_touching: bool = False,
 ) -> tuple[tuple[ExtraKey, ...] | None, int]:
@@ -235,20 +235,15 @@ def generate_block_hash_extra_keys(
     """
     call = "generate_block_hash_extra_keys"
     require_instance(call, "request", request, Request)
-    require_int(call, "start_token_idx", start_token_idx, 0)
-    require_int(call, "end_token_idx", end_token_idx, start_token_idx)
-    require_int(call, "start_mm_idx", start_mm_idx, 0)
+    start = require_int(call, "start_token_idx", start_token_idx, 0)
+    end = require_int(call, "end_token_idx", end_token_idx, start)
+    mm_idx = require_int(call, "start_mm_idx", start_mm_idx, 0)
     keys: list[ExtraKey] = []
     if request.lora_id is not None:
         keys.append(request.lora_id)
-    mm_idx = start_mm_idx
     if request.mm_positions:
         indices, mm_idx = mm_inputs_in_block(
-            _RangesAsTuples(request.mm_positions),
-            start_token_idx,
-            end_token_idx,
-            start_mm_idx,
-            include_touching,
+            _RangesAsTuples(request.mm_positions), start, end, mm_idx, include_touching
         )
         mm_hashes = request.mm_hashes
         keys.extend(mm_hashes[i] for i in indices)
@@ -259,9 +254,9 @@ def generate_block_hash_extra_keys(
 
 def hash_block_tokens(
     hash_fn: HashFn,
-    parent_block_hash: int | None,
+    parent_block_hash: object,
     curr_block_token_ids: Sequence[int],
-    extra_keys: tuple[ExtraKey, ...] | None = None,
+    extra_keys: object = None,
 ) -> BlockHashType:
     """Hash one full block, chained to its parent's hash value (None or 0: the chain's start).
 
@@ -274,14 +269,21 @@ def hash_block_tokens(
     """
     call = "hash_block_tokens"
     require_callable(call, "hash_fn", hash_fn)
-    if parent_block_hash is not None:
-        require_int(call, "parent_block_hash", parent_block_hash)
+    parent = (
+        None
+        if parent_block_hash is None
+        else require_int(call, "parent_block_hash", parent_block_hash)
+    )
     token_ids = require_token_ids(call, "curr_block_token_ids", curr_block_token_ids)
-    if extra_keys is not None:
-        require_instance(call, "extra_keys", extra_keys, tuple)
-    block_hash = chain_block_hash(hash_fn, parent_block_hash, token_ids, extra_keys)
-    require_int(call, "the value hash_fn returned", block_hash.hash_value)
+    keys: tuple[ExtraKey, ...] | None = (
+        None if extra_keys is None else require_instance(call, "extra_keys", extra_keys, tuple)
+    )
+    block_hash = chain_block_hash(hash_fn, parent, token_ids, keys)
+    require_int(call, "the value hash_fn returned", hash_value_of(block_hash))
     return block_hash
+
+
+_new_tuple = tuple.__new__
 
 
 def chain_block_hash(
@@ -295,10 +297,23 @@ def chain_block_hash(
     Complexity: O(len(token_ids)) plus the hash function.
     """
     parent = parent_hash_value or NONE_HASH
-    return BlockHashType(hash_fn((parent, token_ids, extra_keys)), token_ids, extra_keys)
+    # Called untyped: the callers check that it returned an int (`hash_value_of`); a compiled
+    # build would check the declared return type here and raise a bare TypeError.
+    untyped_hash_fn: Any = hash_fn
+    fields = (untyped_hash_fn((parent, token_ids, extra_keys)), token_ids, extra_keys)
+    return _new_tuple(BlockHashType, fields)  # BlockHashType(*fields), one Python frame less
 
 
-def hash_request_tokens(hash_fn: HashFn, block_size: int, request: Request) -> list[BlockHashType]:
+def hash_value_of(block_hash: BlockHashType) -> object:
+    """The hash value a hash function returned, untyped, for its caller to check (a compiled
+    build would check it on reading and raise a bare TypeError)."""
+    untyped: Any = block_hash
+    return untyped.hash_value
+
+
+def hash_request_tokens(
+    hash_fn: HashFn, block_size: object, request: Request
+) -> list[BlockHashType]:
     """The chained hashes of every full block of `request.all_token_ids`, in order.
 
     A trailing partial block is never hashed.
@@ -311,16 +326,16 @@ def hash_request_tokens(hash_fn: HashFn, block_size: int, request: Request) -> l
     """
     call = "hash_request_tokens"
     require_callable(call, "hash_fn", hash_fn)
-    require_int(call, "block_size", block_size, 1)
+    size = require_int(call, "block_size", block_size, 1)
     require_instance(call, "request", request, Request)
-    token_ids = request.all_token_ids
+    token_ids = request._all_token_ids  # read directly: a view's slicing costs a Python call
     with_extra_keys = _need_extra_keys(request)
     extra_keys: tuple[ExtraKey, ...] | None = None
     mm_idx = 0
     parent: int | None = None
     hashes: list[BlockHashType] = []
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        end = start + block_size
+    for start in range(0, len(token_ids) - size + 1, size):
+        end = start + size
         if with_extra_keys:
             extra_keys, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
         block_hash = chain_block_hash(hash_fn, parent, tuple(token_ids[start:end]), extra_keys)

@@ -15,6 +15,7 @@ from pagedkv.block_hash import (
     chain_block_hash,
     first_mm_input,
     generate_block_hash_extra_keys,
+    hash_value_of,
 )
 from pagedkv.call_arguments import (
     block_list,
@@ -66,12 +67,17 @@ class BlockPool:
 
     def __init__(
         self,
-        num_gpu_blocks: int,
-        enable_caching: bool,
+        num_gpu_blocks: object,
+        enable_caching: object,
         semantics: Semantics = PAGEDKV,
-        enable_kv_cache_events: bool = False,
+        enable_kv_cache_events: object = False,
     ) -> None:
+        # Arguments a caller supplies are typed `object` and checked here, so that a compiled
+        # build refuses a wrong type with the same typed error as the pure one (mypyc would
+        # raise a bare TypeError before the body runs). The same holds for every public call.
         check_pool(num_gpu_blocks, enable_caching, semantics, enable_kv_cache_events)
+        assert isinstance(num_gpu_blocks, int) and isinstance(enable_caching, bool)
+        assert isinstance(enable_kv_cache_events, bool)
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.semantics = semantics
@@ -99,7 +105,7 @@ class BlockPool:
         except IndexError:
             raise ConcurrentUseError(call) from None
 
-    def get_cached_block(self, block_hash: BlockHashType) -> KVCacheBlock | None:
+    def get_cached_block(self, block_hash: object) -> KVCacheBlock | None:
         """The first-inserted block cached under `block_hash`, or None.
 
         Raises:
@@ -107,8 +113,9 @@ class BlockPool:
 
         Complexity: O(1).
         """
-        check_block_hash("BlockPool.get_cached_block", "block_hash", block_hash)
-        return self.cached_block(block_hash)
+        return self.cached_block(
+            check_block_hash("BlockPool.get_cached_block", "block_hash", block_hash)
+        )
 
     def cached_block(self, block_hash: BlockHashType) -> KVCacheBlock | None:
         """`get_cached_block` for a hash the caller made itself (no argument check): the lookup
@@ -118,7 +125,7 @@ class BlockPool:
             return None
         return next(iter(cached.values()))
 
-    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+    def get_new_blocks(self, num_blocks: object) -> list[KVCacheBlock]:
         """Hand out `num_blocks` blocks from the queue head, evicting any cached ones.
 
         Returns:
@@ -133,8 +140,7 @@ class BlockPool:
         """
         self._enter("BlockPool.get_new_blocks")
         try:
-            check_get_new_blocks(num_blocks)
-            return self._get_new_blocks(num_blocks)
+            return self._get_new_blocks(check_get_new_blocks(num_blocks))
         finally:
             self._idle.append(None)
 
@@ -147,7 +153,8 @@ class BlockPool:
         blocks = []
         for _ in range(num_blocks):
             block = popleft()
-            self._maybe_evict_cached_block(block)
+            if block.block_hash is not None:
+                self._maybe_evict_cached_block(block)
             block.ref_cnt += 1
             blocks.append(block)
         return blocks
@@ -186,8 +193,12 @@ class BlockPool:
 
     def _touch(self, blocks: list[KVCacheBlock]) -> None:
         """touch for a list of KVCacheBlocks (the caller holds the call token)."""
+        owned = self.blocks
+        num_gpu_blocks = self.num_gpu_blocks
         for block in blocks:
-            self._check_owned(block)
+            block_id = block.block_id
+            if not 0 <= block_id < num_gpu_blocks or owned[block_id] is not block:
+                raise refusals.foreign_block(block_id)  # _check_owned, inline
         null_block = self.null_block
         for block in blocks:
             if block is null_block:
@@ -225,16 +236,20 @@ class BlockPool:
     def _free_blocks(self, blocks: list[KVCacheBlock]) -> None:
         """free_blocks for a list of KVCacheBlocks (the caller holds the call token)."""
         null_block = self.null_block
+        owned = self.blocks
+        num_gpu_blocks = self.num_gpu_blocks
         seen: set[int] = set()
         for block in blocks:
-            self._check_owned(block)
+            block_id = block.block_id
+            if not 0 <= block_id < num_gpu_blocks or owned[block_id] is not block:
+                raise refusals.foreign_block(block_id)  # _check_owned, inline
             if block is null_block:
                 continue
             if block.ref_cnt <= 0:
-                raise refusals.free_of_free_block(block.block_id)
-            if block.block_id in seen:
-                raise refusals.freed_twice(block.block_id)
-            seen.add(block.block_id)
+                raise refusals.free_of_free_block(block_id)
+            if block_id in seen:
+                raise refusals.freed_twice(block_id)
+            seen.add(block_id)
         append = self.free_block_queue.append
         uncached_first = self.semantics.free_uncached_to_head
         to_head: list[KVCacheBlock] = []
@@ -256,10 +271,10 @@ class BlockPool:
         self,
         request: Request,
         blocks: Sequence[KVCacheBlock],
-        block_hashes: list[BlockHashType],
-        num_cached_blocks: int,
-        num_full_blocks: int,
-        block_size: int,
+        block_hashes: object,
+        num_cached_blocks: object,
+        num_full_blocks: object,
+        block_size: object,
         hash_fn: HashFn,
     ) -> None:
         """Hash blocks `[num_cached_blocks, num_full_blocks)` and add them to the index.
@@ -297,6 +312,8 @@ class BlockPool:
                 _is_kv_block,
             )
             if checked is not None:
+                assert isinstance(block_hashes, list) and isinstance(num_cached_blocks, int)
+                assert isinstance(num_full_blocks, int) and isinstance(block_size, int)
                 self._cache_full_blocks(
                     request,
                     checked,
@@ -328,15 +345,16 @@ class BlockPool:
         # Compute every hash before changing anything, so a failure leaves no trace.
         num_given = len(block_hashes) - num_cached_blocks
         vllm_mm_keys = self.semantics.vllm_new_block_mm_keys
+        # The request's slots are read directly (its identity is fixed at construction).
         with_extra_keys = (
-            bool(request.mm_positions)
-            or request.lora_id is not None
-            or request.cache_salt is not None
+            bool(request._mm_positions)
+            or request._lora_id is not None
+            or request._cache_salt is not None
         )
         mm_idx = -1  # the first multimodal input to scan, found at the first block hashed
         extra_keys = None
         new_hashes: list[BlockHashType] = []
-        token_ids = request.all_token_ids
+        token_ids = request._all_token_ids
         for position in range(num_cached_blocks, num_full_blocks):
             if position - num_cached_blocks < num_given:
                 block_hash = block_hashes[position]
@@ -358,11 +376,10 @@ class BlockPool:
                 block_hash = chain_block_hash(
                     hash_fn, parent_hash_value, tuple(token_ids[start:end]), extra_keys
                 )
-                if type(block_hash.hash_value) is not int:
+                returned = hash_value_of(block_hash)
+                if type(returned) is not int:
                     require_int(
-                        "BlockPool.cache_full_blocks",
-                        "the value hash_fn returned",
-                        block_hash.hash_value,
+                        "BlockPool.cache_full_blocks", "the value hash_fn returned", returned
                     )
                 new_hashes.append(block_hash)
             parent_hash_value = block_hash.hash_value
@@ -426,22 +443,27 @@ class BlockPool:
         """cache_full_blocks' block rules in the spec's order; returns the parent's hash value
         (None at the chain's start)."""
         null_block = self.null_block
+        owned = self.blocks
+        num_gpu_blocks = self.num_gpu_blocks
         seen: set[int] = set()
         for block in blocks[num_cached_blocks:num_full_blocks]:
-            self._check_owned(block)
+            block_id = block.block_id
+            if not 0 <= block_id < num_gpu_blocks or owned[block_id] is not block:
+                raise refusals.foreign_block(block_id)  # _check_owned, inline
             if block is null_block:
                 continue
             if block.ref_cnt <= 0:
-                raise refusals.cache_of_free_block(block.block_id)
+                raise refusals.cache_of_free_block(block_id)
             if block.block_hash is not None:
-                raise refusals.hash_already_set(block.block_id)
-            if block.block_id in seen:
-                raise refusals.cached_twice(block.block_id)
-            seen.add(block.block_id)
+                raise refusals.hash_already_set(block_id)
+            if block_id in seen:
+                raise refusals.cached_twice(block_id)
+            seen.add(block_id)
         if num_cached_blocks == 0:
             return None
         parent = blocks[num_cached_blocks - 1]
-        self._check_owned(parent)
+        if not 0 <= parent.block_id < num_gpu_blocks or owned[parent.block_id] is not parent:
+            raise refusals.foreign_block(parent.block_id)
         if parent is null_block:
             return block_hashes[num_cached_blocks - 1].hash_value
         if parent.block_hash is None:
@@ -523,7 +545,8 @@ class BlockPool:
         return 1.0 - self.get_num_free_blocks() / self.num_gpu_blocks
 
     def _check_owned(self, block: KVCacheBlock) -> None:
-        """Refuse a block of another pool (after its type was checked)."""
+        """Refuse a block of another pool (after its type was checked). The per-block loops
+        inline this test."""
         block_id = block.block_id
         if not 0 <= block_id < self.num_gpu_blocks or self.blocks[block_id] is not block:
             raise refusals.foreign_block(block_id)

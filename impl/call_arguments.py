@@ -84,20 +84,21 @@ def check_pool(
     require_bool(POOL, "enable_kv_cache_events", enable_kv_cache_events)
 
 
-def check_get_new_blocks(num_blocks: object) -> None:
+def check_get_new_blocks(num_blocks: object) -> int:
     """BlockPool.get_new_blocks(num_blocks): an int >= 0."""
-    require_int(f"{POOL}.get_new_blocks", "num_blocks", num_blocks, 0)
+    return require_int(f"{POOL}.get_new_blocks", "num_blocks", num_blocks, 0)
 
 
-def check_block_hash(call: str, argument: str, value: object) -> None:
+def check_block_hash(call: str, argument: str, value: object) -> BlockHashType:
     """A `BlockHashType` whose fields can be hashed (it becomes, or looks up, an index key)."""
-    require_instance(call, argument, value, BlockHashType)
+    block_hash = require_instance(call, argument, value, BlockHashType)
     try:
-        hash(value)
+        hash(block_hash)
     except TypeError:
         raise argument_error(
             call, argument, "a hashable BlockHashType", value, type_ok=False
         ) from None
+    return block_hash
 
 
 def check_cache_full_blocks(

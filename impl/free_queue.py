@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
+from typing import cast
 
 from pagedkv.arguments import require_instance, require_iterable
 from pagedkv.block import KVCacheBlock
@@ -34,10 +35,10 @@ class FreeKVCacheBlockQueue:
         Complexity: O(len(blocks)).
         """
         call = "FreeKVCacheBlockQueue"
-        queued: list[KVCacheBlock] = require_iterable(call, "blocks", blocks)
+        items: list[object] = require_iterable(call, "blocks", blocks)  # each item checked:
         seen: set[int] = set()
-        for index, block in enumerate(queued):
-            require_instance(call, f"blocks[{index}]", block, KVCacheBlock)
+        for index, item in enumerate(items):
+            block = require_instance(call, f"blocks[{index}]", item, KVCacheBlock)
             if id(block) in seen:
                 raise FreeQueueError(block.block_id, "a block listed twice for a new free queue")
             if block.ref_cnt != 0:
@@ -47,6 +48,7 @@ class FreeKVCacheBlockQueue:
             if block.owner_queue is not None:
                 raise FreeQueueError(block.block_id, "a block of another free queue")
             seen.add(id(block))
+        queued = cast("list[KVCacheBlock]", items)
         self.num_free_blocks = len(queued)
         self.free_list_head: KVCacheBlock | None = queued[0] if queued else None
         self.free_list_tail: KVCacheBlock | None = queued[-1] if queued else None
@@ -56,9 +58,11 @@ class FreeKVCacheBlockQueue:
             prev.next_free_block = block
             block.prev_free_block = prev
 
-    def contains(self, block: KVCacheBlock) -> bool:
-        """Whether `block` is linked into this queue. Complexity: O(1)."""
-        return block.owner_queue is self and self._is_linked(block)
+    def contains(self, block: object) -> bool:
+        """Whether `block` is a KVCacheBlock linked into this queue. Complexity: O(1)."""
+        return (
+            isinstance(block, KVCacheBlock) and block.owner_queue is self and self._is_linked(block)
+        )
 
     def _is_linked(self, block: KVCacheBlock) -> bool:
         """Whether an owned block is in the queue: it has a neighbour or is the head."""
@@ -82,7 +86,7 @@ class FreeKVCacheBlockQueue:
         self._unlink(block)
         return block
 
-    def remove(self, block: KVCacheBlock) -> None:
+    def remove(self, block: object) -> None:
         """Unlink `block` from any position.
 
         Raises:
@@ -91,12 +95,20 @@ class FreeKVCacheBlockQueue:
 
         Complexity: O(1).
         """
-        self._check_owned(block, "remove")
-        if not self._is_linked(block):
-            raise FreeQueueError(block.block_id, "remove of a block that is not in the free queue")
+        if not (
+            isinstance(block, KVCacheBlock)
+            and block.owner_queue is self
+            and (
+                block.prev_free_block is not None
+                or block.next_free_block is not None
+                or self.free_list_head is block
+            )
+        ):
+            owned = self._owned(block, "remove")  # raises unless it is ours
+            raise FreeQueueError(owned.block_id, "remove of a block that is not in the free queue")
         self._unlink(block)
 
-    def append(self, block: KVCacheBlock) -> None:
+    def append(self, block: object) -> None:
         """Link `block` at the tail.
 
         Raises:
@@ -105,19 +117,26 @@ class FreeKVCacheBlockQueue:
 
         Complexity: O(1).
         """
-        self._check_owned(block, "append")
-        if self._is_linked(block):
-            raise FreeQueueError(block.block_id, "append of a block already in the free queue")
+        if not (
+            isinstance(block, KVCacheBlock)
+            and block.owner_queue is self
+            and block.prev_free_block is None
+            and block.next_free_block is None
+            and self.free_list_head is not block
+        ):
+            owned = self._owned(block, "append")  # raises unless it is ours
+            raise FreeQueueError(owned.block_id, "append of a block already in the free queue")
+        owned = block
         tail = self.free_list_tail
         if tail is None:
-            self.free_list_head = block
+            self.free_list_head = owned
         else:
-            tail.next_free_block = block
-            block.prev_free_block = tail
-        self.free_list_tail = block
+            tail.next_free_block = owned
+            owned.prev_free_block = tail
+        self.free_list_tail = owned
         self.num_free_blocks += 1
 
-    def appendleft(self, block: KVCacheBlock) -> None:
+    def appendleft(self, block: object) -> None:
         """Link `block` at the head: it is the next block handed out.
 
         Raises:
@@ -126,27 +145,25 @@ class FreeKVCacheBlockQueue:
 
         Complexity: O(1).
         """
-        self._check_owned(block, "appendleft")
-        if self._is_linked(block):
-            raise FreeQueueError(block.block_id, "append of a block already in the free queue")
+        owned = self._owned(block, "appendleft")
+        if self._is_linked(owned):
+            raise FreeQueueError(owned.block_id, "append of a block already in the free queue")
         head = self.free_list_head
         if head is None:
-            self.free_list_tail = block
+            self.free_list_tail = owned
         else:
-            head.prev_free_block = block
-            block.next_free_block = head
-        self.free_list_head = block
+            head.prev_free_block = owned
+            owned.next_free_block = head
+        self.free_list_head = owned
         self.num_free_blocks += 1
 
-    def _check_owned(self, block: KVCacheBlock, method: str) -> None:
-        try:
-            owner = block.owner_queue
-        except AttributeError:
-            owner = None
-        if owner is self:
-            return
-        require_instance(f"FreeKVCacheBlockQueue.{method}", "block", block, KVCacheBlock)
-        raise FreeQueueError(block.block_id, f"{method} of a block of another free queue")
+    def _owned(self, block: object, method: str) -> KVCacheBlock:
+        """`block` if it is a KVCacheBlock of this queue (typed `object`, so that a compiled
+        build refuses any other value as the pure one does)."""
+        if isinstance(block, KVCacheBlock) and block.owner_queue is self:
+            return block
+        checked = require_instance(f"FreeKVCacheBlockQueue.{method}", "block", block, KVCacheBlock)
+        raise FreeQueueError(checked.block_id, f"{method} of a block of another free queue")
 
     def _unlink(self, block: KVCacheBlock) -> None:
         prev, nxt = block.prev_free_block, block.next_free_block

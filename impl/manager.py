@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import Any
 
 from pagedkv import refusals
 from pagedkv.arguments import require_int
@@ -43,7 +43,7 @@ from pagedkv.kv_events import KVCacheEvent
 from pagedkv.prefix_cache_stats import PrefixCacheStats
 from pagedkv.request import Request
 from pagedkv.semantics import PAGEDKV, Semantics
-from pagedkv.sliding_window import SlidingWindowManager
+from pagedkv.sliding_window import SlidingWindowManager, first_useful_block
 from pagedkv.specialized_manager import FullAttentionManager, SpecializedManager
 
 
@@ -53,16 +53,6 @@ def _is_kv_block(value: object) -> bool:
 
 CHECK_INVARIANTS_ENV = "PAGEDKV_CHECK_INVARIANTS"
 """Set to 1 to make every manager run `check_invariants()` after each state-changing call."""
-
-
-@dataclass(frozen=True)
-class _Allocation:
-    """What `allocate_slots` worked out before changing anything."""
-
-    new_computed: list[KVCacheBlock]
-    num_required: int  # blocks the request needs after this step, lookahead included
-    num_full: int  # full blocks after this step, speculative tokens excluded
-    num_cached: int  # blocks already cached before this step
 
 
 class KVCacheManager:
@@ -102,16 +92,19 @@ class KVCacheManager:
     def __init__(
         self,
         kv_cache_config: KVCacheConfig,
-        max_model_len: int,
-        enable_caching: bool = True,
-        caching_hash_algo: str = "sha256",
-        use_eagle: bool = False,
-        log_stats: bool = False,
+        max_model_len: object,
+        enable_caching: object = True,
+        caching_hash_algo: object = "sha256",
+        use_eagle: object = False,
+        log_stats: object = False,
         *,
         semantics: Semantics = PAGEDKV,
-        enable_kv_cache_events: bool = False,
-        debug_invariants: bool | int | None = None,
+        enable_kv_cache_events: object = False,
+        debug_invariants: object = None,
     ) -> None:
+        # Arguments a caller supplies are typed `object` and checked here, so that a compiled
+        # build refuses a wrong type with the same typed error as the pure one (mypyc would
+        # raise a bare TypeError before the body runs). The same holds for every public call.
         check_manager(
             kv_cache_config,
             max_model_len,
@@ -122,6 +115,8 @@ class KVCacheManager:
             semantics,
             enable_kv_cache_events,
         )
+        assert isinstance(max_model_len, int) and isinstance(enable_caching, bool)
+        assert isinstance(use_eagle, bool) and isinstance(log_stats, bool)
         kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
         self.block_size = kv_cache_spec.block_size
         self.num_gpu_blocks = kv_cache_config.num_blocks
@@ -137,8 +132,10 @@ class KVCacheManager:
             self.num_gpu_blocks, enable_caching, semantics, enable_kv_cache_events
         )
         self.specialized_manager: SpecializedManager
+        self._sliding_window = 0  # tokens; 0 under full attention (the decode fast path asks)
         if isinstance(kv_cache_spec, SlidingWindowSpec):
             self.specialized_manager = SlidingWindowManager(kv_cache_spec, self.block_pool)
+            self._sliding_window = kv_cache_spec.sliding_window
         elif isinstance(kv_cache_spec, FullAttentionSpec):
             self.specialized_manager = FullAttentionManager(kv_cache_spec, self.block_pool)
         else:
@@ -155,7 +152,7 @@ class KVCacheManager:
                 )
             debug_invariants = int(setting)
         elif not isinstance(debug_invariants, bool):
-            require_int(MANAGER, "debug_invariants", debug_invariants, 0)
+            debug_invariants = require_int(MANAGER, "debug_invariants", debug_invariants, 0)
         self.debug_invariants = int(debug_invariants)
         self._calls_until_check = self.debug_invariants
         # The pool's call token (see BlockPool): a manager call holds it, so a call overlapping
@@ -251,9 +248,9 @@ class KVCacheManager:
     def allocate_slots(
         self,
         request: Request,
-        num_tokens: int,
+        num_tokens: object,
         new_computed_blocks: Sequence[KVCacheBlock] | None = None,
-        num_lookahead_tokens: int = 0,
+        num_lookahead_tokens: object = 0,
     ) -> list[KVCacheBlock] | None:
         """Reserve slots for `num_tokens` scheduled tokens (and lookahead slots) of `request`.
 
@@ -296,61 +293,163 @@ class KVCacheManager:
         except IndexError:
             raise ConcurrentUseError("KVCacheManager.allocate_slots") from None
         try:
-            hits = check_allocation(
-                request, num_tokens, new_computed_blocks, num_lookahead_tokens, _is_kv_block
+            # The decode fast path: a running request, no hits, nothing skipped, and a step
+            # that neither needs a new block nor completes one changes nothing, so it returns
+            # once it has seen that every check of the full path below would pass (a request
+            # never holds more than max_num_blocks_per_req blocks, so the slots it holds are
+            # within max_model_len). Anything else (a value of another type, a rule broken, a
+            # block to allocate or cache, a window to slide, invariant checks on) takes the
+            # full path, which raises.
+            if new_computed_blocks is None and type(request) is Request:
+                request_id = request._request_id
+                blocks = self.req_to_blocks.get(request_id)
+                # The fields the scheduler sets, read untyped: a compiled build would check the
+                # declared type on reading and raise a bare TypeError; the full path refuses.
+                fields: Any = request
+                num_computed = fields.num_computed_tokens
+                spec_token_ids = fields.spec_token_ids
+                if (
+                    blocks is not None
+                    and type(num_tokens) is int
+                    and type(num_lookahead_tokens) is int
+                    and type(num_computed) is int
+                    and type(spec_token_ids) is list
+                    and self._requests.get(request_id) is request
+                ):
+                    block_size = self.block_size
+                    num_spec = len(spec_token_ids)
+                    num_real = num_computed + num_tokens - num_spec  # then computed, drafts out
+                    num_slots = num_computed + num_tokens + num_lookahead_tokens
+                    if (
+                        num_tokens > 0
+                        and num_spec <= num_tokens
+                        and num_lookahead_tokens >= 0
+                        and num_computed >= 0
+                        and num_real <= len(request._all_token_ids)
+                        and num_slots <= len(blocks) * block_size
+                        and (
+                            not self.enable_caching
+                            or num_real // block_size == self.num_cached_block.get(request_id)
+                        )
+                        and not self.debug_invariants
+                        and (
+                            not self._sliding_window
+                            or not self._skips_a_block(blocks, num_computed)
+                        )
+                    ):
+                        return []
+            return self._allocate_slots(
+                request, num_tokens, new_computed_blocks, num_lookahead_tokens
             )
-            plan = self._plan_allocation(request, num_tokens, hits, num_lookahead_tokens)
-            return self._allocate(request, plan)
         finally:
             self._give_token(None)
 
-    def _allocate(self, request: Request, plan: _Allocation) -> list[KVCacheBlock] | None:
-        """allocate_slots once every precondition holds: from here on nothing can fail."""
-        request_id = request.request_id
-        req_blocks = self.req_to_blocks.get(request_id, [])
-        pool = self.block_pool
-        removed = self.specialized_manager.remove_skipped_blocks(
-            req_blocks, request.num_computed_tokens
+    def _skips_a_block(self, blocks: list[KVCacheBlock], num_computed_tokens: int) -> bool:
+        """Whether the sliding window drops a block of `blocks` at this step (the fast path's
+        question; `SlidingWindowManager.remove_skipped_blocks` drops it)."""
+        first_useful = first_useful_block(
+            num_computed_tokens, self._sliding_window, self.block_size
         )
-        if removed:
-            pool._free_blocks(removed)
-        new_computed = plan.new_computed
-        num_new = num_new_blocks(plan.num_required, len(req_blocks), len(new_computed))
-        num_evictable_hits = self._num_evictable_hits(new_computed) if new_computed else 0
-        if not fits(num_new, pool.get_num_free_blocks(), num_evictable_hits):
-            self._after_call()
+        return first_useful > 0 and blocks[first_useful - 1] is not self.block_pool.null_block
+
+    def _allocate_slots(
+        self,
+        request: object,
+        num_tokens: object,
+        new_computed_blocks: object,
+        num_lookahead_tokens: object,
+    ) -> list[KVCacheBlock] | None:
+        """allocate_slots' full path: every check in order, then the changes."""
+        hits = check_allocation(
+            request, num_tokens, new_computed_blocks, num_lookahead_tokens, _is_kv_block
+        )
+        assert isinstance(request, Request)
+        assert isinstance(num_tokens, int)
+        assert isinstance(num_lookahead_tokens, int)
+        request_id = request._request_id
+        block_size = self.block_size
+        # -- the preconditions, in the spec's order --
+        num_spec = len(request.spec_token_ids)
+        if num_spec > num_tokens:
+            raise refusals.more_drafts_than_scheduled(request_id, num_spec, num_tokens)
+        known = self._requests.get(request_id)  # _check_identity, inline
+        if known is not None and known is not request:
+            raise refusals.id_in_use(request_id)
+        req_blocks = self.req_to_blocks.get(request_id, [])
+        num_held = len(req_blocks)
+        num_computed = request.num_computed_tokens
+        if not 0 <= num_computed <= num_held * block_size:
+            raise refusals.computed_outside_slots(request_id, num_computed, num_held, block_size)
+        if hits:
+            self._check_hits(request, num_held, hits)
+        num_computed_tokens = num_computed + len(hits) * block_size
+        num_scheduled_real = num_computed_tokens + num_tokens - num_spec
+        if num_scheduled_real > len(request._all_token_ids):
+            raise refusals.more_tokens_than_request(
+                request_id, num_scheduled_real, request.num_tokens
+            )
+        num_required = num_required_blocks(
+            num_computed_tokens, num_tokens, num_lookahead_tokens, block_size
+        )
+        if num_required > self.max_num_blocks_per_req and (
+            not self.semantics.cap_at_max_model_len
+            or num_held + len(hits) >= self.max_num_blocks_per_req
+        ):
+            raise refusals.past_max_model_len(
+                request_id,
+                num_required,
+                self.max_num_blocks_per_req,
+                self.max_model_len,
+                block_size,
+            )
+        num_full = num_full_blocks(num_computed_tokens, num_tokens, num_spec, block_size)
+        num_cached = self.num_cached_block.get(request_id, len(hits))
+        if self.enable_caching and num_full < num_cached:
+            raise refusals.cached_blocks_lost(request_id, num_full, num_cached)
+        # -- every precondition holds: from here on nothing can fail --
+        pool = self.block_pool
+        if self._sliding_window:  # full attention skips nothing
+            removed = self.specialized_manager.remove_skipped_blocks(req_blocks, num_computed)
+            if removed:
+                pool._free_blocks(removed)
+        num_new = num_new_blocks(num_required, len(req_blocks), len(hits))
+        num_evictable_hits = self._num_evictable_hits(hits) if hits else 0
+        if not fits(num_new, pool.free_block_queue.num_free_blocks, num_evictable_hits):
+            if self.debug_invariants:
+                self._after_call()
             return None
-        if self.enable_caching and new_computed:
-            pool._touch(new_computed)
-        req_blocks.extend(new_computed)
+        if hits:
+            if self.enable_caching:
+                pool._touch(hits)
+            req_blocks.extend(hits)
         self.req_to_blocks[request_id] = req_blocks
         self._requests[request_id] = request
         new_blocks: list[KVCacheBlock] = []
         if num_new > 0:
             num_new = min(
                 num_new,
-                pool.get_num_free_blocks(),
+                pool.free_block_queue.num_free_blocks,
                 self.max_num_blocks_per_req - len(req_blocks),
             )
             new_blocks = pool._get_new_blocks(num_new)
             req_blocks.extend(new_blocks)
         if self.enable_caching:
             # min(): only vLLM's capped allocation (cap_at_max_model_len) can hold fewer blocks.
-            num_cached = min(plan.num_cached, len(req_blocks))
-            num_full = min(plan.num_full, len(req_blocks))
+            num_blocks = len(req_blocks)
             stored = self.req_to_block_hashes.setdefault(request_id, [])
-            if num_full > num_cached:
+            if min(num_full, num_blocks) > min(num_cached, num_blocks):
                 pool._cache_full_blocks(
                     request,
                     req_blocks,
                     stored,
-                    num_cached,
-                    num_full,
-                    self.block_size,
+                    min(num_cached, num_blocks),
+                    min(num_full, num_blocks),
+                    block_size,
                     self.caching_hash_fn,
                 )
-            self.num_cached_block[request_id] = plan.num_full
-        self._after_call()
+            self.num_cached_block[request_id] = num_full
+        if self.debug_invariants:
+            self._after_call()
         return new_blocks
 
     def _num_evictable_hits(self, new_computed: list[KVCacheBlock]) -> int:
@@ -363,55 +462,6 @@ class KVCacheManager:
             for block in new_computed
             if block.ref_cnt == 0 and (count_null or block is not null_block)
         )
-
-    def _plan_allocation(
-        self,
-        request: Request,
-        num_tokens: int,
-        new_computed: list[KVCacheBlock],
-        num_lookahead_tokens: int,
-    ) -> _Allocation:
-        """Check every precondition of `allocate_slots` past its argument checks, in order."""
-        request_id = request.request_id
-        block_size = self.block_size
-        if len(request.spec_token_ids) > num_tokens:
-            raise refusals.more_drafts_than_scheduled(
-                request_id, len(request.spec_token_ids), num_tokens
-            )
-        self._check_identity(request)
-        num_held = len(self.req_to_blocks.get(request_id, ()))
-        num_computed = request.num_computed_tokens
-        if not 0 <= num_computed <= num_held * block_size:
-            raise refusals.computed_outside_slots(request_id, num_computed, num_held, block_size)
-        if new_computed:
-            self._check_hits(request, num_held, new_computed)
-        num_computed_tokens = num_computed + len(new_computed) * block_size
-        num_scheduled_real = num_computed_tokens + num_tokens - len(request.spec_token_ids)
-        if num_scheduled_real > request.num_tokens:
-            raise refusals.more_tokens_than_request(
-                request_id, num_scheduled_real, request.num_tokens
-            )
-        num_required = num_required_blocks(
-            num_computed_tokens, num_tokens, num_lookahead_tokens, block_size
-        )
-        if num_required > self.max_num_blocks_per_req and (
-            not self.semantics.cap_at_max_model_len
-            or num_held + len(new_computed) >= self.max_num_blocks_per_req
-        ):
-            raise refusals.past_max_model_len(
-                request_id,
-                num_required,
-                self.max_num_blocks_per_req,
-                self.max_model_len,
-                block_size,
-            )
-        num_full = num_full_blocks(
-            num_computed_tokens, num_tokens, len(request.spec_token_ids), block_size
-        )
-        num_cached = self.num_cached_block.get(request_id, len(new_computed))
-        if self.enable_caching and num_full < num_cached:
-            raise refusals.cached_blocks_lost(request_id, num_full, num_cached)
-        return _Allocation(new_computed, num_required, num_full, num_cached)
 
     def free(self, request: Request) -> None:
         """Release the request's blocks: tail first when caching (evicted first), else in order
@@ -482,7 +532,7 @@ class KVCacheManager:
         finally:
             self._give_token(None)
 
-    def get_num_common_prefix_blocks(self, request: Request, num_running_requests: int) -> int:
+    def get_num_common_prefix_blocks(self, request: Request, num_running_requests: object) -> int:
         """Leading blocks of `request` whose ref_cnt equals `num_running_requests`.
 
         With every running request holding them, these blocks are a prefix common to all.

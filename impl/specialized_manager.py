@@ -64,13 +64,13 @@ class FullAttentionManager(SpecializedManager):
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHashType]) -> list[KVCacheBlock]:
         """The cached prefix: chained hashes make every block after the first miss a miss too."""
-        get_cached_block = self.block_pool.cached_block
+        index = self.block_pool.cached_block_hash_to_block  # BlockPool.cached_block, inline
         hits = []
         for block_hash in block_hashes:
-            block = get_cached_block(block_hash)
-            if block is None:
+            cached = index.get(block_hash)
+            if not cached:
                 break
-            hits.append(block)
+            hits.append(next(iter(cached.values())))
         return hits
 
     def remove_skipped_blocks(

@@ -25,6 +25,7 @@ from pagedkv import (
     KVCacheManager,
     PagedKVError,
     Request,
+    generate_block_hash_extra_keys,
     get_hash_fn,
     hash_block_tokens,
     hash_request_tokens,
@@ -154,11 +155,17 @@ def _pool_call(method: str, make_args: Callable[[list[KVCacheBlock]], tuple[Any,
 
 
 def _cache(num_cached: Any, num_full: Any, block_size: Any) -> Case:
+    return _cache_into([], num_cached, num_full, block_size)
+
+
+def _cache_into(
+    block_hashes: Any, num_cached: Any, num_full: Any, block_size: Any = BLOCK_SIZE
+) -> Case:
     def case() -> tuple[Snapshot, Callable[[], object]]:
         pool, held, snapshot = _pool()
         request = Request("c", list(range(2 * BLOCK_SIZE)))
         return snapshot, lambda: pool.cache_full_blocks(
-            request, held, [], num_cached, num_full, block_size, sha256
+            request, held, block_hashes, num_cached, num_full, block_size, sha256
         )
 
     return case
@@ -204,6 +211,11 @@ CASES: dict[str, Case] = {
         "num_computed_tokens", None
     ),
     "allocate_slots: spec_token_ids None": _allocate_after_setting("spec_token_ids", None),
+    "allocate_slots: spec_token_ids tuple": _allocate_after_setting("spec_token_ids", (1,)),
+    "allocate_slots: num_computed_tokens bool": _allocate_after_setting(
+        "num_computed_tokens", True
+    ),
+    "allocate_slots: lookahead bool": _allocate(1, False),
     "get_computed_blocks: request None": _manager_call("get_computed_blocks", None),
     "get_computed_blocks: request str": _manager_call("get_computed_blocks", "r"),
     "free: request None": _manager_call("free", None),
@@ -216,6 +228,8 @@ CASES: dict[str, Case] = {
     "KVCacheManager: max_model_len str": _construct_manager("64"),
     "KVCacheManager: caching_hash_algo None": _construct_manager(64, caching_hash_algo=None),
     "KVCacheManager: debug_invariants float": _construct_manager(64, debug_invariants=1.5),
+    "KVCacheManager: enable_caching None": _construct_manager(64, enable_caching=None),
+    "KVCacheManager: use_eagle int": _construct_manager(64, use_eagle=1),
     "BlockPool: num_gpu_blocks float": _construct_pool(4.0),
     "BlockPool: num_gpu_blocks NaN": _construct_pool(NAN),
     "BlockPool: num_gpu_blocks None": _construct_pool(None),
@@ -233,20 +247,32 @@ CASES: dict[str, Case] = {
     "cache_full_blocks: num_full_blocks NaN": _cache(0, NAN, BLOCK_SIZE),
     "cache_full_blocks: block_size float": _cache(0, 1, float(BLOCK_SIZE)),
     "cache_full_blocks: block_size None": _cache(0, 1, None),
+    "cache_full_blocks: block_hashes a tuple": _cache_into((), 0, 1),
     "free queue: remove None": _queue_call("remove", None),
     "free queue: append an int": _queue_call("append", 3),
-    "KVCacheBlock: block_id float": _function(lambda: KVCacheBlock(1.0)),  # type: ignore[arg-type]
-    "KVCacheBlock: block_id None": _function(lambda: KVCacheBlock(None)),  # type: ignore[arg-type]
+    "free queue: appendleft None": _queue_call("appendleft", None),
+    "KVCacheBlock: block_id float": _function(lambda: KVCacheBlock(1.0)),
+    "KVCacheBlock: block_id None": _function(lambda: KVCacheBlock(None)),
     "hash_request_tokens: block_size float": _function(
-        lambda: hash_request_tokens(sha256, 4.0, Request("q", [1, 2, 3, 4]))  # type: ignore[arg-type]
+        lambda: hash_request_tokens(sha256, 4.0, Request("q", [1, 2, 3, 4]))
     ),
     "hash_request_tokens: block_size None": _function(
-        lambda: hash_request_tokens(sha256, None, Request("q", [1, 2, 3, 4]))  # type: ignore[arg-type]
+        lambda: hash_request_tokens(sha256, None, Request("q", [1, 2, 3, 4]))
     ),
     "hash_block_tokens: parent hash float": _function(
-        lambda: hash_block_tokens(sha256, 1.5, [1, 2])  # type: ignore[arg-type]
+        lambda: hash_block_tokens(sha256, 1.5, [1, 2])
     ),
-    "get_hash_fn: None": _function(lambda: get_hash_fn(None)),  # type: ignore[arg-type]
+    "hash_block_tokens: extra keys a list": _function(
+        lambda: hash_block_tokens(sha256, None, [1, 2], [1])
+    ),
+    "generate_block_hash_extra_keys: start float": _function(
+        lambda: generate_block_hash_extra_keys(Request("q", [1], lora_id=1), 0.0, 1, 0)
+    ),
+    "generate_block_hash_extra_keys: start_mm_idx None": _function(
+        lambda: generate_block_hash_extra_keys(Request("q", [1], lora_id=1), 0, 1, None)
+    ),
+    "get_hash_fn: None": _function(lambda: get_hash_fn(None)),
+    "get_hash_fn: bytes": _function(lambda: get_hash_fn(b"sha256")),
 }
 
 
