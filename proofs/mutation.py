@@ -83,6 +83,8 @@ SELECTED_TESTS = (
     "test_refusal_messages.py",
     "test_mutation_kills.py",
     "test_hostile_inputs.py",
+    "test_decode_fast_path.py",
+    "test_vllm_semantics.py",
 )
 """The tests each mutant faces (those that reach it): fast scenarios and the state machines."""
 
