@@ -43,7 +43,9 @@ def test_every_variant_is_caught_by_two_checkers() -> None:
     assert problems(results) == []
     assert all(catches(verdicts) >= MIN_CATCHES for verdicts in results.values())
     column = CHECKERS.index("campaign")
-    assert all(verdicts[column].status == "caught" for verdicts in results.values())
+    for name, verdicts in results.items():
+        expected = "n/a" if VARIANTS_BY_NAME[name].in_kv_events else "caught"
+        assert verdicts[column].status == expected, name
 
 
 def test_the_committed_table_lists_every_variant_and_each_is_caught_twice() -> None:
@@ -53,7 +55,9 @@ def test_the_committed_table_lists_every_variant_and_each_is_caught_twice() -> N
         assert len(statuses) == len(CHECKERS)
         assert statuses.count("caught") >= MIN_CATCHES, name
         assert "error" not in statuses, name
-        assert statuses[CHECKERS.index("campaign")] == "caught", name  # the CI campaign
+        # the CI campaign, which builds its managers without KV cache events
+        expected = "n/a" if VARIANTS_BY_NAME[name].in_kv_events else "caught"
+        assert statuses[CHECKERS.index("campaign")] == expected, name
 
 
 def test_scenario_tests_pass_with_nothing_planted() -> None:
