@@ -433,8 +433,8 @@ def _compared_stats(
     stats: PrefixCacheStats | None, machine: ManagerMachine
 ) -> PrefixCacheStats | tuple[bool, int, int, int] | None:
     """The stats as compared: whole for a manager that counts tokens, else the block counts."""
-    if stats is None or machine.token_stats:
-        return stats
+    if stats is None or machine.token_stats or not hasattr(stats, "queries"):
+        return stats  # `not hasattr`: a value the adapter does not expose (vLLM 0.33's stats)
     return (stats.reset, stats.requests, stats.queries, stats.hits)
 
 
