@@ -63,7 +63,10 @@ def _run(sliding_window: bool, **options: Any) -> tuple[CampaignStats, int]:
                 hits += num_hit_tokens > 0
             return outcome
 
-    run_state_machine_as_test(CountingHits, settings=settings(max_examples=100))
+    # derandomized under every profile: what the machine reaches is a fixed-seed fact
+    run_state_machine_as_test(
+        CountingHits, settings=settings(max_examples=100, derandomize=True, database=None)
+    )
     return stats, hits
 
 
