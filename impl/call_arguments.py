@@ -31,8 +31,9 @@ from pagedkv.kv_cache_interface import KVCacheConfig
 from pagedkv.request import Request
 from pagedkv.semantics import Semantics
 
-IsBlock = Callable[[object], bool]
-"""Whether a value is a block in one side's terms (a `KVCacheBlock`, or an int block id)."""
+IsBlock = Callable[[object], bool] | type
+"""Whether a value is a block in one side's terms: a predicate (an int block id), or the block
+class itself (`KVCacheBlock`), tested with isinstance and no call per item."""
 
 POOL = "BlockPool"
 MANAGER = "KVCacheManager"
@@ -61,9 +62,17 @@ def block_list(
     Complexity: O(len(blocks)).
     """
     items: list[Any] = require_iterable(call, argument, blocks, context=context)
-    for index, item in enumerate(items):
-        if not is_block(item):
-            raise not_a_block(call, f"{argument}[{index}]", item, context=context)
+    if isinstance(is_block, type):
+        # The common case in one C-level pass; the loop below names the first item that fails.
+        if all(map(is_block.__instancecheck__, items)):
+            return items
+        for index, item in enumerate(items):
+            if not isinstance(item, is_block):
+                raise not_a_block(call, f"{argument}[{index}]", item, context=context)
+    else:
+        for index, item in enumerate(items):
+            if not is_block(item):
+                raise not_a_block(call, f"{argument}[{index}]", item, context=context)
     return items
 
 
@@ -155,7 +164,8 @@ def check_cache_full_blocks(
     if num_cached == num_full:
         return None
     for position in range(first_read, num_full):
-        if not is_block(sequence[position]):
+        item = sequence[position]
+        if not (isinstance(item, is_block) if isinstance(is_block, type) else is_block(item)):
             raise not_a_block(call, f"blocks[{position}]", sequence[position])
     return sequence
 
@@ -235,12 +245,19 @@ def check_allocation(
         and num_tokens > 0
         and type(num_lookahead_tokens) is int
         and num_lookahead_tokens >= 0
-        and new_computed_blocks is None
         and isinstance(request, Request)
         and type(request.num_computed_tokens) is int
         and type(request.spec_token_ids) is list
     ):
-        return []  # the decode step: every check passed, in one test
+        # Every check passed, in one test: no hits, or a list of blocks (the common calls).
+        if new_computed_blocks is None:
+            return []
+        if (
+            type(new_computed_blocks) is list
+            and isinstance(is_block, type)
+            and all(map(is_block.__instancecheck__, new_computed_blocks))
+        ):
+            return new_computed_blocks.copy()
     checked = check_request("allocate_slots", request)
     call = f"{MANAGER}.allocate_slots"
     context = request_context(checked)

@@ -48,13 +48,31 @@ class FreeKVCacheBlockQueue:
             if block.owner_queue is not None:
                 raise FreeQueueError(block.block_id, "a block of another free queue")
             seen.add(id(block))
-        queued = cast("list[KVCacheBlock]", items)
-        self.num_free_blocks = len(queued)
-        self.free_list_head: KVCacheBlock | None = queued[0] if queued else None
-        self.free_list_tail: KVCacheBlock | None = queued[-1] if queued else None
-        for block in queued:
+        self.free_list_head: KVCacheBlock | None = None
+        self.free_list_tail: KVCacheBlock | None = None
+        self.num_free_blocks = 0
+        self._link_new(cast("list[KVCacheBlock]", items))
+
+    @classmethod
+    def _of_new_blocks(cls, blocks: list[KVCacheBlock]) -> FreeKVCacheBlockQueue:
+        """A queue of blocks the caller has just made: distinct, with ref_cnt 0, owned by no
+        queue. The constructor without its per-block checks, which a pool of a million new
+        blocks would pay for nothing (a BlockPool builds its queue this way).
+
+        Complexity: O(len(blocks)).
+        """
+        queue = cls(())
+        queue._link_new(blocks)
+        return queue
+
+    def _link_new(self, blocks: list[KVCacheBlock]) -> None:
+        """Own and link `blocks`, in order, into this empty queue (they passed the checks)."""
+        self.num_free_blocks = len(blocks)
+        self.free_list_head = blocks[0] if blocks else None
+        self.free_list_tail = blocks[-1] if blocks else None
+        for block in blocks:
             block.owner_queue = self
-        for prev, block in itertools.pairwise(queued):
+        for prev, block in itertools.pairwise(blocks):
             prev.next_free_block = block
             block.prev_free_block = prev
 
