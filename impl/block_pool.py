@@ -38,10 +38,6 @@ from pagedkv.semantics import PAGEDKV, Semantics
 logger = logging.getLogger(__name__)
 
 
-def _is_kv_block(value: object) -> bool:
-    return isinstance(value, KVCacheBlock)
-
-
 class BlockPool:
     """Allocates, frees and caches the blocks of one KV cache.
 
@@ -82,7 +78,7 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.semantics = semantics
         self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
-        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.free_block_queue = FreeKVCacheBlockQueue._of_new_blocks(self.blocks)
         # {hash: {block_id: block}}; one content may be cached in several blocks (no dedup, so
         # block tables stay append-only). The first-inserted block answers lookups.
         self.cached_block_hash_to_block: dict[BlockHashType, dict[int, KVCacheBlock]] = {}
@@ -153,7 +149,7 @@ class BlockPool:
         blocks = []
         for _ in range(num_blocks):
             block = popleft()
-            if block.block_hash is not None:
+            if block._block_hash is not None:
                 self._maybe_evict_cached_block(block)
             block.ref_cnt += 1
             blocks.append(block)
@@ -161,7 +157,7 @@ class BlockPool:
 
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> None:
         """Drop `block` from the index and clear its hash, if it has one. Complexity: O(1)."""
-        block_hash = block.block_hash
+        block_hash = block._block_hash
         if block_hash is None:
             return
         cached = self.cached_block_hash_to_block[block_hash]
@@ -187,7 +183,7 @@ class BlockPool:
         """
         self._enter("BlockPool.touch")
         try:
-            self._touch(block_list("BlockPool.touch", "blocks", blocks, _is_kv_block))
+            self._touch(block_list("BlockPool.touch", "blocks", blocks, KVCacheBlock))
         finally:
             self._idle.append(None)
 
@@ -199,14 +195,19 @@ class BlockPool:
             block_id = block.block_id
             if not 0 <= block_id < num_gpu_blocks or owned[block_id] is not block:
                 raise refusals.foreign_block(block_id)  # _check_owned, inline
+        self._touch_owned(blocks)
+
+    def _touch_owned(self, blocks: list[KVCacheBlock]) -> None:
+        """touch for blocks already known to be this pool's (the manager's checked hits)."""
         null_block = self.null_block
+        remove = self.free_block_queue.remove
         for block in blocks:
             if block is null_block:
                 if self.semantics.null_block_refcounted:
                     block.ref_cnt += 1
                 continue
             if block.ref_cnt == 0:
-                self.free_block_queue.remove(block)
+                remove(block)
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
@@ -228,7 +229,7 @@ class BlockPool:
         self._enter("BlockPool.free_blocks")
         try:
             self._free_blocks(
-                block_list("BlockPool.free_blocks", "ordered_blocks", ordered_blocks, _is_kv_block)
+                block_list("BlockPool.free_blocks", "ordered_blocks", ordered_blocks, KVCacheBlock)
             )
         finally:
             self._idle.append(None)
@@ -260,7 +261,7 @@ class BlockPool:
                 continue
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                if uncached_first and block.block_hash is None:
+                if uncached_first and block._block_hash is None:
                     to_head.append(block)
                 else:
                     append(block)
@@ -309,7 +310,7 @@ class BlockPool:
                 num_full_blocks,
                 block_size,
                 hash_fn,
-                _is_kv_block,
+                KVCacheBlock,
             )
             if checked is not None:
                 assert isinstance(block_hashes, list) and isinstance(num_cached_blocks, int)
@@ -394,7 +395,7 @@ class BlockPool:
                 else new_hashes[offset - num_given]
             )
             if block is not null_block:
-                block.block_hash = block_hash
+                block._block_hash = block_hash
                 cached = index.get(block_hash)
                 if cached is None:
                     index[block_hash] = {block.block_id: block}
@@ -407,6 +408,82 @@ class BlockPool:
             self._announce_stored(
                 request, block_hashes, entered, num_cached_blocks, first_parent, block_size
             )
+
+    def _cache_next_full_block(
+        self,
+        request: Request,
+        blocks: list[KVCacheBlock],
+        block_hashes: list[BlockHashType],
+        num_cached_blocks: int,
+        block_size: int,
+        hash_fn: HashFn,
+    ) -> bool:
+        """`_cache_full_blocks` for one block, `blocks[num_cached_blocks]`, in the common case:
+        a request without extra keys, events off, a block and a parent that pass every block
+        rule. Returns False, having changed nothing, when any of that does not hold: the caller
+        then takes the full path, which refuses what is wrong with the message of its rule.
+
+        The caller holds the call token and guarantees the block is full: the request has at
+        least `(num_cached_blocks + 1) * block_size` tokens and `blocks` that many slots.
+        Complexity: O(block_size) plus the hash function.
+        """
+        if (
+            self.enable_kv_cache_events
+            or request._mm_positions
+            or request._lora_id is not None
+            or request._cache_salt is not None
+            or len(block_hashes) < num_cached_blocks
+        ):
+            return False
+        owned = self.blocks
+        num_gpu_blocks = self.num_gpu_blocks
+        null_block = self.null_block
+        block = blocks[num_cached_blocks]
+        block_id = block.block_id
+        if (
+            not 0 <= block_id < num_gpu_blocks
+            or owned[block_id] is not block
+            or block is null_block
+            or block.ref_cnt <= 0
+            or block._block_hash is not None
+        ):
+            return False
+        parent_hash_value: int | None = None
+        if num_cached_blocks:
+            parent = blocks[num_cached_blocks - 1]
+            parent_id = parent.block_id
+            if not 0 <= parent_id < num_gpu_blocks or owned[parent_id] is not parent:
+                return False
+            if parent is null_block:
+                parent_hash_value = block_hashes[num_cached_blocks - 1].hash_value
+            else:
+                parent_hash = parent._block_hash
+                if parent_hash is None:
+                    return False
+                parent_hash_value = parent_hash.hash_value
+        computed = len(block_hashes) == num_cached_blocks
+        if computed:
+            start = num_cached_blocks * block_size
+            block_hash = chain_block_hash(
+                hash_fn,
+                parent_hash_value,
+                tuple(request._all_token_ids[start : start + block_size]),
+                None,
+            )
+            if type(hash_value_of(block_hash)) is not int:
+                return False
+        else:
+            block_hash = block_hashes[num_cached_blocks]
+        # -- every rule holds: the changes, as _cache_full_blocks makes them --
+        block._block_hash = block_hash
+        cached = self.cached_block_hash_to_block.get(block_hash)
+        if cached is None:
+            self.cached_block_hash_to_block[block_hash] = {block_id: block}
+        else:
+            cached[block_id] = block
+        if computed:
+            block_hashes.append(block_hash)
+        return True
 
     def _announce_stored(
         self,
@@ -454,7 +531,7 @@ class BlockPool:
                 continue
             if block.ref_cnt <= 0:
                 raise refusals.cache_of_free_block(block_id)
-            if block.block_hash is not None:
+            if block._block_hash is not None:
                 raise refusals.hash_already_set(block_id)
             if block_id in seen:
                 raise refusals.cached_twice(block_id)
@@ -466,9 +543,9 @@ class BlockPool:
             raise refusals.foreign_block(parent.block_id)
         if parent is null_block:
             return block_hashes[num_cached_blocks - 1].hash_value
-        if parent.block_hash is None:
+        if parent._block_hash is None:
             raise refusals.parent_without_hash(parent.block_id)
-        return parent.block_hash.hash_value
+        return parent._block_hash.hash_value
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash, if no block but the null block is in use.

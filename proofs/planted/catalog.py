@@ -194,9 +194,7 @@ def append_at_head(self: free_queue.FreeKVCacheBlockQueue, block: KVCacheBlock) 
 
 
 def _touch_without_unlink(self: block_pool.BlockPool, blocks: Sequence[KVCacheBlock]) -> None:
-    """BlockPool._touch taking the reference but leaving a free block in the free queue."""
-    for block in blocks:
-        self._check_owned(block)
+    """BlockPool._touch_owned taking the reference but leaving a free block in the free queue."""
     for block in blocks:
         if block is self.null_block:
             if self.semantics.null_block_refcounted:
@@ -446,7 +444,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "touch_keeps_queued",
         "touch takes a reference to a free cached block but leaves it in the free queue",
-        (MethodPatch(block_pool.BlockPool, "_touch", _touch_without_unlink),),
+        (MethodPatch(block_pool.BlockPool, "_touch_owned", _touch_without_unlink),),
     ),
     Variant(
         "eviction_keeps_hash",
