@@ -123,6 +123,16 @@ MANAGER_TARGETS: tuple[Target, ...] = (
     _t("block fills", 10_000, "each fill caches a block: the prefix cache is built here"),
     _t("new-block allocations", 15_000, "block boundaries crossed by prefill and decode"),
     _t(
+        "running steps filling one block",
+        2_200,
+        "allocate_slots' fast path caches the block (issue 11): a running request, no hits",
+    ),
+    _t(
+        "running steps taking one new block",
+        2_000,
+        "allocate_slots' fast path hands out the block (issue 11): a running request, no hits",
+    ),
+    _t(
         "evictions of cached blocks",
         7_000,
         "lazy eviction at reuse time is where a stale hash would leak into later hits",

@@ -447,8 +447,14 @@ class ManagerDriver:
                 counts["new blocks for lookahead slots only"] += 1
         elif decode:
             counts["decode steps inside a block"] += 1
-        if real_end // block_size > start // block_size:
+        num_filled = real_end // block_size - start // block_size
+        if num_filled > 0:
             counts["block fills"] += 1
+        if held and not hits:  # a running request: the ground of allocate_slots' fast path
+            if len(result) == 1 and num_filled <= 0:
+                counts["running steps taking one new block"] += 1
+            elif not result and num_filled == 1:
+                counts["running steps filling one block"] += 1
         if num_drafts:
             counts["decode steps with draft tokens"] += 1
             if self.caching and (start + num_tokens) // block_size > real_end // block_size:
