@@ -19,7 +19,7 @@ import pickle
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, Protocol, TypeAlias
+from typing import Any, Final, Literal, NamedTuple, Protocol, TypeAlias
 
 from pagedkv.arguments import (
     require_callable,
@@ -100,7 +100,7 @@ def _none_hash() -> int:
     return int.from_bytes(os.urandom(32), "big") if seed is None else sha256(seed)
 
 
-NONE_HASH: int = _none_hash()
+NONE_HASH: Final[int] = _none_hash()
 """Seeds every chain: random per process, or derived from PYTHONHASHSEED when it is set."""
 
 HASH_FUNCTIONS: dict[str, HashFn] = {"sha256": sha256, "builtin": hash}
@@ -318,7 +318,7 @@ _new_tuple = tuple.__new__
 def chain_block_hashes(
     hash_fn: HashFn,
     parent_hash_value: int | None,
-    token_ids: Sequence[int],
+    token_ids: list[int],
     first_token: int,
     num_blocks: int,
     block_size: int,
@@ -363,7 +363,9 @@ def chain_block_hash(
     Complexity: O(len(token_ids)) plus the hash function.
     """
     keys = None if extra_keys is None else (extra_keys,)
-    return chain_block_hashes(hash_fn, parent_hash_value, token_ids, 0, 1, len(token_ids), keys)[0]
+    return chain_block_hashes(
+        hash_fn, parent_hash_value, list(token_ids), 0, 1, len(token_ids), keys
+    )[0]
 
 
 def hash_value_of(block_hash: BlockHashType) -> object:

@@ -13,6 +13,7 @@ from pagedkv.block_hash import (
     BlockHashType,
     HashFn,
     chain_block_hash,
+    chain_block_hashes,
     first_mm_input,
     generate_block_hash_extra_keys,
     hash_value_of,
@@ -463,13 +464,14 @@ class BlockPool:
                 parent_hash_value = parent_hash.hash_value
         computed = len(block_hashes) == num_cached_blocks
         if computed:
-            start = num_cached_blocks * block_size
-            block_hash = chain_block_hash(
+            block_hash = chain_block_hashes(
                 hash_fn,
                 parent_hash_value,
-                tuple(request._all_token_ids[start : start + block_size]),
-                None,
-            )
+                request._all_token_ids,
+                num_cached_blocks * block_size,
+                1,
+                block_size,
+            )[0]
             if type(hash_value_of(block_hash)) is not int:
                 return False
         else:
