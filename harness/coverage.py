@@ -97,8 +97,8 @@ class Target:
             refusals".
         per_100k: the minimum per 100,000 steps (or, without `scales`, the minimum).
         why: why the event matters, in one line.
-        needs: the campaign modes it applies to ("misuse", "pagedkv semantics"); it is shown
-            but not enforced otherwise.
+        needs: the campaign modes it applies to ("misuse", "pagedkv semantics", "kv events":
+            the implementation emits KV cache events); it is shown but not enforced otherwise.
         scales: whether the minimum grows with the campaign's length.
     """
 
@@ -179,6 +179,19 @@ MANAGER_TARGETS: tuple[Target, ...] = (
     _t("successful prefix-cache resets", 1_000, "only when no request holds a block"),
     _t("refused prefix-cache resets", 500, "a reset while blocks are in use changes nothing"),
     _t("finished requests", 10_000, "free + free_block_hashes"),
+    _t(
+        "BlockStored events taken",
+        2_000,
+        "keys entering the index, as a router mirroring the cache learns of them",
+        "kv events",
+    ),
+    _t(
+        "BlockRemoved events taken",
+        1_700,
+        "keys leaving at eviction: a missing or duplicate removal misleads every router",
+        "kv events",
+    ),
+    _t("AllBlocksCleared events taken", 280, "a successful reset announced once", "kv events"),
     _t("typed error InvalidArgumentError", 550, "bad counts, drafts, uncached hits", "misuse"),
     _t("typed error RequestError", 300, "impostors, foreign hits, computed tokens", "misuse"),
     _t("typed error BlockStateError", 30, "hits outside the pool, null hits", "misuse"),
@@ -217,6 +230,19 @@ POOL_TARGETS: tuple[Target, ...] = (
     _t("blocks cached", 4_000, "cache_full_blocks hashing and indexing"),
     _t("cache hits", 2_000, "get_cached_block finding a block"),
     _t("successful prefix-cache resets", 120, "only when nothing is in use"),
+    _t(
+        "BlockStored events taken",
+        450,
+        "cache_full_blocks announcing the keys new to the index",
+        "kv events",
+    ),
+    _t("BlockRemoved events taken", 770, "the last block of a key evicted at reuse", "kv events"),
+    _t(
+        "AllBlocksCleared events taken",
+        30,
+        "a successful reset announced once (rare: resets, in runs with events on)",
+        "kv events",
+    ),
     _t("typed error BlockStateError", 750, "freeing free blocks, foreign ids", "misuse"),
     _t("typed error InvalidArgumentError", 380, "negative counts, bad cache ranges", "misuse"),
     _t("typed error NoFreeBlocksError", 190, "asking for more blocks than are free", "misuse"),

@@ -6,7 +6,8 @@
 included, so sliding-window hits with leading null blocks happen), admissions (prefix lookup,
 then allocate_slots with the hits, whole or chunked, with lookahead slots), prefill chunks and
 decode steps with draft tokens, preemption when allocate_slots returns None, finishing, resets,
-stats, common-prefix queries and hostile calls (`harness/manager_hostile.py`). Every event the
+stats, common-prefix queries, hostile calls (`harness/manager_hostile.py`) and, in runs with KV
+cache events on, takes of both managers' events (`harness/swarm_events.py`). Every event the
 coverage table names is counted on the spec's side (`harness/coverage.py`).
 
 Execution depends only on the operation and the state, never on the random generator, so a
@@ -35,10 +36,12 @@ from pagedkv.harness.manager_ops import (
     Reset,
     Stats,
     Step,
+    TakeEvents,
 )
 from pagedkv.harness.probes import manager_probe
 from pagedkv.harness.protocol import ManagerFactory, ManagerUnderTest
 from pagedkv.harness.requests import MM_HASHES, SALTS
+from pagedkv.harness.swarm_events import EventTakes, take_events
 from pagedkv.harness.swarm_runs import ManagerRun, OperationPicker
 from pagedkv.request import PlaceholderRange, Request
 
@@ -118,12 +121,16 @@ class ManagerDriver:
         self._salts = "salts" in features
         self._logprobs = "prompt logprobs" in features
         self._picker = OperationPicker(run.weights)
+        self._takes = EventTakes(run.seed, run.kv_events)
         coverage.start_run(run.histogram_keys())
 
     # -- drawing operations -------------------------------------------------------------------
 
     def generate(self, rng: random.Random) -> ManagerOp:
-        """The next operation: a kind drawn by the run's weights among those that apply now."""
+        """The next operation: a take of the events when due, else a kind drawn by the run's
+        weights among those that apply now."""
+        if self._takes.due():
+            return TakeEvents()
         live = self.live
         num_live = len(live)
         waiting = sum(1 for entry in live if not entry.running)
@@ -242,6 +249,9 @@ class ManagerDriver:
             self._end(())
         elif isinstance(op, CommonPrefix):
             self._common_prefix(op)
+        elif isinstance(op, TakeEvents):
+            take_events(self.pair, self.coverage)
+            self._end(())
         else:
             self._hostile(op)
 

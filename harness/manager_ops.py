@@ -78,6 +78,11 @@ class CommonPrefix(NamedTuple):
     which: int
 
 
+class TakeEvents(NamedTuple):
+    """take_events(): the scheduler drains both managers' KV cache event queues (runs with
+    events on)."""
+
+
 class Hostile(NamedTuple):
     """Hostile call `kind` (`harness/manager_hostile.py`) about live request `which`; `arg`
     picks among the call's variants."""
@@ -87,4 +92,6 @@ class Hostile(NamedTuple):
     arg: int
 
 
-ManagerOp = Arrive | Admit | Step | Preempt | Finish | Reset | Stats | CommonPrefix | Hostile
+ManagerOp = (
+    Arrive | Admit | Step | Preempt | Finish | Reset | Stats | CommonPrefix | TakeEvents | Hostile
+)

@@ -5,8 +5,9 @@
 own stored hash list, since `cache_full_blocks` appends the hashes it computes). It draws and
 executes `harness/pool_ops.py` operations: allocation, touches, frees in the caller's order,
 admissions as a manager makes them (prefix lookup, touch, allocate, cache), growing sequences,
-lookups, resets, and invalid calls (`MISUSE`, the hostile catalog included), which must fail the
-same way on both sides and change nothing. Events are counted on the spec's side.
+lookups, resets, invalid calls (`MISUSE`, the hostile catalog included), which must fail the
+same way on both sides and change nothing, and, in runs with KV cache events on, takes of both
+pools' events (`harness/swarm_events.py`). Events are counted on the spec's side.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from pagedkv.block_hash import BlockHashType, HashFn, get_hash_fn
 from pagedkv.harness.adapters import SpecPoolAdapter, pagedkv_pool, spec_pool
@@ -36,11 +38,13 @@ from pagedkv.harness.pool_ops import (
     NewRequest,
     PoolOp,
     Reset,
+    TakeEvents,
     Touch,
 )
 from pagedkv.harness.probes import pool_probe
-from pagedkv.harness.protocol import PoolFactory, PoolUnderTest
+from pagedkv.harness.protocol import KVEventPoolFactory, PoolFactory, PoolUnderTest
 from pagedkv.harness.requests import MM_HASHES, SALTS
+from pagedkv.harness.swarm_events import EventTakes, take_events
 from pagedkv.harness.swarm_runs import OperationPicker, PoolRun
 from pagedkv.request import PlaceholderRange, Request
 from pagedkv.semantics import PAGEDKV
@@ -87,8 +91,13 @@ class PoolDriver:
         check_every: int | None = None,
     ) -> None:
         self.run = run
-        spec = spec_pool(run.num_blocks, run.enable_caching, run.semantics)
-        impl = factory(run.num_blocks, run.enable_caching, run.semantics)
+        spec = spec_pool(run.num_blocks, run.enable_caching, run.semantics, run.kv_events)
+        if run.kv_events:  # a KVEventPoolFactory (the layer knows)
+            impl = cast(KVEventPoolFactory, factory)(
+                run.num_blocks, run.enable_caching, run.semantics, True
+            )
+        else:
+            impl = factory(run.num_blocks, run.enable_caching, run.semantics)
         self.pair: ComparedPair[PoolUnderTest] = ComparedPair(
             spec,
             impl,
@@ -108,11 +117,14 @@ class PoolDriver:
         self.seen_hashes: list[BlockHashType] = []
         self.num_requests = 0
         self._pick = OperationPicker(run.weights).pick
+        self._takes = EventTakes(run.seed, run.kv_events)
         coverage.start_run(run.histogram_keys())
 
     # -- drawing operations -------------------------------------------------------------------
 
     def generate(self, rng: random.Random) -> PoolOp:
+        if self._takes.due():
+            return TakeEvents()
         kind = self._pick(rng)
         n = self.run.num_blocks
         if kind == "get_new_blocks":
@@ -186,6 +198,8 @@ class PoolDriver:
             self._lookup(op)
         elif isinstance(op, Reset):
             self._reset()
+        elif isinstance(op, TakeEvents):
+            take_events(self.pair, self.coverage)
         else:
             self._misuse(op)
         self._end(touched)

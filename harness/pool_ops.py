@@ -90,6 +90,10 @@ class Reset(NamedTuple):
     """reset_prefix_cache()."""
 
 
+class TakeEvents(NamedTuple):
+    """take_events(): drain both pools' KV cache event queues (runs with events on)."""
+
+
 class Misuse(NamedTuple):
     """An invalid call of kind `kind` (`harness/pool_driver.py`: `MISUSE`); `arg` picks the
     variant and its arguments."""
@@ -110,5 +114,6 @@ PoolOp = (
     | Finish
     | Lookup
     | Reset
+    | TakeEvents
     | Misuse
 )

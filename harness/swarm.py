@@ -11,6 +11,11 @@ first failure, which it shrinks (`harness/shrink.py`).
 
 The budget in steps, not seconds, is what makes coverage independent of CPU speed: a campaign
 with a fixed seed and step count runs the same operations on every machine.
+
+KV cache events are drawn on (in about a third of the runs) only for an implementation that can
+emit them: pagedkv's own and the spec's, or a factory that says so with a `kv_events` attribute
+set to True (a pool factory then takes `enable_kv_cache_events` as a fourth argument, as
+`KVEventPoolFactory`; a manager factory gets it in `ManagerConfig`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pagedkv.harness.adapters import pagedkv_manager, pagedkv_pool, spec_manager, spec_pool
 from pagedkv.harness.comparison import ComparedPair
 from pagedkv.harness.coverage import Coverage
 from pagedkv.harness.manager_driver import ManagerDriver
@@ -65,11 +71,19 @@ class Layer:
         name: "pool" or "manager" (part of every run seed).
         draw: run seed -> the run.
         driver: (run, coverage, check_every override or None) -> a fresh driver.
+        kv_events: whether some runs turn KV cache events on.
     """
 
     name: str
     draw: Callable[[int], Run]
     driver: Callable[[Any, Coverage, int | None], Driver]
+    kv_events: bool = False
+
+
+def offers_kv_events(factory: object) -> bool:
+    """Whether `factory`'s pools or managers can emit KV cache events (module docstring)."""
+    own = (pagedkv_manager, spec_manager, pagedkv_pool, spec_pool)
+    return factory in own or getattr(factory, "kv_events", False) is True
 
 
 def manager_layer(
@@ -80,8 +94,11 @@ def manager_layer(
     attention: str = "both",
     steps_per_run: int | None = None,
     hostile_calls: Mapping[str, HostileCall] = HOSTILE_CALLS,
+    kv_events: bool | None = None,
 ) -> Layer:
-    """The request-level manager layer, checking `factory`'s managers."""
+    """The request-level manager layer, checking `factory`'s managers; `kv_events` (default:
+    `offers_kv_events(factory)`) says whether they can emit KV cache events."""
+    events = offers_kv_events(factory) if kv_events is None else kv_events
     return Layer(
         "manager",
         lambda seed: draw_manager_run(
@@ -90,10 +107,12 @@ def manager_layer(
             misuse=misuse,
             attention=attention,
             steps_per_run=steps_per_run,
+            kv_events=events,
         ),
         lambda run, coverage, check_every: ManagerDriver(
             run, factory, coverage, check_every=check_every, hostile_calls=hostile_calls
         ),
+        events,
     )
 
 
@@ -103,16 +122,24 @@ def pool_layer(
     semantics: Semantics = PAGEDKV,
     misuse: bool = True,
     steps_per_run: int | None = None,
+    kv_events: bool | None = None,
 ) -> Layer:
-    """The block-pool layer, checking `factory`'s pools."""
+    """The block-pool layer, checking `factory`'s pools; `kv_events` (default:
+    `offers_kv_events(factory)`) says whether it is a `KVEventPoolFactory`."""
+    events = offers_kv_events(factory) if kv_events is None else kv_events
     return Layer(
         "pool",
         lambda seed: draw_pool_run(
-            seed, semantics=semantics, misuse=misuse, steps_per_run=steps_per_run
+            seed,
+            semantics=semantics,
+            misuse=misuse,
+            steps_per_run=steps_per_run,
+            kv_events=events,
         ),
         lambda run, coverage, check_every: PoolDriver(
             run, factory, coverage, check_every=check_every
         ),
+        events,
     )
 
 

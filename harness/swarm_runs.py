@@ -9,6 +9,10 @@ become common in some runs. Each run's configuration is drawn from the whole spa
 
 A run's seed is derived from the campaign seed, the layer and the run's index
 (`run_seed`), so `--seed` reproduces a campaign and `--replay-run SEED` one run of it.
+
+KV cache events are on in about a third of the runs of an implementation that can emit them,
+drawn last from the run's seed, so that every other draw of a seed is the same as before events
+were drawn at all (`harness/swarm_events.py` says when such a run takes them).
 """
 
 from __future__ import annotations
@@ -74,6 +78,9 @@ POOL_OPERATIONS: dict[str, tuple[int, int]] = {
     "misuse": (1, 4),
 }
 """The block-pool driver's moves (`harness/pool_driver.py`) and their weight ranges."""
+
+KV_EVENTS_SHARE = 1 / 3
+"""The share of runs with KV cache events on (of an implementation that can emit them)."""
 
 
 def attention_spec(block_size: int, sliding_window: int | None) -> KVCacheSpec:
@@ -188,6 +195,10 @@ class ManagerRun:
         return self.config.kv_cache_config.num_blocks
 
     @property
+    def kv_events(self) -> bool:
+        return self.config.enable_kv_cache_events
+
+    @property
     def sliding_window(self) -> int | None:
         spec = self.config.kv_cache_config.kv_cache_groups[0].kv_cache_spec
         return spec.sliding_window if isinstance(spec, SlidingWindowSpec) else None
@@ -217,6 +228,8 @@ class ManagerRun:
             flags.append("eagle")
         if config.log_stats:
             flags.append("stats")
+        if config.enable_kv_cache_events:
+            flags.append("kv events")
         if config.semantics != PAGEDKV:
             flags.append(config.semantics.name)
         on = ", ".join(sorted(self.features)) or "none"
@@ -233,6 +246,7 @@ class ManagerRun:
             f"caching {'on' if self.config.enable_caching else 'off'}",
             f"hash {self.config.caching_hash_algo}",
             f"eagle {'on' if self.config.use_eagle else 'off'}",
+            f"events {'on' if self.kv_events else 'off'}",
             "full check every step" if self.check_every == 1 else "full check on a cadence",
         ]
         keys += [f"feature {name}" for name in self.features]
@@ -263,9 +277,12 @@ def draw_manager_run(
     misuse: bool = True,
     attention: str = "both",
     steps_per_run: int | None = None,
+    kv_events: bool = False,
 ) -> ManagerRun:
     """The run of this seed. `attention` ("full", "sliding" or "both") restricts the draw;
-    `steps_per_run` fixes the run length (default: drawn, 20-2,000 steps, log-uniform)."""
+    `steps_per_run` fixes the run length (default: drawn, 20-2,000 steps, log-uniform);
+    `kv_events` says whether the manager under test can emit KV cache events (then they are on
+    in about a third of the runs; the layer knows, `harness/swarm.py`)."""
     rng = random.Random(seed)
     block_size = draw_block_size(rng)
     num_blocks = draw_pool_size(rng)
@@ -297,15 +314,20 @@ def draw_manager_run(
     if not misuse:
         weights.pop("hostile", None)
     num_steps = steps_per_run or _log_uniform(rng, 20, 2_000)
+    alphabet = rng.randint(2, 3)
+    max_live = _log_uniform(rng, 1, 8 if num_blocks <= 64 else 16)
+    check_every = check_cadence(rng, num_blocks)
+    if rng.random() < KV_EVENTS_SHARE and kv_events:  # the last draw (module docstring)
+        config = dataclasses.replace(config, enable_kv_cache_events=True)
     return ManagerRun(
         seed=seed,
         config=config,
         features=features,
         weights=weights,
-        alphabet=rng.randint(2, 3),
-        max_live=_log_uniform(rng, 1, 8 if num_blocks <= 64 else 16),
+        alphabet=alphabet,
+        max_live=max_live,
         num_steps=num_steps,
-        check_every=check_cadence(rng, num_blocks),
+        check_every=check_every,
         misuse=misuse,
     )
 
@@ -327,6 +349,7 @@ class PoolRun:
         num_steps: the run's length.
         check_every: steps between full checks (1: full mode).
         misuse: whether invalid calls may be made.
+        kv_events: both pools are built with KV cache events on.
     """
 
     seed: int
@@ -341,6 +364,7 @@ class PoolRun:
     num_steps: int
     check_every: int
     misuse: bool
+    kv_events: bool
 
     def with_num_blocks(self, num_blocks: int) -> PoolRun:
         """The same run on a pool of `num_blocks` blocks (shrinking tries smaller pools)."""
@@ -355,6 +379,7 @@ class PoolRun:
             self.hash_algo,
             "extra keys" if self.extra_keys else "",
             self.semantics.name if self.semantics != PAGEDKV else "",
+            "kv events" if self.kv_events else "",
         ]
         return f"{'; '.join(flag for flag in flags if flag)}; operations: {ops}"
 
@@ -364,6 +389,7 @@ class PoolRun:
             f"block size {_block_size_bucket(self.block_size)}",
             f"caching {'on' if self.enable_caching else 'off'}",
             f"hash {self.hash_algo}",
+            f"events {'on' if self.kv_events else 'off'}",
             "full check every step" if self.check_every == 1 else "full check on a cadence",
         ]
         if self.extra_keys:
@@ -378,24 +404,34 @@ def draw_pool_run(
     semantics: Semantics = PAGEDKV,
     misuse: bool = True,
     steps_per_run: int | None = None,
+    kv_events: bool = False,
 ) -> PoolRun:
-    """The pool run of this seed (see `draw_manager_run`)."""
+    """The pool run of this seed (see `draw_manager_run`); `kv_events` says whether the pool
+    under test can emit KV cache events."""
     rng = random.Random(seed)
     num_blocks = draw_pool_size(rng)
     weights = _draw_weights(rng, POOL_OPERATIONS, frozenset({"get_new_blocks", "admit"}))
     if not misuse:
         weights.pop("misuse", None)
+    enable_caching = rng.random() < 0.85
+    block_size = draw_block_size(rng)
+    hash_algo = rng.choice(("sha256", "builtin"))
+    extra_keys = rng.random() < 0.5
+    alphabet = rng.randint(2, 3)
+    num_steps = steps_per_run or _log_uniform(rng, 20, 1_000)
+    check_every = check_cadence(rng, num_blocks)
     return PoolRun(
         seed=seed,
         num_blocks=num_blocks,
-        enable_caching=rng.random() < 0.85,
-        block_size=draw_block_size(rng),
-        hash_algo=rng.choice(("sha256", "builtin")),
+        enable_caching=enable_caching,
+        block_size=block_size,
+        hash_algo=hash_algo,
         semantics=semantics,
-        extra_keys=rng.random() < 0.5,
+        extra_keys=extra_keys,
         weights=weights,
-        alphabet=rng.randint(2, 3),
-        num_steps=steps_per_run or _log_uniform(rng, 20, 1_000),
-        check_every=check_cadence(rng, num_blocks),
+        alphabet=alphabet,
+        num_steps=num_steps,
+        check_every=check_every,
         misuse=misuse,
+        kv_events=rng.random() < KV_EVENTS_SHARE and kv_events,  # the last draw
     )

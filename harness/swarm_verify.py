@@ -48,6 +48,7 @@ from pagedkv.harness.swarm import (
     Layer,
     execute_run,
     manager_layer,
+    offers_kv_events,
     pool_layer,
     run_campaign,
 )
@@ -79,6 +80,8 @@ class SwarmCampaign:
         modes = {"misuse"} if self.misuse else set()
         if self.semantics == PAGEDKV:
             modes.add("pagedkv semantics")
+        if self.layer.kv_events:
+            modes.add("kv events")
         return frozenset(modes)
 
 
@@ -101,6 +104,7 @@ def plan(args: argparse.Namespace) -> list[SwarmCampaign]:
             semantics=semantics,
             misuse=misuse,
             steps_per_run=args.steps_per_run,
+            kv_events=offers_kv_events(pool_factory),
         )
         flags = _replay_flags(args, "pool")
         campaigns.append(
@@ -118,6 +122,7 @@ def plan(args: argparse.Namespace) -> list[SwarmCampaign]:
             misuse=misuse,
             attention=args.attention,
             steps_per_run=args.steps_per_run,
+            kv_events=offers_kv_events(manager_factory),
         )
         kinds = {"full": ", full attention", "sliding": ", sliding window"}
         title = "KV cache manager" + kinds.get(args.attention, "")

@@ -44,8 +44,7 @@ def test_every_variant_is_caught_by_two_checkers() -> None:
     assert all(catches(verdicts) >= MIN_CATCHES for verdicts in results.values())
     column = CHECKERS.index("campaign")
     for name, verdicts in results.items():
-        expected = "n/a" if VARIANTS_BY_NAME[name].in_kv_events else "caught"
-        assert verdicts[column].status == expected, name
+        assert verdicts[column].status == "caught", name
 
 
 def test_the_committed_table_lists_every_variant_and_each_is_caught_twice() -> None:
@@ -55,9 +54,7 @@ def test_the_committed_table_lists_every_variant_and_each_is_caught_twice() -> N
         assert len(statuses) == len(CHECKERS)
         assert statuses.count("caught") >= MIN_CATCHES, name
         assert "error" not in statuses, name
-        # the CI campaign, which builds its managers without KV cache events
-        expected = "n/a" if VARIANTS_BY_NAME[name].in_kv_events else "caught"
-        assert statuses[CHECKERS.index("campaign")] == expected, name
+        assert statuses[CHECKERS.index("campaign")] == "caught", name
 
 
 def test_scenario_tests_pass_with_nothing_planted() -> None:
@@ -147,20 +144,20 @@ def _verdicts(*statuses: str) -> list[Verdict]:
 
 def test_problems_name_rare_catches_errors_and_control_failures() -> None:
     results = {
-        "twice": _verdicts("missed", "caught", "caught", "n/a", "missed"),
-        "once": _verdicts("missed", "caught", "missed", "n/a", "missed"),
+        "twice": _verdicts("missed", "caught", "caught", "missed", "missed"),
+        "once": _verdicts("missed", "caught", "missed", "missed", "missed"),
         "broken": _verdicts("caught", "caught", "caught", "error", "missed"),
     }
     assert problems(results) == [
         "once: caught by 1 checkers, fewer than 2",
         "broken: crosshair could not run: ",
     ]
-    control = {"control": _verdicts("missed", "missed", "caught", "n/a", "missed")}
+    control = {"control": _verdicts("missed", "missed", "caught", "missed", "missed")}
     assert problems(control, control=True) == ["control: exhaustive fails unplanted: "]
 
 
 def test_the_document_round_trips_through_read_table(tmp_path: Path) -> None:
-    statuses = ("caught", "caught", "missed", "n/a", "caught")
+    statuses = ("caught", "caught", "missed", "missed", "caught")
     results = {variant.name: _verdicts(*statuses) for variant in VARIANTS}
     table = tmp_path / "planted-bugs.md"
     table.write_text(render_document(results, 1.0, 2))

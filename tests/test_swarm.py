@@ -2,24 +2,35 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
+from typing import ClassVar
 
 import broken_managers
 import broken_pools
 import pytest
 from hypothesis import strategies as st
 
-from pagedkv.harness.adapters import pagedkv_manager, pagedkv_pool, spec_manager
+from pagedkv.block_pool import BlockPool
+from pagedkv.cli import main
+from pagedkv.harness.adapters import (
+    ObjectManagerAdapter,
+    ObjectPoolAdapter,
+    pagedkv_manager,
+    pagedkv_pool,
+    spec_manager,
+)
 from pagedkv.harness.catalog_draws import SeededData
 from pagedkv.harness.comparison import describe_difference
 from pagedkv.harness.coverage import Coverage
 from pagedkv.harness.hostile_calls import MANAGER_HOSTILE_CALLS, POOL_HOSTILE_CALLS
 from pagedkv.harness.lockstep import Divergence
 from pagedkv.harness.manager_hostile import Scene
-from pagedkv.harness.manager_ops import Admit, Arrive, Step
+from pagedkv.harness.manager_ops import Admit, Arrive, Step, TakeEvents
 from pagedkv.harness.pool_driver import MISUSE
-from pagedkv.harness.protocol import ManagerConfig, ManagerUnderTest, PoolFactory
+from pagedkv.harness.pool_ops import TakeEvents as TakePoolEvents
+from pagedkv.harness.protocol import ManagerConfig, ManagerUnderTest, PoolFactory, PoolUnderTest
 from pagedkv.harness.shrink import shrink
 from pagedkv.harness.swarm import (
     Layer,
@@ -30,6 +41,10 @@ from pagedkv.harness.swarm import (
     run_campaign,
 )
 from pagedkv.harness.swarm_runs import draw_manager_run, draw_pool_run, run_seed
+from pagedkv.kv_events import BlockRemoved, KVCacheEvent
+from pagedkv.manager import KVCacheManager
+from pagedkv.semantics import Semantics
+from proofs.planted.catalog import VARIANTS_BY_NAME, planted
 
 
 @pytest.fixture(autouse=True)
@@ -265,3 +280,156 @@ def test_the_throughput_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> No
     report = capsys.readouterr().out
     assert "manager, swarm  " in report and "steps/CPU-s" in report
     assert "spec (manager, pool, hashing)" in report
+
+
+# -- KV cache events ---------------------------------------------------------------------------
+
+
+def test_old_seeds_draw_the_same_runs_with_the_events_flag_drawn_last() -> None:
+    """Drawing the flag last left every other draw of every seed as it was (the strings are
+    these runs' descriptions before events were drawn)."""
+    manager = draw_manager_run(run_seed(2025, "manager", 4), kv_events=True)
+    assert manager.describe() == (
+        "sliding window 7; 44 blocks; block size 2; max_model_len 4; caching; builtin; "
+        "kv events; features: draft tokens, lora, salts; operations: admit, arrive, hostile, "
+        "preempt, step"
+    )
+    assert draw_manager_run(run_seed(2025, "manager", 4)).describe() == (
+        "sliding window 7; 44 blocks; block size 2; max_model_len 4; caching; builtin; "
+        "features: draft tokens, lora, salts; operations: admit, arrive, hostile, preempt, step"
+    )
+    pool = draw_pool_run(run_seed(2025, "pool", 3), kv_events=True)
+    assert pool.describe() == (
+        "9 blocks; block size 1; caching; builtin; extra keys; kv events; operations: admit, "
+        "cache_full_blocks, free everything, free_blocks, get_new_blocks, misuse, reset, touch"
+    )
+    managers_on = pools_on = 0
+    for index in range(300):
+        seed = run_seed(7, "manager", index)
+        run = draw_manager_run(seed, kv_events=True)
+        managers_on += run.kv_events
+        config = dataclasses.replace(run.config, enable_kv_cache_events=False)
+        assert dataclasses.replace(run, config=config) == draw_manager_run(seed)
+        pool_run = draw_pool_run(seed, kv_events=True)
+        pools_on += pool_run.kv_events
+        assert dataclasses.replace(pool_run, kv_events=False) == draw_pool_run(seed)
+    assert 75 <= managers_on <= 125 and 75 <= pools_on <= 125  # about a third
+
+
+def test_a_run_with_events_on_takes_them_between_the_operations_it_makes_without() -> None:
+    seed = run_seed(2025, "manager", 4)
+    layer = manager_layer(pagedkv_manager)
+    with_events = draw_manager_run(seed, steps_per_run=2_000, kv_events=True)
+    coverage = Coverage()
+    ops, error = execute_run(layer, with_events, coverage)
+    assert error is None
+    assert coverage.histogram["events on"] == 1
+    for kind in ("BlockStored", "BlockRemoved"):
+        assert coverage.counts[f"{kind} events taken"] > 0, kind
+    without = draw_manager_run(seed, steps_per_run=2_000)
+    plain, error = execute_run(layer, without, Coverage())
+    assert error is None
+    others = [op for op in ops if not isinstance(op, TakeEvents)]
+    assert others == plain[: len(others)]
+    # Taken often: the queue between two takes holds a few operations' events, never a run's.
+    assert len(ops) - len(others) > 150
+    gap = longest = 0
+    for op in ops:
+        gap = 0 if isinstance(op, TakeEvents) else gap + 1
+        longest = max(longest, gap)
+    assert longest < 100
+
+
+class _RemovalsLostManager(ObjectManagerAdapter):
+    def take_events(self) -> list[KVCacheEvent]:
+        return [e for e in super().take_events() if not isinstance(e, BlockRemoved)]
+
+
+class _RemovalsLostPool(ObjectPoolAdapter):
+    def take_events(self) -> list[KVCacheEvent]:
+        return [e for e in super().take_events() if not isinstance(e, BlockRemoved)]
+
+
+class RemovalsLostInTakeManagers:
+    """Managers whose take_events() drops every BlockRemoved (the queue and the state are
+    right): only the comparison of the taken lists sees it. It says it emits events."""
+
+    kv_events: ClassVar[bool] = True
+
+    def __call__(self, config: ManagerConfig) -> ManagerUnderTest:
+        return _RemovalsLostManager(config.build(KVCacheManager))
+
+
+class RemovalsLostInTakePools:
+    """The same for pools (a `KVEventPoolFactory`)."""
+
+    kv_events: ClassVar[bool] = True
+
+    def __call__(
+        self,
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        semantics: Semantics,
+        enable_kv_cache_events: bool = False,
+    ) -> PoolUnderTest:
+        pool = BlockPool(num_gpu_blocks, enable_caching, semantics, enable_kv_cache_events)
+        return _RemovalsLostPool(pool)
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [manager_layer(RemovalsLostInTakeManagers()), pool_layer(RemovalsLostInTakePools())],
+    ids=["manager", "pool"],
+)
+def test_a_take_is_compared_list_for_list(layer: Layer) -> None:
+    assert layer.kv_events
+    result = run_campaign(layer, seed=1, max_steps=20_000)
+    failure = result.failure
+    assert failure is not None
+    assert str(failure.error).startswith("take_events(): spec returned [")
+    assert isinstance(failure.ops[-1], (TakeEvents, TakePoolEvents))
+    shrunk = shrink(layer, failure.run, failure.ops, failure.error)
+    assert 1 <= len(shrunk.ops) <= 10, shrunk.render()
+    assert shrunk.error.startswith("Divergence: take_events(): spec returned [")
+
+
+REMOVALS_LOST_IN_TAKE = RemovalsLostInTakeManagers()
+"""For `pagedkv verify --manager-impl test_swarm:REMOVALS_LOST_IN_TAKE`."""
+
+
+def test_verify_reads_the_events_flag_of_the_factory_it_loads(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The command line wraps a third-party factory (to report its errors as set-up errors):
+    the flag is read from the factory itself."""
+    args = ["verify", "--quiet", "--layer", "manager", "--seed", "1"]
+    assert main([*args, "--manager-impl", "test_swarm:REMOVALS_LOST_IN_TAKE"]) == 1
+    report = capsys.readouterr().out
+    assert "kv events" in report.split("Failing run", 1)[1].splitlines()[0]
+    assert "error: Divergence: take_events(): spec returned [" in report
+
+
+def test_a_third_party_implementation_gets_events_only_when_it_says_it_emits_them() -> None:
+    layers = [manager_layer(broken_managers.forward_free), pool_layer(broken_pools.free_to_head)]
+    for layer in layers:
+        assert not layer.kv_events
+        assert not any(layer.draw(run_seed(2025, layer.name, i)).kv_events for i in range(60))
+    assert manager_layer(pagedkv_manager).kv_events and pool_layer(pagedkv_pool).kv_events
+    assert manager_layer(spec_manager).kv_events
+    assert not manager_layer(pagedkv_manager, kv_events=False).kv_events
+
+
+@pytest.mark.parametrize("variant", ["event_removed_per_block", "event_eviction_unannounced"])
+@pytest.mark.parametrize("name", ["manager", "pool"])
+def test_a_planted_event_bug_is_found_by_a_short_campaign_and_shrunk(
+    variant: str, name: str
+) -> None:
+    layer = manager_layer(pagedkv_manager) if name == "manager" else pool_layer(pagedkv_pool)
+    with planted(VARIANTS_BY_NAME[variant]):
+        result = run_campaign(layer, seed=1, max_steps=20_000)
+        failure = result.failure
+        assert failure is not None
+        assert failure.run.kv_events
+        shrunk = shrink(layer, failure.run, failure.ops, failure.error)
+    assert 1 <= len(shrunk.ops) <= 10, shrunk.render()
+    assert "kv_events" in shrunk.error or "take_events()" in shrunk.error, shrunk.error

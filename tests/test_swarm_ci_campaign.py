@@ -21,7 +21,7 @@ from pagedkv.harness.coverage import (
 )
 from pagedkv.harness.swarm import manager_layer, pool_layer, run_campaign
 
-MODES = frozenset({"misuse", "pagedkv semantics"})
+MODES = frozenset({"misuse", "pagedkv semantics", "kv events"})
 
 
 @pytest.fixture(autouse=True)
@@ -49,4 +49,5 @@ def test_the_ci_pool_campaign_finds_no_divergence_and_meets_every_target() -> No
     assert result.failure is None, result.failure
     results = evaluate(result.coverage, POOL_TARGETS, MODES)
     print("\n".join(render_targets(results)))
+    assert all(target.enforced for target in results)
     assert unmet(results) == []

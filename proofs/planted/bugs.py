@@ -174,13 +174,13 @@ must be caught by at least {MIN_CATCHES} checkers. `tests/test_planted_bugs.py` 
 checker on every variant and requires that again (a cell may change with the code: the state
 machines also draw constants found in the loaded modules, see `checkers.SM_SETTINGS`).
 Bounds (`proofs/planted/checkers.py`): the CI swarm campaign (seed {CI_SEED}, {CI_MANAGER_STEPS:,}
-manager then {CI_POOL_STEPS:,} pool steps); state machines derandomized, {SM_EXAMPLES} examples
-of {SM_STEPS} steps per machine, no shrinking; exhaustive search: the `ci` scope; CrossHair: the
-contracts and pairs that call the replaced function, rebound to it,
-{CROSSHAIR_BOUNDS.per_condition_timeout:.0f} s each, then the contracts on `allocate_slots` with
-the variant planted, {CROSSHAIR_MANAGER_BOUNDS.per_condition_timeout:.0f} s each; scenario
-tests: {", ".join(f"`{m}`" for m in SCENARIO_MODULES)} with the `ci` profile.
-`n/a`: the checker cannot see the variant.
+manager then {CI_POOL_STEPS:,} pool steps, KV cache events on in about a third of its runs);
+state machines derandomized, {SM_EXAMPLES} examples of {SM_STEPS} steps per machine, no
+shrinking; exhaustive search: the `ci` scope; CrossHair: the contracts and pairs that call the
+replaced function, rebound to it, {CROSSHAIR_BOUNDS.per_condition_timeout:.0f} s each, then the
+contracts on `allocate_slots` with the variant planted,
+{CROSSHAIR_MANAGER_BOUNDS.per_condition_timeout:.0f} s each; scenario tests:
+{", ".join(f"`{m}`" for m in SCENARIO_MODULES)} with the `ci` profile.
 
 {render_table(results)}
 

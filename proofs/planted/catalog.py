@@ -116,13 +116,11 @@ class Variant:
         name: a short identifier (used on command lines and in the table).
         description: the mistake, in one line.
         patches: what planting it replaces.
-        in_kv_events: the mistake is only visible in the KV cache event stream.
     """
 
     name: str
     description: str
     patches: tuple[Patch, ...]
-    in_kv_events: bool = False
 
     @property
     def replaced_functions(self) -> tuple[FunctionPatch, ...]:
@@ -464,13 +462,11 @@ VARIANTS: tuple[Variant, ...] = (
                 block_pool.BlockPool, "_maybe_evict_cached_block", _evict_announcing_every_block
             ),
         ),
-        in_kv_events=True,
     ),
     Variant(
         "event_eviction_unannounced",
         "a hash evicted from the index at reuse without a BlockRemoved event",
         (MethodPatch(block_pool.BlockPool, "_maybe_evict_cached_block", _evict_unannounced),),
-        in_kv_events=True,
     ),
     Variant(
         "capacity_counts_null",
