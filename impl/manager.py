@@ -359,13 +359,15 @@ class KVCacheManager:
                         if num_slots <= num_held_slots:
                             if completes_none:
                                 return []  # inside the last block
+                            stored = self.req_to_block_hashes.get(request_id)
                             if (
                                 num_cached is not None
                                 and num_full == num_cached + 1
+                                and stored is not None
                                 and self.block_pool._cache_next_full_block(
                                     request,
                                     blocks,
-                                    self.req_to_block_hashes.get(request_id, []),
+                                    stored,
                                     num_cached,
                                     block_size,
                                     self.caching_hash_fn,
