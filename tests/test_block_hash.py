@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 
@@ -23,8 +24,9 @@ from pagedkv import (
     hash_request_tokens,
     sha256,
 )
-from pagedkv.block_hash import CacheSalt
+from pagedkv.block_hash import CacheSalt, Sha256Memo
 from pagedkv.harness.requests import requests
+from pagedkv.manager import SHA256_MEMO_TOKENS
 from pagedkv.semantics import PAGEDKV, VLLM_0_8_5
 from pagedkv.spec import block_extra_keys, request_block_hashes
 from pagedkv.spec.block_hash import vllm_new_block_extra_keys
@@ -205,3 +207,38 @@ def test_equal_hash_values_with_different_tokens_never_hit() -> None:
 def test_hash_request_tokens_rejects_a_non_positive_block_size() -> None:
     with pytest.raises(InvalidArgumentError):
         hash_request_tokens(sha256, 0, Request("r", [1]))
+
+
+@given(
+    inputs=st.lists(
+        st.tuples(
+            st.integers(0, 2**256 - 1),
+            st.lists(st.integers(0, 50), max_size=4).map(tuple),
+            st.none() | st.tuples(st.integers(1, 3)),
+        ),
+        max_size=12,
+    )
+)
+def test_the_sha256_memo_gives_sha256_values_and_forgets_the_oldest(
+    inputs: list[tuple[int, tuple[int, ...], tuple[int, ...] | None]],
+) -> None:
+    memo = Sha256Memo(maxsize=4)
+    for item in inputs + inputs[::-1]:  # each again, some still remembered, some forgotten
+        assert memo(item) == sha256(item)
+    assert memo._cached.cache_info().currsize == min(len(set(inputs)), 4)
+
+
+def test_a_sha256_manager_hashes_through_a_memo_that_pickles_empty() -> None:
+    from pagedkv import FullAttentionSpec, KVCacheManager, uniform_kv_cache_config
+
+    spec = FullAttentionSpec(block_size=2, num_kv_heads=1, head_size=1, dtype="float16")
+    config = uniform_kv_cache_config(spec, 8)
+    manager = KVCacheManager(config, 64, caching_hash_algo="sha256")
+    assert isinstance(manager.caching_hash_fn, Sha256Memo)
+    assert manager.caching_hash_fn.maxsize == SHA256_MEMO_TOKENS // 2
+    assert KVCacheManager(config, 64, caching_hash_algo="builtin").caching_hash_fn is hash
+    manager.get_computed_blocks(Request("r", range(6)))
+    assert manager.caching_hash_fn._cached.cache_info().currsize == 3
+    copied = pickle.loads(pickle.dumps(manager.caching_hash_fn))
+    assert copied._cached.cache_info().currsize == 0
+    assert pickle.dumps(copied) == pickle.dumps(manager.caching_hash_fn)  # state compares equal
