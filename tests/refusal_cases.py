@@ -14,6 +14,7 @@ import json
 import math
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pagedkv
@@ -305,6 +306,19 @@ def outcomes() -> dict[str, Outcome]:
     return {name: outcome(name) for name in CASES}
 
 
+RECORDED = Path(__file__).with_name("refusal_outcomes.json")
+"""Every case's outcome, recorded: the messages users see, pinned on both builds. Rewrite it
+with `python tests/refusal_cases.py --write` when a message changes on purpose."""
+
+
+def recorded_outcomes() -> dict[str, Outcome]:
+    recorded: dict[str, Outcome] = json.loads(RECORDED.read_text())
+    return recorded
+
+
 if __name__ == "__main__":
-    json.dump({"compiled": pagedkv.COMPILED, "outcomes": outcomes()}, sys.stdout, indent=1)
+    if sys.argv[1:] == ["--write"]:
+        RECORDED.write_text(json.dumps(outcomes(), indent=1, sort_keys=True) + "\n")
+    else:
+        json.dump({"compiled": pagedkv.COMPILED, "outcomes": outcomes()}, sys.stdout, indent=1)
     sys.exit(0)

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from refusal_cases import CASES, Outcome, outcome
+from refusal_cases import CASES, Outcome, outcome, recorded_outcomes
 
 import pagedkv
 
@@ -69,3 +69,14 @@ def test_each_case_is_a_typed_refusal_that_changes_nothing(case: str) -> None:
     }, result
     assert result["message"], result
     assert not result["changed"], result
+
+
+def test_the_record_names_every_case() -> None:
+    assert sorted(recorded_outcomes()) == sorted(CASES)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_case_answers_as_recorded(case: str) -> None:
+    """The error class and message users see, pinned (`tests/refusal_outcomes.json`) on both
+    builds: a reworded message is a deliberate change, recorded with `--write`."""
+    assert outcome(case) == recorded_outcomes()[case]
