@@ -23,6 +23,9 @@ class FreeKVCacheBlockQueue:
     """
 
     __slots__ = ("free_list_head", "free_list_tail", "num_free_blocks")
+    free_list_head: KVCacheBlock | None
+    free_list_tail: KVCacheBlock | None
+    num_free_blocks: int
 
     def __init__(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Queue `blocks` in the given order (read once; an iterator works too).
@@ -48,9 +51,6 @@ class FreeKVCacheBlockQueue:
             if block.owner_queue is not None:
                 raise FreeQueueError(block.block_id, "a block of another free queue")
             seen.add(id(block))
-        self.free_list_head: KVCacheBlock | None = None
-        self.free_list_tail: KVCacheBlock | None = None
-        self.num_free_blocks = 0
         self._link_new(cast("list[KVCacheBlock]", items))
 
     @classmethod
@@ -66,7 +66,7 @@ class FreeKVCacheBlockQueue:
         return queue
 
     def _link_new(self, blocks: list[KVCacheBlock]) -> None:
-        """Own and link `blocks`, in order, into this empty queue (they passed the checks)."""
+        """Own and link `blocks`, in order, as the whole queue (they passed the checks)."""
         self.num_free_blocks = len(blocks)
         self.free_list_head = blocks[0] if blocks else None
         self.free_list_tail = blocks[-1] if blocks else None
