@@ -62,18 +62,17 @@ def block_list(
     Complexity: O(len(blocks)).
     """
     items: list[Any] = require_iterable(call, argument, blocks, context=context)
-    if isinstance(is_block, type):
-        # The common case in one C-level pass; the loop below names the first item that fails.
-        if all(map(is_block.__instancecheck__, items)):
-            return items
-        for index, item in enumerate(items):
-            if not isinstance(item, is_block):
-                raise not_a_block(call, f"{argument}[{index}]", item, context=context)
-    else:
-        for index, item in enumerate(items):
-            if not is_block(item):
-                raise not_a_block(call, f"{argument}[{index}]", item, context=context)
+    if isinstance(is_block, type) and all(map(is_block.__instancecheck__, items)):
+        return items  # the common case in one C-level pass
+    for index, item in enumerate(items):
+        if not _is_one(is_block, item):
+            raise not_a_block(call, f"{argument}[{index}]", item, context=context)
     return items
+
+
+def _is_one(is_block: IsBlock, value: object) -> bool:
+    """Whether `value` is a block in `is_block`'s terms (a class or a predicate)."""
+    return isinstance(value, is_block) if isinstance(is_block, type) else is_block(value)
 
 
 # -- the block pool ----------------------------------------------------------------------------
@@ -164,8 +163,7 @@ def check_cache_full_blocks(
     if num_cached == num_full:
         return None
     for position in range(first_read, num_full):
-        item = sequence[position]
-        if not (isinstance(item, is_block) if isinstance(is_block, type) else is_block(item)):
+        if not _is_one(is_block, sequence[position]):
             raise not_a_block(call, f"blocks[{position}]", sequence[position])
     return sequence
 
