@@ -89,7 +89,7 @@ def wants_compiled(mode: str, argv: Sequence[str], environ: Mapping[str, str]) -
 
 
 def stage_sources(modules: Sequence[str]) -> list[str]:
-    """Copy impl/ to build/mypyc/src/pagedkv/, so that mypyc names the modules pagedkv.*.
+    """Copy impl/ and vocab/ to build/mypyc/src/pagedkv/, so that mypyc names the modules pagedkv.*.
 
     The staged `__init__.py` is empty: mypy then checks only what the compiled modules import.
 
@@ -100,9 +100,13 @@ def stage_sources(modules: Sequence[str]) -> list[str]:
     if package.exists():
         shutil.rmtree(package)
     package.mkdir(parents=True)
-    for source in (ROOT / "impl").glob("*.py"):
-        if source.name != "__init__.py":
-            shutil.copyfile(source, package / source.name)
+    for folder, staged in (("impl", package), ("vocab", package / "vocab")):
+        for source in (ROOT / folder).rglob("*.py"):
+            target = staged / source.relative_to(ROOT / folder)
+            if target == package / "__init__.py":
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
     (package / "__init__.py").write_text("")
     (package / "py.typed").write_text("")
     config = STAGE / "mypy.ini"

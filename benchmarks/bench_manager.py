@@ -27,8 +27,8 @@ from typing import Any
 from serving_trace import Conversation, TraceConfig, make_trace
 
 from pagedkv import KVCacheManager, PrefixCachingMetrics, Request
-from pagedkv.kv_cache_interface import FullAttentionSpec, uniform_kv_cache_config
 from pagedkv.spec.manager import SpecKVCacheManager
+from pagedkv.vocab.kv_cache_interface import FullAttentionSpec, uniform_kv_cache_config
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from pagedkv.errors import PagedKVError
+from pagedkv.vocab.errors import PagedKVError
 
 INSTALL_HINT = "pip install 'pagedkv[engine]'"
 

@@ -14,8 +14,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pagedkv.errors import InvalidArgumentError
-from pagedkv.request import Request
+from pagedkv.vocab.errors import InvalidArgumentError
+from pagedkv.vocab.request import Request
 
 
 class RequestStatus(enum.Enum):

@@ -20,13 +20,13 @@ from typing import Literal, Protocol
 import torch
 
 from pagedkv.engine.layer_caches import LayerCaches
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.attention import paged_attention, plan_step
 from pagedkv.gpu.attention_plan import AttentionPlan
 from pagedkv.gpu.kv_cache_tensors import LayerKVCache
 from pagedkv.gpu.kv_write import write_kv
 from pagedkv.gpu.reference import reference_paged_attention, reference_write_kv
 from pagedkv.gpu.step_metadata import StepMetadata
+from pagedkv.vocab.errors import InvalidArgumentError
 
 
 class KernelLaunches(Protocol):

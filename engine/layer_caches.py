@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import torch
 
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.kv_cache_tensors import LayerKVCache
 from pagedkv.gpu.step_metadata import StepMetadata
+from pagedkv.vocab.errors import InvalidArgumentError
 
 
 class StepTensors:

@@ -28,11 +28,11 @@ from pagedkv.engine.model import check_llama
 from pagedkv.engine.paged_llama import PagedLlamaRunner
 from pagedkv.engine.scheduler import Scheduler, SchedulerOutput
 from pagedkv.engine.stage_timer import StageTimer
-from pagedkv.errors import InvalidArgumentError, InvariantViolation, RequestError
 from pagedkv.gpu.kv_cache_tensors import allocate_kv_caches
 from pagedkv.gpu.step_metadata import build_step_metadata, scheduled_from_manager
-from pagedkv.kv_cache_interface import FullAttentionSpec, uniform_kv_cache_config
 from pagedkv.manager import KVCacheManager
+from pagedkv.vocab.errors import InvalidArgumentError, InvariantViolation, RequestError
+from pagedkv.vocab.kv_cache_interface import FullAttentionSpec, uniform_kv_cache_config
 
 
 @dataclass

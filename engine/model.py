@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from pagedkv.errors import InvalidArgumentError
+from pagedkv.vocab.errors import InvalidArgumentError
 
 SYNTHETIC_INIT_STD = 0.2
 

@@ -21,7 +21,7 @@ import torch
 from pagedkv.engine.executor import AttentionExecutor
 from pagedkv.engine.model import check_llama
 from pagedkv.engine.stage_timer import StageTimer
-from pagedkv.errors import InvalidArgumentError
+from pagedkv.vocab.errors import InvalidArgumentError
 
 
 class PagedLlamaRunner:

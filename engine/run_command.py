@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from pagedkv.engine.dependencies import MissingDependencyError, require
-from pagedkv.errors import PagedKVError
+from pagedkv.vocab.errors import PagedKVError
 
 if TYPE_CHECKING:
     from pagedkv.engine.dense_check import DenseCheck
@@ -157,7 +157,7 @@ class _Session:
 
         from pagedkv.engine.config import EngineConfig
         from pagedkv.engine.report import RunDescription
-        from pagedkv.errors import InvalidArgumentError
+        from pagedkv.vocab.errors import InvalidArgumentError
 
         self.args = args
         self.err = err
@@ -217,7 +217,7 @@ class _Session:
             load_prompts_jsonl,
             synthetic_chat_trace,
         )
-        from pagedkv.errors import InvalidArgumentError
+        from pagedkv.vocab.errors import InvalidArgumentError
 
         args = self.args
         stops = stop_token_ids(self.model)

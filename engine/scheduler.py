@@ -25,8 +25,8 @@ from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.engine_request import EngineRequest, RequestStatus
 from pagedkv.engine.evictions import EvictionCounter
 from pagedkv.engine.metrics import SchedulerStats
-from pagedkv.errors import InvalidArgumentError, InvariantViolation, RequestError
 from pagedkv.manager import KVCacheManager
+from pagedkv.vocab.errors import InvalidArgumentError, InvariantViolation, RequestError
 
 
 @dataclass(frozen=True)

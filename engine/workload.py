@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pagedkv.engine.engine_request import EngineRequest
-from pagedkv.errors import InvalidArgumentError
+from pagedkv.vocab.errors import InvalidArgumentError
 
 
 @dataclass(frozen=True)

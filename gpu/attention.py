@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.array_view import ArrayLike, ArrayView, describe
 from pagedkv.gpu.attention_metadata import validate_metadata
 from pagedkv.gpu.attention_plan import AttentionPlan, DeviceLimits, plan_attention
@@ -31,6 +30,7 @@ from pagedkv.gpu.kernel_variants import (
     merge_kernel_name,
 )
 from pagedkv.gpu.launch import KernelCall, common_device, i32, i64, launch_context, pointer
+from pagedkv.vocab.errors import InvalidArgumentError
 
 
 def device_limits(device: int) -> DeviceLimits:

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.array_view import ArrayLike, describe, to_host
+from pagedkv.vocab.errors import InvalidArgumentError
 
 
 def is_power_of_two(value: int) -> bool:

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.attention_metadata import AttentionMetadata
 from pagedkv.gpu.kernel_variants import AttentionKernel, AttentionTraits, attention_traits
+from pagedkv.vocab.errors import InvalidArgumentError
 
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 64

@@ -1,16 +1,16 @@
-"""The GPU executor's own failures, beside the argument errors of `pagedkv.errors`.
+"""The GPU executor's own failures, beside the argument errors of `pagedkv.vocab.errors`.
 
     PagedKVError
     ├── KernelCompileError      NVRTC rejected a kernel source (the log is in the message)
     └── DeviceUnavailableError  no CUDA device, or cupy / torch-CUDA is not installed
 
-Misuse (a bad shape, dtype, stride, block id or slot) raises `pagedkv.errors.InvalidArgumentError`
-before anything is launched.
+Misuse (a bad shape, dtype, stride, block id or slot) raises
+`pagedkv.vocab.errors.InvalidArgumentError` before anything is launched.
 """
 
 from __future__ import annotations
 
-from pagedkv.errors import PagedKVError
+from pagedkv.vocab.errors import PagedKVError
 
 
 class KernelCompileError(PagedKVError, RuntimeError):

@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pagedkv.errors import KVCacheConfigError
 from pagedkv.gpu.array_view import ArrayLike
 from pagedkv.gpu.kernel_loader import import_cupy
-from pagedkv.kv_cache_interface import AttentionSpec, KVCacheConfig
+from pagedkv.vocab.errors import KVCacheConfigError
+from pagedkv.vocab.kv_cache_interface import AttentionSpec, KVCacheConfig
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.array_view import ArrayLike, ArrayView, describe, to_host
 from pagedkv.gpu.kernel_loader import get_kernel
 from pagedkv.gpu.kernel_variants import (
@@ -25,6 +24,7 @@ from pagedkv.gpu.kernel_variants import (
     write_kernel_name,
 )
 from pagedkv.gpu.launch import KernelCall, common_device, i32, i64, launch_context, pointer
+from pagedkv.vocab.errors import InvalidArgumentError
 
 
 def check_slots(slots: np.ndarray[Any, Any], num_slots: int) -> None:

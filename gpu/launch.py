@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.array_view import ArrayView, Backend
 from pagedkv.gpu.kernel_loader import import_cupy
 from pagedkv.gpu.kernel_variants import KernelSource
+from pagedkv.vocab.errors import InvalidArgumentError
 
 OPT_IN_SHARED_BYTES = 48 * 1024
 """Dynamic shared memory a launch gets without `cudaFuncAttributeMaxDynamicSharedMemorySize`."""

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.array_view import describe
 from pagedkv.gpu.attention_metadata import validate_metadata
 from pagedkv.gpu.kv_write import check_slots, check_write_arrays
+from pagedkv.vocab.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     import torch

@@ -23,8 +23,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.attention_metadata import is_power_of_two
+from pagedkv.vocab.errors import InvalidArgumentError
 
 NULL_BLOCK_ID = 0
 """The block id the pool reserves as the placeholder for skipped positions."""

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.step_metadata import NULL_BLOCK_ID
+from pagedkv.vocab.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     import torch

@@ -6,9 +6,7 @@ import importlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, cast
 
-from pagedkv.block_hash import BlockHashType, HashFn
 from pagedkv.block_pool import BlockPool
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.harness.protocol import (
     NOT_REPORTED,
     ManagerConfig,
@@ -17,13 +15,15 @@ from pagedkv.harness.protocol import (
     PoolSnapshot,
     PoolUnderTest,
 )
-from pagedkv.kv_events import KVCacheEvent
 from pagedkv.manager import KVCacheManager
-from pagedkv.prefix_cache_stats import PrefixCacheStats
-from pagedkv.request import Request
-from pagedkv.semantics import Semantics
 from pagedkv.spec.block_pool import SpecBlockPool
 from pagedkv.spec.manager import SpecKVCacheManager
+from pagedkv.vocab.errors import InvalidArgumentError
+from pagedkv.vocab.hashes import BlockHashType, HashFn
+from pagedkv.vocab.kv_events import KVCacheEvent
+from pagedkv.vocab.prefix_cache_stats import PrefixCacheStats
+from pagedkv.vocab.request import Request
+from pagedkv.vocab.semantics import Semantics
 
 
 class ObjectPoolAdapter:

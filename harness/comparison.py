@@ -25,10 +25,10 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
-from pagedkv.block_hash import BlockHashType
-from pagedkv.errors import InvariantViolation
 from pagedkv.harness.lockstep import Divergence, Outcome, compare_call, show
 from pagedkv.harness.probes import Probe
+from pagedkv.vocab.errors import InvariantViolation
+from pagedkv.vocab.hashes import BlockHashType
 
 R = TypeVar("R")
 S = TypeVar("S")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagedkv.request import Request
+from pagedkv.vocab.request import Request
 
 
 @dataclass(frozen=True)

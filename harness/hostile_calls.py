@@ -22,9 +22,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from pagedkv.block_hash import BlockHashType, HashFn
 from pagedkv.harness.protocol import ManagerUnderTest, PoolUnderTest
-from pagedkv.request import Request
+from pagedkv.vocab.hashes import BlockHashType, HashFn
+from pagedkv.vocab.request import Request
 
 SideCall = Callable[[Any, str], object]
 """A call on one side; the second argument is "spec" or "impl"."""

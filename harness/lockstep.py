@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant
 
-from pagedkv.errors import InvariantViolation
+from pagedkv.vocab.errors import InvariantViolation
 
 T = TypeVar("T")
 

@@ -43,7 +43,7 @@ from pagedkv.harness.protocol import ManagerFactory, ManagerUnderTest
 from pagedkv.harness.requests import MM_HASHES, SALTS
 from pagedkv.harness.swarm_events import EventTakes, take_events
 from pagedkv.harness.swarm_runs import ManagerRun, OperationPicker
-from pagedkv.request import PlaceholderRange, Request
+from pagedkv.vocab.request import PlaceholderRange, Request
 
 HISTORY = 32
 """Earlier token lists a new prompt may start with (the most recent ones)."""

@@ -22,7 +22,7 @@ from pagedkv.harness.catalog_draws import draw_entry, side_name
 from pagedkv.harness.comparison import ComparedPair
 from pagedkv.harness.hostile_calls import MANAGER_HOSTILE_CALLS, ManagerScene
 from pagedkv.harness.protocol import ManagerUnderTest
-from pagedkv.request import Request
+from pagedkv.vocab.request import Request
 
 
 @dataclass

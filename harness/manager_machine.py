@@ -30,15 +30,15 @@ from pagedkv.harness.lockstep import CampaignStats, LockstepMachine
 from pagedkv.harness.pool_machine import check_consumer
 from pagedkv.harness.protocol import EmitsKVEvents, ManagerConfig, ManagerFactory, ManagerUnderTest
 from pagedkv.harness.requests import requests
-from pagedkv.kv_cache_interface import (
+from pagedkv.vocab.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheSpec,
     SlidingWindowSpec,
     uniform_kv_cache_config,
 )
-from pagedkv.prefix_cache_stats import PrefixCacheStats
-from pagedkv.request import Request
-from pagedkv.semantics import PAGEDKV, VLLM_0_8_5, Semantics
+from pagedkv.vocab.prefix_cache_stats import PrefixCacheStats
+from pagedkv.vocab.request import Request
+from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_8_5, Semantics
 
 
 @dataclass

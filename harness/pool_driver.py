@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from pagedkv.block_hash import BlockHashType, HashFn, get_hash_fn
 from pagedkv.harness.adapters import SpecPoolAdapter, pagedkv_pool, spec_pool
 from pagedkv.harness.catalog_draws import draw_entry, side_name
 from pagedkv.harness.comparison import ComparedPair
@@ -46,9 +45,10 @@ from pagedkv.harness.protocol import KVEventPoolFactory, PoolFactory, PoolUnderT
 from pagedkv.harness.requests import MM_HASHES, SALTS
 from pagedkv.harness.swarm_events import EventTakes, take_events
 from pagedkv.harness.swarm_runs import OperationPicker, PoolRun
-from pagedkv.request import PlaceholderRange, Request
-from pagedkv.semantics import PAGEDKV
 from pagedkv.spec.block_hash import request_block_hashes
+from pagedkv.vocab.hashes import BlockHashType, HashFn, get_hash_fn
+from pagedkv.vocab.request import PlaceholderRange, Request
+from pagedkv.vocab.semantics import PAGEDKV
 
 MISUSE = (
     "negative count",

@@ -5,7 +5,7 @@ or raise the same exception class in both and leave both unchanged. After every 
 observable state (free order, ref counts, hashes, index, counters, and the KV cache events not yet
 taken) must be equal, and both `check_invariants()` must pass. Events are on in most examples when
 the factory can emit them; each taken batch is also replayed by a consumer the machine keeps, which
-must then hold the index (`pagedkv.kv_event_index.replay_hash_counts`). Pools are tiny (2-16
+must then hold the index (`pagedkv.events.index.replay_hash_counts`). Pools are tiny (2-16
 blocks) and tokens come from a 2-3 letter alphabet, so exhaustion, eviction, reuse and prefix
 collisions happen constantly.
 """
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
 from pagedkv.block_counts import cdiv
-from pagedkv.block_hash import BlockHashType, HashFn, get_hash_fn
+from pagedkv.events.index import index_hash_counts, replay_hash_counts
 from pagedkv.harness.adapters import pagedkv_pool, spec_pool
 from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.hostile_calls import POOL_HOSTILE_CALLS, PoolScene, draw_hostile_call
@@ -33,11 +33,11 @@ from pagedkv.harness.protocol import (
     PoolUnderTest,
 )
 from pagedkv.harness.requests import requests
-from pagedkv.kv_event_index import index_hash_counts, replay_hash_counts
-from pagedkv.kv_events import KVCacheEvent, KVEventReplayError
-from pagedkv.request import Request
-from pagedkv.semantics import PAGEDKV, VLLM_0_8_5, Semantics
 from pagedkv.spec.block_hash import request_block_hashes
+from pagedkv.vocab.hashes import BlockHashType, HashFn, get_hash_fn
+from pagedkv.vocab.kv_events import KVCacheEvent, KVEventReplayError
+from pagedkv.vocab.request import Request
+from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_8_5, Semantics
 
 
 @dataclass

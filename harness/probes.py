@@ -17,13 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pagedkv.block_hash import BlockHashType
 from pagedkv.harness.adapters import (
     ObjectManagerAdapter,
     ObjectPoolAdapter,
     SpecManagerAdapter,
     SpecPoolAdapter,
 )
+from pagedkv.vocab.hashes import BlockHashType
 
 RequestDigest = tuple[tuple[int, ...], int | None, int]
 """(block ids, cached-block count or None when untracked, number of stored block hashes)."""

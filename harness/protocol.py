@@ -10,7 +10,7 @@ objects look like. A pool shaped like vLLM's `BlockPool` (block objects with `bl
 `--manager-impl module:factory` calls `factory(ManagerConfig)` for a `ManagerUnderTest`; a
 manager shaped like vLLM's `KVCacheManager` needs only `ObjectManagerAdapter`.
 
-KV cache events (`pagedkv.kv_events`) are compared only for objects that emit them
+KV cache events (`pagedkv.vocab.kv_events`) are compared only for objects that emit them
 (`EmitsKVEvents`), built with events on (`ManagerConfig.enable_kv_cache_events`, or a
 `KVEventPoolFactory` called with `enable_kv_cache_events=True`): the events not yet taken are
 then part of the snapshot, so spec and implementation must queue the same events in the same
@@ -23,12 +23,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from pagedkv.block_hash import BlockHashType, HashFn
-from pagedkv.kv_cache_interface import KVCacheConfig
-from pagedkv.kv_events import KVCacheEvent
-from pagedkv.prefix_cache_stats import PrefixCacheStats
-from pagedkv.request import Request
-from pagedkv.semantics import Semantics
+from pagedkv.vocab.hashes import BlockHashType, HashFn
+from pagedkv.vocab.kv_cache_interface import KVCacheConfig
+from pagedkv.vocab.kv_events import KVCacheEvent
+from pagedkv.vocab.prefix_cache_stats import PrefixCacheStats
+from pagedkv.vocab.request import Request
+from pagedkv.vocab.semantics import Semantics
 
 M = TypeVar("M")
 
@@ -87,7 +87,7 @@ class PoolSnapshot:
 
 
 class PoolUnderTest(Protocol):
-    """BlockPool's operations over block ids, plus observation. Errors: `pagedkv.errors`."""
+    """BlockPool's operations over block ids, plus observation. Errors: `pagedkv.vocab.errors`."""
 
     def get_new_blocks(self, num_blocks: int) -> list[int]: ...
 
@@ -132,7 +132,7 @@ PoolFactory = Callable[[int, bool, Semantics], PoolUnderTest]
 
 
 class EmitsKVEvents(Protocol):
-    """A pool or manager under test that emits KV cache events (`pagedkv.kv_events`)."""
+    """A pool or manager under test that emits KV cache events (`pagedkv.vocab.kv_events`)."""
 
     def take_events(self) -> list[KVCacheEvent]:
         """The events queued since the last call, oldest first; the queue is emptied."""
@@ -214,7 +214,7 @@ class ManagerSnapshot:
 
 
 class ManagerUnderTest(Protocol):
-    """KVCacheManager's operations over block ids, plus observation. Errors: `pagedkv.errors`."""
+    """KVCacheManager's operations over block ids, plus observation (errors: `pagedkv.vocab`)."""
 
     def get_computed_blocks(self, request: Request) -> tuple[list[int], int]: ...
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from pagedkv.request import PlaceholderRange, Request
+from pagedkv.vocab.request import PlaceholderRange, Request
 
 MM_HASHES = ("img-a", "img-b")
 SALTS = ("tenant-1", "tenant-2")

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagedkv.harness.protocol import ManagerConfig, ManagerFactory, PoolFactory
-from pagedkv.kv_cache_interface import (
+from pagedkv.vocab.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheSpec,
     SlidingWindowSpec,
     uniform_kv_cache_config,
 )
-from pagedkv.semantics import Semantics
+from pagedkv.vocab.semantics import Semantics
 
 
 class SetupError(Exception):

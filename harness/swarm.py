@@ -40,7 +40,7 @@ from pagedkv.harness.swarm_runs import (
     draw_pool_run,
     run_seed,
 )
-from pagedkv.semantics import PAGEDKV, Semantics
+from pagedkv.vocab.semantics import PAGEDKV, Semantics
 
 OPS_STREAM = 0x9E3779B97F4A7C15
 """Mixed into a run's seed for the stream its operations are drawn from (its configuration is

@@ -17,7 +17,7 @@ from typing import Any, cast
 from pagedkv.harness.comparison import ComparedPair
 from pagedkv.harness.coverage import Coverage
 from pagedkv.harness.protocol import EmitsKVEvents
-from pagedkv.kv_events import KVCacheEvent
+from pagedkv.vocab.kv_events import KVCacheEvent
 
 TAKE_EVENTS_CHANCE = 1 / 8
 """The chance, before each operation of a run with events on, that the events are taken first

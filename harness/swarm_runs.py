@@ -26,13 +26,13 @@ import random
 from dataclasses import dataclass, field
 
 from pagedkv.harness.protocol import ManagerConfig
-from pagedkv.kv_cache_interface import (
+from pagedkv.vocab.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheSpec,
     SlidingWindowSpec,
     uniform_kv_cache_config,
 )
-from pagedkv.semantics import PAGEDKV, Semantics
+from pagedkv.vocab.semantics import PAGEDKV, Semantics
 
 MANAGER_FEATURES = (
     "shared prefixes",  # prompts start with tokens of an earlier request (system prompts)

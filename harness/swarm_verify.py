@@ -52,7 +52,7 @@ from pagedkv.harness.swarm import (
     pool_layer,
     run_campaign,
 )
-from pagedkv.semantics import PAGEDKV, SEMANTICS_BY_NAME, Semantics
+from pagedkv.vocab.semantics import PAGEDKV, SEMANTICS_BY_NAME, Semantics
 
 DEFAULT_POOL_IMPL = "pagedkv.harness.adapters:pagedkv_pool"
 DEFAULT_MANAGER_IMPL = "pagedkv.harness.adapters:pagedkv_manager"

@@ -33,7 +33,6 @@ from typing import Any
 
 from hypothesis.stateful import RuleBasedStateMachine
 
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.harness.adapters import load_factory, pagedkv_manager, pagedkv_pool
 from pagedkv.harness.campaign import CampaignResult, ProgressBar, run_campaign
 from pagedkv.harness.domain import FULL_DOMAIN, Domain
@@ -47,7 +46,8 @@ from pagedkv.harness.setup_check import (
     check_pool_factory,
 )
 from pagedkv.harness.vllm_against import Against, prepare
-from pagedkv.semantics import SEMANTICS_BY_NAME, Semantics
+from pagedkv.vocab.errors import InvalidArgumentError
+from pagedkv.vocab.semantics import SEMANTICS_BY_NAME, Semantics
 
 DEFAULT_POOL_IMPL = "pagedkv.harness.adapters:pagedkv_pool"
 DEFAULT_MANAGER_IMPL = "pagedkv.harness.adapters:pagedkv_manager"

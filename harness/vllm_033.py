@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from pagedkv.block_hash import BlockHashType, HashFn, get_hash_fn
 from pagedkv.harness.adapters import ObjectPoolAdapter
 from pagedkv.harness.domain import Domain
 from pagedkv.harness.protocol import (
@@ -41,9 +40,10 @@ from pagedkv.harness.protocol import (
 )
 from pagedkv.harness.vllm_033_stand_ins import MODULES, STAND_INS
 from pagedkv.harness.vllm_views import RequestViews, torch_or_stand_in, vllm_attention_spec
-from pagedkv.request import Request
-from pagedkv.semantics import Semantics
 from pagedkv.spec.block_hash import request_block_hashes
+from pagedkv.vocab.hashes import BlockHashType, HashFn, get_hash_fn
+from pagedkv.vocab.request import Request
+from pagedkv.vocab.semantics import Semantics
 
 __all__ = ["DOMAIN", "HASH_SEEDING", "LOGGERS", "MODULES", "STAND_INS", "VERSION", "load"]
 

@@ -18,14 +18,14 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from pagedkv.block_hash import NONE_HASH
 from pagedkv.harness.adapters import ObjectManagerAdapter, ObjectPoolAdapter
 from pagedkv.harness.protocol import ManagerConfig, ManagerFactory, PoolFactory
 from pagedkv.harness.vllm_views import RequestViews, torch_or_stand_in, vllm_attention_spec
-from pagedkv.kv_cache_interface import AttentionSpec
-from pagedkv.prefix_cache_stats import PrefixCacheStats
-from pagedkv.request import Request
-from pagedkv.semantics import Semantics
+from pagedkv.vocab.hashes import NONE_HASH
+from pagedkv.vocab.kv_cache_interface import AttentionSpec
+from pagedkv.vocab.prefix_cache_stats import PrefixCacheStats
+from pagedkv.vocab.request import Request
+from pagedkv.vocab.semantics import Semantics
 
 VERSION = "0.8.5"
 MODULES = (

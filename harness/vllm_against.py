@@ -25,7 +25,7 @@ from pagedkv.harness.vllm_wheel import (
     release_key,
     source_tree,
 )
-from pagedkv.semantics import VLLM_0_8_5, VLLM_0_33, Semantics
+from pagedkv.vocab.semantics import VLLM_0_8_5, VLLM_0_33, Semantics
 
 _AGAINST = re.compile(r"^vllm(==(?P<version>[\w.+-]+))?$")
 LATEST_ALIASES = ("latest", "newest")

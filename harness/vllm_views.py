@@ -14,8 +14,8 @@ from types import ModuleType
 from typing import Any, Generic, Protocol, TypeVar
 
 from pagedkv.harness.protocol import ManagerConfig
-from pagedkv.kv_cache_interface import AttentionSpec, SlidingWindowSpec
-from pagedkv.request import Request
+from pagedkv.vocab.kv_cache_interface import AttentionSpec, SlidingWindowSpec
+from pagedkv.vocab.request import Request
 
 
 class View(Protocol):

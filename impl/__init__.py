@@ -1,67 +1,142 @@
 """pagedkv: a verified paged KV-cache block manager.
 
 `import pagedkv` gives the optimized implementation; `import pagedkv.spec` the executable
-specification it is checked against. Nothing outside the standard library is imported here.
+specification it is checked against; both speak the vocabulary of `pagedkv.vocab` (errors,
+`Request`, KV cache specs, block keys, semantics, event records) and share nothing else.
+
+The names below load on first use (PEP 562), so importing a subpackage (`pagedkv.spec`,
+`pagedkv.vocab`, `pagedkv.gpu`) loads no module it does not need: in particular the spec never
+loads the optimized pool or manager. Nothing outside the standard library is imported here.
 `pagedkv.COMPILED` says whether this install runs the hot modules compiled with mypyc
 (`COMPILED_MODULES` lists them) or as pure Python.
 """
 
-from pagedkv._build_info import MYPYC_MODULES, compiled_modules
-from pagedkv.block import KVCacheBlock
-from pagedkv.block_hash import (
-    NONE_HASH,
-    BlockHashType,
-    CacheSalt,
-    generate_block_hash_extra_keys,
-    get_hash_fn,
-    hash_block_tokens,
-    hash_request_tokens,
-    need_extra_keys,
-    sha256,
-)
-from pagedkv.block_pool import BlockPool
-from pagedkv.errors import (
-    ArgumentTypeError,
-    BlockStateError,
-    ConcurrentUseError,
-    FreeQueueError,
-    FrozenRequestFieldError,
-    InvalidArgumentError,
-    InvariantViolation,
-    KVCacheConfigError,
-    MaxModelLenExceededError,
-    NoFreeBlocksError,
-    PagedKVError,
-    RequestError,
-)
-from pagedkv.free_queue import FreeKVCacheBlockQueue
-from pagedkv.kv_cache_config import (
-    check_enough_kv_cache_memory,
-    estimate_max_model_len,
-    get_kv_cache_config,
-    unify_kv_cache_configs,
-)
-from pagedkv.kv_cache_interface import (
-    AttentionSpec,
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-    KVCacheSpec,
-    KVCacheTensor,
-    SlidingWindowSpec,
-    uniform_kv_cache_config,
-)
-from pagedkv.manager import KVCacheManager
-from pagedkv.prefix_cache_stats import PrefixCacheStats, PrefixCachingMetrics
-from pagedkv.request import PlaceholderRange, Request
-from pagedkv.semantics import PAGEDKV, VLLM_0_8_5, Semantics
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pagedkv.block import KVCacheBlock
+    from pagedkv.block_hash import (
+        generate_block_hash_extra_keys,
+        hash_block_tokens,
+        hash_request_tokens,
+        need_extra_keys,
+    )
+    from pagedkv.block_pool import BlockPool
+    from pagedkv.events.prefix_caching_metrics import PrefixCachingMetrics
+    from pagedkv.free_queue import FreeKVCacheBlockQueue
+    from pagedkv.manager import KVCacheManager
+    from pagedkv.planning.kv_cache_config import (
+        check_enough_kv_cache_memory,
+        estimate_max_model_len,
+        get_kv_cache_config,
+        unify_kv_cache_configs,
+    )
+    from pagedkv.vocab.errors import (
+        ArgumentTypeError,
+        BlockStateError,
+        ConcurrentUseError,
+        FreeQueueError,
+        FrozenRequestFieldError,
+        InvalidArgumentError,
+        InvariantViolation,
+        KVCacheConfigError,
+        MaxModelLenExceededError,
+        NoFreeBlocksError,
+        PagedKVError,
+        RequestError,
+    )
+    from pagedkv.vocab.hashes import NONE_HASH, BlockHashType, CacheSalt, get_hash_fn, sha256
+    from pagedkv.vocab.kv_cache_interface import (
+        AttentionSpec,
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVCacheSpec,
+        KVCacheTensor,
+        SlidingWindowSpec,
+        uniform_kv_cache_config,
+    )
+    from pagedkv.vocab.prefix_cache_stats import PrefixCacheStats
+    from pagedkv.vocab.request import PlaceholderRange, Request
+    from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_8_5, Semantics
+
+    COMPILED_MODULES: tuple[str, ...]
+    COMPILED: bool
 
 __version__ = "0.1.0"
 
-COMPILED_MODULES: tuple[str, ...] = compiled_modules()
-"""The hot modules this process runs compiled (mypyc); empty for a pure-Python install."""
-COMPILED: bool = COMPILED_MODULES == MYPYC_MODULES
-"""True when every module the compiled build compiles runs compiled here."""
+_HOMES: dict[str, tuple[str, ...]] = {
+    "pagedkv.block": ("KVCacheBlock",),
+    "pagedkv.block_hash": (
+        "generate_block_hash_extra_keys",
+        "hash_block_tokens",
+        "hash_request_tokens",
+        "need_extra_keys",
+    ),
+    "pagedkv.block_pool": ("BlockPool",),
+    "pagedkv.events.prefix_caching_metrics": ("PrefixCachingMetrics",),
+    "pagedkv.free_queue": ("FreeKVCacheBlockQueue",),
+    "pagedkv.manager": ("KVCacheManager",),
+    "pagedkv.planning.kv_cache_config": (
+        "check_enough_kv_cache_memory",
+        "estimate_max_model_len",
+        "get_kv_cache_config",
+        "unify_kv_cache_configs",
+    ),
+    "pagedkv.vocab.errors": (
+        "ArgumentTypeError",
+        "BlockStateError",
+        "ConcurrentUseError",
+        "FreeQueueError",
+        "FrozenRequestFieldError",
+        "InvalidArgumentError",
+        "InvariantViolation",
+        "KVCacheConfigError",
+        "MaxModelLenExceededError",
+        "NoFreeBlocksError",
+        "PagedKVError",
+        "RequestError",
+    ),
+    "pagedkv.vocab.hashes": ("NONE_HASH", "BlockHashType", "CacheSalt", "get_hash_fn", "sha256"),
+    "pagedkv.vocab.kv_cache_interface": (
+        "AttentionSpec",
+        "FullAttentionSpec",
+        "KVCacheConfig",
+        "KVCacheGroupSpec",
+        "KVCacheSpec",
+        "KVCacheTensor",
+        "SlidingWindowSpec",
+        "uniform_kv_cache_config",
+    ),
+    "pagedkv.vocab.prefix_cache_stats": ("PrefixCacheStats",),
+    "pagedkv.vocab.request": ("PlaceholderRange", "Request"),
+    "pagedkv.vocab.semantics": ("PAGEDKV", "VLLM_0_8_5", "Semantics"),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use (and kept here after)."""
+    if name in ("COMPILED", "COMPILED_MODULES"):
+        from pagedkv._build_info import MYPYC_MODULES, compiled_modules
+
+        modules = compiled_modules()
+        globals().update(COMPILED_MODULES=modules, COMPILED=modules == MYPYC_MODULES)
+        return globals()[name]
+    module = _HOME_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pagedkv' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "COMPILED",

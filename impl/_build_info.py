@@ -11,18 +11,18 @@ import importlib
 from importlib.machinery import ExtensionFileLoader
 
 MYPYC_MODULES: tuple[str, ...] = (
+    "pagedkv.attention",
     "pagedkv.block",
     "pagedkv.block_counts",
     "pagedkv.block_hash",
     "pagedkv.block_pool",
     "pagedkv.free_queue",
     "pagedkv.manager",
-    "pagedkv.sliding_window",
-    "pagedkv.specialized_manager",
 )
-"""The hot modules, by measurement (`./dev bench vllm`). `pagedkv.request` stays interpreted: a
-compiled `Request` cannot be copied (`copy.copy` raises TypeError) and refuses ill-typed field
-assignments with a bare TypeError, which the harness and hostile-input tests rely on."""
+"""The hot modules, by measurement (`./dev bench vllm`). `pagedkv.vocab.request` stays
+interpreted: a compiled `Request` cannot be copied (`copy.copy` raises TypeError) and refuses
+ill-typed field assignments with a bare TypeError, which the harness and hostile-input tests rely
+on."""
 
 
 def compiled_modules() -> tuple[str, ...]:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pagedkv.arguments import require_int
-from pagedkv.block_hash import BlockHashType
-from pagedkv.errors import BlockStateError
+from pagedkv.vocab.arguments import require_int
+from pagedkv.vocab.errors import BlockStateError
+from pagedkv.vocab.hashes import BlockHashType
 
 
 class KVCacheBlock:

@@ -1,75 +1,26 @@
-"""Chained block hashes: the keys of the prefix cache.
+"""Chained block hashes, computed fast: the keys of a request's full blocks.
 
-Block k's hash covers its own tokens, its extra keys and block k-1's hash value, so two requests
-share block k only if blocks 0..k agree. The index key is the whole `BlockHashType`, so equal
-hash values with different tokens or extra keys never hit. Only full blocks are hashed.
-
-A block's extra keys hold, in order, the LoRA id (an int), the content hash of each multimodal
-input overlapping the block (a str) and the tenant's `CacheSalt` (a type of its own). `Request`
-validates those types, so no value of one field can imitate another's: a multimodal hash is never
-a salt, a salt never a LoRA id. Requests without a salt have vLLM 0.8.5's layout exactly.
+What a key is (`BlockHashType`, the hash functions, `NONE_HASH`) is `pagedkv.vocab.hashes`;
+`pagedkv.spec.block_hash` defines each key the plain way. Here: one loop makes every hash input
+(`chain_block_hashes`), multimodal inputs are found by a linear scan, and a manager's SHA-256
+remembers recent inputs (`Sha256Memo`). Only full blocks are hashed.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import os
-import pickle
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Literal, NamedTuple, Protocol, TypeAlias
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-from pagedkv.arguments import (
+from pagedkv.vocab.arguments import (
     require_callable,
     require_instance,
     require_int,
-    require_str,
     require_token_ids,
 )
-from pagedkv.errors import InvalidArgumentError
-from pagedkv.request import PlaceholderRange, Request
-
-
-@dataclass(frozen=True, slots=True)
-class CacheSalt:
-    """A tenant's cache salt as an extra key; equal only to a `CacheSalt` with the same value.
-
-    Its repr hides the value: block hashes end up in logs and error messages.
-    """
-
-    value: str
-
-    def __repr__(self) -> str:
-        return "CacheSalt(<redacted>)"
-
-
-ExtraKey: TypeAlias = "int | str | CacheSalt"
-"""A LoRA id (int), a multimodal content hash (str), or a tenant's cache salt (`CacheSalt`)."""
-
-HashFn: TypeAlias = Callable[[object], int]
-HashAlgo: TypeAlias = Literal["sha256", "builtin"]
-
-
-class BlockHashType(NamedTuple):
-    """A full block's identity: chained hash value, its token ids, and its extra keys."""
-
-    hash_value: int
-    token_ids: tuple[int, ...]
-    extra_keys: tuple[ExtraKey, ...] | None = None
-
-
-_pickle_dumps = pickle.dumps
-_PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
-_sha256 = hashlib.sha256
-_int_from_bytes = int.from_bytes
-
-
-def sha256(obj: object) -> int:
-    """SHA-256 of the pickled object (highest protocol), as a big-endian int: vLLM 0.8.5's
-    `sha256`, stable across processes. Its callees are bound once (once per block hashed)."""
-    return _int_from_bytes(_sha256(_pickle_dumps(obj, _PICKLE_PROTOCOL)).digest(), "big")
+from pagedkv.vocab.hashes import NONE_HASH, BlockHashType, CacheSalt, ExtraKey, HashFn, sha256
+from pagedkv.vocab.request import PlaceholderRange, Request
 
 
 class Sha256Memo:
@@ -93,46 +44,6 @@ class Sha256Memo:
 
     def __reduce__(self) -> tuple[type[Sha256Memo], tuple[int]]:
         return Sha256Memo, (self.maxsize,)
-
-
-def _none_hash() -> int:
-    seed = os.getenv("PYTHONHASHSEED")
-    return int.from_bytes(os.urandom(32), "big") if seed is None else sha256(seed)
-
-
-NONE_HASH: Final[int] = _none_hash()
-"""Seeds every chain: random per process, or derived from PYTHONHASHSEED when it is set."""
-
-HASH_FUNCTIONS: dict[str, HashFn] = {"sha256": sha256, "builtin": hash}
-"""The prefix-cache hash functions by name.
-
-- "sha256" (pagedkv's default): 256 bits over the pickled key; a collision is not a concern.
-- "builtin": CPython's `hash()`, vLLM 0.8.5's default: fast, 64 bits, str keys randomized per
-  process unless PYTHONHASHSEED is set. Prone to collisions by design: a collision of hash
-  values alone never shares a block (the index key compares tokens and extra keys as well), but
-  two chains whose parent values collide share their later equal blocks, which a
-  sliding-window lookup (probing block by block) then hits. Token ids are validated to
-  `[0, MAX_TOKEN_ID]`, where `hash(token)` is the token itself, so the systematic collisions of
-  `hash()` on ints (`hash(-1) == hash(-2)`, `hash(2**61 - 1) == hash(0)`) cannot arise; chance
-  collisions of 64-bit values remain. Use it for vLLM conformance, not where a wrong cache hit
-  is a data leak.
-"""
-
-
-def get_hash_fn(algo: object) -> HashFn:
-    """The hash function named `algo` ("sha256" or "builtin", see `HASH_FUNCTIONS`).
-
-    Raises:
-        ArgumentTypeError: `algo` is not a str.
-        InvalidArgumentError: no hash function has that name.
-    """
-    name = require_str("get_hash_fn", "algo", algo)
-    try:
-        return HASH_FUNCTIONS[name]
-    except KeyError:
-        raise InvalidArgumentError(
-            f"unknown caching hash algorithm {algo!r}; expected one of {sorted(HASH_FUNCTIONS)}"
-        ) from None
 
 
 def need_extra_keys(request: Request) -> bool:

@@ -6,12 +6,8 @@ import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from pagedkv import refusals
-from pagedkv.arguments import require_int
 from pagedkv.block import KVCacheBlock
 from pagedkv.block_hash import (
-    BlockHashType,
-    HashFn,
     chain_block_hash,
     chain_block_hashes,
     first_mm_input,
@@ -25,16 +21,19 @@ from pagedkv.call_arguments import (
     check_get_new_blocks,
     check_pool,
 )
-from pagedkv.errors import (
+from pagedkv.events.index import block_stored, index_hash_counts, replay_hash_counts
+from pagedkv.free_queue import FreeKVCacheBlockQueue
+from pagedkv.vocab import refusals
+from pagedkv.vocab.arguments import require_int
+from pagedkv.vocab.errors import (
     ConcurrentUseError,
     InvariantViolation,
     NoFreeBlocksError,
 )
-from pagedkv.free_queue import FreeKVCacheBlockQueue
-from pagedkv.kv_event_index import block_stored, index_hash_counts, replay_hash_counts
-from pagedkv.kv_events import AllBlocksCleared, BlockRemoved, KVCacheEvent, KVEventReplayError
-from pagedkv.request import Request
-from pagedkv.semantics import PAGEDKV, Semantics
+from pagedkv.vocab.hashes import BlockHashType, HashFn
+from pagedkv.vocab.kv_events import AllBlocksCleared, BlockRemoved, KVCacheEvent, KVEventReplayError
+from pagedkv.vocab.request import Request
+from pagedkv.vocab.semantics import PAGEDKV, Semantics
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +50,7 @@ class BlockPool:
     Not thread-safe: a call that overlaps another state-changing call or invariant check on the
     same pool raises `ConcurrentUseError` and changes nothing (a guard of about 50 ns a call).
     With `enable_kv_cache_events`, every change of the index's key set is queued as a KV cache
-    event (`pagedkv.kv_events`) until `take_events()`; off, nothing is queued and no hot path
+    event (`pagedkv.vocab.kv_events`) until `take_events()`; off, nothing is queued and no hot path
     tests the flag (only a key entering or leaving the index does).
     Invariants: `check_invariants()`, which mirrors `pagedkv.spec.SpecBlockPool`.
 

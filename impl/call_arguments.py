@@ -6,7 +6,7 @@ holds pagedkv's own objects to the spec's wording. Calls are named as the implem
 names them ("BlockPool.touch", "KVCacheManager.allocate_slots"), and block arguments are checked
 with each side's notion of a block (a `KVCacheBlock`, or a block id).
 
-What each check accepts is in `pagedkv.arguments`; the rules about state (a free block, a hit
+What each check accepts is in `pagedkv.vocab.arguments`; the rules about state (a free block, a hit
 that is not cached, ...) stay with each side.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pagedkv.arguments import (
+from pagedkv.vocab.arguments import (
     argument_error,
     is_int,
     require_bool,
@@ -25,11 +25,11 @@ from pagedkv.arguments import (
     require_iterable,
     require_str,
 )
-from pagedkv.block_hash import BlockHashType
-from pagedkv.errors import ArgumentTypeError, InvalidArgumentError, KVCacheConfigError
-from pagedkv.kv_cache_interface import KVCacheConfig
-from pagedkv.request import Request
-from pagedkv.semantics import Semantics
+from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError, KVCacheConfigError
+from pagedkv.vocab.hashes import BlockHashType
+from pagedkv.vocab.kv_cache_interface import KVCacheConfig
+from pagedkv.vocab.request import Request
+from pagedkv.vocab.semantics import Semantics
 
 IsBlock = Callable[[object], bool] | type
 """Whether a value is a block in one side's terms: a predicate (an int block id), or the block

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("pagedkv.harness.verify", "differential campaign: spec vs an implementation"),
-    "plan": ("pagedkv.plan_cli", "KV cache memory plan for a model and a memory budget"),
+    "plan": ("pagedkv.planning.cli", "KV cache memory plan for a model and a memory budget"),
     "run": ("pagedkv.engine.run_command", "serve a workload end to end on a paged KV cache"),
 }
 EXTRAS: dict[str, str] = {"hypothesis": "verify"}

@@ -6,9 +6,9 @@ import itertools
 from collections.abc import Iterable
 from typing import cast
 
-from pagedkv.arguments import require_instance, require_iterable
 from pagedkv.block import KVCacheBlock
-from pagedkv.errors import FreeQueueError, InvariantViolation, NoFreeBlocksError
+from pagedkv.vocab.arguments import require_instance, require_iterable
+from pagedkv.vocab.errors import FreeQueueError, InvariantViolation, NoFreeBlocksError
 
 
 class FreeKVCacheBlockQueue:

@@ -18,17 +18,15 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from pagedkv import refusals
-from pagedkv.arguments import require_int
+from pagedkv.attention import (
+    FullAttentionManager,
+    SlidingWindowManager,
+    SpecializedManager,
+    first_useful_block,
+)
 from pagedkv.block import KVCacheBlock
 from pagedkv.block_counts import cdiv, fits, num_full_blocks, num_new_blocks, num_required_blocks
-from pagedkv.block_hash import (
-    BlockHashType,
-    Sha256Memo,
-    get_hash_fn,
-    hash_request_tokens,
-    sha256,
-)
+from pagedkv.block_hash import Sha256Memo, hash_request_tokens
 from pagedkv.block_pool import BlockPool
 from pagedkv.call_arguments import (
     MANAGER,
@@ -38,19 +36,20 @@ from pagedkv.call_arguments import (
     check_manager,
     check_request,
 )
-from pagedkv.errors import (
+from pagedkv.vocab import refusals
+from pagedkv.vocab.arguments import require_int
+from pagedkv.vocab.errors import (
     ConcurrentUseError,
     InvalidArgumentError,
     InvariantViolation,
     KVCacheConfigError,
 )
-from pagedkv.kv_cache_interface import FullAttentionSpec, KVCacheConfig, SlidingWindowSpec
-from pagedkv.kv_events import KVCacheEvent
-from pagedkv.prefix_cache_stats import PrefixCacheStats
-from pagedkv.request import Request
-from pagedkv.semantics import PAGEDKV, Semantics
-from pagedkv.sliding_window import SlidingWindowManager, first_useful_block
-from pagedkv.specialized_manager import FullAttentionManager, SpecializedManager
+from pagedkv.vocab.hashes import BlockHashType, get_hash_fn, sha256
+from pagedkv.vocab.kv_cache_interface import FullAttentionSpec, KVCacheConfig, SlidingWindowSpec
+from pagedkv.vocab.kv_events import KVCacheEvent
+from pagedkv.vocab.prefix_cache_stats import PrefixCacheStats
+from pagedkv.vocab.request import Request
+from pagedkv.vocab.semantics import PAGEDKV, Semantics
 
 SHA256_MEMO_TOKENS = 1 << 18
 """How many tokens' worth of blocks a manager's sha256 memo (`Sha256Memo`) remembers: 16,384
@@ -87,7 +86,8 @@ class KVCacheManager:
         use_eagle: drop the last matched block of a hit (EAGLE needs its hidden states).
         log_stats: gather `PrefixCacheStats`.
         semantics: pagedkv's or vLLM 0.8.5's side of the deliberate differences.
-        enable_kv_cache_events: queue KV cache events (`pagedkv.kv_events`) for `take_events()`.
+        enable_kv_cache_events: queue KV cache events (`pagedkv.vocab.kv_events`) for
+            `take_events()`.
         debug_invariants: run `check_invariants()` after state-changing calls (for
             deployments that prefer an exception to a silent corruption): True or 1 after every
             call, an int n > 1 after every n-th call (the check is O(num_gpu_blocks) plus
@@ -197,7 +197,7 @@ class KVCacheManager:
             self._give_token(None)
 
     def take_events(self) -> list[KVCacheEvent]:
-        """The KV cache events since the last call, oldest first (see `pagedkv.kv_events`);
+        """The KV cache events since the last call, oldest first (see `pagedkv.vocab.kv_events`);
         always empty unless `enable_kv_cache_events`. Complexity: O(events taken)."""
         return self.block_pool.take_events()
 

@@ -59,7 +59,7 @@ class Arithmetic:
         return a - b * self.floordiv(a, b)
 
     def cdiv(self, a: Term, b: Term) -> Term:
-        """`-(-a // b)`, the ceiling division of `pagedkv.kv_cache_interface.cdiv`."""
+        """`-(-a // b)`, the ceiling division of `pagedkv.vocab.kv_cache_interface.cdiv`."""
         return -self.floordiv(-a, b)
 
     @staticmethod
@@ -551,9 +551,9 @@ def formulas_match_code() -> list[str]:
     cdiv, the sliding-window skip and hit-run lengths, num_blocks, page size and max memory.
     Returns the mismatches (none expected)."""
     from pagedkv.block_counts import cdiv
-    from pagedkv.kv_cache_config import get_kv_cache_config
-    from pagedkv.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+    from pagedkv.planning.kv_cache_config import get_kv_cache_config
     from pagedkv.spec.attention import contiguous_blocks_needed, sliding_window_skipped
+    from pagedkv.vocab.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
     m = Arithmetic()
     v = z3.IntVal

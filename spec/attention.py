@@ -10,10 +10,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 
-from pagedkv.block_hash import BlockHashType
-from pagedkv.refusals import window_hit_detail
 from pagedkv.spec.block_counts import ceil_div
 from pagedkv.spec.block_pool import NULL_BLOCK_ID
+from pagedkv.vocab.hashes import BlockHashType
+from pagedkv.vocab.refusals import window_hit_detail
 
 Lookup = Callable[[BlockHashType], "int | None"]
 """The first block cached under a hash, or None (the pool's get_cached_block)."""

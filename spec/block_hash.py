@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pagedkv.block_hash import NONE_HASH, BlockHashType, CacheSalt, ExtraKey, HashFn
-from pagedkv.request import Request
+from pagedkv.vocab.hashes import NONE_HASH, BlockHashType, CacheSalt, ExtraKey, HashFn
+from pagedkv.vocab.request import Request
 
 
 def overlaps(offset: int, length: int, start: int, end: int) -> bool:

@@ -4,9 +4,9 @@ State is four plain containers indexed by block id. The free order is a list (he
 index a dict from hash to the list of block ids cached under it (first inserted first). Each
 operation checks its preconditions in the order its docstring lists them and raises the first one
 broken, with the same exception class the implementation raises; only then does it change state.
-Every change of a block's state is checked against `TRANSITIONS`. Arguments are checked first,
-with the implementation's own argument checks (`pagedkv.call_arguments`) in block-id terms: a
-block is an int id, and an id outside the pool is a foreign block.
+Every change of a block's state is checked against `TRANSITIONS`. Arguments are checked first
+(`pagedkv.spec.arguments`): a block is an int id, and an id outside the pool is a foreign block.
+Refusals are worded by `pagedkv.vocab.refusals`, as the implementation words them.
 """
 
 from __future__ import annotations
@@ -14,27 +14,26 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 
-from pagedkv.arguments import require_int
-from pagedkv.block_hash import BlockHashType, HashFn
-from pagedkv.call_arguments import (
-    block_list,
+from pagedkv.spec.arguments import (
     check_block_hash,
     check_cache_full_blocks,
     check_get_new_blocks,
     check_pool,
-    is_block_id,
+    require_block_ids,
 )
-from pagedkv.errors import (
-    BlockStateError,
-    InvalidArgumentError,
+from pagedkv.spec.block_hash import block_extra_keys, block_hash, vllm_new_block_extra_keys
+from pagedkv.spec.block_state import TRANSITIONS, BlockState, Event, state_of
+from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
+from pagedkv.vocab import refusals
+from pagedkv.vocab.arguments import require_int
+from pagedkv.vocab.errors import (
     InvariantViolation,
     NoFreeBlocksError,
 )
-from pagedkv.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-from pagedkv.request import Request
-from pagedkv.semantics import PAGEDKV, Semantics
-from pagedkv.spec.block_hash import block_extra_keys, block_hash, vllm_new_block_extra_keys
-from pagedkv.spec.block_state import TRANSITIONS, BlockState, Event, state_of
+from pagedkv.vocab.hashes import BlockHashType, HashFn
+from pagedkv.vocab.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from pagedkv.vocab.request import Request
+from pagedkv.vocab.semantics import Semantics
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +53,7 @@ class SpecBlockPool:
         index: hash -> ids of the blocks cached under it, first inserted first.
         events: with `enable_kv_cache_events`, the KV cache events not yet taken, oldest first:
             a BlockStored when keys enter `index`, a BlockRemoved when one leaves it, an
-            AllBlocksCleared at each reset (`pagedkv.kv_events` defines them).
+            AllBlocksCleared at each reset (`pagedkv.vocab.kv_events` defines them).
         taken_hash_counts: ghost state: what a consumer that replayed every taken event holds,
             the number of index keys per hash value.
     """
@@ -63,7 +62,7 @@ class SpecBlockPool:
         self,
         num_gpu_blocks: int,
         enable_caching: bool,
-        semantics: Semantics = PAGEDKV,
+        semantics: Semantics = PAGEDKV_SEMANTICS,
         enable_kv_cache_events: bool = False,
     ) -> None:
         check_pool(num_gpu_blocks, enable_caching, semantics, enable_kv_cache_events)
@@ -132,7 +131,7 @@ class SpecBlockPool:
         Preconditions: `block_ids` is an iterable (read once) of ints (ArgumentTypeError); every
         id is a block of this pool (BlockStateError).
         """
-        touched: list[int] = block_list("BlockPool.touch", "blocks", block_ids, is_block_id)
+        touched = require_block_ids("BlockPool.touch", "blocks", block_ids)
         for block_id in touched:
             self._require_block(block_id)
         for block_id in touched:
@@ -156,18 +155,16 @@ class SpecBlockPool:
         the null block, its ref_cnt is > 0 and it was not listed before in this call
         (BlockStateError).
         """
-        freed: list[int] = block_list(
-            "BlockPool.free_blocks", "ordered_blocks", ordered_block_ids, is_block_id
-        )
+        freed = require_block_ids("BlockPool.free_blocks", "ordered_blocks", ordered_block_ids)
         seen: set[int] = set()
         for block_id in freed:
             self._require_block(block_id)
             if block_id == NULL_BLOCK_ID:
                 continue
             if self.ref_cnt[block_id] <= 0:
-                raise BlockStateError(block_id, "free of a block whose ref_cnt is 0")
+                raise refusals.free_of_free_block(block_id)
             if block_id in seen:
-                raise BlockStateError(block_id, "the same block twice in one free_blocks call")
+                raise refusals.freed_twice(block_id)
             seen.add(block_id)
         to_head: list[int] = []  # under free_uncached_to_head: unhashed blocks, reused first
         for block_id in freed:
@@ -227,7 +224,6 @@ class SpecBlockPool:
             num_full_blocks,
             block_size,
             hash_fn,
-            is_block_id,
         )
         if checked is None:
             return
@@ -238,11 +234,11 @@ class SpecBlockPool:
             if block_id == NULL_BLOCK_ID:
                 continue
             if self.ref_cnt[block_id] <= 0:
-                raise BlockStateError(block_id, "cache of a free block")
+                raise refusals.cache_of_free_block(block_id)
             if self.block_hash[block_id] is not None:
-                raise BlockStateError(block_id, "block hash is already set")
+                raise refusals.hash_already_set(block_id)
             if block_id in seen:
-                raise BlockStateError(block_id, "the same block twice in one cache call")
+                raise refusals.cached_twice(block_id)
             seen.add(block_id)
         parent_hash_value: int | None = None
         if num_cached_blocks > 0:
@@ -254,9 +250,7 @@ class SpecBlockPool:
                 else self.block_hash[parent_id]
             )
             if parent_hash is None:
-                raise BlockStateError(
-                    parent_id, "the block before the first block to cache has no hash"
-                )
+                raise refusals.parent_without_hash(parent_id)
             parent_hash_value = parent_hash.hash_value
         first_parent = parent_hash_value  # what position num_cached_blocks chains to
 
@@ -267,9 +261,8 @@ class SpecBlockPool:
             else:
                 start, end = position * block_size, (position + 1) * block_size
                 if request.num_tokens < end:
-                    raise InvalidArgumentError(
-                        f"request {request.request_id!r} has {request.num_tokens} tokens; "
-                        f"block {position} needs tokens [{start}, {end})"
+                    raise refusals.too_few_tokens(
+                        request.request_id, request.num_tokens, position, block_size
                     )
                 tokens = tuple(request.all_token_ids[start:end])
                 if self.semantics.vllm_new_block_mm_keys:
@@ -411,7 +404,7 @@ class SpecBlockPool:
 
     def _require_block(self, block_id: int) -> None:
         if not 0 <= block_id < self.num_gpu_blocks:
-            raise BlockStateError(block_id, "block does not belong to this pool")
+            raise refusals.foreign_block(block_id)
 
     def _unindex(self, block_id: int, cached_hash: BlockHashType) -> None:
         self.index[cached_hash].remove(block_id)

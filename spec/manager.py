@@ -2,10 +2,10 @@
 
 Per request it keeps a block-id list, the stored chain of block hashes, and how many blocks are
 cached. Each operation is written as its preconditions, in the order its docstring lists them
-(the first one broken raises, before anything changes), then the state it leads to. Arguments
-go through the implementation's own argument checks (`pagedkv.call_arguments`) and rules are
-worded by `pagedkv.refusals`, so both sides refuse alike; which rule is broken is decided here,
-plainly. `check_invariants()` adds the request-level invariants to the pool's, among them prefix
+(the first one broken raises, before anything changes), then the state it leads to. The spec
+decides every rule itself, arguments included (`pagedkv.spec.arguments`); only the wording of a
+refusal is shared (`pagedkv.vocab.refusals`), so both sides refuse alike in the same words.
+`check_invariants()` adds the request-level invariants to the pool's, among them prefix
 closure for full attention, checked against a ghost map of every hash's parent that only the
 spec keeps.
 """
@@ -15,22 +15,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pagedkv import refusals
-from pagedkv.block_hash import BlockHashType, HashFn, get_hash_fn
-from pagedkv.call_arguments import (
+from pagedkv.spec.arguments import (
     check_allocation,
     check_common_prefix,
     check_lookup,
     check_manager,
     check_request,
-    is_block_id,
 )
-from pagedkv.errors import InvariantViolation, KVCacheConfigError
-from pagedkv.kv_cache_interface import FullAttentionSpec, KVCacheConfig, SlidingWindowSpec
-from pagedkv.kv_events import KVCacheEvent
-from pagedkv.prefix_cache_stats import PrefixCacheStats
-from pagedkv.request import Request
-from pagedkv.semantics import PAGEDKV, Semantics
 from pagedkv.spec.attention import AttentionPolicy, FullAttention, SlidingWindow
 from pagedkv.spec.block_counts import (
     ceil_div,
@@ -41,6 +32,15 @@ from pagedkv.spec.block_counts import (
 )
 from pagedkv.spec.block_hash import request_block_hashes
 from pagedkv.spec.block_pool import NULL_BLOCK_ID, SpecBlockPool
+from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
+from pagedkv.vocab import refusals
+from pagedkv.vocab.errors import InvariantViolation, KVCacheConfigError
+from pagedkv.vocab.hashes import BlockHashType, HashFn, get_hash_fn
+from pagedkv.vocab.kv_cache_interface import FullAttentionSpec, KVCacheConfig, SlidingWindowSpec
+from pagedkv.vocab.kv_events import KVCacheEvent
+from pagedkv.vocab.prefix_cache_stats import PrefixCacheStats
+from pagedkv.vocab.request import Request
+from pagedkv.vocab.semantics import Semantics
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class SpecKVCacheManager:
         use_eagle: bool = False,
         log_stats: bool = False,
         *,
-        semantics: Semantics = PAGEDKV,
+        semantics: Semantics = PAGEDKV_SEMANTICS,
         enable_kv_cache_events: bool = False,
     ) -> None:
         check_manager(
@@ -212,9 +212,7 @@ class SpecKVCacheManager:
         Then, in three steps: `_drop_skipped_blocks` (even if the request then does not fit);
         `_fits`, or None; `_grow`, which returns the new blocks.
         """
-        hits = check_allocation(
-            request, num_tokens, new_computed_blocks, num_lookahead_tokens, is_block_id
-        )
+        hits = check_allocation(request, num_tokens, new_computed_blocks, num_lookahead_tokens)
         step = self._allocation_step(request, num_tokens, hits, num_lookahead_tokens)
         self._drop_skipped_blocks(request)
         if not self._fits(request, step):

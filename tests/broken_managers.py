@@ -6,12 +6,12 @@ broken_managers:NAME`, with `tests/` on PYTHONPATH).
 
 from __future__ import annotations
 
+from pagedkv.attention import SlidingWindowManager
 from pagedkv.block import KVCacheBlock
 from pagedkv.harness.adapters import ObjectManagerAdapter
 from pagedkv.harness.protocol import ManagerConfig, ManagerUnderTest
 from pagedkv.manager import KVCacheManager
-from pagedkv.request import Request
-from pagedkv.sliding_window import SlidingWindowManager
+from pagedkv.vocab.request import Request
 
 
 def _build(cls: type[KVCacheManager], config: ManagerConfig) -> ManagerUnderTest:

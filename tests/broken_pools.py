@@ -13,7 +13,7 @@ from pagedkv.block_pool import BlockPool
 from pagedkv.free_queue import FreeKVCacheBlockQueue
 from pagedkv.harness.adapters import ObjectPoolAdapter
 from pagedkv.harness.protocol import PoolUnderTest
-from pagedkv.semantics import Semantics
+from pagedkv.vocab.semantics import Semantics
 from proofs.planted.catalog import append_at_head
 
 

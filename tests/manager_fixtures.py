@@ -6,13 +6,13 @@ from collections.abc import Callable
 
 from pagedkv.harness.adapters import pagedkv_manager, spec_manager
 from pagedkv.harness.protocol import ManagerConfig, ManagerUnderTest
-from pagedkv.kv_cache_interface import (
+from pagedkv.vocab.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheSpec,
     SlidingWindowSpec,
     uniform_kv_cache_config,
 )
-from pagedkv.semantics import PAGEDKV, Semantics
+from pagedkv.vocab.semantics import PAGEDKV, Semantics
 
 MakeManager = Callable[..., ManagerUnderTest]
 

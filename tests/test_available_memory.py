@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedkv.available_memory import (
+from pagedkv.planning.available_memory import (
     GPUMemoryBudget,
     MemoryProfile,
     NoKVCacheMemoryError,
@@ -15,9 +15,9 @@ from pagedkv.available_memory import (
     kv_cache_budget_bytes,
     measure_memory_profile,
 )
-from pagedkv.errors import InvalidArgumentError, KVCacheConfigError
-from pagedkv.kv_cache_config import get_kv_cache_config
-from pagedkv.kv_cache_interface import FullAttentionSpec
+from pagedkv.planning.kv_cache_config import get_kv_cache_config
+from pagedkv.vocab.errors import InvalidArgumentError, KVCacheConfigError
+from pagedkv.vocab.kv_cache_interface import FullAttentionSpec
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -24,12 +24,13 @@ from pagedkv import (
     hash_request_tokens,
     sha256,
 )
-from pagedkv.block_hash import CacheSalt, Sha256Memo
+from pagedkv.block_hash import Sha256Memo
 from pagedkv.harness.requests import requests
 from pagedkv.manager import SHA256_MEMO_TOKENS
-from pagedkv.semantics import PAGEDKV, VLLM_0_8_5
 from pagedkv.spec import block_extra_keys, request_block_hashes
 from pagedkv.spec.block_hash import vllm_new_block_extra_keys
+from pagedkv.vocab.hashes import CacheSalt
+from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_8_5
 
 
 @given(

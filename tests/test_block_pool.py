@@ -24,7 +24,7 @@ from pagedkv import (
 )
 from pagedkv.harness.adapters import ObjectPoolAdapter, pagedkv_pool, spec_pool
 from pagedkv.harness.protocol import PoolFactory, PoolUnderTest
-from pagedkv.semantics import PAGEDKV, VLLM_0_8_5, Semantics
+from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_8_5, Semantics
 
 FACTORIES = [pytest.param(spec_pool, id="spec"), pytest.param(pagedkv_pool, id="impl")]
 

@@ -64,8 +64,8 @@ def test_each_case_is_a_typed_refusal_that_changes_nothing(case: str) -> None:
     stage): an ill-typed argument is refused with pagedkv's typed error, atomically."""
     result = outcome(case)
     assert result["raised"] in {
-        "pagedkv.errors.ArgumentTypeError",
-        "pagedkv.errors.InvalidArgumentError",
+        "pagedkv.vocab.errors.ArgumentTypeError",
+        "pagedkv.vocab.errors.InvalidArgumentError",
     }, result
     assert result["message"], result
     assert not result["changed"], result

@@ -17,7 +17,7 @@ import pytest
 from hostile_scenes import manager_scene
 
 from pagedkv import FullAttentionSpec, KVCacheManager, Request, sha256, uniform_kv_cache_config
-from pagedkv.errors import ConcurrentUseError, RequestError
+from pagedkv.vocab.errors import ConcurrentUseError, RequestError
 
 
 def test_a_call_overlapping_another_from_a_thread_is_refused() -> None:

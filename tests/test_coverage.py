@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pagedkv.errors import BlockStateError, InvalidArgumentError, RequestError
 from pagedkv.harness.coverage import (
     MANAGER_TARGETS,
     MIN_STEPS_FOR_TARGETS,
@@ -15,6 +14,7 @@ from pagedkv.harness.coverage import (
     render_targets,
     unmet,
 )
+from pagedkv.vocab.errors import BlockStateError, InvalidArgumentError, RequestError
 
 
 def test_a_refusal_kind_names_the_rule_without_ids_or_numbers() -> None:

@@ -19,7 +19,7 @@ from manager_fixtures import MANAGER_FACTORIES, manager_config
 import pagedkv
 from pagedkv import FullAttentionSpec, InvariantViolation, KVCacheManager, Request, RequestError
 from pagedkv import uniform_kv_cache_config as config_of
-from pagedkv.semantics import VLLM_0_8_5
+from pagedkv.vocab.semantics import VLLM_0_8_5
 
 BLOCK_SIZE = 4
 CONFIGS = {

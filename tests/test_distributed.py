@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv.errors import KVCacheConfigError
-from pagedkv.kv_cache_interface import (
+from pagedkv.vocab.errors import KVCacheConfigError
+from pagedkv.vocab.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
@@ -24,9 +24,9 @@ from pagedkv.kv_cache_interface import (
 WORKER = """
 import datetime, json, sys
 import torch.distributed as dist
-from pagedkv.distributed import unify_num_blocks
-from pagedkv.errors import KVCacheConfigError
-from pagedkv.kv_cache_interface import (
+from pagedkv.planning.distributed import unify_num_blocks
+from pagedkv.vocab.errors import KVCacheConfigError
+from pagedkv.vocab.kv_cache_interface import (
     FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor, SlidingWindowSpec,
 )
 
@@ -126,7 +126,7 @@ def test_a_mismatched_spec_fails_on_both_ranks_with_the_same_clear_error(
 def test_unify_num_blocks_needs_a_process_group() -> None:
     import torch.distributed as dist
 
-    from pagedkv.distributed import unify_num_blocks
+    from pagedkv.planning.distributed import unify_num_blocks
 
     assert not dist.is_initialized()
     spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=2, dtype="float16")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from pagedkv.cli import main
-from pagedkv.semantics import SEMANTICS_BY_NAME, Semantics
 from pagedkv.spec.block_state import TRANSITIONS
+from pagedkv.vocab.semantics import SEMANTICS_BY_NAME, Semantics
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

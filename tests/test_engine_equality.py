@@ -27,8 +27,8 @@ from pagedkv.engine.llm_engine import LLMEngine, RunResult  # noqa: E402
 from pagedkv.engine.model import synthetic_llama  # noqa: E402
 from pagedkv.engine.torch_executor import TorchReferenceExecutor  # noqa: E402
 from pagedkv.engine.workload import ChatTraceConfig, synthetic_chat_trace  # noqa: E402
-from pagedkv.errors import InvalidArgumentError, RequestError  # noqa: E402
 from pagedkv.gpu.step_metadata import StepMetadata  # noqa: E402
+from pagedkv.vocab.errors import InvalidArgumentError, RequestError  # noqa: E402
 
 CONFIG = EngineConfig(
     num_blocks=32,  # 31 usable blocks of 4 tokens: the longest request needs 30

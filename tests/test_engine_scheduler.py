@@ -16,7 +16,7 @@ from pagedkv import FullAttentionSpec, KVCacheManager, uniform_kv_cache_config
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.engine_request import EngineRequest, FinishReason, RequestStatus
 from pagedkv.engine.scheduler import Scheduler, SchedulerOutput
-from pagedkv.errors import InvalidArgumentError, InvariantViolation, RequestError
+from pagedkv.vocab.errors import InvalidArgumentError, InvariantViolation, RequestError
 
 
 def make(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pagedkv.engine.workload import ChatTraceConfig, load_prompts_jsonl, synthetic_chat_trace
-from pagedkv.errors import InvalidArgumentError
+from pagedkv.vocab.errors import InvalidArgumentError
 
 
 def test_the_chat_trace_shares_prefixes_and_spreads_arrivals() -> None:

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.array_view import ArrayView, backend_of, describe, to_host
 from pagedkv.gpu.attention import check_cache
 from pagedkv.gpu.kv_write import copy_width
+from pagedkv.vocab.errors import InvalidArgumentError
 
 
 def test_torch_and_numpy_arrays_are_described_in_elements() -> None:

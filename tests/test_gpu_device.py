@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.attention import paged_attention, paged_attention_varlen, plan_step
 from pagedkv.gpu.error_bound import compare_to_reference
 from pagedkv.gpu.kv_write import write_kv
 from pagedkv.gpu.reference import reference_write_kv
 from pagedkv.gpu.synthetic_batch import BatchShape, batch_terms, make_batch, plan_batch
+from pagedkv.vocab.errors import InvalidArgumentError
 
 
 def _has_device() -> bool:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedkv.errors import KVCacheConfigError
 from pagedkv.gpu.kv_cache_tensors import allocate_kv_caches, kv_cache_layouts
-from pagedkv.kv_cache_interface import (
+from pagedkv.vocab.errors import KVCacheConfigError
+from pagedkv.vocab.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,

@@ -17,7 +17,6 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.attention import plan_step
 from pagedkv.gpu.attention_metadata import validate_metadata
 from pagedkv.gpu.attention_plan import (
@@ -30,6 +29,7 @@ from pagedkv.gpu.attention_plan import (
     split_tiles,
 )
 from pagedkv.gpu.synthetic_batch import BatchShape, make_batch, paged_reference, plan_batch
+from pagedkv.vocab.errors import InvalidArgumentError
 
 
 def _metadata(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.reference import reference_paged_attention, reference_write_kv
 from pagedkv.gpu.synthetic_batch import (
     BatchShape,
@@ -19,6 +18,7 @@ from pagedkv.gpu.synthetic_batch import (
     paged_reference,
     visibility_mask,
 )
+from pagedkv.vocab.errors import InvalidArgumentError
 
 KINDS = {
     "decode": ((1, 1, 1, 1), (1, 7, 16, 33)),

@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F  # noqa: N812 - the usual name
 
 from pagedkv.block import KVCacheBlock
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.reference import reference_paged_attention, reference_write_kv
 from pagedkv.gpu.step_metadata import (
     NULL_BLOCK_ID,
@@ -26,7 +25,8 @@ from pagedkv.gpu.step_metadata import (
     scheduled_from_manager,
 )
 from pagedkv.gpu.synthetic_batch import visibility_mask
-from pagedkv.request import Request
+from pagedkv.vocab.errors import InvalidArgumentError
+from pagedkv.vocab.request import Request
 
 
 def test_metadata_of_a_small_step() -> None:

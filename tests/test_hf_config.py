@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from transformers import CONFIG_MAPPING, Gemma3Config, PreTrainedConfig
 
-from pagedkv.errors import InvalidArgumentError
-from pagedkv.hf_config import (
+from pagedkv.planning.hf_config import (
     FULL_ATTENTION,
     SLIDING_ATTENTION,
     TRANSFORMERS_DEFAULTS,
     layer_types,
     read_hf_config,
 )
+from pagedkv.vocab.errors import InvalidArgumentError
 
 CONFIGS = Path(__file__).parent / "configs"
 

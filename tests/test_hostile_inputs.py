@@ -52,12 +52,12 @@ from pagedkv import (
     uniform_kv_cache_config,
 )
 from pagedkv import block_hash as block_hash_module
-from pagedkv.arguments import MAX_TOKEN_ID
-from pagedkv.errors import ArgumentTypeError, FrozenRequestFieldError
 from pagedkv.harness.hostile_calls import IDENTITY_CHANGES, not_a_hash, request_field
-from pagedkv.kv_cache_config import check_enough_kv_cache_memory, memory_needed_bytes
+from pagedkv.planning.kv_cache_config import check_enough_kv_cache_memory, memory_needed_bytes
 from pagedkv.spec.block_pool import SpecBlockPool
 from pagedkv.spec.manager import SpecKVCacheManager
+from pagedkv.vocab.arguments import MAX_TOKEN_ID
+from pagedkv.vocab.errors import ArgumentTypeError, FrozenRequestFieldError
 
 # -- hostile values --------------------------------------------------------------------------------
 

@@ -9,8 +9,7 @@ import re
 
 import pytest
 
-from pagedkv.errors import InvalidArgumentError, KVCacheConfigError
-from pagedkv.kv_cache_config import (
+from pagedkv.planning.kv_cache_config import (
     GiB,
     check_enough_kv_cache_memory,
     check_kv_cache_groups_match,
@@ -21,7 +20,8 @@ from pagedkv.kv_cache_config import (
     unify_hybrid_kv_cache_specs,
     unify_kv_cache_configs,
 )
-from pagedkv.kv_cache_interface import (
+from pagedkv.vocab.errors import InvalidArgumentError, KVCacheConfigError
+from pagedkv.vocab.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
@@ -194,7 +194,7 @@ def test_override_must_be_a_positive_int(override: int) -> None:
 
 
 def test_override_is_logged(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="pagedkv.kv_cache_config"):
+    with caplog.at_level(logging.INFO, logger="pagedkv.planning.kv_cache_config"):
         get_kv_cache_config(layers(FULL), 1000, max_model_len=8, num_blocks_override=5)
     assert "num_blocks 31 overridden by num_blocks_override=5" in caplog.text
 

@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from pagedkv.errors import InvalidArgumentError, KVCacheConfigError
-from pagedkv.kv_cache_interface import (
+from pagedkv.vocab.errors import InvalidArgumentError, KVCacheConfigError
+from pagedkv.vocab.kv_cache_interface import (
     DTYPE_ALIASES,
     DTYPE_SIZES,
     FullAttentionSpec,
@@ -20,7 +20,6 @@ from pagedkv.kv_cache_interface import (
     KVCacheSpec,
     KVCacheTensor,
     SlidingWindowSpec,
-    cdiv,
     dtype_name,
     dtype_size,
 )
@@ -118,10 +117,6 @@ def test_memory_usage_rejects_limits_below_one(
 ) -> None:
     with pytest.raises(InvalidArgumentError, match=">= 1"):
         spec.max_memory_usage_bytes(max_model_len, batched)
-
-
-def test_cdiv() -> None:
-    assert [cdiv(n, 4) for n in range(10)] == [0, 1, 1, 1, 1, 2, 2, 2, 2, 3]
 
 
 # -- type ids ---------------------------------------------------------------------------------
@@ -331,8 +326,8 @@ def test_config_block_size_needs_one_block_size() -> None:
 
 def test_importing_the_budgeting_modules_does_not_import_torch() -> None:
     code = (
-        "import sys, pagedkv.kv_cache_interface, pagedkv.kv_cache_config, "
-        "pagedkv.available_memory, pagedkv.distributed, pagedkv.plan; "
+        "import sys, pagedkv.vocab.kv_cache_interface, pagedkv.planning.kv_cache_config, "
+        "pagedkv.planning.available_memory, pagedkv.planning.distributed, pagedkv.planning.plan; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

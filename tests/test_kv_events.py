@@ -25,10 +25,12 @@ from pagedkv import (
     hash_request_tokens,
     sha256,
 )
+from pagedkv.events.index import index_hash_counts, replay_hash_counts
 from pagedkv.harness.adapters import pagedkv_pool, spec_pool
 from pagedkv.harness.protocol import ManagerUnderTest, PoolUnderTest
-from pagedkv.kv_event_index import index_hash_counts, replay_hash_counts
-from pagedkv.kv_events import (
+from pagedkv.spec import SpecBlockPool
+from pagedkv.spec.manager import SpecKVCacheManager
+from pagedkv.vocab.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -36,10 +38,8 @@ from pagedkv.kv_events import (
     KVCacheEvent,
     KVEventReplayError,
 )
-from pagedkv.request import PlaceholderRange
-from pagedkv.semantics import PAGEDKV
-from pagedkv.spec import SpecBlockPool
-from pagedkv.spec.manager import SpecKVCacheManager
+from pagedkv.vocab.request import PlaceholderRange
+from pagedkv.vocab.semantics import PAGEDKV
 
 SIDES = ("spec", "impl")
 POOLS = {"spec": spec_pool, "impl": pagedkv_pool}
@@ -296,8 +296,8 @@ def test_a_consumer_refuses_a_removal_it_never_saw_stored() -> None:
 
 def test_importing_the_event_modules_loads_no_optional_dependency() -> None:
     code = (
-        "import sys, pagedkv, pagedkv.kv_events, pagedkv.kv_event_serialization,"
-        " pagedkv.kv_event_publisher, pagedkv.metrics_prometheus;"
+        "import sys, pagedkv, pagedkv.vocab.kv_events, pagedkv.events.wire,"
+        " pagedkv.events.publisher, pagedkv.events.metrics;"
         "print(sorted({m.split('.')[0] for m in sys.modules} & "
         "{'msgspec', 'zmq', 'prometheus_client'}))"
     )

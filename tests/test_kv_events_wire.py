@@ -12,16 +12,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pagedkv import InvalidArgumentError, Request
-from pagedkv.harness.adapters import pagedkv_manager
-from pagedkv.kv_event_publisher import CallbackPublisher, ZmqPublisher, publish_step_events
-from pagedkv.kv_event_serialization import (
+from pagedkv.events.publisher import CallbackPublisher, ZmqPublisher, publish_step_events
+from pagedkv.events.wire import (
     JSON_SCHEMA,
     batch_from_json,
     batch_from_msgpack,
     batch_to_json,
     batch_to_msgpack,
 )
-from pagedkv.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from pagedkv.harness.adapters import pagedkv_manager
+from pagedkv.vocab.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 hash_values = st.one_of(
     st.integers(-(1 << 63), (1 << 63) - 1),  # the builtin hash

@@ -25,7 +25,7 @@ from pagedkv import (
     sha256,
 )
 from pagedkv.harness.protocol import ManagerUnderTest
-from pagedkv.semantics import VLLM_0_8_5
+from pagedkv.vocab.semantics import VLLM_0_8_5
 
 
 @pytest.fixture(params=sorted(MANAGER_FACTORIES))

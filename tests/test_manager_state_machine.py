@@ -21,7 +21,7 @@ from pagedkv.harness.adapters import pagedkv_manager
 from pagedkv.harness.lockstep import CampaignStats, Divergence, Outcome
 from pagedkv.harness.manager_machine import make_manager_machine
 from pagedkv.harness.protocol import ManagerFactory
-from pagedkv.semantics import VLLM_0_8_5
+from pagedkv.vocab.semantics import VLLM_0_8_5
 
 T = TypeVar("T")
 

@@ -29,10 +29,10 @@ from pagedkv import (
     sha256,
     uniform_kv_cache_config,
 )
-from pagedkv import block_hash as block_hash_module
-from pagedkv.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from pagedkv.manager import CHECK_INVARIANTS_ENV
-from pagedkv.request import TokenView
+from pagedkv.vocab import hashes as block_hash_module
+from pagedkv.vocab.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+from pagedkv.vocab.request import TokenView
 
 FULL = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype="float16")
 

@@ -1,5 +1,6 @@
-"""spec/ and impl/ import only the standard library; importing pagedkv loads no extra; the spec
-shares vocabulary with impl, no algorithm, and names each shared invariant as impl does."""
+"""spec/, vocab/ and impl/ import only the standard library; importing pagedkv loads no extra; the
+spec shares vocabulary with impl, no rule or algorithm, and names each shared invariant as impl
+does."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def _imported_modules(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("folder", ["spec", "impl"])
+@pytest.mark.parametrize("folder", ["spec", "impl", "vocab"])
 def test_spec_and_impl_import_only_the_standard_library(folder: str) -> None:
     allowed = set(sys.stdlib_module_names) | {"pagedkv"}
     offenders = {
@@ -60,25 +61,57 @@ def _is_lazy(path: Path, module: str) -> bool:
     return False
 
 
-def test_spec_does_not_import_the_implementations_algorithms() -> None:
-    """The spec shares vocabulary (errors, request, hash types, argument checks, the wording of
-    refusals) but no algorithm with impl."""
-    shared_vocabulary = {
-        "pagedkv.arguments",  # how an argument is checked (types, ranges)
-        "pagedkv.call_arguments",  # which arguments each public call checks, in order
-        "pagedkv.refusals",  # the error each broken rule raises, worded once
-        "pagedkv.errors",
-        "pagedkv.request",
-        "pagedkv.semantics",
-        "pagedkv.block_hash",  # BlockHashType, NONE_HASH, the hash functions
-        "pagedkv.kv_cache_interface",  # the specs and config a manager is built from
-        "pagedkv.prefix_cache_stats",  # the stats record
-        "pagedkv.kv_events",  # the KV cache event records (building, replay: kv_event_index)
+@pytest.mark.parametrize(
+    ("folder", "allowed"),
+    [
+        ("spec", ("pagedkv.spec", "pagedkv.vocab")),
+        ("vocab", ("pagedkv.vocab",)),
+    ],
+)
+def test_spec_and_vocab_import_nothing_of_the_implementation(
+    folder: str, allowed: tuple[str, ...]
+) -> None:
+    """The spec shares vocabulary (`pagedkv.vocab`: errors, refusal wording, Request, hash
+    types, specs, semantics, event records) and nothing else with impl: no rule, no algorithm."""
+    offenders = {
+        f"{path.relative_to(ROOT)}: {module}"
+        for path in (ROOT / folder).rglob("*.py")
+        for module in _pagedkv_modules(path)
+        if not module.startswith(allowed)
     }
-    for path in (ROOT / "spec").rglob("*.py"):
-        for module in _pagedkv_modules(path):
-            if not module.startswith("pagedkv.spec"):
-                assert module in shared_vocabulary, f"{path.name} imports {module}"
+    assert not offenders
+
+
+def test_importing_the_spec_loads_no_module_of_the_implementation() -> None:
+    """`import pagedkv.spec` runs `pagedkv/__init__.py`, which loads its names lazily: the spec
+    and the vocabulary are all that is loaded."""
+    code = (
+        "import sys, pagedkv.spec;print(sorted(m for m in sys.modules if m.startswith('pagedkv')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = eval(out.stdout)  # a printed list of str
+    outside = [
+        m for m in loaded if m != "pagedkv" and not m.startswith(("pagedkv.spec", "pagedkv.vocab"))
+    ]
+    assert "pagedkv.spec.manager" in loaded and not outside
+
+
+def test_pagedkv_loads_its_public_names_on_first_use() -> None:
+    code = (
+        "import sys, pagedkv;"
+        "before = 'pagedkv.manager' in sys.modules;"
+        "manager = pagedkv.KVCacheManager;"
+        "print(before, manager.__module__, 'pagedkv.manager' in sys.modules,"
+        " sorted(set(pagedkv.__all__) - set(dir(pagedkv))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "pagedkv.manager", "True", "[]"]
+    import pagedkv
+
+    missing = [name for name in pagedkv.__all__ if getattr(pagedkv, name, None) is None]
+    assert not missing
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        pagedkv.Nope  # noqa: B018
 
 
 def test_importing_pagedkv_loads_no_optional_dependency() -> None:

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv.byte_sizes import parse_size
 from pagedkv.cli import main
-from pagedkv.errors import InvalidArgumentError, KVCacheConfigError
-from pagedkv.hf_config import read_hf_config
-from pagedkv.kv_cache_interface import FullAttentionSpec, dtype_name
-from pagedkv.plan import ModelShape, RequestDoesNotFitError, make_plan, resolve_dtypes
+from pagedkv.planning.byte_sizes import parse_size
+from pagedkv.planning.hf_config import read_hf_config
+from pagedkv.planning.plan import ModelShape, RequestDoesNotFitError, make_plan, resolve_dtypes
+from pagedkv.vocab.errors import InvalidArgumentError, KVCacheConfigError
+from pagedkv.vocab.kv_cache_interface import FullAttentionSpec, dtype_name
 
 GiB = 1 << 30
 CONFIGS = Path(__file__).parent / "configs"
@@ -916,7 +916,8 @@ def test_json_when_it_does_not_fit(tmp_path: Path, capsys: pytest.CaptureFixture
 
 def test_the_planner_and_its_cli_import_neither_torch_nor_transformers() -> None:
     code = (
-        "import sys, pagedkv.plan, pagedkv.plan_cli, pagedkv.hf_config, pagedkv.cli; "
+        "import sys, pagedkv.planning.plan, pagedkv.planning.cli, pagedkv.planning.hf_config, "
+        "pagedkv.cli; "
         "assert not {'torch', 'transformers'} & set(sys.modules), 'imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

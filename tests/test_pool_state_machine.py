@@ -13,12 +13,12 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from pagedkv.errors import NoFreeBlocksError
 from pagedkv.harness.adapters import pagedkv_pool, spec_pool
 from pagedkv.harness.lockstep import CampaignStats, Divergence, compare_call
 from pagedkv.harness.pool_machine import make_pool_machine
 from pagedkv.harness.protocol import PoolUnderTest
-from pagedkv.semantics import PAGEDKV, VLLM_0_8_5
+from pagedkv.vocab.errors import NoFreeBlocksError
+from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_8_5
 
 TestPagedKVPool = make_pool_machine(pagedkv_pool).TestCase
 TestVllmConformantPool = make_pool_machine(

@@ -10,11 +10,11 @@ from manager_fixtures import manager_config
 
 from pagedkv import InvalidArgumentError, PrefixCacheStats, Request
 from pagedkv.harness.adapters import pagedkv_manager
-from pagedkv.kv_events import BlockRemoved
+from pagedkv.vocab.kv_events import BlockRemoved
 
 prometheus_client = pytest.importorskip("prometheus_client")
 
-from pagedkv.metrics_prometheus import KVCacheMetrics  # noqa: E402
+from pagedkv.events.metrics import KVCacheMetrics  # noqa: E402
 
 
 def value(metrics: KVCacheMetrics, name: str, **labels: str) -> float | None:

@@ -13,12 +13,14 @@ from collections.abc import Iterable
 
 import pytest
 
-from pagedkv import block_counts, block_hash, kv_cache_config, kv_cache_interface
-from pagedkv import sliding_window as window
-from pagedkv.request import PlaceholderRange, Request
+from pagedkv import attention as window
+from pagedkv import block_counts, block_hash
+from pagedkv.planning import kv_cache_config
 from pagedkv.spec import attention as spec_attention
 from pagedkv.spec import block_counts as spec_counts
 from pagedkv.spec import block_hash as spec_hash
+from pagedkv.vocab import kv_cache_interface
+from pagedkv.vocab.request import PlaceholderRange, Request
 from proofs.crosshair import contracts, pairs
 from proofs.crosshair.runner import call_contract
 
@@ -240,4 +242,4 @@ def test_spec_skip_count_is_the_impl_boundary_clamped_at_zero() -> None:
 
 def test_spec_ceil_div_is_ceiling_division() -> None:
     for a, b in itertools.product(range(-9, 30), range(1, 7)):
-        assert spec_counts.ceil_div(a, b) == -(-a // b) == kv_cache_interface.cdiv(a, b)
+        assert spec_counts.ceil_div(a, b) == -(-a // b) == block_counts.cdiv(a, b)

@@ -1,7 +1,7 @@
 """Every refusal of the implementation says exactly which block or request broke which rule.
 
 Errors carry the block id or request id and the rule as attributes, and a message a log reader can
-act on; callers and tools may match on them (`pagedkv.errors`). The differential harness holds
+act on; callers and tools may match on them (`pagedkv.vocab.errors`). The differential harness holds
 pagedkv's own objects to the spec's wording; the wording itself is pinned here, call by call. A few
 tests also pin edge cases of valid calls next to the refusal they border (a pool of one block,
 speculative tokens equal to the scheduled ones, a short sliding-window hit from position 0).
@@ -42,11 +42,11 @@ from pagedkv import (
     sha256,
     uniform_kv_cache_config,
 )
-from pagedkv.errors import ConcurrentUseError, FrozenRequestFieldError
 from pagedkv.free_queue import FreeKVCacheBlockQueue
 from pagedkv.harness.adapters import pagedkv_pool, spec_pool
 from pagedkv.harness.hostile_calls import not_a_hash
 from pagedkv.harness.protocol import PoolFactory
+from pagedkv.vocab.errors import ConcurrentUseError, FrozenRequestFieldError
 
 # -- the block pool ------------------------------------------------------------------------------
 

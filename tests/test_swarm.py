@@ -41,9 +41,9 @@ from pagedkv.harness.swarm import (
     run_campaign,
 )
 from pagedkv.harness.swarm_runs import draw_manager_run, draw_pool_run, run_seed
-from pagedkv.kv_events import BlockRemoved, KVCacheEvent
 from pagedkv.manager import KVCacheManager
-from pagedkv.semantics import Semantics
+from pagedkv.vocab.kv_events import BlockRemoved, KVCacheEvent
+from pagedkv.vocab.semantics import Semantics
 from proofs.planted.catalog import VARIANTS_BY_NAME, planted
 
 

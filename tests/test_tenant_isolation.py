@@ -11,7 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pagedkv import BlockHashType, KVCacheManager, Request, hash_request_tokens
-from pagedkv.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec, uniform_kv_cache_config
+from pagedkv.vocab.kv_cache_interface import (
+    FullAttentionSpec,
+    SlidingWindowSpec,
+    uniform_kv_cache_config,
+)
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5]
 SALTS = ("tenant-a", "tenant-b", None)

@@ -13,7 +13,7 @@ import pytest
 from pagedkv.cli import main
 from pagedkv.harness.adapters import pagedkv_pool
 from pagedkv.harness.protocol import ManagerConfig
-from pagedkv.semantics import Semantics
+from pagedkv.vocab.semantics import Semantics
 
 TESTS_DIR = Path(__file__).parent
 

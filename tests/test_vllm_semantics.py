@@ -13,10 +13,10 @@ import pytest
 from manager_fixtures import MANAGER_FACTORIES, manager_config
 
 from pagedkv import BlockStateError, FreeKVCacheBlockQueue, KVCacheBlock, Request, sha256
-from pagedkv.errors import FreeQueueError
 from pagedkv.harness.adapters import pagedkv_pool, spec_pool
 from pagedkv.harness.protocol import PoolFactory
-from pagedkv.semantics import PAGEDKV, SEMANTICS_BY_NAME, VLLM_0_8_5, VLLM_0_33
+from pagedkv.vocab.errors import FreeQueueError
+from pagedkv.vocab.semantics import PAGEDKV, SEMANTICS_BY_NAME, VLLM_0_8_5, VLLM_0_33
 
 POOLS = [pytest.param(spec_pool, id="spec"), pytest.param(pagedkv_pool, id="impl")]
 HEAD_FIRST = replace(PAGEDKV, free_uncached_to_head=True)

@@ -17,14 +17,14 @@ from typing import Any
 
 from vllm_campaign import UNREACHABLE, _unreachable
 
-from pagedkv.block_hash import sha256
 from pagedkv.harness.adapters import spec_manager, spec_pool
 from pagedkv.harness.protocol import ManagerConfig
 from pagedkv.harness.setup_check import SetupError
 from pagedkv.harness.vllm_against import prepare
-from pagedkv.kv_cache_interface import SlidingWindowSpec, uniform_kv_cache_config
-from pagedkv.request import PlaceholderRange, Request
-from pagedkv.semantics import VLLM_0_33
+from pagedkv.vocab.hashes import sha256
+from pagedkv.vocab.kv_cache_interface import SlidingWindowSpec, uniform_kv_cache_config
+from pagedkv.vocab.request import PlaceholderRange, Request
+from pagedkv.vocab.semantics import VLLM_0_33
 
 
 def sliding_config(window: int, use_eagle: bool) -> ManagerConfig:

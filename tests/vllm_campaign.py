@@ -28,7 +28,7 @@ from pagedkv.harness.manager_machine import make_manager_machine
 from pagedkv.harness.pool_machine import make_pool_machine
 from pagedkv.harness.setup_check import SetupError
 from pagedkv.harness.vllm_against import prepare
-from pagedkv.semantics import SEMANTICS_BY_NAME
+from pagedkv.vocab.semantics import SEMANTICS_BY_NAME
 
 UNREACHABLE = 3
 

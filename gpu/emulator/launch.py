@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.errors import PagedKVError
 from pagedkv.gpu.emulator.build import EmulatorBuild
+from pagedkv.vocab.errors import PagedKVError
 
 
 class EmulatorError(PagedKVError, RuntimeError):

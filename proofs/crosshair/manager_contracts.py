@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from pagedkv.block_hash import hash_request_tokens
 from pagedkv.harness.swarm_runs import attention_spec
-from pagedkv.kv_cache_interface import uniform_kv_cache_config
 from pagedkv.manager import KVCacheManager
-from pagedkv.request import Request
+from pagedkv.vocab.kv_cache_interface import uniform_kv_cache_config
+from pagedkv.vocab.request import Request
 from proofs.crosshair.contracts import Contract
 
 MAX_BLOCK_SIZE = 4

@@ -14,9 +14,9 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pagedkv import attention as impl_window
 from pagedkv import block_counts as impl_counts
 from pagedkv import block_hash as impl_hash
-from pagedkv import sliding_window as impl_window
 from pagedkv.spec import attention as spec_attention
 from pagedkv.spec import block_counts as spec_counts
 from pagedkv.spec import block_hash as spec_hash

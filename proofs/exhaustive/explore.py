@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pagedkv.harness.adapters import load_factory, pagedkv_manager, pagedkv_pool
 from pagedkv.harness.lockstep import quiet_refusal_warnings
 from pagedkv.harness.protocol import ManagerFactory, PoolFactory
-from pagedkv.semantics import VLLM_0_8_5
+from pagedkv.vocab.semantics import VLLM_0_8_5
 from proofs.exhaustive.manager_world import (
     ManagerSearchConfig,
     ManagerWorld,

@@ -39,11 +39,11 @@ from pagedkv.harness.protocol import (
     ManagerUnderTest,
 )
 from pagedkv.harness.swarm_runs import attention_spec
-from pagedkv.kv_cache_interface import (
+from pagedkv.vocab.kv_cache_interface import (
     uniform_kv_cache_config,
 )
-from pagedkv.request import PlaceholderRange, Request
-from pagedkv.semantics import PAGEDKV, Semantics
+from pagedkv.vocab.request import PlaceholderRange, Request
+from pagedkv.vocab.semantics import PAGEDKV, Semantics
 from proofs.exhaustive.fingerprint import fingerprint
 from proofs.exhaustive.pool_world import pool_key
 from proofs.exhaustive.search import Frozen, Transition, World, freeze, thaw

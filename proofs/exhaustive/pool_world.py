@@ -24,14 +24,14 @@ import itertools
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-from pagedkv.block_hash import BlockHashType, HashFn, get_hash_fn
 from pagedkv.harness.adapters import pagedkv_pool, spec_pool
 from pagedkv.harness.lockstep import Divergence, LockstepPair
 from pagedkv.harness.protocol import PoolFactory, PoolSnapshot, PoolUnderTest
-from pagedkv.request import Request
-from pagedkv.semantics import PAGEDKV, Semantics
 from pagedkv.spec.block_hash import request_block_hashes
 from pagedkv.spec.block_pool import NULL_BLOCK_ID
+from pagedkv.vocab.hashes import BlockHashType, HashFn, get_hash_fn
+from pagedkv.vocab.request import Request
+from pagedkv.vocab.semantics import PAGEDKV, Semantics
 from proofs.exhaustive.fingerprint import fingerprint
 from proofs.exhaustive.search import Frozen, Transition, World, freeze, thaw
 

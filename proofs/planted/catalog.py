@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import pagedkv
-from pagedkv import block_counts, block_hash, block_pool, free_queue, manager, sliding_window
+from pagedkv import attention, block_counts, block_hash, block_pool, free_queue, manager
 from pagedkv.block import KVCacheBlock
-from pagedkv.block_hash import BlockHashType, ExtraKey
-from pagedkv.errors import BlockStateError, FreeQueueError
-from pagedkv.kv_events import BlockRemoved
-from pagedkv.request import PlaceholderRange, Request
+from pagedkv.vocab.errors import BlockStateError, FreeQueueError
+from pagedkv.vocab.hashes import BlockHashType, ExtraKey
+from pagedkv.vocab.kv_events import BlockRemoved
+from pagedkv.vocab.request import PlaceholderRange, Request
 
 PLANT_ENV = "PAGEDKV_PLANTED"
 """The environment variable that names the variant a fresh process plants (the pytest plugin,
@@ -516,17 +516,17 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "window_off_by_one",
         "the sliding window's first useful block is one token late: a needed block is freed",
-        (FunctionPatch(sliding_window.first_useful_block, _first_useful_block_off_by_one),),
+        (FunctionPatch(attention.first_useful_block, _first_useful_block_off_by_one),),
     ),
     Variant(
         "window_start_early",
         "the sliding window's first useful block is one token early: a block it left stays held",
-        (FunctionPatch(sliding_window.first_useful_block, _first_useful_block_one_early),),
+        (FunctionPatch(attention.first_useful_block, _first_useful_block_one_early),),
     ),
     Variant(
         "window_blocks_floor",
         "a sliding-window hit needs floor((W - 1) / B) cached blocks instead of the ceiling",
-        (FunctionPatch(sliding_window.num_window_blocks, _window_blocks_floor),),
+        (FunctionPatch(attention.num_window_blocks, _window_blocks_floor),),
     ),
     Variant(
         "salt_ignored",

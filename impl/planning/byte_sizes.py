@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from pagedkv.errors import InvalidArgumentError
+from pagedkv.vocab.errors import InvalidArgumentError
 
 GiB = 1 << 30
 

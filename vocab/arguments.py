@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from pagedkv.errors import ArgumentTypeError, InvalidArgumentError
+from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """KV cache event batches on the wire: a documented JSON form, and vLLM's msgpack form.
 
-Both carry the fields of `pagedkv.kv_events` under vLLM's names, and both round-trip exactly
+Both carry the fields of `pagedkv.vocab.kv_events` under vLLM's names, and both round-trip exactly
 (`batch_from_json(batch_to_json(b)) == b`, the same for msgpack).
 
 **JSON** (`batch_to_json`, standard library only): one object per batch,
@@ -34,8 +34,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from pagedkv.errors import InvalidArgumentError
-from pagedkv.kv_events import (
+from pagedkv.vocab.errors import InvalidArgumentError
+from pagedkv.vocab.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

@@ -20,11 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NewType, TypeAlias
 
-from pagedkv.arguments import is_int
-
-# Re-exported (the `as` form tells mypy so): the planner imports cdiv from here.
-from pagedkv.block_counts import cdiv as cdiv  # noqa: PLC0414
-from pagedkv.errors import ArgumentTypeError, InvalidArgumentError, KVCacheConfigError
+from pagedkv.vocab.arguments import is_int
+from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError, KVCacheConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -124,7 +121,7 @@ def full_attention_max_blocks(max_model_len: int, block_size: int) -> int:
 
     Complexity: O(1).
     """
-    return cdiv(max_model_len, block_size)
+    return -(-max_model_len // block_size)
 
 
 def sliding_window_max_blocks(
@@ -139,7 +136,7 @@ def sliding_window_max_blocks(
     Complexity: O(1).
     """
     num_tokens = min(sliding_window - 1 + max_num_batched_tokens, max_model_len)
-    return cdiv(num_tokens, block_size) + 1
+    return -(-num_tokens // block_size) + 1
 
 
 def _check_positive_int(name: str, value: object) -> None:

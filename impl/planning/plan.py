@@ -1,7 +1,7 @@
 """Plan a model's KV cache on each GPU: page size, blocks, token capacity and concurrency.
 
 The planner is pure: a `ModelShape` (from flags, or from a config.json through
-`pagedkv.hf_config`), one GPU's KV cache budget in bytes and the serving limits give a
+`pagedkv.planning.hf_config`), one GPU's KV cache budget in bytes and the serving limits give a
 `KVCachePlan`: the config `get_kv_cache_config` builds on that GPU, with the figures an operator
 sizes a server by. It decides as vLLM 0.8.5 does:
 
@@ -14,7 +14,7 @@ sizes a server by. It decides as vLLM 0.8.5 does:
   budget on the layers as given; `make_plan` also checks it on the layers as planned, which vLLM
   0.8.5 does not (it starts with a pool that such a request cannot fit in).
 
-Its command line is `pagedkv plan` (`pagedkv.plan_cli`).
+Its command line is `pagedkv plan` (`pagedkv.planning.cli`).
 """
 
 from __future__ import annotations
@@ -23,23 +23,23 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pagedkv.byte_sizes import format_bytes
-from pagedkv.errors import InvalidArgumentError, KVCacheConfigError
-from pagedkv.kv_cache_config import (
+from pagedkv.block_counts import cdiv
+from pagedkv.planning.byte_sizes import format_bytes
+from pagedkv.planning.kv_cache_config import (
     check_enough_kv_cache_memory,
     estimate_max_model_len,
     get_kv_cache_config,
     memory_needed_bytes,
     unify_hybrid_kv_cache_specs,
 )
-from pagedkv.kv_cache_interface import (
+from pagedkv.vocab.errors import InvalidArgumentError, KVCacheConfigError
+from pagedkv.vocab.kv_cache_interface import (
     AttentionSpec,
     DTypeName,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheSpec,
     SlidingWindowSpec,
-    cdiv,
     dtype_name,
 )
 

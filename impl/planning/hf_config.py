@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pagedkv.errors import InvalidArgumentError
-from pagedkv.plan import ModelShape, resolve_dtypes
+from pagedkv.planning.plan import ModelShape, resolve_dtypes
+from pagedkv.vocab.errors import InvalidArgumentError
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"

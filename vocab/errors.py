@@ -32,7 +32,7 @@ class PagedKVError(Exception):
 class InvalidArgumentError(PagedKVError, ValueError):
     """An argument is outside its domain; nothing was changed.
 
-    Raised by an argument check (`pagedkv.arguments`), it also says where and why:
+    Raised by an argument check (`pagedkv.vocab.arguments`), it also says where and why:
 
     Attributes:
         call: the call that refused the argument, e.g. "KVCacheManager.allocate_slots".

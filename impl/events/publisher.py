@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
-from pagedkv.errors import InvalidArgumentError
-from pagedkv.kv_event_serialization import batch_to_json, batch_to_msgpack
-from pagedkv.kv_events import KVCacheEvent, KVEventBatch
+from pagedkv.events.wire import batch_to_json, batch_to_msgpack
+from pagedkv.vocab.errors import InvalidArgumentError
+from pagedkv.vocab.kv_events import KVCacheEvent, KVEventBatch
 
 Encoding = Literal["msgpack", "json"]
 
@@ -93,7 +93,7 @@ class ZmqPublisher:
 
     One multipart message per batch: the topic, the batch's sequence number (8 bytes, big-endian,
     from 0), and the payload: vLLM's msgpack form (`encoding="msgpack"`, the default) or pagedkv's
-    JSON form (`"json"`, UTF-8) (`pagedkv.kv_event_serialization`).
+    JSON form (`"json"`, UTF-8) (`pagedkv.events.wire`).
 
     Args:
         endpoint: where to bind (`tcp://*:5557`, `ipc://...`, `inproc://...`), or to connect to

@@ -16,7 +16,7 @@ instead, so its stream announces a hash twice and removes a hash that another bl
 
 What a consumer gets as a block's hash is the key's `hash_value` (an int, as vLLM's
 `block_hashes`); the rest of the key travels in `BlockStored` (`token_ids`, `extra_keys`). So the
-exact replay is a count per hash value (`pagedkv.kv_event_index.replay_hash_counts`):
+exact replay is a count per hash value (`pagedkv.events.index.replay_hash_counts`):
 replaying every event emitted so far gives, for each hash value, the number of index keys with
 that value. With sha256 (the default) that is 1 for every cached hash; a count of 2 only arises
 from a collision of hash values between different keys, possible with
@@ -26,7 +26,7 @@ implementation after every step.
 
 Events are off by default: `KVCacheManager(..., enable_kv_cache_events=True)` turns them on;
 the scheduler drains them once a step with `take_events()` and publishes them as one
-`KVEventBatch` (`pagedkv.kv_event_publisher`, serialized by `pagedkv.kv_event_serialization`).
+`KVEventBatch` (`pagedkv.events.publisher`, serialized by `pagedkv.events.wire`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from pagedkv.errors import PagedKVError
+from pagedkv.vocab.errors import PagedKVError
 
 EventExtraKey: TypeAlias = "int | str"
 """An extra key as events publish it: a LoRA id (int) or a multimodal content hash (str)."""

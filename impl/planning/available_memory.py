@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pagedkv.byte_sizes import GiB, format_bytes
-from pagedkv.errors import InvalidArgumentError, KVCacheConfigError
+from pagedkv.planning.byte_sizes import GiB, format_bytes
+from pagedkv.vocab.errors import InvalidArgumentError, KVCacheConfigError
 
 if TYPE_CHECKING:
     import torch

@@ -37,9 +37,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from pagedkv.errors import InvalidArgumentError
-from pagedkv.kv_events import BlockRemoved, KVCacheEvent
-from pagedkv.prefix_cache_stats import PrefixCacheStats, PrefixCachingMetrics
+from pagedkv.events.prefix_caching_metrics import PrefixCachingMetrics
+from pagedkv.vocab.errors import InvalidArgumentError
+from pagedkv.vocab.kv_events import BlockRemoved, KVCacheEvent
+from pagedkv.vocab.prefix_cache_stats import PrefixCacheStats
 
 UNITS = ("blocks", "tokens")
 

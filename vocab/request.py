@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NoReturn, overload
 
-from pagedkv.arguments import (
+from pagedkv.vocab.arguments import (
     MAX_LORA_ID,
     MAX_TOKEN_ID,
     require_bool,
@@ -23,7 +23,7 @@ from pagedkv.arguments import (
     require_str,
     require_token_ids,
 )
-from pagedkv.errors import FrozenRequestFieldError, InvalidArgumentError
+from pagedkv.vocab.errors import FrozenRequestFieldError, InvalidArgumentError
 
 
 @dataclass(frozen=True)

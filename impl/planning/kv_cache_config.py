@@ -14,9 +14,9 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from pagedkv.arguments import require_int
-from pagedkv.errors import InvalidArgumentError, KVCacheConfigError
-from pagedkv.kv_cache_interface import (
+from pagedkv.vocab.arguments import require_int
+from pagedkv.vocab.errors import InvalidArgumentError, KVCacheConfigError
+from pagedkv.vocab.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pagedkv.errors import KVCacheConfigError
-from pagedkv.kv_cache_config import check_kv_cache_groups_match, sorted_kv_cache_groups
-from pagedkv.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+from pagedkv.planning.kv_cache_config import check_kv_cache_groups_match, sorted_kv_cache_groups
+from pagedkv.vocab.errors import KVCacheConfigError
+from pagedkv.vocab.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

@@ -1,7 +1,7 @@
 """The implementation's side of KV cache events: a `BlockStored` built from index keys, and the
 replay of a stream into what a consumer's index holds (a count of keys per hash value).
 
-The records themselves are `pagedkv.kv_events` (shared with the spec, which builds and replays
+The records themselves are `pagedkv.vocab.kv_events` (shared with the spec, which builds and replays
 them with its own code, so a mistake here cannot hide in both).
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from pagedkv.block_hash import BlockHashType
-from pagedkv.kv_events import (
+from pagedkv.vocab.hashes import BlockHashType
+from pagedkv.vocab.kv_events import (
     BlockRemoved,
     BlockStored,
     EventExtraKey,

@@ -19,17 +19,17 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from pagedkv.available_memory import GPUMemoryBudget, NoKVCacheMemoryError
-from pagedkv.byte_sizes import parse_size
-from pagedkv.errors import InvalidArgumentError, KVCacheConfigError
-from pagedkv.hf_config import HFModelConfig, read_hf_config
-from pagedkv.plan import (
+from pagedkv.planning.available_memory import GPUMemoryBudget, NoKVCacheMemoryError
+from pagedkv.planning.byte_sizes import parse_size
+from pagedkv.planning.hf_config import HFModelConfig, read_hf_config
+from pagedkv.planning.plan import (
     PLAN_JSON_SCHEMA,
     ModelShape,
     RequestDoesNotFitError,
     make_plan,
     resolve_dtypes,
 )
+from pagedkv.vocab.errors import InvalidArgumentError, KVCacheConfigError
 
 
 def _size(text: str) -> int:

@@ -9,7 +9,7 @@ argument checks that come before them are in `pagedkv.call_arguments`.
 
 from __future__ import annotations
 
-from pagedkv.errors import (
+from pagedkv.vocab.errors import (
     BlockStateError,
     InvalidArgumentError,
     MaxModelLenExceededError,

@@ -1,0 +1,225 @@
+"""The argument rules of each public call of the pool and the manager, decided by the spec.
+
+One function per call, its checks in the order the call makes them; the first broken one raises.
+A block is a block id: an int that is not a bool. The type checks and the wording of a refusal
+(`pagedkv.vocab.arguments`) are shared vocabulary; which argument must satisfy which rule is
+written here, independently of the implementation's `pagedkv.call_arguments`, so that a wrong
+rule on either side shows up as a divergence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pagedkv.vocab.arguments import (
+    argument_error,
+    is_int,
+    require_bool,
+    require_callable,
+    require_instance,
+    require_int,
+    require_iterable,
+    require_str,
+)
+from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError, KVCacheConfigError
+from pagedkv.vocab.hashes import BlockHashType
+from pagedkv.vocab.kv_cache_interface import KVCacheConfig
+from pagedkv.vocab.request import Request
+from pagedkv.vocab.semantics import Semantics
+
+POOL = "BlockPool"
+MANAGER = "KVCacheManager"
+
+
+def not_a_block(call: str, argument: str, value: object, context: str = "") -> ArgumentTypeError:
+    """The refusal of a value that is not a block id at all."""
+    error = argument_error(call, argument, "a block", value, type_ok=False, context=context)
+    assert isinstance(error, ArgumentTypeError)
+    return error
+
+
+def require_block_ids(call: str, argument: str, values: object, context: str = "") -> list[int]:
+    """The items of `values` (any iterable, read once) as a list, each a block id."""
+    items: list[int] = require_iterable(call, argument, values, context=context)
+    for index, item in enumerate(items):
+        if not is_int(item):
+            raise not_a_block(call, f"{argument}[{index}]", item, context)
+    return items
+
+
+# -- the block pool ----------------------------------------------------------------------------
+
+
+def check_pool(
+    num_gpu_blocks: object,
+    enable_caching: object,
+    semantics: object,
+    enable_kv_cache_events: object,
+) -> None:
+    """BlockPool(...): an int >= 1 (the null block is one of them), a bool, a Semantics, a bool."""
+    require_int(POOL, "num_gpu_blocks", num_gpu_blocks, 1)
+    require_bool(POOL, "enable_caching", enable_caching)
+    require_instance(POOL, "semantics", semantics, Semantics)
+    require_bool(POOL, "enable_kv_cache_events", enable_kv_cache_events)
+
+
+def check_get_new_blocks(num_blocks: object) -> int:
+    """BlockPool.get_new_blocks(num_blocks): an int >= 0."""
+    return require_int(f"{POOL}.get_new_blocks", "num_blocks", num_blocks, 0)
+
+
+def check_block_hash(call: str, argument: str, value: object) -> BlockHashType:
+    """A BlockHashType that can be hashed: it is looked up in, or enters, the index."""
+    block_hash = require_instance(call, argument, value, BlockHashType)
+    try:
+        hash(block_hash)
+    except TypeError:
+        raise argument_error(
+            call, argument, "a hashable BlockHashType", value, type_ok=False
+        ) from None
+    return block_hash
+
+
+def check_cache_full_blocks(
+    enable_caching: bool,
+    request: object,
+    blocks: object,
+    block_hashes: object,
+    num_cached_blocks: object,
+    num_full_blocks: object,
+    block_size: object,
+    hash_fn: object,
+) -> Sequence[int] | None:
+    """BlockPool.cache_full_blocks(...), in order: the types (a Request; any iterable of
+    blocks, read once; a list of stored hashes; counts that are ints >= 0; a block size >= 1; a
+    callable); caching is on; 0 <= num_cached_blocks <= num_full_blocks <= len(blocks); at
+    least num_cached_blocks stored hashes; each stored hash the call reads (from the parent's
+    position on) is a hashable BlockHashType; each block it reads (the same positions) is a
+    block id.
+
+    Returns:
+        The blocks as a sequence, or None when there is nothing to cache.
+    """
+    call = f"{POOL}.cache_full_blocks"
+    checked_request = require_instance(call, "request", request, Request)
+    sequence: Sequence[int] = (
+        blocks if isinstance(blocks, (list, tuple)) else require_iterable(call, "blocks", blocks)
+    )
+    hashes: list[object] = require_instance(call, "block_hashes", block_hashes, list)
+    num_cached = require_int(call, "num_cached_blocks", num_cached_blocks, 0)
+    num_full = require_int(call, "num_full_blocks", num_full_blocks, 0)
+    require_int(call, "block_size", block_size, 1)
+    require_callable(call, "hash_fn", hash_fn)
+    if not enable_caching:
+        raise InvalidArgumentError("cache_full_blocks needs a pool with prefix caching on")
+    if not num_cached <= num_full <= len(sequence):
+        raise InvalidArgumentError(
+            f"need 0 <= num_cached_blocks ({num_cached}) <= num_full_blocks "
+            f"({num_full}) <= len(blocks) ({len(sequence)})"
+        )
+    if len(hashes) < num_cached:
+        raise InvalidArgumentError(
+            f"request {checked_request.request_id!r} has {len(hashes)} stored block hashes, "
+            f"fewer than num_cached_blocks ({num_cached})"
+        )
+    first_read = max(num_cached - 1, 0)  # the parent of the first block to cache
+    for position in range(first_read, min(num_full, len(hashes))):
+        check_block_hash(call, f"block_hashes[{position}]", hashes[position])
+    if num_cached == num_full:
+        return None
+    for position in range(first_read, num_full):
+        if not is_int(sequence[position]):
+            raise not_a_block(call, f"blocks[{position}]", sequence[position])
+    return sequence
+
+
+# -- the manager -------------------------------------------------------------------------------
+
+
+def check_manager(
+    kv_cache_config: object,
+    max_model_len: object,
+    enable_caching: object,
+    caching_hash_algo: object,
+    use_eagle: object,
+    log_stats: object,
+    semantics: object,
+    enable_kv_cache_events: object,
+) -> KVCacheConfig:
+    """KVCacheManager(...): a KVCacheConfig; max_model_len an int >= 1; flags that are bools; a
+    str hash algorithm (its name is checked by `get_hash_fn`); a Semantics; then one KV cache
+    group in the config (KVCacheConfigError)."""
+    config = require_instance(MANAGER, "kv_cache_config", kv_cache_config, KVCacheConfig)
+    require_int(MANAGER, "max_model_len", max_model_len, 1)
+    require_bool(MANAGER, "enable_caching", enable_caching)
+    require_str(MANAGER, "caching_hash_algo", caching_hash_algo)
+    require_bool(MANAGER, "use_eagle", use_eagle)
+    require_bool(MANAGER, "log_stats", log_stats)
+    require_instance(MANAGER, "semantics", semantics, Semantics)
+    require_bool(MANAGER, "enable_kv_cache_events", enable_kv_cache_events)
+    if len(config.kv_cache_groups) != 1:
+        raise KVCacheConfigError(
+            f"KVCacheManager needs exactly one KV cache group, got {len(config.kv_cache_groups)}"
+        )
+    return config
+
+
+def check_request(method: str, request: object) -> Request:
+    """Every request-level call takes a Request first."""
+    return require_instance(f"{MANAGER}.{method}", "request", request, Request)
+
+
+def for_request(request: Request) -> str:
+    """The context a request-level refusal names after the call."""
+    return f" for request {request.request_id!r}"
+
+
+def check_lookup(request: object) -> Request:
+    """KVCacheManager.get_computed_blocks(request): a Request whose prompt_logprobs is a bool."""
+    checked = check_request("get_computed_blocks", request)
+    require_bool(
+        f"{MANAGER}.get_computed_blocks",
+        "request.prompt_logprobs",
+        checked.prompt_logprobs,
+        context=for_request(checked),
+    )
+    return checked
+
+
+def check_allocation(
+    request: object,
+    num_tokens: object,
+    new_computed_blocks: object,
+    num_lookahead_tokens: object,
+) -> list[int]:
+    """KVCacheManager.allocate_slots(...), in order: a Request; num_tokens an int >= 1;
+    num_lookahead_tokens an int >= 0; the request's num_computed_tokens an int and its
+    spec_token_ids a list; new_computed_blocks None or an iterable of block ids.
+
+    Returns:
+        The hits as a new list (empty for None).
+    """
+    checked = check_request("allocate_slots", request)
+    call = f"{MANAGER}.allocate_slots"
+    context = for_request(checked)
+    require_int(call, "num_tokens", num_tokens, 1, context=context)
+    require_int(call, "num_lookahead_tokens", num_lookahead_tokens, 0, context=context)
+    require_int(call, "request.num_computed_tokens", checked.num_computed_tokens, context=context)
+    require_instance(call, "request.spec_token_ids", checked.spec_token_ids, list, context=context)
+    if new_computed_blocks is None:
+        return []
+    return require_block_ids(call, "new_computed_blocks", new_computed_blocks, context)
+
+
+def check_common_prefix(request: object, num_running_requests: object) -> Request:
+    """KVCacheManager.get_num_common_prefix_blocks(request, num_running_requests): a Request and
+    an int >= 0."""
+    checked = check_request("get_num_common_prefix_blocks", request)
+    require_int(
+        f"{MANAGER}.get_num_common_prefix_blocks",
+        "num_running_requests",
+        num_running_requests,
+        0,
+        context=for_request(checked),
+    )
+    return checked
