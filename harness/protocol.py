@@ -164,10 +164,13 @@ class ManagerConfig:
     semantics: Semantics
     enable_kv_cache_events: bool = False
 
-    def build(self, manager_class: Callable[..., M]) -> M:
+    def build(self, manager_class: Callable[..., M], *, pass_semantics: bool = True) -> M:
         """`manager_class` called with these arguments, the way KVCacheManager takes them
-        (`enable_kv_cache_events` only when on: a manager without events need not take it)."""
-        events = {"enable_kv_cache_events": True} if self.enable_kv_cache_events else {}
+        (`enable_kv_cache_events` only when on: a manager without events need not take it;
+        without `pass_semantics`, the manager takes its own default)."""
+        options: dict[str, object] = {"semantics": self.semantics} if pass_semantics else {}
+        if self.enable_kv_cache_events:
+            options["enable_kv_cache_events"] = True
         return manager_class(
             self.kv_cache_config,
             self.max_model_len,
@@ -175,8 +178,7 @@ class ManagerConfig:
             self.caching_hash_algo,
             self.use_eagle,
             self.log_stats,
-            semantics=self.semantics,
-            **events,
+            **options,
         )
 
 

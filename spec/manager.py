@@ -141,7 +141,9 @@ class SpecKVCacheManager:
         """The blocks a waiting request may reuse, and the tokens they hold.
 
         Caching off: ([], 0), nothing stored. Otherwise the request's full-block hashes are
-        stored (computed unless already stored and non-empty); a lookup is counted; a request
+        stored (computed unless already stored and non-empty; with
+        `lookup_hashes_every_full_block`, the stored ones extended to every full block); a
+        lookup is counted; a request
         wanting prompt logprobs gets ([], 0); the lookup leaves out the last hash if every token
         lies in full blocks; with use_eagle a non-empty hit loses its last block.
 
@@ -156,7 +158,11 @@ class SpecKVCacheManager:
         if not self.hashes.get(request_id):
             self.hashes[request_id] = request_block_hashes(self.hash_fn, self.block_size, request)
             self.requests[request_id] = request
-            self._record_parents(self.hashes[request_id])
+        elif self.semantics.lookup_hashes_every_full_block:
+            stored = self.hashes[request_id]
+            chain = request_block_hashes(self.hash_fn, self.block_size, request)
+            stored.extend(chain[len(stored) :])  # blocks generated before a preemption
+        self._record_parents(self.hashes[request_id])
         stored = self.hashes[request_id]
         if self.stats is not None:
             self.stats.requests += 1
