@@ -23,7 +23,8 @@ from pagedkv.harness.adapters import (
     spec_manager,
     spec_pool,
 )
-from pagedkv.harness.comparison import ComparedPair, Divergence, signature_of
+from pagedkv.harness.comparison import ComparedPair
+from pagedkv.harness.divergence import Divergence, signature_of
 from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.protocol import (
     NOT_REPORTED,

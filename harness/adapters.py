@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, cast
 
 from pagedkv.block_pool import BlockPool
-from pagedkv.harness.comparison import Divergence
+from pagedkv.harness.divergence import Divergence
 from pagedkv.harness.protocol import (
     NOT_REPORTED,
     ManagerConfig,

@@ -29,20 +29,19 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pagedkv.harness.adapters import load_factory, pagedkv_manager, pagedkv_pool
-from pagedkv.harness.comparison import quiet_refusal_warnings, signature_of
+from pagedkv.harness.comparison import quiet_refusal_warnings
 from pagedkv.harness.coverage import (
     MANAGER_TARGETS,
     POOL_TARGETS,
     Coverage,
-    Target,
     evaluate,
     unmet,
 )
-from pagedkv.harness.domain import FULL_DOMAIN, Domain
+from pagedkv.harness.divergence import signature_of
+from pagedkv.harness.domain import FULL_DOMAIN
 from pagedkv.harness.setup_check import (
     Guarded,
     SetupError,
@@ -50,8 +49,8 @@ from pagedkv.harness.setup_check import (
     check_pool_factory,
 )
 from pagedkv.harness.swarm.engine import (
+    Campaign,
     CampaignRun,
-    Layer,
     RunFailure,
     execute_run,
     manager_layer,
@@ -173,43 +172,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "implied by --semantics other than pagedkv and by --against",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-
-
-@dataclass(frozen=True)
-class Campaign:
-    """One campaign `verify` runs: a layer, what it checks, its budget and its targets.
-
-    Attributes:
-        title: what the report calls it ("block pool", "KV cache manager").
-        impl: the implementation checked, as the user named it.
-        layer: what the swarm engine drives.
-        semantics: the spec's semantics.
-        misuse: whether invalid calls are made.
-        domain: what the implementation supports.
-        steps: the budget.
-        targets: the coverage targets.
-        flags: the options that rebuild the campaign (the report's replay command).
-    """
-
-    title: str
-    impl: str
-    layer: Layer
-    semantics: Semantics
-    misuse: bool
-    domain: Domain
-    steps: int
-    targets: tuple[Target, ...]
-    flags: str
-
-    @property
-    def modes(self) -> frozenset[str]:
-        """What the coverage targets may assume ("misuse", "pagedkv semantics", "kv events")."""
-        modes = {"misuse"} if self.misuse else set()
-        if self.semantics == PAGEDKV_SEMANTICS:
-            modes.add("pagedkv semantics")
-        if self.layer.kv_events:
-            modes.add("kv events")
-        return frozenset(modes)
 
 
 def plan(args: argparse.Namespace, against: Against | None) -> list[Campaign]:

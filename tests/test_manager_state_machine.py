@@ -18,8 +18,8 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv.harness.adapters import pagedkv_manager
-from pagedkv.harness.comparison import Divergence
 from pagedkv.harness.coverage import Coverage
+from pagedkv.harness.divergence import Divergence
 from pagedkv.harness.machines.manager import make_manager_machine
 from pagedkv.harness.protocol import ManagerFactory
 from pagedkv.vocab.semantics import VLLM_0_8_5

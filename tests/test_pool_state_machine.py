@@ -14,8 +14,9 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv.harness.adapters import pagedkv_pool, spec_pool
-from pagedkv.harness.comparison import ComparedPair, Divergence
+from pagedkv.harness.comparison import ComparedPair
 from pagedkv.harness.coverage import Coverage
+from pagedkv.harness.divergence import Divergence
 from pagedkv.harness.machines.pool import make_pool_machine
 from pagedkv.harness.probes import pool_probe
 from pagedkv.harness.protocol import PoolUnderTest

@@ -25,8 +25,9 @@ from pagedkv.harness.client.hostile import Scene
 from pagedkv.harness.client.manager_ops import Admit, Arrive, Step, TakeEvents
 from pagedkv.harness.client.pool import MISUSE
 from pagedkv.harness.client.pool_ops import TakeEvents as TakePoolEvents
-from pagedkv.harness.comparison import Divergence, describe_difference, signature_of
+from pagedkv.harness.comparison import describe_difference
 from pagedkv.harness.coverage import Coverage
+from pagedkv.harness.divergence import Divergence, signature_of
 from pagedkv.harness.protocol import ManagerConfig, ManagerUnderTest, PoolFactory, PoolUnderTest
 from pagedkv.harness.swarm import (
     Layer,

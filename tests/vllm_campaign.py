@@ -21,7 +21,8 @@ import sys
 import urllib.error
 from dataclasses import replace
 
-from pagedkv.harness.comparison import quiet_refusal_warnings, signature_of
+from pagedkv.harness.comparison import quiet_refusal_warnings
+from pagedkv.harness.divergence import signature_of
 from pagedkv.harness.setup_check import SetupError
 from pagedkv.harness.swarm import manager_layer, pool_layer, run_campaign
 from pagedkv.harness.verify import SEMANTICS

@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, cast
 
-from pagedkv.harness.comparison import ComparedPair, Divergence
+from pagedkv.harness.comparison import ComparedPair
 from pagedkv.harness.coverage import Coverage
+from pagedkv.harness.divergence import Divergence
 from pagedkv.harness.protocol import EmitsKVEvents
 from pagedkv.spec.block_pool import replayed_hash_counts
 from pagedkv.vocab.errors import InvariantViolation

@@ -41,8 +41,9 @@ from pagedkv.harness.client.pool_ops import (
     Touch,
 )
 from pagedkv.harness.client.requests import RequestRecord, new_request
-from pagedkv.harness.comparison import ComparedPair, Divergence, operation_of
+from pagedkv.harness.comparison import ComparedPair
 from pagedkv.harness.coverage import Coverage
+from pagedkv.harness.divergence import Divergence, operation_of
 from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.probes import pool_probe
 from pagedkv.harness.protocol import KVEventPoolFactory, PoolFactory, PoolUnderTest

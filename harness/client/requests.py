@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pagedkv.harness.comparison import Divergence
+from pagedkv.harness.divergence import Divergence
 from pagedkv.vocab.request import PlaceholderRange, Request
 
 MM_HASHES = ("img-a", "img-b")

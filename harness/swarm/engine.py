@@ -32,7 +32,7 @@ from pagedkv.harness.client.hostile import HOSTILE_CALLS, HostileCall
 from pagedkv.harness.client.manager import ManagerClient
 from pagedkv.harness.client.pool import PoolClient
 from pagedkv.harness.comparison import ComparedPair
-from pagedkv.harness.coverage import Coverage
+from pagedkv.harness.coverage import Coverage, Target
 from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.protocol import ManagerFactory, PoolFactory
 from pagedkv.harness.swarm.runs import (
@@ -266,6 +266,43 @@ def replay(
     except Exception as error:
         return len(ops), error
     return len(ops), None
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """One campaign `verify` runs: a layer, what it checks, its budget and its targets.
+
+    Attributes:
+        title: what the report calls it ("block pool", "KV cache manager").
+        impl: the implementation checked, as the user named it.
+        layer: what the swarm engine drives.
+        semantics: the spec's semantics.
+        misuse: whether invalid calls are made.
+        domain: what the implementation supports.
+        steps: the budget.
+        targets: the coverage targets.
+        flags: the options that rebuild the campaign (the report's replay command).
+    """
+
+    title: str
+    impl: str
+    layer: Layer
+    semantics: Semantics
+    misuse: bool
+    domain: Domain
+    steps: int
+    targets: tuple[Target, ...]
+    flags: str
+
+    @property
+    def modes(self) -> frozenset[str]:
+        """What the coverage targets may assume ("misuse", "pagedkv semantics", "kv events")."""
+        modes = {"misuse"} if self.misuse else set()
+        if self.semantics == PAGEDKV_SEMANTICS:
+            modes.add("pagedkv semantics")
+        if self.layer.kv_events:
+            modes.add("kv events")
+        return frozenset(modes)
 
 
 @dataclass

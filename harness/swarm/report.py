@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import time
 import traceback
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
 from pagedkv.harness.coverage import (
     MIN_STEPS_FOR_TARGETS,
@@ -23,11 +23,8 @@ from pagedkv.harness.coverage import (
     render_targets,
     unmet,
 )
-from pagedkv.harness.swarm.engine import CampaignRun, RunFailure
+from pagedkv.harness.swarm.engine import Campaign, CampaignRun, RunFailure
 from pagedkv.harness.swarm.shrink import Shrunk
-
-if TYPE_CHECKING:
-    from pagedkv.harness.verify import Campaign
 
 REFUSING_OPERATIONS = (
     "allocate_slots",

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pagedkv.harness.comparison import Signature, signature_of
+from pagedkv.harness.divergence import Signature, signature_of
 from pagedkv.harness.swarm.engine import Layer, Run, replay
 
 MAX_REPLAYS = 3_000

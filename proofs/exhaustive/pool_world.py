@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 from pagedkv.harness.adapters import pagedkv_pool, spec_pool
 from pagedkv.harness.client.catalog import side_name
-from pagedkv.harness.comparison import ComparedPair, Divergence, operation_of
+from pagedkv.harness.comparison import ComparedPair
+from pagedkv.harness.divergence import Divergence, operation_of
 from pagedkv.harness.probes import pool_probe
 from pagedkv.harness.protocol import PoolFactory, PoolSnapshot, PoolUnderTest
 from pagedkv.spec.block_hash import request_block_hashes
