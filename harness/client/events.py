@@ -20,19 +20,17 @@ from pagedkv.harness.divergence import Divergence
 from pagedkv.harness.protocol import EmitsKVEvents
 from pagedkv.spec.block_pool import replayed_hash_counts
 from pagedkv.vocab.errors import InvariantViolation
-from pagedkv.vocab.hashes import BlockHashType
+from pagedkv.vocab.hashes import CacheKey, key_group, key_hash
 from pagedkv.vocab.kv_events import KVCacheEvent
 
 
 class EventConsumer:
-    """A mirror of the index kept from the events taken: hash value -> keys."""
+    """A mirror of the index kept from the events taken: (group, hash value) -> keys."""
 
     def __init__(self) -> None:
-        self.hash_counts: dict[int, int] = {}
+        self.hash_counts: dict[tuple[int, int], int] = {}
 
-    def take(
-        self, pair: ComparedPair[Any], coverage: Coverage, index: Iterable[BlockHashType]
-    ) -> None:
+    def take(self, pair: ComparedPair[Any], coverage: Coverage, index: Iterable[CacheKey]) -> None:
         """`take_events()` on both sides, the lists compared; the batch replayed here, which
         must then count the keys of `index` (the spec's); each event counted by class.
 
@@ -53,9 +51,10 @@ class EventConsumer:
                 "take_events",
                 "replay",
             ) from None
-        expected: dict[int, int] = {}
+        expected: dict[tuple[int, int], int] = {}
         for key in index:
-            expected[key.hash_value] = expected.get(key.hash_value, 0) + 1
+            counted = (key_group(key), key_hash(key).hash_value)
+            expected[counted] = expected.get(counted, 0) + 1
         if self.hash_counts != expected:
             raise Divergence(
                 f"a consumer replaying the events holds {self.hash_counts}, the index {expected}",

@@ -85,7 +85,7 @@ class ManagerClient:
 
     def __init__(
         self,
-        pair: ComparedPair[ManagerUnderTest],
+        pair: ComparedPair[Any],
         spec: SpecKVCacheManager,
         config: ManagerConfig,
         coverage: Coverage,
@@ -129,7 +129,7 @@ class ManagerClient:
         (pagedkv's own manager must also word each refusal as the spec does)."""
         spec = spec_manager(config)
         impl = factory(config)
-        pair: ComparedPair[ManagerUnderTest] = ComparedPair(
+        pair: ComparedPair[Any] = ComparedPair(  # a ManagerUnderTest, or a hybrid one
             spec,
             impl,
             manager_probe,

@@ -41,7 +41,7 @@ from pagedkv.harness.protocol import (
 from pagedkv.harness.vllm.stand_ins_0_33 import MODULES, STAND_INS
 from pagedkv.harness.vllm.views import RequestViews, torch_or_stand_in, vllm_attention_spec
 from pagedkv.spec.block_hash import request_block_hashes
-from pagedkv.vocab.hashes import BlockHashType, HashFn, get_hash_fn
+from pagedkv.vocab.hashes import BlockHashType, CacheKey, HashFn, get_hash_fn
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
 
@@ -226,7 +226,7 @@ class Vllm033Pool(ObjectPoolAdapter):
 
     def snapshot(self) -> PoolSnapshot:
         pool = self.pool
-        index: dict[BlockHashType, tuple[int, ...]] = {}
+        index: dict[CacheKey, tuple[int, ...]] = {}
         for key, cached in pool.cached_block_hash_to_block._cache.items():
             ours = self.translation.ours(key)
             assert ours is not None
