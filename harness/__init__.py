@@ -16,6 +16,7 @@ names below are imported here; `machines` (hypothesis) and `vllm` load when used
 """
 
 from pagedkv.harness.adapters import (
+    ObjectHybridManagerAdapter,
     ObjectManagerAdapter,
     ObjectPoolAdapter,
     pagedkv_manager,
@@ -29,6 +30,7 @@ from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.protocol import (
     NOT_REPORTED,
     EmitsKVEvents,
+    HybridManagerUnderTest,
     KVEventPoolFactory,
     ManagerConfig,
     ManagerFactory,
@@ -47,11 +49,13 @@ __all__ = [
     "Divergence",
     "Domain",
     "EmitsKVEvents",
+    "HybridManagerUnderTest",
     "KVEventPoolFactory",
     "ManagerConfig",
     "ManagerFactory",
     "ManagerSnapshot",
     "ManagerUnderTest",
+    "ObjectHybridManagerAdapter",
     "ObjectManagerAdapter",
     "ObjectPoolAdapter",
     "PoolFactory",

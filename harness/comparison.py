@@ -236,8 +236,9 @@ class ComparedPair(Generic[S]):
         for key, impl_view in zip(keys, impl_views, strict=True):
             spec_view = spec_probe.view(key)
             if spec_view != impl_view:
+                what, fields = spec_probe.subject
                 raise Divergence(
-                    f"{key!r} differs after the step: spec {spec_view!r}, "
+                    f"{what} {key!r} differs after the step: spec {fields} = {spec_view!r}, "
                     f"the one under test {impl_view!r}",
                     "digest",
                     "step",

@@ -20,6 +20,7 @@ CI_SEED = 2_025
 checker)."""
 CI_MANAGER_STEPS = 200_000
 CI_POOL_STEPS = 100_000
+CI_HYBRID_STEPS = 100_000
 
 MIN_STEPS_FOR_TARGETS = 100_000
 """Shorter campaigns print their counts but are not held to targets (too few runs to judge)."""
@@ -258,6 +259,85 @@ POOL_TARGETS: tuple[Target, ...] = (
     _t("distinct states", 10_000, "ref counts and cached counts: the drive goes wide"),
 )
 """The block-pool campaign's targets (about half the CI campaign's rates, `CI_POOL_STEPS`)."""
+
+
+HYBRID_TARGETS: tuple[Target, ...] = (
+    _t("hybrid hits", 3_000, "a prefix hit valid in every KV cache group"),
+    _t(
+        "hybrid hits cut short by one group",
+        450,
+        "one group's longest hit is shorter than another's: the hit is the shortest",
+    ),
+    _t(
+        "hybrid hits found again after a later group shortened them",
+        10,
+        "a windowed group's hit, cut to a shorter length, may be no hit: it must be found again",
+    ),
+    _t(
+        "hybrid hits with leading null blocks, windowed group",
+        2_000,
+        "a sliding-window group's hit skips what its window no longer reads",
+    ),
+    _t(
+        "hybrid hits with leading null blocks, chunked group",
+        1_200,
+        "a chunked group's hit skips the chunks before its last",
+    ),
+    _t(
+        "hybrid allocations refused for lack of blocks",
+        6_000,
+        "all or nothing: a refused allocation changes no group",
+    ),
+    _t(
+        "hybrid refusals where each group alone would fit",
+        5_000,
+        "capacity is counted over every group together, not group by group",
+    ),
+    _t("hybrid blocks freed by a sliding window", 20_000, "per-group frees of skipped blocks"),
+    _t("hybrid blocks freed at a chunk boundary", 7_000, "a new chunk frees the last one's blocks"),
+    _t(
+        "hybrid requests freed from several groups",
+        4_000,
+        "free goes group by group, each tail first: the free queue's order shows it",
+    ),
+    _t("block fills", 12_000, "each fill caches a block in every group"),
+    _t("evictions of cached blocks", 35_000, "one group's allocation may evict another's blocks"),
+    _t("decode steps with draft tokens", 5_500, "speculative tokens in every group"),
+    _t("allocations with lookahead slots", 7_000, "lookahead slots in every group"),
+    _t("requests with extra keys", 2_500, "extra keys change every group's keys alike"),
+    _t("finished requests", 3_500, "free + free_block_hashes"),
+    _t("successful prefix-cache resets", 500, "a reset empties every group's index"),
+    _t(
+        "BlockStored events taken",
+        11_000,
+        "every group's keys entering the index, each event naming its group",
+        "kv events",
+    ),
+    _t("BlockRemoved events taken", 12_000, "every group's keys leaving the index", "kv events"),
+    _t(
+        "refusal allocate_slots: RequestError: new_computed_blocks must cover the same blocks in "
+        "every KV cache group",
+        8,
+        "hits of unequal length are refused",
+        "misuse",
+    ),
+    _t(
+        "typed error ArgumentTypeError",
+        900,
+        "the hostile catalog, hits not one list per group",
+        "misuse",
+    ),
+    Target(
+        "kinds of allocate_slots refusals",
+        12,
+        "each precondition of allocate_slots refused at least once",
+        frozenset({"misuse"}),
+        scales=False,
+    ),
+    _t("distinct states", 20_000, "block tables of every group: the drive goes wide"),
+)
+"""The hybrid campaign's targets (`attention="hybrid"`): about half the CI hybrid campaign's
+rates (`CI_SEED`, `CI_HYBRID_STEPS`)."""
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MAX_GROUPS = 4
+"""The most KV cache groups the clients draw a configuration with (Gemma-3 and gpt-oss have
+two, Llama-4 two; four leaves room for every mix of the three attention types)."""
+
 
 @dataclass(frozen=True)
 class Domain:
@@ -25,6 +29,9 @@ class Domain:
             still holds, so that its next `cache_full_blocks` chains to a block that another
             request may have reused (a manager never does: vLLM 0.33 chains to the request's
             own hashes then).
+        max_groups: the most KV cache groups a configuration has (1: single-group managers
+            only; more: hybrid configurations too, checked through `HybridManagerUnderTest`).
+        eagle_with_hybrid: whether a configuration of several groups may run with `use_eagle`.
     """
 
     min_window: int = 1
@@ -33,6 +40,8 @@ class Domain:
     multimodal: bool = True
     cache_salts: bool = True
     listed_blocks_freed: bool = True
+    max_groups: int = MAX_GROUPS
+    eagle_with_hybrid: bool = True
 
     def window(self, drawn: int, block_size: int) -> int:
         """The narrowest window the domain allows at or above `drawn`."""
@@ -55,6 +64,12 @@ class Domain:
             parts.append("no cache salts")
         if not self.listed_blocks_freed:
             parts.append("no block freed while a request lists it")
+        if self.max_groups == 1:
+            parts.append("one KV cache group")
+        elif self.max_groups < MAX_GROUPS:
+            parts.append(f"at most {self.max_groups} KV cache groups")
+        if self.max_groups > 1 and not self.eagle_with_hybrid:
+            parts.append("no eagle with several groups")
         return ", ".join(parts)
 
 

@@ -19,15 +19,18 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pagedkv.harness.adapters import (
+    ObjectHybridManagerAdapter,
     ObjectManagerAdapter,
     ObjectPoolAdapter,
+    SpecHybridManagerAdapter,
     SpecManagerAdapter,
     SpecPoolAdapter,
 )
 from pagedkv.vocab.hashes import BlockHashType
 
-RequestDigest = tuple[tuple[int, ...], int | None, int]
-"""(block ids, cached-block count or None when untracked, number of stored block hashes)."""
+RequestDigest = tuple[tuple[Any, ...], int | None, int]
+"""(block ids (one tuple per group for a hybrid manager), cached-block count or None when
+untracked, number of stored block hashes)."""
 
 BlockDigest = tuple[int, BlockHashType | None]
 """(ref_cnt, hash or None)."""
@@ -39,13 +42,24 @@ class Probe:
     Attributes:
         num_free: the number of free blocks.
         view: the digest of the request or block named by its argument.
+        subject: what a digest is of, and its fields, for messages ("block", "(ref_cnt, hash)").
     """
 
-    __slots__ = ("num_free", "view")
+    __slots__ = ("num_free", "subject", "view")
 
-    def __init__(self, num_free: Callable[[], int], view: Callable[[Any], object]) -> None:
+    def __init__(
+        self,
+        num_free: Callable[[], int],
+        view: Callable[[Any], object],
+        subject: tuple[str, str] = ("request", "(block ids, cached blocks, stored hashes)"),
+    ) -> None:
         self.num_free = num_free
         self.view = view
+        self.subject = subject
+
+
+BLOCK = ("block", "(ref_cnt, hash)")
+"""The subject of a pool probe's digests."""
 
 
 def manager_probe(side: Any) -> Probe:
@@ -54,6 +68,10 @@ def manager_probe(side: Any) -> Probe:
         return _spec_manager_probe(side)
     if type(side) is ObjectManagerAdapter:  # a subclass may translate what it shows
         return _object_manager_probe(side)
+    if isinstance(side, SpecHybridManagerAdapter):
+        return _spec_hybrid_probe(side)
+    if type(side) is ObjectHybridManagerAdapter:
+        return _object_hybrid_probe(side)
     return _snapshot_manager_probe(side)
 
 
@@ -64,6 +82,7 @@ def pool_probe(side: Any) -> Probe:
         return Probe(
             spec.get_num_free_blocks,
             lambda block_id: (spec.ref_cnt[block_id], spec.block_hash[block_id]),
+            BLOCK,
         )
     if type(side) is ObjectPoolAdapter:  # a subclass may translate what it shows
         pool = side.pool
@@ -73,13 +92,13 @@ def pool_probe(side: Any) -> Probe:
             found = blocks[block_id]
             return (found.ref_cnt, found.block_hash)
 
-        return Probe(pool.get_num_free_blocks, block)
+        return Probe(pool.get_num_free_blocks, block, BLOCK)
 
     def from_snapshot(block_id: int) -> BlockDigest:
         state = side.snapshot()
         return (state.ref_cnt[block_id], state.block_hash[block_id])
 
-    return Probe(side.get_num_free_blocks, from_snapshot)
+    return Probe(side.get_num_free_blocks, from_snapshot, BLOCK)
 
 
 def _spec_manager_probe(side: SpecManagerAdapter) -> Probe:
@@ -101,6 +120,35 @@ def _object_manager_probe(side: ObjectManagerAdapter) -> Probe:
     def request(request_id: str) -> RequestDigest:
         return (
             tuple([block.block_id for block in manager.req_to_blocks.get(request_id, ())]),
+            manager.num_cached_block.get(request_id),
+            len(manager.req_to_block_hashes.get(request_id, ())),
+        )
+
+    return Probe(manager.block_pool.get_num_free_blocks, request)
+
+
+def _spec_hybrid_probe(side: SpecHybridManagerAdapter) -> Probe:
+    manager = side.manager
+
+    def request(request_id: str) -> RequestDigest:
+        return (
+            tuple(tuple(blocks) for blocks in manager.blocks.get(request_id, ())),
+            manager.num_cached.get(request_id),
+            len(manager.hashes.get(request_id, ())),
+        )
+
+    return Probe(manager.pool.get_num_free_blocks, request)
+
+
+def _object_hybrid_probe(side: ObjectHybridManagerAdapter) -> Probe:
+    manager = side.manager
+
+    def request(request_id: str) -> RequestDigest:
+        return (
+            tuple(
+                tuple([block.block_id for block in blocks])
+                for blocks in manager.req_to_blocks.get(request_id, ())
+            ),
             manager.num_cached_block.get(request_id),
             len(manager.req_to_block_hashes.get(request_id, ())),
         )

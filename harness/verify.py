@@ -3,10 +3,13 @@
 One campaign per layer: the block pool (`--impl module:factory`; `factory(num_gpu_blocks,
 enable_caching, semantics)` returns a `pagedkv.harness.PoolUnderTest`), then the request-level
 manager, full attention and sliding window drawn run by run (`--manager-impl module:factory`;
-`factory(ManagerConfig)` returns a `ManagerUnderTest`). Wrap vLLM-shaped objects in
-`ObjectPoolAdapter` or `ObjectManagerAdapter`. A campaign is a sequence of seeded swarm runs
-(`pagedkv.harness.swarm`), each a simulated client (`pagedkv.harness.client`) driving the spec
-and the implementation in lock-step.
+`factory(ManagerConfig)` returns a `ManagerUnderTest`), then the hybrid manager: configurations
+of 2 to `--max-groups` KV cache groups (full attention, sliding windows, chunked local attention)
+over one pool, for which the same factory returns a `HybridManagerUnderTest` (pagedkv's own
+managers and vLLM 0.33's; a third-party factory only with `--max-groups`). Wrap vLLM-shaped
+objects in `ObjectPoolAdapter`, `ObjectManagerAdapter` or `ObjectHybridManagerAdapter`. A
+campaign is a sequence of seeded swarm runs (`pagedkv.harness.swarm`), each a simulated client
+(`pagedkv.harness.client`) driving the spec and the implementation in lock-step.
 
 `--against vllm==0.8.5` (or `vllm==0.33.0`, `vllm==latest`) checks a vllm release's own pool and
 manager: its KV cache modules are fetched from PyPI at run time and run under the semantics they
@@ -24,6 +27,7 @@ fetched: nothing was checked); 3 when no divergence was found but a coverage tar
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -34,6 +38,7 @@ from typing import Any
 from pagedkv.harness.adapters import load_factory, pagedkv_manager, pagedkv_pool
 from pagedkv.harness.comparison import quiet_refusal_warnings
 from pagedkv.harness.coverage import (
+    HYBRID_TARGETS,
     MANAGER_TARGETS,
     POOL_TARGETS,
     Coverage,
@@ -41,7 +46,7 @@ from pagedkv.harness.coverage import (
     unmet,
 )
 from pagedkv.harness.divergence import signature_of
-from pagedkv.harness.domain import FULL_DOMAIN
+from pagedkv.harness.domain import FULL_DOMAIN, MAX_GROUPS, Domain
 from pagedkv.harness.setup_check import (
     Guarded,
     SetupError,
@@ -74,6 +79,7 @@ DEFAULT_POOL_IMPL = "pagedkv.harness.adapters:pagedkv_pool"
 DEFAULT_MANAGER_IMPL = "pagedkv.harness.adapters:pagedkv_manager"
 DEFAULT_POOL_STEPS = 200_000
 DEFAULT_MANAGER_STEPS = 400_000
+DEFAULT_HYBRID_STEPS = 150_000
 SEMANTICS: dict[str, Semantics] = {
     "pagedkv": PAGEDKV_SEMANTICS,
     "vllm-0.8.5": VLLM_0_8_5,
@@ -116,9 +122,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--layer",
-        choices=("pool", "manager", "all"),
+        choices=("pool", "manager", "hybrid", "all"),
         default="all",
-        help="block pool, request-level manager, or both (default: all)",
+        help="block pool, request-level manager (one KV cache group), hybrid manager (several "
+        "groups), or each of them (default: all; the hybrid layer where --max-groups > 1)",
+    )
+    parser.add_argument(
+        "--max-groups",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"the hybrid layer's most KV cache groups, 2-{MAX_GROUPS} (1: no hybrid layer; "
+        f"default: {MAX_GROUPS} for pagedkv's managers and vLLM releases that have hybrid "
+        "managers, 1 for a --manager-impl of your own)",
     )
     parser.add_argument(
         "--attention",
@@ -143,7 +159,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help=f"steps per campaign (default: {DEFAULT_POOL_STEPS:,} for the pool, "
-        f"{DEFAULT_MANAGER_STEPS:,} for the manager)",
+        f"{DEFAULT_MANAGER_STEPS:,} for the manager, {DEFAULT_HYBRID_STEPS:,} for the hybrid "
+        "manager)",
     )
     parser.add_argument(
         "--seconds",
@@ -207,27 +224,79 @@ def plan(args: argparse.Namespace, against: Against | None) -> list[Campaign]:
                 "block pool", name, layer, semantics, misuse, domain, steps, POOL_TARGETS, flags
             )
         )
+    name = args.manager_impl if against is None else against.name
+    manager_factory: Any = None
+    if args.layer in ("manager", "hybrid", "all"):
+        manager_factory = against.manager_factory if against else load_factory(args.manager_impl)
+        check_manager_factory(manager_factory, name, semantics)
     if args.layer in ("manager", "all"):
-        name = args.manager_impl if against is None else against.name
-        factory = against.manager_factory if against else load_factory(args.manager_impl)
-        check_manager_factory(factory, name, semantics)
-        layer = manager_layer(
-            _guarded(factory, name),
-            semantics=semantics,
-            misuse=misuse,
-            attention=args.attention,
-            steps_per_run=args.steps_per_run,
-            kv_events=offers_kv_events(factory),
-            domain=domain,
-        )
-        kinds = {"full": ", full attention", "sliding": ", sliding window"}
-        title = "KV cache manager" + kinds.get(args.attention, "")
-        steps = args.steps or (sys.maxsize if unbounded else DEFAULT_MANAGER_STEPS)
-        flags = _flags(args, "manager")
         campaigns.append(
-            Campaign(title, name, layer, semantics, misuse, domain, steps, MANAGER_TARGETS, flags)
+            _manager_campaign(args, manager_factory, name, semantics, misuse, domain, unbounded)
+        )
+    domain = dataclasses.replace(domain, max_groups=_max_groups(args, domain))
+    if args.layer == "hybrid" or (args.layer == "all" and domain.max_groups > 1):
+        if domain.max_groups < 2:
+            raise InvalidArgumentError(
+                f"--layer hybrid needs --max-groups 2-{MAX_GROUPS} (the manager checked, "
+                f"{name}, is not known to serve several KV cache groups)"
+            )
+        args = argparse.Namespace(**{**vars(args), "attention": "hybrid"})
+        campaigns.append(
+            _manager_campaign(args, manager_factory, name, semantics, misuse, domain, unbounded)
         )
     return campaigns
+
+
+def _manager_campaign(
+    args: argparse.Namespace,
+    factory: Any,
+    name: str,
+    semantics: Semantics,
+    misuse: bool,
+    domain: Domain,
+    unbounded: bool,
+) -> Campaign:
+    """The manager layer's campaign (`args.attention`: "hybrid" for the hybrid layer)."""
+    hybrid = args.attention == "hybrid"
+    layer = manager_layer(
+        _guarded(factory, name),
+        semantics=semantics,
+        misuse=misuse,
+        attention=args.attention,
+        steps_per_run=args.steps_per_run,
+        kv_events=offers_kv_events(factory),
+        domain=domain,
+    )
+    kinds = {
+        "full": ", full attention",
+        "sliding": ", sliding window",
+        "hybrid": f", hybrid (2-{domain.max_groups} KV cache groups)",
+    }
+    title = "KV cache manager" + kinds.get(args.attention, "")
+    steps = args.steps or (
+        sys.maxsize if unbounded else DEFAULT_HYBRID_STEPS if hybrid else DEFAULT_MANAGER_STEPS
+    )
+    flags = _flags(args, "hybrid" if hybrid else "manager")
+    targets = HYBRID_TARGETS if hybrid else MANAGER_TARGETS
+    return Campaign(title, name, layer, semantics, misuse, domain, steps, targets, flags)
+
+
+def _max_groups(args: argparse.Namespace, domain: Domain) -> int:
+    """The hybrid layer's most groups: as given, else as the domain says for vLLM releases and
+    pagedkv's own managers, else 1 (a third-party manager may serve one group only).
+
+    Raises:
+        InvalidArgumentError: a number outside 1-MAX_GROUPS.
+    """
+    if args.max_groups is not None:
+        if not 1 <= args.max_groups <= MAX_GROUPS:
+            raise InvalidArgumentError(
+                f"--max-groups must be 1-{MAX_GROUPS}, got {args.max_groups}"
+            )
+        return min(args.max_groups, domain.max_groups)
+    if args.against is not None or args.manager_impl == DEFAULT_MANAGER_IMPL:
+        return domain.max_groups
+    return 1
 
 
 def _guarded(factory: Any, target: str) -> Any:
@@ -243,10 +312,12 @@ def _flags(args: argparse.Namespace, layer: str) -> str:
         flags.append(f"--against {args.against}")
     if layer == "pool" and args.impl != DEFAULT_POOL_IMPL:
         flags.append(f"--impl {args.impl}")
-    if layer == "manager" and args.manager_impl != DEFAULT_MANAGER_IMPL:
+    if layer in ("manager", "hybrid") and args.manager_impl != DEFAULT_MANAGER_IMPL:
         flags.append(f"--manager-impl {args.manager_impl}")
     if layer == "manager" and args.attention != "both":
         flags.append(f"--attention {args.attention}")
+    if layer == "hybrid" and args.max_groups is not None:
+        flags.append(f"--max-groups {args.max_groups}")
     if args.semantics not in (None, "pagedkv"):
         flags.append(f"--semantics {args.semantics}")
     if args.no_misuse:
@@ -319,7 +390,8 @@ def run(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big")
     with quiet_refusal_warnings():
         if args.replay_run is not None:
-            campaign = campaigns[0] if args.layer == "pool" else campaigns[-1]
+            wanted = "manager" if args.layer == "all" else args.layer
+            campaign = next(c for c in campaigns if c.layer.name == wanted)
             return replay_one(campaign, args.replay_run)
         return _run_campaigns(args, campaigns, seed)
 

@@ -29,6 +29,7 @@ is prefix-closed.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pagedkv.spec.arguments import (
     check_common_prefix,
@@ -71,6 +72,27 @@ from pagedkv.vocab.semantics import Semantics
 
 GroupBlocks = tuple[list[int], ...]
 """One list of block ids per KV cache group, in the config's group order."""
+
+
+@dataclass(frozen=True)
+class HitTrace:
+    """How a common hit was found (`SpecHybridKVCacheManager.trace_common_hit`).
+
+    Attributes:
+        alone: each group's longest hit on its own, in blocks.
+        length: the common hit, in blocks (at most every entry of `alone`).
+        passes: passes over the groups, the last one shortening nothing (1: the longest lookup
+            held in every group; 3 or more: a group shortened a length an earlier pass had
+            already shortened, so the hit had to be checked again).
+        undercut: a group shortened a length that a windowed or chunked group had accepted
+            before it, so that group's hit had to be found again at the shorter length (its
+            hit at the longer length, cut, may be no hit at all).
+    """
+
+    alone: tuple[int, ...]
+    length: int
+    passes: int
+    undercut: bool
 
 
 def policy_of(spec: KVCacheSpec, block_size: int) -> AnyAttentionPolicy:
@@ -211,22 +233,33 @@ class SpecHybridKVCacheManager:
 
     def longest_common_hit(self, block_hashes: Sequence[BlockHashType]) -> GroupBlocks:
         """Each group's hit at the longest length every group allows (module docstring)."""
+        length = self.trace_common_hit(block_hashes).length
+        hits = tuple(self._group_hit(g, block_hashes[:length]) for g in range(self.num_groups))
+        assert all(len(hit) == length for hit in hits), "a fixed point: every group allows it"
+        return hits
+
+    def trace_common_hit(self, block_hashes: Sequence[BlockHashType]) -> HitTrace:
+        """How the common hit within `block_hashes` is found: passes over the groups (full
+        attention first), each group shortening the length to its longest hit within it, until
+        a pass shortens nothing. Reads the pool only."""
         order = sorted(
             range(self.num_groups),
             key=lambda group: not isinstance(self.policies[group], FullAttention),
         )
-        length = len(block_hashes)
+        alone = tuple(len(self._group_hit(g, block_hashes)) for g in range(self.num_groups))
+        length, passes, undercut = len(block_hashes), 0, False
         while True:
-            shortened = length
+            passes += 1
+            shortened, windowed_accepted = length, None
             for group in order:
-                hit = self._group_hit(group, block_hashes[:shortened])
-                shortened = min(shortened, len(hit))
+                shortened = min(shortened, len(self._group_hit(group, block_hashes[:shortened])))
+                if windowed_accepted is not None and shortened < windowed_accepted:
+                    undercut = True
+                if not isinstance(self.policies[group], FullAttention):
+                    windowed_accepted = shortened
             if shortened == length:
-                break
+                return HitTrace(alone, length, passes, undercut)
             length = shortened
-        hits = tuple(self._group_hit(g, block_hashes[:length]) for g in range(self.num_groups))
-        assert all(len(hit) == length for hit in hits), "a fixed point: every group allows it"
-        return hits
 
     def _group_hit(self, group: int, block_hashes: Sequence[BlockHashType]) -> list[int]:
         def lookup(block_hash: BlockHashType) -> int | None:

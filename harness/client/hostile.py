@@ -18,6 +18,7 @@ import copy
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pagedkv.harness.client.catalog import MANAGER_HOSTILE_CALLS, ManagerScene, side_name
 from pagedkv.harness.comparison import ComparedPair
@@ -38,7 +39,9 @@ class Scene:
         num_blocks: pool size.
         max_model_len: the managers' max_model_len.
         block_size: tokens a block.
-        sliding_window: the window, or None.
+        sliding_window: the window of a single-group manager, or None.
+        num_groups: KV cache groups (2 or more: a hybrid manager, whose hits and results are
+            one list per group).
         enable_caching: prefix caching on or off.
         arg: picks among the call's variants (any int).
         on_refusal: called with the call's name and the spec's error, if any.
@@ -53,6 +56,7 @@ class Scene:
     max_model_len: int
     block_size: int
     sliding_window: int | None
+    num_groups: int
     enable_caching: bool
     arg: int
     on_refusal: Callable[[str, Exception], None]
@@ -64,6 +68,24 @@ class Scene:
         _, error = self.pair.refused_call(operation, call, lambda: label)
         if error is not None:
             self.on_refusal(operation, error)
+
+    def group_hits(self, hits: list[int]) -> Any:
+        """`hits` as the manager takes them: the list itself, or the same list for every group
+        of a hybrid manager (so that its first group meets the broken rule)."""
+        if self.num_groups == 1:
+            return hits
+        return tuple(list(hits) for _ in range(self.num_groups))
+
+    def look_up(self) -> Any:
+        """The request's hits from a valid lookup on both sides (as a scheduler would make
+        it; it stores the request's hashes), or None if either side refused."""
+        request = self.request
+        lookup, error = self.pair.call(
+            "get_computed_blocks",
+            lambda manager: manager.get_computed_blocks(request),
+            lambda: f"get_computed_blocks({request.request_id})",
+        )
+        return None if error is not None or lookup is None else lookup[0]
 
 
 HostileCall = Callable[[Scene], None]
@@ -123,18 +145,13 @@ def foreign_hits(scene: Scene) -> None:
     request = scene.request
     num_stored = scene.num_stored_hashes
     if not num_stored and scene.enable_caching:
-        # As a scheduler would: look the request up first (a valid call; it stores hashes).
-        scene.pair.call(
-            "get_computed_blocks",
-            lambda manager: manager.get_computed_blocks(request),
-            lambda: f"get_computed_blocks({request.request_id})",
-        )
+        scene.look_up()
         num_stored = request.num_tokens // scene.block_size
     n = scene.num_blocks
     choices = [[-1], [n], [n + 3], [0], [1] * (num_stored + 1)]
     if scene.sliding_window is not None:
         choices.append([0, 0])  # null blocks with no cached block after them
-    hits = choices[scene.arg % len(choices)]
+    hits = scene.group_hits(choices[scene.arg % len(choices)])
     scene.refuse(
         "allocate_slots",
         f"allocate_slots({request.request_id}, 1, {hits})",
@@ -147,7 +164,7 @@ def hits_while_holding_blocks(scene: Scene) -> None:
     if not scene.running and scene.enable_caching:
         return
     request = scene.request
-    hits = [1 + scene.arg % max(scene.num_blocks - 1, 1)]
+    hits = scene.group_hits([1 + scene.arg % max(scene.num_blocks - 1, 1)])
     scene.refuse(
         "allocate_slots",
         f"allocate_slots({request.request_id}, 1, {hits})",
@@ -198,6 +215,31 @@ def hashes_dropped_while_running(scene: Scene) -> None:
     )
 
 
+def hybrid_hits_misshapen(scene: Scene) -> None:
+    """A hybrid manager given a waiting request's own hits, misshapen: one group's list a
+    block short, two groups' lists swapped (each group's blocks are cached under its own key),
+    or one list too few or too many."""
+    if scene.num_groups == 1 or scene.running or not scene.enable_caching:
+        return
+    hits = scene.look_up()
+    if hits is None:
+        return
+    lists = [list(group_hits) for group_hits in hits]
+    variant = scene.arg % 3
+    if variant == 0 and lists[0]:
+        lists[-1] = lists[-1][:-1]
+    elif variant == 1 and lists[0] != lists[1]:
+        lists[0], lists[1] = lists[1], lists[0]
+    else:
+        lists = lists[:-1] if scene.arg % 2 else [*lists, []]
+    request = scene.request
+    scene.refuse(
+        "allocate_slots",
+        f"allocate_slots({request.request_id}, 1, {lists})",
+        lambda manager: manager.allocate_slots(request, 1, tuple(lists)),
+    )
+
+
 _STRANGER = Request("never-seen", [0])
 
 
@@ -234,8 +276,12 @@ SWARM_HOSTILE_CALLS: Mapping[str, HostileCall] = {
     "more drafts than scheduled": more_drafts_than_scheduled,
     "hashes dropped while running": hashes_dropped_while_running,
     "unknown request": unknown_request,
+    "hybrid hits misshapen": hybrid_hits_misshapen,
 }
 """The calls of this module: kind -> call."""
+
+HYBRID_ONLY_CALLS = frozenset({"hybrid hits misshapen"})
+"""Calls that do nothing to a single-group manager (not drawn in its runs)."""
 
 HOSTILE_CALLS: Mapping[str, HostileCall] = {
     **SWARM_HOSTILE_CALLS,

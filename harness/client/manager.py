@@ -23,7 +23,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pagedkv.harness.adapters import SpecManagerAdapter, pagedkv_manager, spec_manager
+from pagedkv.harness.adapters import (
+    SpecHybridManagerAdapter,
+    SpecManagerAdapter,
+    pagedkv_manager,
+    spec_manager,
+)
 from pagedkv.harness.client.events import EventConsumer
 from pagedkv.harness.client.hostile import HOSTILE_CALLS, HostileCall, Scene
 from pagedkv.harness.client.manager_ops import (
@@ -44,9 +49,20 @@ from pagedkv.harness.comparison import ComparedPair
 from pagedkv.harness.coverage import Coverage
 from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.probes import manager_probe
-from pagedkv.harness.protocol import NOT_REPORTED, ManagerConfig, ManagerFactory, ManagerUnderTest
+from pagedkv.harness.protocol import (
+    NOT_REPORTED,
+    Hits,
+    ManagerConfig,
+    ManagerFactory,
+    ManagerUnderTest,
+)
+from pagedkv.spec.hybrid_manager import SpecHybridKVCacheManager
 from pagedkv.spec.manager import SpecKVCacheManager
-from pagedkv.vocab.kv_cache_interface import SlidingWindowSpec
+from pagedkv.vocab.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    KVCacheSpec,
+    SlidingWindowSpec,
+)
 
 HISTORY = 32
 """Earlier token lists a new prompt may start with (the most recent ones)."""
@@ -86,7 +102,7 @@ class ManagerClient:
     def __init__(
         self,
         pair: ComparedPair[Any],
-        spec: SpecKVCacheManager,
+        spec: SpecKVCacheManager | SpecHybridKVCacheManager,
         config: ManagerConfig,
         coverage: Coverage,
         *,
@@ -99,9 +115,14 @@ class ManagerClient:
         self.coverage = coverage
         self.hostile_calls = hostile_calls
         self.domain = domain
-        layer = config.kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        self.layers = tuple(group.kv_cache_spec for group in config.kv_cache_config.kv_cache_groups)
+        self.hybrid = len(self.layers) > 1
+        layer = self.layers[0]
         self.block_size = layer.block_size
-        self.window = layer.sliding_window if isinstance(layer, SlidingWindowSpec) else None
+        window = layer.sliding_window if isinstance(layer, SlidingWindowSpec) else None
+        self.window = None if self.hybrid else window
+        """The sliding window of a single-group manager (None for full attention, and for a
+        hybrid manager, whose groups are in `layers`)."""
         self.max_tokens = -(-config.max_model_len // self.block_size) * self.block_size
         self.caching = config.enable_caching
         self.live: list[Live] = []
@@ -110,7 +131,7 @@ class ManagerClient:
         self.events = EventConsumer()
         # No None inside: before Python 3.12, hash(None) differs from process to process.
         self._config_key = hash(
-            (config.kv_cache_config.num_blocks, self.block_size, self.window or 0, self.caching)
+            (config.kv_cache_config.num_blocks, *map(_layer_key, self.layers), self.caching)
         )
         pair.beyond_snapshots = self.check_requests
 
@@ -137,7 +158,7 @@ class ManagerClient:
             same_messages=factory is pagedkv_manager,
             outcomes=coverage.outcomes,
         )
-        assert isinstance(spec, SpecManagerAdapter)
+        assert isinstance(spec, (SpecManagerAdapter, SpecHybridManagerAdapter))
         return cls(pair, spec.manager, config, coverage, hostile_calls=hostile_calls, domain=domain)
 
     def __getstate__(self) -> dict[str, object]:
@@ -212,7 +233,7 @@ class ManagerClient:
                     self._config_key,
                     spec.pool.get_num_free_blocks(),
                     len(spec.pool.index),
-                    *map(tuple, spec.blocks.values()),
+                    *map(_held_key, spec.blocks.values()),
                 )
             )
         )
@@ -338,7 +359,7 @@ class ManagerClient:
         self,
         record: RequestRecord,
         num_tokens: int,
-        hits: list[int] | None,
+        hits: Hits | None,
         lookahead: int,
         *,
         decode: bool,
@@ -352,21 +373,13 @@ class ManagerClient:
         block_size = self.block_size
         computed = record.num_computed_tokens
         num_drafts = len(request.spec_token_ids)
-        held = spec.blocks.get(request_id)
-        num_held = len(held) if held else 0
-        nulls_before = held.count(0) if held and self.window is not None else 0
-        hashed_before: dict[int, bool] = {}
-        if self.caching:
-            # New blocks come from the free queue's head (after the hits leave it), or are the
-            # request's own blocks the window frees first: note which of them are cached, to
-            # count evictions.
-            start = computed + (len(hits) * block_size if hits else 0)
-            most = -(-(start + num_tokens + lookahead) // block_size) - num_held
-            block_hash = spec.pool.block_hash
-            hashed_before = {
-                block_id: block_hash[block_id] is not None
-                for block_id in (*spec.pool.free_order[: max(most, 0)], *(held or ()))
-            }
+        held = self._lists(spec.blocks.get(request_id))
+        num_held = len(held[0]) if held else 0
+        hit_lists = self._lists(hits)
+        num_hits = len(hit_lists[0]) if hit_lists else 0
+        nulls_before = [blocks.count(0) for blocks in held]
+        start = computed + num_hits * block_size
+        hashed_before = self._cached_candidates(held, start + num_tokens + lookahead)
         result, error = self.pair.call(
             "allocate_slots",
             lambda manager: manager.allocate_slots(request, num_tokens, hits, lookahead),
@@ -380,26 +393,30 @@ class ManagerClient:
             return None
         if result is None:
             counts["allocate_slots refused for lack of blocks"] += 1
+            if self.hybrid:
+                self._count_hybrid_refusal(request_id, start + num_tokens + lookahead, hit_lists)
             return False
-        start = computed + (len(hits) * block_size if hits else 0)
+        new_lists = self._lists(result)
+        new_blocks = [block_id for blocks in new_lists for block_id in blocks]
+        num_new = len(new_lists[0]) if new_lists else 0
         real_end = start + num_tokens - num_drafts
-        if result:
+        if new_blocks:
             counts["new-block allocations"] += 1
             if hashed_before:
-                evicted = sum(1 for block_id in result if hashed_before.get(block_id, False))
+                evicted = sum(1 for block_id in new_blocks if hashed_before.get(block_id, False))
                 counts["evictions of cached blocks"] += evicted
             needed_without_lookahead = -(-(start + num_tokens) // block_size)
-            if lookahead and needed_without_lookahead <= num_held + (len(hits) if hits else 0):
+            if lookahead and needed_without_lookahead <= num_held + num_hits:
                 counts["new blocks for lookahead slots only"] += 1
         elif decode:
             counts["decode steps inside a block"] += 1
         num_filled = real_end // block_size - start // block_size
         if num_filled > 0:
             counts["block fills"] += 1
-        if held and not hits:  # a running request: the ground of allocate_slots' fast path
-            if len(result) == 1 and num_filled <= 0:
+        if held and not num_hits and not self.hybrid:  # the ground of allocate_slots' fast path
+            if num_new == 1 and num_filled <= 0:
                 counts["running steps taking one new block"] += 1
-            elif not result and num_filled == 1:
+            elif not num_new and num_filled == 1:
                 counts["running steps filling one block"] += 1
         if num_drafts:
             counts["decode steps with draft tokens"] += 1
@@ -411,27 +428,107 @@ class ManagerClient:
             window_start = computed - self.window + 1
             if window_start > 0 and window_start % block_size == 0:
                 counts["windows skipping at the boundary token"] += 1
-            freed = spec.blocks[request_id].count(0) - nulls_before
-            if freed > 0:
-                counts["blocks freed by the sliding window"] += freed
+        self._count_window_frees(request_id, nulls_before)
         return True
 
-    def _count_lookup(self, record: RequestRecord, hits: list[int]) -> None:
+    def _cached_candidates(self, held: tuple[list[int], ...], end_token: int) -> dict[int, bool]:
+        """Whether each block an allocation may hand out is cached: new blocks come from the
+        free queue's head (after the hits leave it), or are the request's own blocks a window
+        frees first (to count evictions). Empty with caching off."""
+        if not self.caching:
+            return {}
+        pool = self.spec.pool
+        num_held = len(held[0]) if held else 0
+        most = (-(-end_token // self.block_size) - num_held) * len(self.layers)
+        candidates = (*pool.free_order[: max(most, 0)], *(b for blocks in held for b in blocks))
+        return {block_id: pool.block_hash[block_id] is not None for block_id in candidates}
+
+    def _count_window_frees(self, request_id: str, nulls_before: list[int]) -> None:
+        """Blocks a window (or a chunk boundary) freed in the allocation just made."""
+        counts = self.coverage.counts
+        after = self._lists(self.spec.blocks[request_id])
+        for layer, blocks, nulls in zip(self.layers, after, nulls_before, strict=False):
+            freed = blocks.count(0) - nulls
+            if freed <= 0:
+                continue
+            if not self.hybrid:
+                counts["blocks freed by the sliding window"] += freed
+            elif isinstance(layer, ChunkedLocalAttentionSpec):
+                counts["hybrid blocks freed at a chunk boundary"] += freed
+            else:
+                counts["hybrid blocks freed by a sliding window"] += freed
+
+    def _count_hybrid_refusal(
+        self, request_id: str, end_token: int, hit_lists: tuple[list[int], ...]
+    ) -> None:
+        """A hybrid allocation refused: count it, and whether each group's blocks alone would
+        have fit (where a capacity check made per group instead of in total goes wrong)."""
+        counts = self.coverage.counts
+        counts["hybrid allocations refused for lack of blocks"] += 1
+        pool = self.spec.pool
+        held = self._lists(self.spec.blocks.get(request_id))
+        num_held = len(held[0]) if held else 0
+        num_hits = len(hit_lists[0]) if hit_lists else 0
+        required = min(-(-end_token // self.block_size), -(-self.max_tokens // self.block_size))
+        missing = required - num_held - num_hits
+        evictable = {b for hits in hit_lists for b in hits if b and pool.ref_cnt[b] == 0}
+        if 0 < missing <= pool.get_num_free_blocks() - len(evictable):
+            counts["hybrid refusals where each group alone would fit"] += 1
+
+    def _lists(self, blocks: Hits | None) -> tuple[list[int], ...]:
+        """Block ids as one list per group (a single group's list as a 1-tuple); () for None."""
+        if not blocks:
+            return ()
+        if self.hybrid:
+            return tuple(blocks)  # type: ignore[arg-type]
+        return (blocks,)  # type: ignore[return-value]
+
+    def _count_lookup(self, record: RequestRecord, hits: Hits) -> None:
         counts = self.coverage.counts
         if record.prompt_logprobs and self.caching:
             counts["prompt-logprobs lookups"] += 1
-        if not hits:
+        hit_lists = self._lists(hits)
+        num_hits = len(hit_lists[0]) if hit_lists else 0
+        if self.hybrid and self.caching and not record.prompt_logprobs:
+            self._count_hybrid_lookup(record, hit_lists, num_hits)
+        if not num_hits:
             return
-        if self.window is None:
+        if self.hybrid:
+            pass
+        elif self.window is None:
             counts["prefix hits, full attention"] += 1
         else:
             counts["prefix hits, sliding window"] += 1
-            if hits[0] == 0:
+            if hit_lists[0][0] == 0:
                 counts["sliding-window hits with leading null blocks"] += 1
         num_full = record.num_tokens // self.block_size
         lookup_length = num_full - (num_full * self.block_size == record.num_tokens)
-        if len(hits) + self.config.use_eagle >= lookup_length:
+        if num_hits + self.config.use_eagle >= lookup_length:
             counts["hits that use every cached block"] += 1
+
+    def _count_hybrid_lookup(
+        self, record: RequestRecord, hit_lists: tuple[list[int], ...], num_hits: int
+    ) -> None:
+        """What a hybrid lookup exercised, from how the spec finds the common hit."""
+        spec = self.spec
+        assert isinstance(spec, SpecHybridKVCacheManager)
+        counts = self.coverage.counts
+        stored = spec.hashes.get(record.request_id, [])
+        lookup = stored[:-1] if len(stored) * self.block_size == record.num_tokens else stored
+        trace = spec.trace_common_hit(lookup)
+        if not trace.length:
+            return
+        counts["hybrid hits"] += 1
+        if any(alone > trace.length for alone in trace.alone):
+            counts["hybrid hits cut short by one group"] += 1
+        if trace.undercut:
+            counts["hybrid hits found again after a later group shortened them"] += 1
+        if trace.passes >= 3:
+            counts["hybrid hits checked again after a group shortened them"] += 1
+        for layer, blocks in zip(self.layers, hit_lists, strict=True):
+            if num_hits and blocks[0] == 0:
+                kind = "chunked" if isinstance(layer, ChunkedLocalAttentionSpec) else "windowed"
+                counts[f"hybrid hits with leading null blocks, {kind} group"] += 1
 
     def _maybe_sample(self, live: Live, accepted: tuple[int, ...], token: int) -> None:
         """Once every token is computed the step yields the accepted drafts and one token; a
@@ -454,6 +551,7 @@ class ManagerClient:
     def _preempt_request(self, live: Live) -> None:
         record = live.record
         request = record.request
+        self._count_free(record.request_id)
         _, error = self.pair.call(
             "free", lambda manager: manager.free(request), lambda: f"free({record.request_id})"
         )
@@ -462,6 +560,13 @@ class ManagerClient:
             return
         record.set_computed(0)
         live.running = False
+
+    def _count_free(self, request_id: str) -> None:
+        """A hybrid request about to be freed holding blocks in several groups: the frees
+        group by group, each tail first, decide the free queue's order."""
+        held = self._lists(self.spec.blocks.get(request_id)) if self.hybrid else ()
+        if sum(1 for blocks in held if any(blocks)) >= 2:
+            self.coverage.counts["hybrid requests freed from several groups"] += 1
 
     def _finish(self, op: Finish) -> tuple[Live, ...]:
         live = self._pick(op.which, running=None)
@@ -474,6 +579,7 @@ class ManagerClient:
         record = live.record
         request = record.request
         request_id = record.request_id
+        self._count_free(request_id)
         _, error = self.pair.call(
             "free", lambda manager: manager.free(request), lambda: f"free({request_id})"
         )
@@ -531,6 +637,7 @@ class ManagerClient:
             max_model_len=config.max_model_len,
             block_size=self.block_size,
             sliding_window=self.window,
+            num_groups=len(self.layers),
             enable_caching=self.caching,
             arg=op.arg,
             on_refusal=self._error,
@@ -542,6 +649,17 @@ class ManagerClient:
     def _error(self, operation: str, error: Exception | None) -> None:
         if error is not None:
             self.coverage.count_error(operation, error)
+
+
+def _layer_key(layer: KVCacheSpec) -> tuple[str, int, int]:
+    """A group's spec as far as the managers see it: type, block size, window or chunk."""
+    window = getattr(layer, "sliding_window", None) or getattr(layer, "attention_chunk_size", 0)
+    return (type(layer).__name__, layer.block_size, int(window))
+
+
+def _held_key(held: Any) -> tuple[Any, ...]:
+    """A request's blocks, hashable: a tuple of ids, or one per group."""
+    return tuple(tuple(blocks) if isinstance(blocks, list) else blocks for blocks in held)
 
 
 def _stats(manager: ManagerUnderTest) -> Any:

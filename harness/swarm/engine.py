@@ -77,7 +77,7 @@ class Layer:
     sampler of its operations.
 
     Attributes:
-        name: "pool" or "manager" (part of every run seed).
+        name: "pool", "manager" or "hybrid" (part of every run seed).
         draw: run seed -> the run.
         client: (run, coverage, check_every override or None) -> a fresh client.
         sampler: run -> the sampler of its operations.
@@ -109,10 +109,12 @@ def manager_layer(
     domain: Domain = FULL_DOMAIN,
 ) -> Layer:
     """The request-level manager layer, checking `factory`'s managers on `domain`; `kv_events`
-    (default: `offers_kv_events(factory)`) says whether they can emit KV cache events."""
+    (default: `offers_kv_events(factory)`) says whether they can emit KV cache events. With
+    `attention="hybrid"` it is the hybrid layer (named "hybrid": its runs have seeds of their
+    own): configurations of 2 to `domain.max_groups` KV cache groups."""
     events = offers_kv_events(factory) if kv_events is None else kv_events
     return Layer(
-        "manager",
+        "hybrid" if attention == "hybrid" else "manager",
         lambda seed: draw_manager_run(
             seed,
             semantics=semantics,
@@ -310,7 +312,7 @@ class CampaignRun:
     """A campaign's outcome.
 
     Attributes:
-        layer: "pool" or "manager".
+        layer: "pool", "manager" or "hybrid".
         seed: the campaign seed.
         coverage: what it exercised.
         cpu_seconds: CPU time spent running (shrinking excluded).

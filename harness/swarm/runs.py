@@ -12,7 +12,9 @@ A run's seed is derived from the campaign seed, the layer and the run's index
 
 KV cache events are on in about a third of the runs of an implementation that can emit them,
 drawn last from the run's seed, so that every other draw of a seed is the same as before events
-were drawn at all (`harness/client/events.py` says when such a run takes them).
+were drawn at all (`harness/client/events.py` says when such a run takes them). A hybrid run
+(`attention="hybrid"`: 2-4 KV cache groups of mixed attention types over one pool) draws the
+single-group configuration first and extends it after every other draw, for the same reason.
 """
 
 from __future__ import annotations
@@ -29,8 +31,12 @@ from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.protocol import ManagerConfig
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
     FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
     KVCacheSpec,
+    KVCacheTensor,
     SlidingWindowSpec,
     uniform_kv_cache_config,
 )
@@ -88,6 +94,10 @@ half the runs), so that the runs of every earlier seed keep their configuration.
 KV_EVENTS_SHARE = 1 / 3
 """The share of runs with KV cache events on (of an implementation that can emit them)."""
 
+ATTENTIONS = ("both", "full", "sliding", "hybrid")
+"""What a manager layer draws: single-group runs of either attention type ("both"), of one, or
+hybrid runs (the hybrid layer)."""
+
 
 def attention_spec(block_size: int, sliding_window: int | None) -> KVCacheSpec:
     """The smallest layer of either attention type (one head of size 1): only the block size
@@ -103,6 +113,54 @@ def attention_spec(block_size: int, sliding_window: int | None) -> KVCacheSpec:
         dtype="float16",
         sliding_window=sliding_window,
     )
+
+
+def chunked_spec(block_size: int, attention_chunk_size: int) -> ChunkedLocalAttentionSpec:
+    """The smallest chunked-local-attention layer (one head of size 1)."""
+    return ChunkedLocalAttentionSpec(
+        block_size=block_size,
+        num_kv_heads=1,
+        head_size=1,
+        dtype="float16",
+        attention_chunk_size=attention_chunk_size,
+    )
+
+
+def hybrid_kv_cache_config(specs: list[KVCacheSpec], num_blocks: int) -> KVCacheConfig:
+    """One group of one layer ("layers.<g>") per spec, each layer with its own tensor of
+    `num_blocks` pages."""
+    names = [f"layers.{group}" for group in range(len(specs))]
+    return KVCacheConfig(
+        num_blocks,
+        {
+            name: KVCacheTensor(size=spec.page_size_bytes * num_blocks)
+            for name, spec in zip(names, specs, strict=True)
+        },
+        [KVCacheGroupSpec([name], spec) for name, spec in zip(names, specs, strict=True)],
+    )
+
+
+def draw_hybrid_specs(
+    rng: random.Random, first: KVCacheSpec, num_groups: int, *, eagle: bool, domain: Domain
+) -> list[KVCacheSpec]:
+    """`first` and `num_groups - 1` more groups of one block size: full attention, sliding
+    windows (1 to 4 blocks and a bit, or the domain's narrowest) and chunked local attention
+    (chunks of 1-4 blocks; none with EAGLE, which vLLM refuses), two groups of one spec now
+    and then (vLLM looks those up together)."""
+    block_size = first.block_size
+    specs = [first]
+    while len(specs) < num_groups:
+        roll = rng.random()
+        if roll < 0.15:
+            specs.append(rng.choice(specs))  # one spec in two groups
+        elif roll < 0.35:
+            specs.append(attention_spec(block_size, None))
+        elif roll < 0.7 or eagle:
+            window = domain.window(_log_uniform(rng, 1, 2 * block_size + 2), block_size)
+            specs.append(attention_spec(block_size, window))
+        else:
+            specs.append(chunked_spec(block_size, block_size * rng.randint(1, 3)))
+    return specs
 
 
 class OperationPicker:
@@ -208,22 +266,38 @@ class ManagerRun:
 
     @property
     def sliding_window(self) -> int | None:
+        """The window of a single-group run (None: full attention, or a hybrid run)."""
+        if self.hybrid:
+            return None
         spec = self.config.kv_cache_config.kv_cache_groups[0].kv_cache_spec
         return spec.sliding_window if isinstance(spec, SlidingWindowSpec) else None
 
+    @property
+    def specs(self) -> list[KVCacheSpec]:
+        return [group.kv_cache_spec for group in self.config.kv_cache_config.kv_cache_groups]
+
+    @property
+    def hybrid(self) -> bool:
+        return len(self.config.kv_cache_config.kv_cache_groups) > 1
+
     def with_num_blocks(self, num_blocks: int) -> ManagerRun:
         """The same run on a pool of `num_blocks` blocks (shrinking tries smaller pools)."""
-        spec = self.config.kv_cache_config.kv_cache_groups[0].kv_cache_spec
-        config = dataclasses.replace(
-            self.config, kv_cache_config=uniform_kv_cache_config(spec, num_blocks)
+        specs = self.specs
+        kv_cache_config = (
+            hybrid_kv_cache_config(specs, num_blocks)
+            if self.hybrid
+            else uniform_kv_cache_config(specs[0], num_blocks)
         )
+        config = dataclasses.replace(self.config, kv_cache_config=kv_cache_config)
         return dataclasses.replace(self, config=config)
 
     def describe(self) -> str:
         """One line: the configuration and what is on."""
         config = self.config
-        window = self.sliding_window
-        attention = "full attention" if window is None else f"sliding window {window}"
+        if self.hybrid:
+            attention = "hybrid: " + " + ".join(map(describe_spec, self.specs))
+        else:
+            attention = describe_spec(self.specs[0])
         flags = [
             attention,
             f"{self.num_blocks} blocks",
@@ -247,10 +321,14 @@ class ManagerRun:
     def histogram_keys(self) -> list[str]:
         """The configuration buckets this run counts in (the coverage table's histogram)."""
         window = self.sliding_window
+        if self.hybrid:
+            attention = f"attention hybrid, {len(self.specs)} groups"
+        else:
+            attention = "attention full" if window is None else "attention sliding window"
         keys = [
             f"pool {_size_bucket(self.num_blocks)}",
             f"block size {_block_size_bucket(self.block_size)}",
-            "attention full" if window is None else "attention sliding window",
+            attention,
             f"caching {'on' if self.config.enable_caching else 'off'}",
             f"hash {self.config.caching_hash_algo}",
             f"eagle {'on' if self.config.use_eagle else 'off'}",
@@ -260,6 +338,15 @@ class ManagerRun:
         keys += [f"feature {name}" for name in self.features]
         keys += [f"operation {name}" for name in self.weights]
         return keys
+
+
+def describe_spec(spec: KVCacheSpec) -> str:
+    """A group's attention in words: "full attention", "sliding window 5", "chunks of 8"."""
+    if isinstance(spec, SlidingWindowSpec):
+        return f"sliding window {spec.sliding_window}"
+    if isinstance(spec, ChunkedLocalAttentionSpec):
+        return f"chunks of {spec.attention_chunk_size}"
+    return "full attention"
 
 
 def _size_bucket(num_blocks: int) -> str:
@@ -288,7 +375,7 @@ def draw_manager_run(
     kv_events: bool = False,
     domain: Domain = FULL_DOMAIN,
 ) -> ManagerRun:
-    """The run of this seed. `attention` ("full", "sliding" or "both") restricts the draw;
+    """The run of this seed. `attention` (`ATTENTIONS`) restricts the draw;
     `steps_per_run` fixes the run length (default: drawn, 20-2,000 steps, log-uniform);
     `kv_events` says whether the manager under test can emit KV cache events (then they are on
     in about a third of the runs; the layer knows, `harness/swarm/engine.py`); `domain` bounds
@@ -328,8 +415,10 @@ def draw_manager_run(
     alphabet = rng.randint(2, 3)
     max_live = _log_uniform(rng, 1, 8 if num_blocks <= 64 else 16)
     check_every = check_cadence(rng, num_blocks)
-    if rng.random() < KV_EVENTS_SHARE and kv_events:  # the last draw (module docstring)
+    if rng.random() < KV_EVENTS_SHARE and kv_events:  # after the others (module docstring)
         config = dataclasses.replace(config, enable_kv_cache_events=True)
+    if attention == "hybrid" and domain.max_groups > 1:
+        config = _hybrid_config(rng, config, domain)
     return ManagerRun(
         seed=seed,
         config=config,
@@ -341,6 +430,26 @@ def draw_manager_run(
         check_every=check_every,
         misuse=misuse,
         domain=domain,
+    )
+
+
+def _hybrid_config(rng: random.Random, config: ManagerConfig, domain: Domain) -> ManagerConfig:
+    """`config` with 2 to `domain.max_groups` groups, its own spec first (module docstring)."""
+    if config.use_eagle and not (domain.eagle_with_hybrid and domain.eagle_with_sliding_window):
+        config = dataclasses.replace(config, use_eagle=False)
+    kv_cache_config = config.kv_cache_config
+    num_groups = rng.randint(2, domain.max_groups)
+    first = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+    specs = draw_hybrid_specs(rng, first, num_groups, eagle=config.use_eagle, domain=domain)
+    # Every group takes a block at each boundary: a pool as many times larger keeps the
+    # pressure (exhaustion, eviction) of the single-group draw.
+    num_blocks = kv_cache_config.num_blocks * num_groups
+    # Requests long against windows and chunks, so that groups free different blocks.
+    max_model_len = max(config.max_model_len, first.block_size * rng.randint(6, 24))
+    return dataclasses.replace(
+        config,
+        kv_cache_config=hybrid_kv_cache_config(specs, num_blocks),
+        max_model_len=max_model_len,
     )
 
 

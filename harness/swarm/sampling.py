@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 
-from pagedkv.harness.client.hostile import HOSTILE_CALLS
+from pagedkv.harness.client.hostile import HOSTILE_CALLS, HYBRID_ONLY_CALLS
 from pagedkv.harness.client.manager import ManagerClient
 from pagedkv.harness.client.manager_ops import (
     Admit,
@@ -84,12 +84,15 @@ class ManagerSampler:
     def __init__(self, run: ManagerRun, hostile_kinds: tuple[str, ...] = tuple(HOSTILE_CALLS)):
         self.run = run
         self.block_size = run.block_size
-        self.hostile_kinds = hostile_kinds
+        self.hostile_kinds = tuple(
+            kind for kind in hostile_kinds if run.hybrid or kind not in HYBRID_ONLY_CALLS
+        )
         features = run.features
         self._drafts = "draft tokens" in features
         self._lookahead = "lookahead" in features
         self._chunked = "chunked prefill" in features
-        self._shared = "shared prefixes" in features
+        # Hybrid runs always share prefixes: hits are where their groups disagree.
+        self._shared = "shared prefixes" in features or run.hybrid
         self._lora = "lora" in features
         self._mm = "multimodal" in features
         self._salts = "salts" in features

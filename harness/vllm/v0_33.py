@@ -39,9 +39,9 @@ from pagedkv.harness.protocol import (
     PoolSnapshot,
 )
 from pagedkv.harness.vllm.stand_ins_0_33 import MODULES, STAND_INS
-from pagedkv.harness.vllm.views import RequestViews, torch_or_stand_in, vllm_attention_spec
+from pagedkv.harness.vllm.views import RequestViews, torch_or_stand_in, vllm_layer_spec
 from pagedkv.spec.block_hash import request_block_hashes
-from pagedkv.vocab.hashes import BlockHashType, CacheKey, HashFn, get_hash_fn
+from pagedkv.vocab.hashes import BlockHashType, CacheKey, HashFn, cache_key, get_hash_fn
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
 
@@ -51,14 +51,20 @@ VERSION = "0.33.0"
 LOGGERS = ("vllm",)
 HASH_SEEDING = "compared through the hash translation, whatever the seeds"
 DOMAIN = Domain(
-    min_window=2, eagle_with_sliding_window=False, multimodal=False, listed_blocks_freed=False
+    min_window=2,
+    eagle_with_sliding_window=False,
+    multimodal=False,
+    listed_blocks_freed=False,
+    eagle_with_hybrid=False,
 )
 """Outside it vLLM 0.33.0 differs from every semantics of the spec (docs/semantics.md): a
 one-token window (vLLM caches none of its blocks), eagle with a sliding window (vLLM asks the
 hit for one more block, then drops it), a multimodal input's offset inside a block (vLLM keys
 it, pagedkv does not), and a block freed while a request still lists it (vLLM chains the
 request's next block to the request's own hashes, pagedkv to the hash the freed and maybe
-reused block holds; a manager never frees a block a running request lists)."""
+reused block holds; a manager never frees a block a running request lists), and eagle with
+several KV cache groups (vLLM's hybrid lookup looks one block past the lookup's end for an
+EAGLE group, then drops one block: a hit one block longer than pagedkv's)."""
 GROUP_ID = 0  # one KV cache group
 
 
@@ -89,10 +95,10 @@ class HashPairingError(AssertionError):
 class HashTranslation:
     """vLLM's block keys (hash bytes + group id) <-> pagedkv's `BlockHashType`, one to one."""
 
-    to_vllm: dict[BlockHashType, bytes] = field(default_factory=dict)
-    to_ours: dict[bytes, BlockHashType] = field(default_factory=dict)
+    to_vllm: dict[CacheKey, bytes] = field(default_factory=dict)
+    to_ours: dict[bytes, CacheKey] = field(default_factory=dict)
 
-    def pair(self, ours: BlockHashType, vllm_key: bytes) -> None:
+    def pair(self, ours: CacheKey, vllm_key: bytes) -> None:
         """Record that both sides key the same block content by these hashes.
 
         Raises:
@@ -108,7 +114,7 @@ class HashTranslation:
         self.to_vllm[ours] = vllm_key
         self.to_ours[vllm_key] = ours
 
-    def ours(self, vllm_key: bytes | None) -> BlockHashType | None:
+    def ours(self, vllm_key: bytes | None) -> CacheKey | None:
         if vllm_key is None:
             return None
         try:
@@ -214,14 +220,20 @@ class Vllm033Pool(ObjectPoolAdapter):
         return None if found is None else int(found[0].block_id)
 
     def pair(
-        self, request: Request, view: RequestView, hash_fn: HashFn, block_size: int
+        self,
+        request: Request,
+        view: RequestView,
+        hash_fn: HashFn,
+        block_size: int,
+        num_groups: int = 1,
     ) -> list[BlockHashType]:
-        """Pair pagedkv's and vLLM's hashes of every full block of the request; pagedkv's."""
+        """Pair pagedkv's and vLLM's keys of every full block of the request, in every KV
+        cache group; pagedkv's hashes."""
         ours = request_block_hashes(hash_fn, block_size, request)
+        make_key = self.api.make_block_hash_with_group_id
         for our_hash, vllm_hash in zip(ours, view.block_hashes, strict=False):
-            self.translation.pair(
-                our_hash, self.api.make_block_hash_with_group_id(vllm_hash, GROUP_ID)
-            )
+            for group in range(num_groups):
+                self.translation.pair(cache_key(our_hash, group), make_key(vllm_hash, group))
         return ours
 
     def snapshot(self) -> PoolSnapshot:
@@ -245,50 +257,63 @@ class Vllm033Pool(ObjectPoolAdapter):
 
 
 class Vllm033Manager:
-    """vLLM 0.33.0's `KVCacheManager` through block ids and pagedkv requests."""
+    """vLLM 0.33.0's `KVCacheManager` through block ids and pagedkv requests: a
+    `ManagerUnderTest` for a config of one KV cache group, a `HybridManagerUnderTest` (one list
+    of ids per group; vLLM's hybrid coordinator inside) for a config of several."""
 
     def __init__(self, manager: Any, api: Any, config: ManagerConfig, hasher: Any) -> None:
         self.manager = manager
         self.api = api
         self.block_size = config.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+        self.num_groups = len(config.kv_cache_config.kv_cache_groups)
+        self.hybrid = self.num_groups > 1
         self.hash_fn = get_hash_fn(config.caching_hash_algo)
         self.pool = Vllm033Pool(manager.block_pool, api, lambda _: hasher)
         self.views = request_views(hasher if config.enable_caching else hashing_off)
         self.running: set[str] = set()
-        self.single_type = manager.coordinator.single_type_managers[0]
+        self.single_types = manager.coordinator.single_type_managers
 
     def _view(self, request: Request) -> RequestView:
         view = self.views(request).refresh()
         view.status = self.api.RUNNING if request.request_id in self.running else self.api.WAITING
-        self.pool.pair(request, view, self.hash_fn, self.block_size)
+        self.pool.pair(request, view, self.hash_fn, self.block_size, self.num_groups)
         return view
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
+    def _ids(self, groups: Sequence[Sequence[Any]]) -> Any:
+        """vLLM's blocks per group as ids: one list for one group, a tuple of lists else."""
+        ids = tuple([block.block_id for block in blocks] for blocks in groups)
+        return ids if self.hybrid else ids[0]
+
+    def get_computed_blocks(self, request: Request) -> tuple[Any, int]:
         view = self._view(request)
         blocks, num_tokens, _ = self.manager.get_computed_blocks(view)
         self.manager.record_prefix_cache_stats(view, num_tokens)  # as the scheduler does
-        return [block.block_id for block in blocks.blocks[GROUP_ID]], int(num_tokens)
+        return self._ids(blocks.blocks), int(num_tokens)
 
     def allocate_slots(
         self,
         request: Request,
         num_tokens: int,
-        new_computed_blocks: Sequence[int] | None = None,
+        new_computed_blocks: Any = None,
         num_lookahead_tokens: int = 0,
-    ) -> list[int] | None:
+    ) -> Any:
         view = self._view(request)
-        hits = self.pool._blocks(new_computed_blocks or ())
+        if self.hybrid:
+            hits = new_computed_blocks or tuple([] for _ in range(self.num_groups))
+            lists = tuple(self.pool._blocks(group_hits) for group_hits in hits)
+        else:
+            lists = (self.pool._blocks(new_computed_blocks or ()),)
         blocks = self.manager.allocate_slots(
             view,
             num_tokens,
-            len(hits) * self.block_size,
-            self.manager.create_kv_cache_blocks((hits,)) if hits else None,
+            len(lists[0]) * self.block_size,
+            self.manager.create_kv_cache_blocks(lists) if lists[0] else None,
             num_lookahead_tokens,
         )
         if blocks is None:
             return None
         self.running.add(request.request_id)
-        return [block.block_id for block in blocks.blocks[GROUP_ID]]
+        return self._ids(blocks.blocks)
 
     def free(self, request: Request) -> None:
         view = self._view(request)
@@ -317,25 +342,35 @@ class Vllm033Manager:
         return float(self.manager.usage)
 
     def snapshot(self) -> ManagerSnapshot:
-        single_type = self.single_type
         return ManagerSnapshot(
             pool=self.pool.snapshot(),
-            blocks={
-                request_id: tuple(block.block_id for block in blocks)
-                for request_id, blocks in single_type.req_to_blocks.items()
-                if blocks
-            },
+            blocks=self._blocks(),
             hashes=UNOBSERVED,
             num_cached=self._num_cached(),
             stats=None if self.manager.prefix_cache_stats is None else UNOBSERVED,
         )
 
+    def _blocks(self) -> dict[str, Any]:
+        """Request id -> its block ids (one tuple per group for a hybrid manager)."""
+        held = [single_type.req_to_blocks for single_type in self.single_types]
+        request_ids = {
+            request_id for group in held for request_id, blocks in group.items() if blocks
+        }
+        groups = {
+            request_id: tuple(
+                tuple(block.block_id for block in group.get(request_id, ())) for group in held
+            )
+            for request_id in request_ids
+        }
+        return groups if self.hybrid else {r: blocks[0] for r, blocks in groups.items()}
+
     def _num_cached(self) -> dict[str, int]:
         """vLLM records a count once a block is cached; pagedkv records 0 from the first
         allocation on (with caching on): the same state, written two ways."""
-        counts = dict(self.single_type.num_cached_block)
+        single_type = self.single_types[0]
+        counts = dict(single_type.num_cached_block)
         if self.manager.enable_caching:
-            for request_id, blocks in self.single_type.req_to_blocks.items():
+            for request_id, blocks in single_type.req_to_blocks.items():
                 if blocks:
                     counts.setdefault(request_id, 0)
         return counts
@@ -370,13 +405,26 @@ def load(semantics: Semantics) -> tuple[PoolFactory, ManagerFactory]:
         return Vllm033Pool(pool, api, hasher)
 
     def vllm_manager(config: ManagerConfig) -> Vllm033Manager:
-        spec = vllm_attention_spec(config, interface, torch)
+        groups = config.kv_cache_config.kv_cache_groups
+        specs = [vllm_layer_spec(g.kv_cache_spec, interface, torch) for g in groups]
+        spec = specs[0]
         num_blocks = config.kv_cache_config.num_blocks
-        page = spec.page_size_bytes
+        names = [f"layers.{index}" for index in range(len(specs))]
         kv_cache_config = interface.KVCacheConfig(
             num_blocks,
-            [interface.KVCacheTensor(page * num_blocks, ["layers.0"], page * num_blocks, page)],
-            [interface.KVCacheGroupSpec(["layers.0"], spec, is_eagle_group=config.use_eagle)],
+            [
+                interface.KVCacheTensor(
+                    s.page_size_bytes * num_blocks,
+                    [n],
+                    s.page_size_bytes * num_blocks,
+                    s.page_size_bytes,
+                )
+                for n, s in zip(names, specs, strict=True)
+            ],
+            [
+                interface.KVCacheGroupSpec([n], s, is_eagle_group=config.use_eagle)
+                for n, s in zip(names, specs, strict=True)
+            ],
         )
         manager = KVCacheManager(
             kv_cache_config,

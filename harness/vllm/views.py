@@ -14,7 +14,11 @@ from types import ModuleType
 from typing import Any, Generic, Protocol, TypeVar
 
 from pagedkv.harness.protocol import ManagerConfig
-from pagedkv.vocab.kv_cache_interface import AttentionSpec, SlidingWindowSpec
+from pagedkv.vocab.kv_cache_interface import (
+    AttentionSpec,
+    ChunkedLocalAttentionSpec,
+    SlidingWindowSpec,
+)
 from pagedkv.vocab.request import Request
 
 
@@ -47,9 +51,16 @@ class RequestViews(Generic[V]):
 
 
 def vllm_attention_spec(config: ManagerConfig, interface: Any, torch: Any, **extra: object) -> Any:
-    """vLLM's `FullAttentionSpec` or `SlidingWindowSpec` (from its `interface` module) for the
-    one KV cache group of `config`, with `extra` fields the release's spec takes."""
-    ours = config.kv_cache_config.kv_cache_groups[0].kv_cache_spec
+    """vLLM's spec (from its `interface` module) for the first KV cache group of `config`, with
+    `extra` fields the release's spec takes."""
+    return vllm_layer_spec(
+        config.kv_cache_config.kv_cache_groups[0].kv_cache_spec, interface, torch, **extra
+    )
+
+
+def vllm_layer_spec(ours: object, interface: Any, torch: Any, **extra: object) -> Any:
+    """vLLM's `FullAttentionSpec`, `SlidingWindowSpec` or `ChunkedLocalAttentionSpec` for one
+    of pagedkv's specs, with `extra` fields the release's spec takes."""
     assert isinstance(ours, AttentionSpec), "the harness builds attention specs only"
     common = {
         "block_size": ours.block_size,
@@ -60,6 +71,10 @@ def vllm_attention_spec(config: ManagerConfig, interface: Any, torch: Any, **ext
     }
     if isinstance(ours, SlidingWindowSpec):
         return interface.SlidingWindowSpec(**common, sliding_window=ours.sliding_window)
+    if isinstance(ours, ChunkedLocalAttentionSpec):
+        return interface.ChunkedLocalAttentionSpec(
+            **common, attention_chunk_size=ours.attention_chunk_size
+        )
     return interface.FullAttentionSpec(**common)
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pagedkv.harness.client.manager import Live, ManagerClient
 from pagedkv.harness.client.manager_ops import (
@@ -46,9 +47,8 @@ from pagedkv.harness.protocol import (
     ManagerConfig,
     ManagerFactory,
     ManagerSnapshot,
-    ManagerUnderTest,
 )
-from pagedkv.harness.swarm.runs import attention_spec
+from pagedkv.harness.swarm.runs import attention_spec, chunked_spec, hybrid_kv_cache_config
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab.kv_cache_interface import uniform_kv_cache_config
 from pagedkv.vocab.semantics import Semantics
@@ -78,6 +78,8 @@ class ManagerSearchConfig:
         lookaheads: the lookahead counts admissions and steps may ask for (each a transition).
         keys: per request slot, its extra keys (LoRA id, multimodal inputs, cache salt), or
             None for none; slots past the end have none.
+        more_groups: KV cache groups after the first (a hybrid manager): ("full", 0),
+            ("window", W) or ("chunk", C) each.
     """
 
     num_blocks: int
@@ -95,6 +97,7 @@ class ManagerSearchConfig:
     drafts: tuple[int, ...] = (0,)
     lookaheads: tuple[int, ...] = (0,)
     keys: tuple[RequestKeys | None, ...] = ()
+    more_groups: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         assert all(0 < len(p) <= self.max_model_len for p in self.prompts), "prompts must fit"
@@ -102,6 +105,8 @@ class ManagerSearchConfig:
     @property
     def name(self) -> str:
         attention = "full" if self.sliding_window is None else f"window={self.sliding_window}"
+        for kind, size in self.more_groups:
+            attention += "+full" if kind == "full" else f"+{kind}={size}"
         flags = "".join(
             f" {flag}"
             for flag, on in (
@@ -124,9 +129,19 @@ class ManagerSearchConfig:
 
     def manager_config(self) -> ManagerConfig:
         """The `ManagerConfig` both managers are built from."""
-        kv_cache_spec = attention_spec(self.block_size, self.sliding_window)
+        specs = [attention_spec(self.block_size, self.sliding_window)]
+        for kind, size in self.more_groups:
+            if kind == "chunk":
+                specs.append(chunked_spec(self.block_size, size))
+            else:
+                specs.append(attention_spec(self.block_size, size if kind == "window" else None))
+        kv_cache_config = (
+            hybrid_kv_cache_config(specs, self.num_blocks)
+            if self.more_groups
+            else uniform_kv_cache_config(specs[0], self.num_blocks)
+        )
         return ManagerConfig(
-            uniform_kv_cache_config(kv_cache_spec, self.num_blocks),
+            kv_cache_config,
             self.max_model_len,
             self.enable_caching,
             self.hash_algo,
@@ -170,7 +185,7 @@ class ManagerWorld:
         self.config = config
 
     @property
-    def pair(self) -> ComparedPair[ManagerUnderTest]:
+    def pair(self) -> ComparedPair[Any]:
         return self.client.pair
 
     def dump(self) -> Frozen:

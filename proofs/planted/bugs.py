@@ -7,6 +7,7 @@ Each variant runs in its own process (`--worker`), several at a time, so that pl
 leaks into another. Every variant must be caught by at least two checkers.
 
     python -m proofs.planted [--variant NAME]... [--jobs N] [--write] [--worker-timeout S]
+    python -m proofs.planted --stop-after 2   # the CI gate: each variant until two catch it
     python -m proofs.planted --control        # nothing planted: every checker must pass
 
 `--write` regenerates `proofs/planted/planted-bugs.md` (only from a run of every variant).
@@ -55,26 +56,34 @@ Results = dict[str, list[Verdict]]
 """Variant name -> one verdict per checker, in `CHECKERS` order."""
 
 
-def run_variant(variant: Variant | None) -> list[Verdict]:
+def run_variant(variant: Variant | None, stop_after: int | None = None) -> list[Verdict]:
     """Every checker against `variant` (None: nothing planted), planted in this process for the
-    checkers that run here; CrossHair and the scenario tests reach it in their own processes."""
-    verdicts = []
+    checkers that run here; CrossHair and the scenario tests reach it in their own processes.
+    With `stop_after`, the checkers after the one that makes that many catches are skipped
+    (the campaign, first in `CHECKERS`, always runs)."""
+    verdicts: list[Verdict] = []
     for checker in CHECKERS:
+        if stop_after is not None and catches(verdicts) >= stop_after:
+            verdicts.append(Verdict(checker, "skipped", f"{stop_after} checkers caught it", 0.0))
+            continue
         with planted(variant if checker in IN_PROCESS else None):
             verdicts.append(CHECKER_FUNCTIONS[checker](variant))
     return verdicts
 
 
-def _worker_command(name: str) -> list[str]:
-    return [sys.executable, "-m", "proofs.planted.bugs", "--worker", name]
+def _worker_command(name: str, stop_after: int | None = None) -> list[str]:
+    stop = [] if stop_after is None else ["--stop-after", str(stop_after)]
+    return [sys.executable, "-m", "proofs.planted.bugs", "--worker", name, *stop]
 
 
-def run_in_worker(name: str, timeout: float = WORKER_TIMEOUT) -> list[Verdict]:
+def run_in_worker(
+    name: str, timeout: float = WORKER_TIMEOUT, stop_after: int | None = None
+) -> list[Verdict]:
     """Run one variant (or the control) in a fresh process; a crash is an error verdict."""
     start = time.monotonic()
     try:
         done = subprocess.run(
-            _worker_command(name),
+            _worker_command(name, stop_after),
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -93,12 +102,19 @@ def run_in_worker(name: str, timeout: float = WORKER_TIMEOUT) -> list[Verdict]:
     return [Verdict(checker, "error", problem, seconds) for checker in CHECKERS]
 
 
-def run_all(names: Sequence[str], jobs: int, timeout: float = WORKER_TIMEOUT) -> Results:
+def run_all(
+    names: Sequence[str],
+    jobs: int,
+    timeout: float = WORKER_TIMEOUT,
+    stop_after: int | None = None,
+) -> Results:
     """Each named variant in its own worker process, `jobs` at a time, results in name order;
-    a worker still running after `timeout` wall-clock seconds is killed (an error verdict)."""
+    a worker still running after `timeout` wall-clock seconds is killed (an error verdict).
+    `stop_after`: see `run_variant`."""
     with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
         futures = {
-            name: pool.submit(run_in_worker, name, timeout) for name in _slowest_first(names)
+            name: pool.submit(run_in_worker, name, timeout, stop_after)
+            for name in _slowest_first(names)
         }
         return {name: futures[name].result() for name in names}
 
@@ -219,17 +235,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="wall-clock seconds a variant's worker may take (a loaded machine needs more; "
         "the checkers' own bounds do not change)",
     )
+    parser.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the quick gate: stop a variant's checkers once N caught it (the rest skipped; "
+        "the campaign always runs)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is not None:
         variant = None if args.worker == CONTROL else VARIANTS_BY_NAME[args.worker]
-        print(json.dumps([asdict(verdict) for verdict in run_variant(variant)]))
+        verdicts = run_variant(variant, args.stop_after)
+        print(json.dumps([asdict(verdict) for verdict in verdicts]))
         return 0
-    if args.write and (args.variant or args.control):
-        parser.error("--write needs a run of every variant")
+    if args.write and (args.variant or args.control or args.stop_after is not None):
+        parser.error("--write needs a run of every variant by every checker")
     names = [CONTROL] if args.control else args.variant or [v.name for v in VARIANTS]
     start = time.monotonic()
-    results = run_all(names, args.jobs, args.worker_timeout)
+    results = run_all(names, args.jobs, args.worker_timeout, args.stop_after)
     seconds = time.monotonic() - start
     print(render_table(results))
     print()

@@ -140,11 +140,14 @@ class Variant:
         name: a short identifier (used on command lines and in the table).
         description: the mistake, in one line.
         patches: what planting it replaces.
+        layer: the campaign layer that reaches the mistake first ("manager", "hybrid",
+            "pool"): the campaign checker starts there, then runs the others.
     """
 
     name: str
     description: str
     patches: tuple[Patch, ...]
+    layer: str = "manager"
 
     @property
     def replaced_functions(self) -> tuple[FunctionPatch, ...]:

@@ -1,7 +1,8 @@
 """The five checkers a planted bug must face, each bounded and deterministic.
 
-- campaign: the CI swarm campaign (`pagedkv.harness.swarm`: `CI_SEED`, `CI_MANAGER_STEPS`
-  manager steps, then `CI_POOL_STEPS` pool steps), stopping at the first divergence.
+- campaign: the CI swarm campaign (`pagedkv.harness.swarm`: `CI_SEED`; `CI_MANAGER_STEPS`
+  manager steps, `CI_HYBRID_STEPS` hybrid steps and `CI_POOL_STEPS` pool steps, the variant's
+  own layer first), stopping at the first divergence.
 - state machine: the differential state machines of `pagedkv.harness` (full-attention manager,
   sliding-window manager, block pool, in that order), derandomized, `SM_EXAMPLES` examples of
   `SM_STEPS` steps each, no shrinking; the first machine that fails catches the bug.
@@ -39,7 +40,7 @@ from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from pagedkv.harness.adapters import pagedkv_manager, pagedkv_pool
 from pagedkv.harness.comparison import quiet_refusal_warnings
-from pagedkv.harness.coverage import CI_MANAGER_STEPS, CI_POOL_STEPS, CI_SEED
+from pagedkv.harness.coverage import CI_HYBRID_STEPS, CI_MANAGER_STEPS, CI_POOL_STEPS, CI_SEED
 from pagedkv.harness.machines.manager import make_manager_machine
 from pagedkv.harness.machines.pool import make_pool_machine
 from pagedkv.harness.swarm import manager_layer, pool_layer, run_campaign
@@ -62,7 +63,7 @@ CHECKERS: tuple[CheckerName, ...] = (
     "scenario tests",
 )
 
-Status = Literal["caught", "missed", "error"]
+Status = Literal["caught", "missed", "error", "skipped"]
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class Verdict:
     Attributes:
         checker: which checker.
         status: caught (it failed, as it must), missed (it passed), error (it could not run:
-            a verdict nobody may count).
+            a verdict nobody may count), skipped (not run: enough checkers had caught it).
         evidence: what caught it (the machine, configuration or test and the first line of the
             error), or why it is an error.
         seconds: wall-clock time spent.
@@ -110,16 +111,20 @@ def _first_line(error: BaseException) -> str:
 
 
 def check_campaign(variant: Variant | None) -> Verdict:
-    """The CI campaign, manager layer first: caught at the first failing run (KV cache events
-    are on in about a third of its runs, so a mistake only in the event stream shows too)."""
+    """The CI campaign, the variant's own layer first (`Variant.layer`), then the others:
+    caught at the first failing run (KV cache events are on in about a third of its runs, so a
+    mistake only in the event stream shows too)."""
     start = time.monotonic()
-    layers = (
-        ("manager", manager_layer(pagedkv_manager), CI_MANAGER_STEPS),
-        ("pool", pool_layer(pagedkv_pool), CI_POOL_STEPS),
-    )
-    for name, layer, steps in layers:
+    layers = {
+        "manager": (lambda: manager_layer(pagedkv_manager), CI_MANAGER_STEPS),
+        "hybrid": (lambda: manager_layer(pagedkv_manager, attention="hybrid"), CI_HYBRID_STEPS),
+        "pool": (lambda: pool_layer(pagedkv_pool), CI_POOL_STEPS),
+    }
+    first = variant.layer if variant is not None else "manager"
+    for name in sorted(layers, key=lambda layer: layer != first):
+        make_layer, steps = layers[name]
         with quiet_refusal_warnings():
-            result = run_campaign(layer, seed=CI_SEED, max_steps=steps)
+            result = run_campaign(make_layer(), seed=CI_SEED, max_steps=steps)
         failure = result.failure
         if failure is not None:
             evidence = summarize(
@@ -127,7 +132,10 @@ def check_campaign(variant: Variant | None) -> Verdict:
                 f"{len(failure.ops)}: {type(failure.error).__name__}: {failure.error}"
             )
             return Verdict("campaign", "caught", evidence, _since(start))
-    summary = f"{CI_MANAGER_STEPS:,} manager and {CI_POOL_STEPS:,} pool steps pass"
+    summary = (
+        f"{CI_MANAGER_STEPS:,} manager, {CI_HYBRID_STEPS:,} hybrid and {CI_POOL_STEPS:,} pool "
+        "steps pass"
+    )
     return Verdict("campaign", "missed", summary, _since(start))
 
 
