@@ -54,6 +54,15 @@ class BlockPool:
     tests the flag (only a key entering or leaving the index does).
     Invariants: `check_invariants()`, which mirrors `pagedkv.spec.SpecBlockPool`.
 
+    A `KVCacheManager` shares the pool's call token (`share_call_token`) and, holding it, calls
+    the `*_locked` methods: the public method of the same name for a caller that holds the
+    token and whose arguments are its own, already checked; the decode fast path's steps
+    (`cache_next_full_block_locked`, `append_new_block_locked`), which make their whole change
+    or return False (None) having changed nothing; and the checks of a request's prefix hits
+    (`intern_hashes_locked`, `check_hits_locked`). Besides those it reads `blocks`,
+    `null_block` and the O(1) queries: every ref_cnt, free-queue and index write happens in the
+    pool.
+
     Args:
         num_gpu_blocks: number of blocks, the null block included (>= 1).
         enable_caching: whether freed full blocks stay hittable until evicted.
@@ -91,7 +100,7 @@ class BlockPool:
         self._taken_replay_error: str | None = None
         # The call token: a public call pops it (list.pop is atomic) and puts it back when done;
         # a call that finds the list empty overlaps another one and is refused. A manager shares
-        # its pool's token and calls the pool's underscored methods, which assume it is held.
+        # it (share_call_token) and calls the `*_locked` methods, which assume it is held.
         self._idle: list[None] = [None]
 
     def _enter(self, call: str) -> None:
@@ -100,6 +109,16 @@ class BlockPool:
             self._idle.pop()
         except IndexError:
             raise ConcurrentUseError(call) from None
+
+    def share_call_token(self) -> list[None]:
+        """The call token, for an owner whose calls must exclude the pool's (a manager): a list
+        that holds one None while no call runs. `pop()` takes the token, or raises IndexError
+        while another call holds it; `append(None)` gives it back; both are atomic. Holding
+        it, the owner may call the `*_locked` methods.
+
+        Complexity: O(1); so are taking and giving back.
+        """
+        return self._idle
 
     def get_cached_block(self, block_hash: object) -> KVCacheBlock | None:
         """The first-inserted block cached under `block_hash`, or None.
@@ -136,12 +155,18 @@ class BlockPool:
         """
         self._enter("BlockPool.get_new_blocks")
         try:
-            return self._get_new_blocks(check_get_new_blocks(num_blocks))
+            return self.get_new_blocks_locked(check_get_new_blocks(num_blocks))
         finally:
             self._idle.append(None)
 
-    def _get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        """get_new_blocks for a checked count (the caller holds the call token)."""
+    def get_new_blocks_locked(self, num_blocks: int) -> list[KVCacheBlock]:
+        """`get_new_blocks` for a caller that holds the call token, with a count >= 0.
+
+        Raises:
+            NoFreeBlocksError: fewer than `num_blocks` blocks are free (nothing changed).
+
+        Complexity: O(num_blocks).
+        """
         num_free = self.free_block_queue.num_free_blocks
         if num_blocks > num_free:
             raise NoFreeBlocksError(num_blocks, num_free)
@@ -195,10 +220,11 @@ class BlockPool:
             block_id = block.block_id
             if not 0 <= block_id < num_gpu_blocks or owned[block_id] is not block:
                 raise refusals.foreign_block(block_id)  # _check_owned, inline
-        self._touch_owned(blocks)
+        self.touch_owned_locked(blocks)
 
-    def _touch_owned(self, blocks: list[KVCacheBlock]) -> None:
-        """touch for blocks already known to be this pool's (the manager's checked hits)."""
+    def touch_owned_locked(self, blocks: list[KVCacheBlock]) -> None:
+        """`touch` for a caller that holds the call token, with blocks it has checked are this
+        pool's (a manager's checked hits: `check_hits_locked`). Complexity: O(len(blocks))."""
         null_block = self.null_block
         remove = self.free_block_queue.remove
         for block in blocks:
@@ -228,14 +254,20 @@ class BlockPool:
         """
         self._enter("BlockPool.free_blocks")
         try:
-            self._free_blocks(
+            self.free_blocks_locked(
                 block_list("BlockPool.free_blocks", "ordered_blocks", ordered_blocks, KVCacheBlock)
             )
         finally:
             self._idle.append(None)
 
-    def _free_blocks(self, blocks: list[KVCacheBlock]) -> None:
-        """free_blocks for a list of KVCacheBlocks (the caller holds the call token)."""
+    def free_blocks_locked(self, blocks: list[KVCacheBlock]) -> None:
+        """`free_blocks` for a caller that holds the call token, with a list of KVCacheBlocks.
+
+        Raises:
+            BlockStateError: as `free_blocks` (foreign, free, or listed twice); nothing changed.
+
+        Complexity: O(len(blocks)).
+        """
         null_block = self.null_block
         owned = self.blocks
         num_gpu_blocks = self.num_gpu_blocks
@@ -315,7 +347,7 @@ class BlockPool:
             if checked is not None:
                 assert isinstance(block_hashes, list) and isinstance(num_cached_blocks, int)
                 assert isinstance(num_full_blocks, int) and isinstance(block_size, int)
-                self._cache_full_blocks(
+                self.cache_full_blocks_locked(
                     request,
                     checked,
                     block_hashes,
@@ -327,7 +359,7 @@ class BlockPool:
         finally:
             self._idle.append(None)
 
-    def _cache_full_blocks(
+    def cache_full_blocks_locked(
         self,
         request: Request,
         blocks: Sequence[KVCacheBlock],
@@ -337,8 +369,16 @@ class BlockPool:
         block_size: int,
         hash_fn: HashFn,
     ) -> None:
-        """cache_full_blocks for checked arguments with blocks to cache (the caller holds the
-        call token): the block rules, then every hash, then the changes."""
+        """`cache_full_blocks` for a caller that holds the call token, with arguments of the
+        checked types and at least one block to cache: the block rules, then every hash, then
+        the changes.
+
+        Raises:
+            ArgumentTypeError, InvalidArgumentError, BlockStateError: as `cache_full_blocks`
+                for its block and token rules and the hash function's values; nothing changed.
+
+        Complexity: as `cache_full_blocks`.
+        """
         parent_hash_value = self._check_blocks_to_cache(
             blocks, block_hashes, num_cached_blocks, num_full_blocks
         )
@@ -409,7 +449,7 @@ class BlockPool:
                 request, block_hashes, entered, num_cached_blocks, first_parent, block_size
             )
 
-    def _cache_next_full_block(
+    def cache_next_full_block_locked(
         self,
         request: Request,
         blocks: list[KVCacheBlock],
@@ -418,13 +458,20 @@ class BlockPool:
         block_size: int,
         hash_fn: HashFn,
     ) -> bool:
-        """`_cache_full_blocks` for one block, `blocks[num_cached_blocks]`, in the common case:
-        a request without extra keys, events off, a block and a parent that pass every block
-        rule. Returns False, having changed nothing, when any of that does not hold: the caller
-        then takes the full path, which refuses what is wrong with the message of its rule.
+        """The decode step that fills a block: `cache_full_blocks_locked` for the one block
+        `blocks[num_cached_blocks]`, in the common case (a request without extra keys, events
+        off, a block and a parent that pass every block rule, a hash function that returns an
+        int).
 
         The caller holds the call token and guarantees the block is full: the request has at
         least `(num_cached_blocks + 1) * block_size` tokens and `blocks` that many slots.
+
+        Returns:
+            True once the block is hashed, indexed and its hash appended to `block_hashes`
+            (unless already stored); False, having changed nothing, when the case is not the
+            common one: the caller then takes the full path, which refuses what is wrong with
+            the message of its rule.
+
         Complexity: O(block_size) plus the hash function.
         """
         if (
@@ -475,7 +522,7 @@ class BlockPool:
                 return False
         else:
             block_hash = block_hashes[num_cached_blocks]
-        # -- every rule holds: the changes, as _cache_full_blocks makes them --
+        # -- every rule holds: the changes, as cache_full_blocks_locked makes them --
         block._block_hash = block_hash
         cached = self.cached_block_hash_to_block.get(block_hash)
         if cached is None:
@@ -485,6 +532,87 @@ class BlockPool:
         if computed:
             block_hashes.append(block_hash)
         return True
+
+    def append_new_block_locked(self, blocks: list[KVCacheBlock]) -> KVCacheBlock | None:
+        """The decode step that needs a new block: `get_new_blocks_locked(1)` appended to the
+        request's `blocks`, for a caller that holds the call token.
+
+        Returns:
+            The block, once the queue's head (its cached hash evicted) has ref_cnt 1 and ends
+            `blocks`; None, having changed nothing, when no block is free (the caller's full
+            path then decides).
+
+        Complexity: O(1).
+        """
+        queue = self.free_block_queue
+        block = queue.free_list_head
+        if block is None:
+            return None
+        # queue.popleft(), inline: one Python call less on the decode path
+        following = block.next_free_block
+        queue.free_list_head = following
+        if following is None:
+            queue.free_list_tail = None
+        else:
+            following.prev_free_block = None
+            block.next_free_block = None
+        queue.num_free_blocks -= 1
+        if block._block_hash is not None:
+            self._maybe_evict_cached_block(block)
+        block.ref_cnt += 1
+        blocks.append(block)
+        return block
+
+    def intern_hashes_locked(
+        self, blocks: Sequence[KVCacheBlock], block_hashes: list[BlockHashType]
+    ) -> None:
+        """Store in `block_hashes[i]` the hash object `blocks[i]` is cached under, for each
+        cached block (null blocks are passed over), for a caller that holds the call token.
+
+        `blocks` are a lookup's hits for `block_hashes`, so each stored hash equals its block's;
+        storing the block's own object makes `check_hits_locked`'s test of a later allocation
+        an identity test, not a comparison of two equal tuples of tokens.
+
+        Complexity: O(len(blocks)).
+        """
+        for position, block in enumerate(blocks):
+            cached_hash = block._block_hash
+            if cached_hash is not None:
+                block_hashes[position] = cached_hash
+
+    def check_hits_locked(
+        self,
+        request_id: str,
+        blocks: list[KVCacheBlock],
+        block_hashes: Sequence[BlockHashType],
+        allows_null_blocks: bool,
+    ) -> None:
+        """Refuse prefix hits that are not this pool's blocks cached under the request's
+        stored hashes, position by position; a null block passes where `allows_null_blocks`
+        (a sliding window's skipped position). For a caller that holds the call token, with
+        no more hits than stored hashes.
+
+        Raises:
+            BlockStateError: a hit of another pool, or a null hit where none is allowed.
+            RequestError: a hit not cached under the stored hash at its position.
+
+        Complexity: O(len(blocks)); an identity test per hit after `intern_hashes_locked`.
+        """
+        owned = self.blocks
+        num_gpu_blocks = self.num_gpu_blocks
+        null_block = self.null_block
+        for position, block in enumerate(blocks):
+            block_id = block.block_id
+            if not 0 <= block_id < num_gpu_blocks or owned[block_id] is not block:
+                raise refusals.foreign_block(block_id)  # _check_owned, inline
+            block_hash = block._block_hash
+            if block_hash is not block_hashes[position]:
+                if block is null_block:
+                    if not allows_null_blocks:
+                        raise refusals.null_hit(block_id)
+                    continue
+                if block_hash != block_hashes[position]:
+                    raise refusals.hit_not_cached(request_id, block_id, position)
 
     def _announce_stored(
         self,
@@ -561,12 +689,15 @@ class BlockPool:
         """
         self._enter("BlockPool.reset_prefix_cache")
         try:
-            return self._reset_prefix_cache()
+            return self.reset_prefix_cache_locked()
         finally:
             self._idle.append(None)
 
-    def _reset_prefix_cache(self) -> bool:
-        """reset_prefix_cache (the caller holds the call token)."""
+    def reset_prefix_cache_locked(self) -> bool:
+        """`reset_prefix_cache` for a caller that holds the call token.
+
+        Complexity: O(num_gpu_blocks).
+        """
         num_used_blocks = self.num_gpu_blocks - self.get_num_free_blocks()
         if num_used_blocks != 1:  # the null block always counts as used
             logger.warning(
@@ -640,11 +771,19 @@ class BlockPool:
         """
         self._enter("BlockPool.check_invariants")
         try:
-            self._check_invariants()
+            self.check_invariants_locked()
         finally:
             self._idle.append(None)
 
-    def _check_invariants(self) -> None:
+    def check_invariants_locked(self) -> None:
+        """`check_invariants` for a caller that holds the call token (a manager's own check
+        runs the pool's first).
+
+        Raises:
+            InvariantViolation: naming the first broken invariant and the state that breaks it.
+
+        Complexity: O(num_gpu_blocks + cached entries).
+        """
         self.free_block_queue.check_invariants()
         null_block = self.null_block
         if null_block is not self.blocks[0] or null_block.block_id != 0:

@@ -166,16 +166,15 @@ class KVCacheManager:
         self.debug_invariants = int(debug_invariants)
         self._calls_until_check = self.debug_invariants
         # The pool's call token (see BlockPool): a manager call holds it, so a call overlapping
-        # it, on the manager or on its pool, is refused; the manager calls the pool's
-        # underscored methods, which assume it is held. Bound once: the guard is on every call.
-        self._take_token = self.block_pool._idle.pop
-        self._give_token = self.block_pool._idle.append
+        # it, on the manager or on its pool, is refused; holding it, the manager calls the
+        # pool's `*_locked` methods.
+        self._call_token = self.block_pool.share_call_token()
 
     def _enter(self, call: str) -> None:
         """Take the call token, or refuse a call that overlaps another one. (The calls made
         once a decode step inline this.)"""
         try:
-            self._take_token()
+            self._call_token.pop()
         except IndexError:
             raise ConcurrentUseError(call) from None
 
@@ -194,7 +193,7 @@ class KVCacheManager:
             self.prefix_cache_stats = PrefixCacheStats()
             return stats
         finally:
-            self._give_token(None)
+            self._call_token.append(None)
 
     def take_events(self) -> list[KVCacheEvent]:
         """The KV cache events since the last call, oldest first (see `pagedkv.vocab.kv_events`);
@@ -222,7 +221,7 @@ class KVCacheManager:
             check_lookup(request)
             return self._get_computed_blocks(request)
         finally:
-            self._give_token(None)
+            self._call_token.append(None)
 
     def _get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         if not self.enable_caching:
@@ -244,13 +243,8 @@ class KVCacheManager:
         last_left_out = len(block_hashes) * self.block_size == request.num_tokens
         lookup = block_hashes[:-1] if last_left_out else block_hashes
         hits = self.specialized_manager.find_longest_cache_hit(lookup)
-        # A hit's hash equals the stored one; storing the block's own object instead makes
-        # allocate_slots' check that the hit is still cached an identity test, not a compare
-        # of two equal tuples of tokens.
-        for position, block in enumerate(hits):
-            cached_hash = block._block_hash
-            if cached_hash is not None:  # None: a null block (a window's skipped position)
-                block_hashes[position] = cached_hash
+        if hits:  # allocate_slots' check of these hits becomes an identity test
+            self.block_pool.intern_hashes_locked(hits, block_hashes)
         if self.use_eagle and hits:
             hits.pop()  # EAGLE recomputes the last matched block for its hidden states
         num_hit_tokens = len(hits) * self.block_size
@@ -307,7 +301,7 @@ class KVCacheManager:
         its last block.
         """
         try:
-            self._take_token()
+            self._call_token.pop()
         except IndexError:
             raise ConcurrentUseError("KVCacheManager.allocate_slots") from None
         try:
@@ -364,7 +358,7 @@ class KVCacheManager:
                                 num_cached is not None
                                 and num_full == num_cached + 1
                                 and stored is not None
-                                and self.block_pool._cache_next_full_block(
+                                and self.block_pool.cache_next_full_block_locked(
                                     request,
                                     blocks,
                                     stored,
@@ -381,20 +375,14 @@ class KVCacheManager:
                             and len(blocks) < self.max_num_blocks_per_req
                         ):
                             # Needs one new block, which fits when one is free.
-                            pool = self.block_pool
-                            queue = pool.free_block_queue
-                            if queue.num_free_blocks:
-                                block = queue.popleft()
-                                if block._block_hash is not None:
-                                    pool._maybe_evict_cached_block(block)
-                                block.ref_cnt += 1
-                                blocks.append(block)
+                            block = self.block_pool.append_new_block_locked(blocks)
+                            if block is not None:
                                 return [block]
             return self._allocate_slots(
                 request, num_tokens, new_computed_blocks, num_lookahead_tokens
             )
         finally:
-            self._give_token(None)
+            self._call_token.append(None)
 
     def _skips_a_block(self, blocks: list[KVCacheBlock], num_computed_tokens: int) -> bool:
         """Whether the sliding window drops a block of `blocks` at this step (the fast path's
@@ -415,10 +403,9 @@ class KVCacheManager:
         hits = check_allocation(
             request, num_tokens, new_computed_blocks, num_lookahead_tokens, KVCacheBlock
         )
-        assert isinstance(request, Request)
-        assert isinstance(num_tokens, int)
+        assert isinstance(request, Request) and isinstance(num_tokens, int)
         assert isinstance(num_lookahead_tokens, int)
-        request_id = request._request_id
+        request_id = request.request_id
         block_size = self.block_size
         # -- the preconditions, in the spec's order --
         num_spec = len(request.spec_token_ids)
@@ -436,7 +423,7 @@ class KVCacheManager:
             self._check_hits(request, num_held, hits)
         num_computed_tokens = num_computed + len(hits) * block_size
         num_scheduled_real = num_computed_tokens + num_tokens - num_spec
-        if num_scheduled_real > len(request._all_token_ids):
+        if num_scheduled_real > request.num_tokens:
             raise refusals.more_tokens_than_request(
                 request_id, num_scheduled_real, request.num_tokens
             )
@@ -463,16 +450,16 @@ class KVCacheManager:
         if self._sliding_window:  # full attention skips nothing
             removed = self.specialized_manager.remove_skipped_blocks(req_blocks, num_computed)
             if removed:
-                pool._free_blocks(removed)
+                pool.free_blocks_locked(removed)
         num_new = num_new_blocks(num_required, len(req_blocks), len(hits))
         num_evictable_hits = self._num_evictable_hits(hits) if hits else 0
-        if not fits(num_new, pool.free_block_queue.num_free_blocks, num_evictable_hits):
+        if not fits(num_new, pool.get_num_free_blocks(), num_evictable_hits):
             if self.debug_invariants:
                 self._after_call()
             return None
         if hits:
             if self.enable_caching:
-                pool._touch_owned(hits)
+                pool.touch_owned_locked(hits)
             req_blocks.extend(hits)
         self.req_to_blocks[request_id] = req_blocks
         self._requests[request_id] = request
@@ -480,17 +467,17 @@ class KVCacheManager:
         if num_new > 0:
             num_new = min(
                 num_new,
-                pool.free_block_queue.num_free_blocks,
+                pool.get_num_free_blocks(),
                 self.max_num_blocks_per_req - len(req_blocks),
             )
-            new_blocks = pool._get_new_blocks(num_new)
+            new_blocks = pool.get_new_blocks_locked(num_new)
             req_blocks.extend(new_blocks)
         if self.enable_caching:
             # min(): only vLLM's capped allocation (cap_at_max_model_len) can hold fewer blocks.
             num_blocks = len(req_blocks)
             stored = self.req_to_block_hashes.setdefault(request_id, [])
             if min(num_full, num_blocks) > min(num_cached, num_blocks):
-                pool._cache_full_blocks(
+                pool.cache_full_blocks_locked(
                     request,
                     req_blocks,
                     stored,
@@ -522,14 +509,14 @@ class KVCacheManager:
             check_request("free", request)
             self._free(request)
         finally:
-            self._give_token(None)
+            self._call_token.append(None)
 
     def _free(self, request: Request) -> None:
         self._check_identity(request)
         request_id = request.request_id
         blocks = self.req_to_blocks.get(request_id, [])
         tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
-        self.block_pool._free_blocks(blocks[::-1] if tail_first else blocks)
+        self.block_pool.free_blocks_locked(blocks[::-1] if tail_first else blocks)
         self.req_to_blocks.pop(request_id, None)
         self.num_cached_block.pop(request_id, None)
         self._forget_if_done(request_id)
@@ -554,7 +541,7 @@ class KVCacheManager:
             self._forget_if_done(request.request_id)
             self._after_call()
         finally:
-            self._give_token(None)
+            self._call_token.append(None)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash if no request holds blocks; else refuse (False).
@@ -564,14 +551,14 @@ class KVCacheManager:
         """
         self._enter("KVCacheManager.reset_prefix_cache")
         try:
-            if not self.block_pool._reset_prefix_cache():
+            if not self.block_pool.reset_prefix_cache_locked():
                 return False
             if self.prefix_cache_stats is not None:
                 self.prefix_cache_stats.reset = True
             self._after_call()
             return True
         finally:
-            self._give_token(None)
+            self._call_token.append(None)
 
     def get_num_common_prefix_blocks(self, request: Request, num_running_requests: object) -> int:
         """Leading blocks of `request` whose ref_cnt equals `num_running_requests`.
@@ -586,7 +573,7 @@ class KVCacheManager:
         Complexity: O(common prefix).
         """
         try:
-            self._take_token()
+            self._call_token.pop()
         except IndexError:
             raise ConcurrentUseError("KVCacheManager.get_num_common_prefix_blocks") from None
         try:
@@ -598,7 +585,7 @@ class KVCacheManager:
                 count += 1
             return count
         finally:
-            self._give_token(None)
+            self._call_token.append(None)
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -630,25 +617,10 @@ class KVCacheManager:
         stored = self.req_to_block_hashes.get(request_id, [])
         if len(new_computed) > len(stored):
             raise refusals.more_hits_than_hashes(request_id, len(new_computed), len(stored))
-        pool = self.block_pool
-        owned = pool.blocks
-        num_gpu_blocks = pool.num_gpu_blocks
-        null_block = pool.null_block
         policy = self.specialized_manager
-        for position, block in enumerate(new_computed):
-            block_id = block.block_id
-            if not 0 <= block_id < num_gpu_blocks or owned[block_id] is not block:
-                raise refusals.foreign_block(block_id)
-            # The stored hash is the cached block's own object after a lookup (see
-            # _get_computed_blocks); an equal one passes too.
-            block_hash = block._block_hash
-            if block_hash is not stored[position]:
-                if block is null_block:
-                    if not policy.allows_null_blocks:
-                        raise refusals.null_hit(block_id)
-                    continue
-                if block_hash != stored[position]:
-                    raise refusals.hit_not_cached(request_id, block_id, position)
+        self.block_pool.check_hits_locked(
+            request_id, new_computed, stored, policy.allows_null_blocks
+        )
         shape_error = policy.hit_shape_error(new_computed, self.use_eagle)
         if shape_error is not None:
             raise refusals.hit_shape(request_id, shape_error)
@@ -682,11 +654,11 @@ class KVCacheManager:
         try:
             self._check_invariants()
         finally:
-            self._give_token(None)
+            self._call_token.append(None)
 
     def _check_invariants(self) -> None:
         pool = self.block_pool
-        pool._check_invariants()
+        pool.check_invariants_locked()
         null_block = pool.null_block
         holders: Counter[int] = Counter()
         null_blocks_allowed = self.specialized_manager.allows_null_blocks
