@@ -59,6 +59,23 @@ CHECK_INVARIANTS_ENV = "PAGEDKV_CHECK_INVARIANTS"
 """Set to 1 to make every manager run `check_invariants()` after each state-changing call."""
 
 
+class _Record:
+    """What the decode fast path knows of a tracked `Request` without asking it: its id, and
+    the list that holds its tokens (`Request.live_token_ids`: its length read at C speed, where
+    `num_tokens` would cost a Python call). Both are fixed for the object's life.
+
+    Kept, by the object itself, for every tracked request of type `Request` (a subclass could
+    hash itself in any way), by `_track` and `_forget_if_done`: finding the record is the
+    identity check (another object with the same id has none).
+    """
+
+    __slots__ = ("request_id", "token_ids")
+
+    def __init__(self, request_id: str, token_ids: list[int]) -> None:
+        self.request_id = request_id
+        self.token_ids = token_ids
+
+
 class KVCacheManager:
     """Request-level KV cache management over one `BlockPool` and one attention type.
 
@@ -154,6 +171,7 @@ class KVCacheManager:
         self.req_to_block_hashes: dict[str, list[BlockHashType]] = {}
         self.num_cached_block: dict[str, int] = {}
         self._requests: dict[str, Request] = {}
+        self._records: dict[Request, _Record] = {}  # the fast path's, by request object
         if debug_invariants is None:
             setting = os.environ.get(CHECK_INVARIANTS_ENV, "0").strip() or "0"
             if not setting.isdigit():
@@ -232,7 +250,7 @@ class KVCacheManager:
         if not block_hashes:
             block_hashes = hash_request_tokens(self.caching_hash_fn, self.block_size, request)
             self.req_to_block_hashes[request_id] = block_hashes
-            self._requests[request_id] = request
+            self._track(request_id, request)
         stats = self.prefix_cache_stats
         if stats is not None:
             stats.requests += 1
@@ -314,7 +332,10 @@ class KVCacheManager:
             # type, a rule broken, more blocks to allocate or cache, extra keys, events on, a
             # window to slide, invariant checks on) takes the full path, which raises.
             if new_computed_blocks is None and type(request) is Request:
-                request_id = request._request_id
+                # This very object's record (another with its id has none): id and identity
+                # check in one lookup.
+                record = self._records.get(request)
+                request_id = "" if record is None else record.request_id
                 blocks = self.req_to_blocks.get(request_id)
                 # The fields the scheduler sets, read untyped: a compiled build would check the
                 # declared type on reading and raise a bare TypeError; the full path refuses.
@@ -322,12 +343,12 @@ class KVCacheManager:
                 num_computed = fields.num_computed_tokens
                 spec_token_ids = fields.spec_token_ids
                 if (
-                    blocks is not None
+                    record is not None
+                    and blocks is not None
                     and type(num_tokens) is int
                     and type(num_lookahead_tokens) is int
                     and type(num_computed) is int
                     and type(spec_token_ids) is list
-                    and self._requests.get(request_id) is request
                 ):
                     block_size = self.block_size
                     num_spec = len(spec_token_ids)
@@ -339,7 +360,7 @@ class KVCacheManager:
                         and num_spec <= num_tokens
                         and num_lookahead_tokens >= 0
                         and 0 <= num_computed <= num_held_slots
-                        and num_real <= len(request._all_token_ids)
+                        and num_real <= len(record.token_ids)
                         and not self.debug_invariants
                         and (
                             not self._sliding_window
@@ -462,7 +483,7 @@ class KVCacheManager:
                 pool.touch_owned_locked(hits)
             req_blocks.extend(hits)
         self.req_to_blocks[request_id] = req_blocks
-        self._requests[request_id] = request
+        self._track(request_id, request)
         new_blocks: list[KVCacheBlock] = []
         if num_new > 0:
             num_new = min(
@@ -625,9 +646,18 @@ class KVCacheManager:
         if shape_error is not None:
             raise refusals.hit_shape(request_id, shape_error)
 
+    def _track(self, request_id: str, request: Request) -> None:
+        """Track `request` under its id (it passed `_check_identity`), with its fast-path
+        record if it is a `Request`."""
+        self._requests[request_id] = request
+        if type(request) is Request and request not in self._records:
+            self._records[request] = _Record(request_id, request.live_token_ids())
+
     def _forget_if_done(self, request_id: str) -> None:
         if request_id not in self.req_to_blocks and request_id not in self.req_to_block_hashes:
-            self._requests.pop(request_id, None)
+            request = self._requests.pop(request_id, None)
+            if type(request) is Request:
+                self._records.pop(request, None)
 
     def _after_call(self) -> None:
         if not self.debug_invariants:
@@ -694,6 +724,37 @@ class KVCacheManager:
             raise InvariantViolation(
                 "every tracked request has blocks or stored hashes",
                 f"requests {sorted(self._requests)}, with blocks or hashes {sorted(known)}",
+            )
+        self._check_records()
+
+    def _check_records(self) -> None:
+        """Each tracked `Request` has one fast-path record, with its id and its token list."""
+        num_expected = 0
+        for request_id, request in self._requests.items():
+            if type(request) is not Request:
+                continue
+            num_expected += 1
+            record = self._records.get(request)
+            if (
+                record is None
+                or record.request_id != request_id
+                or record.token_ids is not request.live_token_ids()
+            ):
+                found = (
+                    "no record"
+                    if record is None
+                    else f"a record of {record.request_id!r} with "
+                    f"{'its' if record.token_ids is request.live_token_ids() else 'another'} "
+                    "token list"
+                )
+                raise InvariantViolation(
+                    "the fast path's record of a tracked request is its own",
+                    f"request {request_id!r}: {found}",
+                )
+        if len(self._records) != num_expected:
+            raise InvariantViolation(
+                "the fast path's record of a tracked request is its own",
+                f"{len(self._records)} records, {num_expected} tracked requests",
             )
 
     def _check_cached_blocks(self, request_id: str, blocks: list[KVCacheBlock]) -> None:

@@ -139,6 +139,7 @@ REPRESENTATION_ONLY = {
         "free queue links agree both ways",
         "free queue tail is its last block",
         "num_free_blocks counts the queue",
+        "the fast path's record of a tracked request is its own",
     },
 }
 

@@ -240,6 +240,17 @@ class Request:
         """
         return self._token_view
 
+    def live_token_ids(self) -> list[int]:
+        """The list that holds `all_token_ids`, itself: it grows as tokens are appended.
+
+        For a reader on a hot path that keeps it (a manager's record of a running request
+        reads its length at C speed); never change it: tokens are appended only by
+        `append_output_token_ids`, and stored block hashes rely on that.
+
+        Complexity: O(1).
+        """
+        return self._all_token_ids
+
     @property
     def output_token_ids(self) -> Sequence[int]:
         return self._all_token_ids[len(self._prompt_token_ids) :]

@@ -392,7 +392,7 @@ def _computed_blocks_without_last_block_rule(
             self.caching_hash_fn, self.block_size, request
         )
         self.req_to_block_hashes[request_id] = block_hashes
-        self._requests[request_id] = request
+        self._track(request_id, request)
     stats = self.prefix_cache_stats
     if stats is not None:
         stats.requests += 1
