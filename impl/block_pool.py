@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -86,8 +87,17 @@ class BlockPool:
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.semantics = semantics
-        self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
-        self.free_block_queue = FreeKVCacheBlockQueue._of_new_blocks(self.blocks)
+        # A million new blocks would set off collections that cannot find garbage among them,
+        # each one scanning every tracked object: three times the construction's own time.
+        # The collector is paused while they are made and linked, then left as it was.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+            self.free_block_queue = FreeKVCacheBlockQueue._of_new_blocks(self.blocks)
+        finally:
+            if collecting:
+                gc.enable()
         # {hash: {block_id: block}}; one content may be cached in several blocks (no dedup, so
         # block tables stay append-only). The first-inserted block answers lookups.
         self.cached_block_hash_to_block: dict[BlockHashType, dict[int, KVCacheBlock]] = {}
