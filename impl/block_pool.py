@@ -281,6 +281,9 @@ class BlockPool:
         null_block = self.null_block
         owned = self.blocks
         num_gpu_blocks = self.num_gpu_blocks
+        # Blocks are hashed by identity: with none listed twice (the common case, one set in
+        # C), the loop below need not track which it has seen.
+        repeats = len(set(blocks)) != len(blocks)
         seen: set[int] = set()
         for block in blocks:
             block_id = block.block_id
@@ -290,11 +293,12 @@ class BlockPool:
                 continue
             if block.ref_cnt <= 0:
                 raise refusals.free_of_free_block(block_id)
-            if block_id in seen:
-                raise refusals.freed_twice(block_id)
-            seen.add(block_id)
-        append = self.free_block_queue.append
+            if repeats:
+                if block_id in seen:
+                    raise refusals.freed_twice(block_id)
+                seen.add(block_id)
         uncached_first = self.semantics.free_uncached_to_head
+        to_tail: list[KVCacheBlock] = []
         to_head: list[KVCacheBlock] = []
         for block in blocks:
             if block is null_block:
@@ -306,7 +310,9 @@ class BlockPool:
                 if uncached_first and block._block_hash is None:
                     to_head.append(block)
                 else:
-                    append(block)
+                    to_tail.append(block)
+        if to_tail:
+            self.free_block_queue.append_released(to_tail)
         for block in reversed(to_head):
             self.free_block_queue.appendleft(block)
 

@@ -192,6 +192,13 @@ def append_at_head(self: free_queue.FreeKVCacheBlockQueue, block: KVCacheBlock) 
     self.num_free_blocks += 1
 
 
+def released_at_head(self: free_queue.FreeKVCacheBlockQueue, blocks: list[KVCacheBlock]) -> None:
+    """FreeKVCacheBlockQueue.append_released with the same mistake, for the blocks the pool
+    frees (each linked at the head)."""
+    for block in blocks:
+        append_at_head(self, block)
+
+
 def _touch_without_unlink(self: block_pool.BlockPool, blocks: Sequence[KVCacheBlock]) -> None:
     """BlockPool.touch_owned_locked taking the reference but leaving a free block in the free
     queue."""
@@ -439,7 +446,10 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "free_to_head",
         "a freed block joins the free queue at the head, so it is evicted first",
-        (MethodPatch(free_queue.FreeKVCacheBlockQueue, "append", append_at_head),),
+        (
+            MethodPatch(free_queue.FreeKVCacheBlockQueue, "append", append_at_head),
+            MethodPatch(free_queue.FreeKVCacheBlockQueue, "append_released", released_at_head),
+        ),
     ),
     Variant(
         "touch_keeps_queued",
