@@ -7,10 +7,10 @@ loaded machine). Configurations alternate round by round and the report gives ea
 - the swarm engine on the block pool and on the manager, comparing as it does by default (every
   call, a digest every step, whole snapshots and invariants on a cadence);
 - the same, in full mode (whole snapshots and both invariant checks after every step);
-- the hypothesis state machines `pagedkv verify --engine hypothesis` runs (fewer steps: slow).
+- the hypothesis state machines, which draw the same client's operations (fewer steps: slow).
 
 Then one profiled manager campaign attributes a step's time to the spec, the implementation,
-the comparison and the driver (cProfile's own time per function, grouped by module; profiling
+the comparison and the client (cProfile's own time per function, grouped by module; profiling
 inflates small calls, so read the shares, not the absolute numbers; a built-in's time counts
 for the code that calls it).
 
@@ -29,21 +29,16 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+
 from pagedkv.harness.adapters import pagedkv_manager, pagedkv_pool
-from pagedkv.harness.campaign import run_campaign as run_hypothesis_campaign
-from pagedkv.harness.lockstep import CampaignStats
-from pagedkv.harness.manager_machine import make_manager_machine
-from pagedkv.harness.pool_machine import make_pool_machine
+from pagedkv.harness.coverage import Coverage
+from pagedkv.harness.machines.manager import make_manager_machine
+from pagedkv.harness.machines.pool import make_pool_machine
 from pagedkv.harness.swarm import Layer, manager_layer, pool_layer, run_campaign
 
 SEED = 2_025
-SHARED_CHECKS = (
-    "/pagedkv/arguments.py",
-    "/pagedkv/call_arguments.py",
-    "/pagedkv/refusals.py",
-    "/pagedkv/request.py",
-)
-"""impl modules the spec calls as well: argument checks, refusals, the request's checked fields."""
 
 Measure = Callable[[], int]
 """Runs one campaign; the number of steps it ran."""
@@ -59,18 +54,21 @@ def swarm(layer: Layer, steps: int, check_every: int | None = None) -> Measure:
     return measure
 
 
-def hypothesis(layer: str, steps: int) -> Measure:
+def machine(layer: str, steps: int) -> Measure:
+    """The hypothesis machine, about `steps` steps (derandomized examples of up to 50 steps)."""
+
     def measure() -> int:
-        stats = CampaignStats()
-        machine = (
-            make_pool_machine(pagedkv_pool, stats=stats)
+        coverage = Coverage()
+        built = (
+            make_pool_machine(pagedkv_pool, coverage=coverage)
             if layer == "pool"
-            else make_manager_machine(pagedkv_manager, sliding_window=False, stats=stats)
+            else make_manager_machine(pagedkv_manager, sliding_window=False, coverage=coverage)
         )
-        result = run_hypothesis_campaign(machine, stats, max_steps=steps, max_seconds=None)
-        if not result.ok:
-            raise RuntimeError(f"the campaign diverged: {result.failure}")
-        return stats.steps
+        examples = max(1, steps // 30)
+        run_state_machine_as_test(
+            built, settings=settings(max_examples=examples, derandomize=True, database=None)
+        )
+        return coverage.steps
 
     return measure
 
@@ -106,12 +104,12 @@ def _part(filename: str) -> str:
         return "spec (manager, pool, hashing)"
     if "/pagedkv/harness/comparison.py" in path or "/pagedkv/harness/probes.py" in path:
         return "comparison (results, digests, full checks)"
-    if "/pagedkv/harness/adapters.py" in path or "/pagedkv/harness/lockstep.py" in path:
+    if "/pagedkv/harness/adapters.py" in path:
         return "snapshots and adapters"
     if "/pagedkv/harness/" in path:
-        return "driver (drawing, scheduling, coverage)"
-    if path.endswith(SHARED_CHECKS):
-        return "argument checks and request (shared by spec and impl)"
+        return "client and sampling (scheduling, records, coverage)"
+    if "/pagedkv/vocab/" in path:
+        return "vocabulary (argument checks, refusals, request)"
     if "/pagedkv/" in path:
         return "implementation (pagedkv)"
     return "the standard library (random, hashlib, ...)"
@@ -120,7 +118,7 @@ def _part(filename: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=100_000, help="swarm steps per campaign")
-    parser.add_argument("--hypothesis-steps", type=int, default=3_000)
+    parser.add_argument("--machine-steps", type=int, default=3_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile-steps", type=int, default=30_000)
     args = parser.parse_args(argv)
@@ -128,13 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     configurations: list[tuple[str, Measure]] = [
         ("pool, swarm", swarm(pool_layer(pagedkv_pool), args.steps)),
         ("pool, swarm, full check every step", swarm(pool_layer(pagedkv_pool), args.steps, 1)),
-        ("pool, hypothesis", hypothesis("pool", args.hypothesis_steps)),
+        ("pool, hypothesis machine", machine("pool", args.machine_steps)),
         ("manager, swarm", swarm(manager_layer(pagedkv_manager), args.steps)),
         (
             "manager, swarm, full check every step",
             swarm(manager_layer(pagedkv_manager), args.steps, 1),
         ),
-        ("manager, hypothesis", hypothesis("manager", args.hypothesis_steps)),
+        ("manager, hypothesis machine", machine("manager", args.machine_steps)),
     ]
     rates: dict[str, list[float]] = {name: [] for name, _ in configurations}
     for _ in range(args.rounds):
@@ -142,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rates[name].append(cpu_rate(measure))
     print(
         f"pagedkv verify throughput: seed {SEED}, {args.steps:,} swarm steps "
-        f"({args.hypothesis_steps:,} hypothesis steps) per campaign, median of {args.rounds} "
+        f"(about {args.machine_steps:,} machine steps) per campaign, median of {args.rounds} "
         "rounds, CPU time"
     )
     for name, values in rates.items():

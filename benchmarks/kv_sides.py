@@ -2,7 +2,7 @@
 
 A `Side` builds a manager (block size 16, full attention, prefix caching on) and the request
 objects that manager reads. vLLM's modules are fetched at run time, never committed
-(`pagedkv.harness.vllm_wheel.source_tree`); its requests are `VllmShapedRequest`s, written here
+(`pagedkv.harness.vllm.wheel.source_tree`); its requests are `VllmShapedRequest`s, written here
 to cost what vLLM's own `Request` costs the manager: plain attributes, a read-only token view
 whose indexing is a Python method, `num_tokens` a property.
 """
@@ -100,10 +100,10 @@ class VllmShapedRequest:
 
 def fetch_vllm_modules() -> Path:
     """vLLM 0.8.5's KV cache modules with their stand-ins, fetched once into pagedkv's cache."""
-    from pagedkv.harness import vllm_085
-    from pagedkv.harness.vllm_wheel import source_tree
+    from pagedkv.harness.vllm import v0_8_5
+    from pagedkv.harness.vllm.wheel import source_tree
 
-    return source_tree("0.8.5", vllm_085.MODULES, vllm_085.STAND_INS)
+    return source_tree("0.8.5", v0_8_5.MODULES, v0_8_5.STAND_INS)
 
 
 def vllm_side(modules: Path) -> Side:

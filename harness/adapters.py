@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, cast
 
 from pagedkv.block_pool import BlockPool
+from pagedkv.harness.divergence import Divergence
 from pagedkv.harness.protocol import (
     NOT_REPORTED,
     ManagerConfig,
@@ -18,6 +20,7 @@ from pagedkv.harness.protocol import (
 from pagedkv.manager import KVCacheManager
 from pagedkv.spec.block_pool import SpecBlockPool
 from pagedkv.spec.manager import SpecKVCacheManager
+from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab.errors import InvalidArgumentError
 from pagedkv.vocab.hashes import BlockHashType, HashFn
 from pagedkv.vocab.kv_events import KVCacheEvent
@@ -279,8 +282,17 @@ def spec_manager(config: ManagerConfig) -> ManagerUnderTest:
 
 
 def pagedkv_manager(config: ManagerConfig) -> ManagerUnderTest:
-    """pagedkv's `KVCacheManager`, as a manager under test (the default `--manager-impl`)."""
-    return ObjectManagerAdapter(config.build(KVCacheManager))
+    """pagedkv's `KVCacheManager`, as a manager under test (the default `--manager-impl`).
+
+    Under the spec's own semantics the manager is built with its own default, which must be
+    the spec's (`pagedkv.spec.PAGEDKV_SEMANTICS`): a mistake in the shared default switches
+    shows here, not only in what the manager then does.
+    """
+    if config.semantics != PAGEDKV_SEMANTICS:
+        return ObjectManagerAdapter(config.build(KVCacheManager))
+    manager = config.build(KVCacheManager, pass_semantics=False)
+    check_default_semantics("KVCacheManager", manager.semantics)
+    return ObjectManagerAdapter(manager)
 
 
 def spec_pool(
@@ -301,10 +313,34 @@ def pagedkv_pool(
     semantics: Semantics,
     enable_kv_cache_events: bool = False,
 ) -> PoolUnderTest:
-    """pagedkv's optimized `BlockPool`, as a pool under test (the default `--impl`)."""
-    return ObjectPoolAdapter(
-        BlockPool(num_gpu_blocks, enable_caching, semantics, enable_kv_cache_events)
-    )
+    """pagedkv's optimized `BlockPool`, as a pool under test (the default `--impl`); built with
+    its own default semantics under the spec's (see `pagedkv_manager`)."""
+    if semantics != PAGEDKV_SEMANTICS:
+        pool = BlockPool(num_gpu_blocks, enable_caching, semantics, enable_kv_cache_events)
+    else:
+        pool = BlockPool(
+            num_gpu_blocks, enable_caching, enable_kv_cache_events=enable_kv_cache_events
+        )
+        check_default_semantics("BlockPool", pool.semantics)
+    return ObjectPoolAdapter(pool)
+
+
+def check_default_semantics(built: str, semantics: Semantics) -> None:
+    """The semantics an implementation took by default must be the ones the spec states.
+
+    Raises:
+        Divergence: ("semantics", `built`, the first switch that differs).
+    """
+    for switch in dataclasses.fields(PAGEDKV_SEMANTICS):
+        spec, impl = getattr(PAGEDKV_SEMANTICS, switch.name), getattr(semantics, switch.name)
+        if spec != impl:
+            raise Divergence(
+                f"{built}'s default semantics differ from the spec's: {switch.name} is {impl} "
+                f"(the spec states {spec}: pagedkv.spec.semantics)",
+                "semantics",
+                built,
+                switch.name,
+            )
 
 
 def load_factory(target: str) -> Callable[..., Any]:

@@ -1,6 +1,6 @@
 """What a swarm campaign exercised, and the targets it must meet.
 
-The drivers count events as they happen, always on the spec's side (so the counts describe the
+The clients count events as they happen, always on the spec's side (so the counts describe the
 drive, whatever the implementation under test does): `Coverage.counts`. Targets are minimum
 counts per 100,000 steps, each written down once in `MANAGER_TARGETS` / `POOL_TARGETS` with the
 reason for its number. A campaign's counts depend only on its seed and its number of steps, never
@@ -16,7 +16,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 CI_SEED = 2_025
-"""The CI campaign's seed (`tests/test_swarm_campaign.py`, the planted bugs' campaign checker)."""
+"""The CI campaign's seed (`tests/test_swarm_ci_campaign.py`, the planted bugs' campaign
+checker)."""
 CI_MANAGER_STEPS = 200_000
 CI_POOL_STEPS = 100_000
 
@@ -31,9 +32,10 @@ class Coverage:
     Attributes:
         counts: event -> how often it happened (names as in the targets).
         histogram: configuration bucket, feature or operation -> runs that had it.
-        states: hashes of the distinct states seen (see each driver's `state_key`).
+        states: hashes of the distinct states seen (each client's digest of the spec's state).
         steps: steps run.
         runs: runs started.
+        outcomes: (operation, "returned" / "returned None" / error class) -> calls compared.
     """
 
     counts: Counter[str] = field(default_factory=Counter)
@@ -41,6 +43,7 @@ class Coverage:
     states: set[int] = field(default_factory=set)
     steps: int = 0
     runs: int = 0
+    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def start_run(self, histogram_keys: list[str]) -> None:
         """Count a run, and each configuration bucket, feature and operation it has."""

@@ -5,48 +5,56 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagedkv.vocab.request import Request
-
 
 @dataclass(frozen=True)
 class Domain:
-    """Restrictions on what the state machines draw; the defaults restrict nothing.
+    """Restrictions on what a client sends; the defaults restrict nothing.
+
+    Configurations outside the domain are never drawn (`harness/swarm/runs.py`,
+    `harness/machines/`), and the client never sends a request outside it
+    (`harness/client/manager.py`).
 
     Attributes:
-        min_window: the narrowest sliding window drawn (tokens).
+        min_window: the narrowest sliding window (tokens).
+        min_window_over_block: a window is at least `block_size` plus this many tokens (vLLM
+            0.8.5 asserts when the window skips the parent of the next block to cache).
         eagle_with_sliding_window: whether a sliding-window manager may run with `use_eagle`.
         multimodal: whether requests carry multimodal inputs.
+        cache_salts: whether requests carry cache salts (vLLM 0.8.5 has none).
+        listed_blocks_freed: whether the pool client may free a block a request's block list
+            still holds, so that its next `cache_full_blocks` chains to a block that another
+            request may have reused (a manager never does: vLLM 0.33 chains to the request's
+            own hashes then).
     """
 
     min_window: int = 1
+    min_window_over_block: int = 0
     eagle_with_sliding_window: bool = True
     multimodal: bool = True
+    cache_salts: bool = True
+    listed_blocks_freed: bool = True
 
-    def admit(self, request: Request) -> Request:
-        """`request` as the domain allows it: without multimodal inputs if it has none.
-
-        (The machines restrict drawn requests here rather than in the strategy, so that the
-        strategy, and the derandomized examples CI draws from it, stay as they are.)
-        """
-        if self.multimodal or not request.mm_positions:
-            return request
-        return Request(
-            request.request_id,
-            request.prompt_token_ids,
-            lora_id=request.lora_id,
-            cache_salt=request.cache_salt,
-            prompt_logprobs=request.prompt_logprobs,
-        )
+    def window(self, drawn: int, block_size: int) -> int:
+        """The narrowest window the domain allows at or above `drawn`."""
+        if self.min_window_over_block:
+            drawn = max(drawn, block_size + self.min_window_over_block)
+        return max(drawn, self.min_window)
 
     def describe(self) -> str:
         """The restrictions in words, or "" for the full domain."""
         parts = []
         if self.min_window > 1:
             parts.append(f"windows of {self.min_window}+ tokens")
+        if self.min_window_over_block:
+            parts.append(f"windows of block size + {self.min_window_over_block}+ tokens")
         if not self.eagle_with_sliding_window:
             parts.append("no eagle with a sliding window")
         if not self.multimodal:
             parts.append("no multimodal inputs")
+        if not self.cache_salts:
+            parts.append("no cache salts")
+        if not self.listed_blocks_freed:
+            parts.append("no block freed while a request lists it")
         return ", ".join(parts)
 
 

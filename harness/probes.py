@@ -5,8 +5,9 @@ invariant checks hundreds; the swarm engine takes those on a cadence (`harness/c
 After every step it compares a *digest* instead: the number of free blocks and, for each request
 (or block) the step touched, what the step could have changed. A probe reads that digest
 straight from the objects pagedkv knows (the spec, pagedkv's own classes, and anything shaped
-like vLLM's, through `ObjectPoolAdapter` / `ObjectManagerAdapter`); for any other object under
-test it falls back to `snapshot()`, which is correct but slow.
+like vLLM's, through `ObjectPoolAdapter` / `ObjectManagerAdapter` themselves); for any other
+object under test, a subclass of those adapters included (it may translate what it shows, as
+vLLM 0.33's hash keys), it falls back to `snapshot()`, which is correct but slow.
 
 Digest of a request: (its block ids, its cached-block count, how many block hashes it stores).
 Digest of a block: (its ref_cnt, its hash).
@@ -14,7 +15,7 @@ Digest of a block: (its ref_cnt, its hash).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pagedkv.harness.adapters import (
@@ -51,7 +52,7 @@ def manager_probe(side: Any) -> Probe:
     """The fastest probe `side` (a manager under test) allows."""
     if isinstance(side, SpecManagerAdapter):
         return _spec_manager_probe(side)
-    if isinstance(side, ObjectManagerAdapter):
+    if type(side) is ObjectManagerAdapter:  # a subclass may translate what it shows
         return _object_manager_probe(side)
     return _snapshot_manager_probe(side)
 
@@ -64,7 +65,7 @@ def pool_probe(side: Any) -> Probe:
             spec.get_num_free_blocks,
             lambda block_id: (spec.ref_cnt[block_id], spec.block_hash[block_id]),
         )
-    if isinstance(side, ObjectPoolAdapter):
+    if type(side) is ObjectPoolAdapter:  # a subclass may translate what it shows
         pool = side.pool
         blocks = pool.blocks
 
@@ -115,8 +116,18 @@ def _snapshot_manager_probe(side: Any) -> Probe:
         state = side.snapshot()
         return (
             tuple(state.blocks.get(request_id, ())),
-            state.num_cached.get(request_id),
-            len(state.hashes.get(request_id, ())),
+            _get(state.num_cached, request_id, None),
+            _get(state.hashes, request_id, (), len),
         )
 
     return Probe(num_free, request)
+
+
+def _get(
+    field: object, key: str, default: Any, view: Callable[[Any], Any] = lambda value: value
+) -> Any:
+    """`view(field.get(key, default))` of a snapshot's mapping; the field itself when the
+    object under test does not report it (an unobserved value, equal to anything)."""
+    if not isinstance(field, Mapping):
+        return field
+    return view(field.get(key, default))

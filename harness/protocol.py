@@ -7,8 +7,9 @@ objects look like. A pool shaped like vLLM's `BlockPool` (block objects with `bl
 
 `pagedkv verify --impl module:factory` imports `factory` and calls
 `factory(num_gpu_blocks, enable_caching, semantics)`; it must return a `PoolUnderTest`.
-`--manager-impl module:factory` calls `factory(ManagerConfig)` for a `ManagerUnderTest`; a
-manager shaped like vLLM's `KVCacheManager` needs only `ObjectManagerAdapter`.
+`--manager-impl module:factory` calls `factory(ManagerConfig)` for a `ManagerUnderTest` (or, for a
+config of several KV cache groups, a `HybridManagerUnderTest`); a manager shaped like vLLM's
+`KVCacheManager` needs only `ObjectManagerAdapter`.
 
 KV cache events (`pagedkv.vocab.kv_events`) are compared only for objects that emit them
 (`EmitsKVEvents`), built with events on (`ManagerConfig.enable_kv_cache_events`, or a
@@ -21,9 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeAlias, TypeVar
 
-from pagedkv.vocab.hashes import BlockHashType, HashFn
+from pagedkv.vocab.hashes import BlockHashType, CacheKey, HashFn
 from pagedkv.vocab.kv_cache_interface import KVCacheConfig
 from pagedkv.vocab.kv_events import KVCacheEvent
 from pagedkv.vocab.prefix_cache_stats import PrefixCacheStats
@@ -58,8 +59,9 @@ class PoolSnapshot:
     Attributes:
         free_order: the free queue, head first.
         ref_cnt: ref_cnt of every block, by id.
-        block_hash: hash of every block (None if uncached), by id.
-        index: hash -> ids cached under it, first inserted first.
+        block_hash: index key of every block (its hash, or a `GroupKey` for a KV cache group
+            other than 0; None if uncached), by id.
+        index: key -> ids cached under it, first inserted first.
         num_free_blocks: as reported by `get_num_free_blocks()`.
         usage: as reported by `get_usage()`.
         kv_events: the KV cache events queued and not yet taken, oldest first; None with events
@@ -68,8 +70,8 @@ class PoolSnapshot:
 
     free_order: tuple[int, ...]
     ref_cnt: tuple[int, ...]
-    block_hash: tuple[BlockHashType | None, ...]
-    index: Mapping[BlockHashType, tuple[int, ...]]
+    block_hash: tuple[CacheKey | None, ...]
+    index: Mapping[CacheKey, tuple[int, ...]]
     num_free_blocks: int
     usage: float
     kv_events: tuple[KVCacheEvent, ...] | None = None
@@ -164,10 +166,13 @@ class ManagerConfig:
     semantics: Semantics
     enable_kv_cache_events: bool = False
 
-    def build(self, manager_class: Callable[..., M]) -> M:
+    def build(self, manager_class: Callable[..., M], *, pass_semantics: bool = True) -> M:
         """`manager_class` called with these arguments, the way KVCacheManager takes them
-        (`enable_kv_cache_events` only when on: a manager without events need not take it)."""
-        events = {"enable_kv_cache_events": True} if self.enable_kv_cache_events else {}
+        (`enable_kv_cache_events` only when on: a manager without events need not take it;
+        without `pass_semantics`, the manager takes its own default)."""
+        options: dict[str, object] = {"semantics": self.semantics} if pass_semantics else {}
+        if self.enable_kv_cache_events:
+            options["enable_kv_cache_events"] = True
         return manager_class(
             self.kv_cache_config,
             self.max_model_len,
@@ -175,9 +180,16 @@ class ManagerConfig:
             self.caching_hash_algo,
             self.use_eagle,
             self.log_stats,
-            semantics=self.semantics,
-            **events,
+            **options,
         )
+
+
+Hits: TypeAlias = "list[int] | tuple[list[int], ...]"
+"""Block ids a manager call takes or returns: one list for a single KV cache group; one list per
+group, in the config's group order, for a hybrid manager (several groups)."""
+
+BlockIds: TypeAlias = "tuple[int, ...] | tuple[tuple[int, ...], ...]"
+"""A request's blocks in a snapshot: a tuple of ids, or one per group for a hybrid manager."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +198,8 @@ class ManagerSnapshot:
 
     Attributes:
         pool: the block pool's snapshot.
-        blocks: request id -> its block ids (requests with no blocks left out).
+        blocks: request id -> its block ids, one tuple per group for a hybrid manager
+            (requests with no blocks left out).
         hashes: request id -> its stored block hashes (empty lists left out).
         num_cached: request id -> its cached-block count.
         stats: (reset, requests, queries, hits) of the pending prefix-cache stats, or None.
@@ -195,7 +208,7 @@ class ManagerSnapshot:
     """
 
     pool: PoolSnapshot
-    blocks: Mapping[str, tuple[int, ...]]
+    blocks: Mapping[str, BlockIds]
     hashes: Mapping[str, tuple[BlockHashType, ...]]
     num_cached: Mapping[str, int]
     stats: tuple[bool, int, int, int] | None
@@ -244,5 +257,42 @@ class ManagerUnderTest(Protocol):
     def check_invariants(self) -> None: ...
 
 
-ManagerFactory = Callable[[ManagerConfig], ManagerUnderTest]
+class HybridManagerUnderTest(Protocol):
+    """A manager of several KV cache groups (HybridKVCacheManager's operations, over block
+    ids): as `ManagerUnderTest`, with block ids per group, in the config's group order, and a
+    common prefix per group. Its snapshot's `blocks` hold one tuple per group."""
+
+    def get_computed_blocks(self, request: Request) -> tuple[tuple[list[int], ...], int]: ...
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_tokens: int,
+        new_computed_blocks: Sequence[Sequence[int]] | None = None,
+        num_lookahead_tokens: int = 0,
+    ) -> tuple[list[int], ...] | None: ...
+
+    def free(self, request: Request) -> None: ...
+
+    def free_block_hashes(self, request: Request) -> None: ...
+
+    def reset_prefix_cache(self) -> bool: ...
+
+    def get_num_common_prefix_blocks(
+        self, request: Request, num_running_requests: int
+    ) -> tuple[int, ...]: ...
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None: ...
+
+    @property
+    def usage(self) -> float: ...
+
+    def snapshot(self) -> ManagerSnapshot: ...
+
+    def check_invariants(self) -> None: ...
+
+
+AnyManagerUnderTest: TypeAlias = "ManagerUnderTest | HybridManagerUnderTest"
+
+ManagerFactory = Callable[[ManagerConfig], AnyManagerUnderTest]
 """`factory(config)` -> a fresh manager under test."""

@@ -1,93 +1,118 @@
-"""Check an implementation against pagedkv's executable spec, step by step, and report.
+"""`pagedkv verify`: check an implementation against pagedkv's executable spec, and report.
 
-Runs differential campaigns (spec vs the implementation under test) for a budget of steps or
-seconds: by default the swarm engine (`pagedkv.harness.swarm_verify`: seeded runs drawn from the
-whole configuration space, a coverage table with targets), or with `--engine hypothesis` the
-hypothesis state machines. Exit status: 0 when no divergence was found (and, for the swarm,
-every coverage target was met), 1 with the shrunk failing sequence when one was, 2 on bad
-arguments, 3 when a swarm campaign found no divergence but missed a coverage target.
+One campaign per layer: the block pool (`--impl module:factory`; `factory(num_gpu_blocks,
+enable_caching, semantics)` returns a `pagedkv.harness.PoolUnderTest`), then the request-level
+manager, full attention and sliding window drawn run by run (`--manager-impl module:factory`;
+`factory(ManagerConfig)` returns a `ManagerUnderTest`). Wrap vLLM-shaped objects in
+`ObjectPoolAdapter` or `ObjectManagerAdapter`. A campaign is a sequence of seeded swarm runs
+(`pagedkv.harness.swarm`), each a simulated client (`pagedkv.harness.client`) driving the spec
+and the implementation in lock-step.
 
-Two layers: the block pool (`--impl module:factory`; `factory(num_gpu_blocks, enable_caching,
-semantics)` returns a `pagedkv.harness.protocol.PoolUnderTest`) and the request-level manager,
-for full attention and sliding window (`--manager-impl module:factory`; `factory(ManagerConfig)`
-returns a `ManagerUnderTest`). Wrap vLLM-shaped objects in `ObjectPoolAdapter` or
-`ObjectManagerAdapter` (`pagedkv.harness.adapters`). The default runs every campaign.
+`--against vllm==0.8.5` (or `vllm==0.33.0`, `vllm==latest`) checks a vllm release's own pool and
+manager: its KV cache modules are fetched from PyPI at run time and run under the semantics they
+conform to (`pagedkv.harness.vllm`), on the same swarm engine and coverage table, within the
+domain (`pagedkv.harness.domain`) the release supports, with valid calls only (vLLM leaves
+misuse undefined).
 
-`--against vllm==0.8.5` (or `vllm==latest`) checks a vllm release's own pool and manager: its
-KV cache modules are fetched from PyPI at run time and run under the semantics they conform to
-(`pagedkv.harness.vllm_against`), on the hypothesis state machines, which hold the domain
-restrictions (`pagedkv.harness.domain`) such a release needs. A factory that cannot be loaded or
-built, or a release that cannot be fetched, is a setup error (exit status 2, with its
-traceback), never a divergence.
+Every report ends with the one command that replays it. Exit status: 0 when no divergence was
+found and every coverage target was met; 1 with the shrunk failing run when one was; 2 on bad
+arguments or a setup error (a factory that cannot be loaded or built, a release that cannot be
+fetched: nothing was checked); 3 when no divergence was found but a coverage target was missed;
+4 when the harness itself failed (a bug of pagedkv's harness, never of the implementation).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import traceback
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from hypothesis.stateful import RuleBasedStateMachine
-
 from pagedkv.harness.adapters import load_factory, pagedkv_manager, pagedkv_pool
-from pagedkv.harness.campaign import CampaignResult, ProgressBar, run_campaign
-from pagedkv.harness.domain import FULL_DOMAIN, Domain
-from pagedkv.harness.lockstep import CampaignStats
-from pagedkv.harness.manager_machine import make_manager_machine
-from pagedkv.harness.pool_machine import make_pool_machine
+from pagedkv.harness.comparison import quiet_refusal_warnings
+from pagedkv.harness.coverage import (
+    MANAGER_TARGETS,
+    POOL_TARGETS,
+    Coverage,
+    evaluate,
+    unmet,
+)
+from pagedkv.harness.divergence import signature_of
+from pagedkv.harness.domain import FULL_DOMAIN
 from pagedkv.harness.setup_check import (
     Guarded,
     SetupError,
     check_manager_factory,
     check_pool_factory,
 )
-from pagedkv.harness.vllm_against import Against, prepare
+from pagedkv.harness.swarm.engine import (
+    Campaign,
+    CampaignRun,
+    RunFailure,
+    execute_run,
+    manager_layer,
+    offers_kv_events,
+    pool_layer,
+    run_campaign,
+)
+from pagedkv.harness.swarm.report import (
+    ProgressBar,
+    format_report,
+    render_harness_error,
+    render_shrunk,
+)
+from pagedkv.harness.swarm.shrink import shrink
+from pagedkv.harness.vllm.against import Against, prepare
+from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab.errors import InvalidArgumentError
-from pagedkv.vocab.semantics import SEMANTICS_BY_NAME, Semantics
+from pagedkv.vocab.semantics import VLLM_0_8_5, VLLM_0_33, Semantics
 
 DEFAULT_POOL_IMPL = "pagedkv.harness.adapters:pagedkv_pool"
 DEFAULT_MANAGER_IMPL = "pagedkv.harness.adapters:pagedkv_manager"
-DEFAULT_POOL_STEPS = 25_000
-DEFAULT_MANAGER_STEPS = 10_000
+DEFAULT_POOL_STEPS = 200_000
+DEFAULT_MANAGER_STEPS = 400_000
+SEMANTICS: dict[str, Semantics] = {
+    "pagedkv": PAGEDKV_SEMANTICS,
+    "vllm-0.8.5": VLLM_0_8_5,
+    "vllm-0.33": VLLM_0_33,
+}
+"""`--semantics` names: pagedkv's (as the spec states it), and the vLLM releases'."""
+EXIT_DIVERGENCE = 1
+EXIT_SETUP = 2
+EXIT_COVERAGE = 3
+EXIT_HARNESS = 4
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--engine",
-        choices=("swarm", "hypothesis"),
-        default="swarm",
-        help="the swarm campaign engine, or the hypothesis state machines (default: swarm)",
-    )
-    parser.add_argument(
         "--seed",
         type=int,
         default=None,
-        help="swarm: the campaign seed (default: random, printed in the report)",
+        help="the campaign seed (default: random, printed in the report)",
     )
     parser.add_argument(
         "--replay-run",
         type=int,
         default=None,
         metavar="SEED",
-        help="swarm: run only the run of this seed (as a report names it) and shrink it",
+        help="run only the run of this seed (as a report names it) and shrink it if it fails",
     )
     parser.add_argument(
         "--check-every",
         type=int,
         default=None,
         metavar="K",
-        help="swarm: compare whole snapshots and run the invariant checks every K steps "
+        help="compare whole snapshots and run the invariant checks every K steps "
         "(1: every step; default: drawn per run, by pool size)",
     )
     parser.add_argument(
         "--steps-per-run",
         type=int,
         default=None,
-        help="swarm: the length of every run (default: drawn, 20-2,000 steps)",
+        help="the length of every run (default: drawn, 20-2,000 steps)",
     )
     parser.add_argument(
         "--layer",
@@ -117,132 +142,120 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--steps",
         type=int,
         default=None,
-        help="steps per campaign (default: swarm 200,000 for the pool and 400,000 for the "
-        f"manager; hypothesis {DEFAULT_POOL_STEPS:,} for the pool, "
-        f"{DEFAULT_MANAGER_STEPS:,} per attention type for the manager)",
+        help=f"steps per campaign (default: {DEFAULT_POOL_STEPS:,} for the pool, "
+        f"{DEFAULT_MANAGER_STEPS:,} for the manager)",
     )
     parser.add_argument(
         "--seconds",
         type=float,
         default=None,
-        help="stop each campaign after this many seconds (default: none; with the swarm and "
-        "no --steps, run until then: nightly runs)",
-    )
-    parser.add_argument(
-        "--steps-per-example",
-        type=int,
-        default=50,
-        help="hypothesis: longest operation sequence before a fresh pool or manager (default: 50)",
+        help="stop each campaign after this many seconds (with no --steps: run until then)",
     )
     parser.add_argument(
         "--semantics",
-        choices=sorted(SEMANTICS_BY_NAME),
+        choices=sorted(SEMANTICS),
         default=None,
-        help="pagedkv's deliberate differences, or vLLM 0.8.5 conformance (default: pagedkv)",
+        help="pagedkv's deliberate differences, or a vLLM release's behaviour (default: pagedkv)",
     )
     parser.add_argument(
         "--against",
         default=None,
         metavar="vllm==VERSION",
         help="check a vllm release's own BlockPool and KVCacheManager, fetched from PyPI "
-        "(vllm==0.8.5, or vllm==latest); sets the implementations and the semantics",
+        "(vllm==0.8.5, vllm==0.33.0 or vllm==latest); sets the implementations, the semantics "
+        "and the domain",
     )
     parser.add_argument(
         "--no-misuse",
         action="store_true",
         help="only valid calls (for implementations that leave misuse undefined, like vLLM); "
-        "implied by --semantics vllm-0.8.5",
+        "implied by --semantics other than pagedkv and by --against",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-@dataclass(frozen=True)
-class Campaign:
-    """One campaign: what is checked, against which implementation, with which machine."""
-
-    layer: str
-    impl: str
-    semantics: Semantics
-    misuse: bool
-    machine: type[RuleBasedStateMachine]
-    stats: CampaignStats
-    steps: int
-    factory: Guarded | None = field(default=None, compare=False)
-    domain: Domain = FULL_DOMAIN
-
-
-def plan_campaigns(args: argparse.Namespace, against: Against | None = None) -> list[Campaign]:
-    """The campaigns the arguments ask for, in order (pool first).
+def plan(args: argparse.Namespace, against: Against | None) -> list[Campaign]:
+    """The campaigns the arguments ask for, pool first; each factory tried first.
 
     Raises:
         SetupError: a factory raised, or built an object that cannot be observed.
+        InvalidArgumentError, ImportError: a factory cannot be loaded.
     """
-    semantics = SEMANTICS_BY_NAME[args.semantics or "pagedkv"]
+    semantics = SEMANTICS[args.semantics or "pagedkv"]
+    domain = FULL_DOMAIN
     if against is not None:
-        semantics = against.adapter.semantics
-    misuse = against is None and not args.no_misuse and semantics == SEMANTICS_BY_NAME["pagedkv"]
-    domain = FULL_DOMAIN if against is None else against.adapter.domain
+        semantics, domain = against.adapter.semantics, against.adapter.domain
+    misuse = against is None and not args.no_misuse and semantics == PAGEDKV_SEMANTICS
+    unbounded = args.seconds is not None and args.steps is None
     campaigns = []
     if args.layer in ("pool", "all"):
-        pool_name = args.impl if against is None else against.name
-        pool_factory = against.pool_factory if against else load_factory(args.impl)
-        check_pool_factory(pool_factory, pool_name, semantics)
-        pool_guard = _guard(pool_factory, pool_name)
-        stats = CampaignStats()
-        machine = make_pool_machine(
-            pool_guard or pool_factory,
+        name = args.impl if against is None else against.name
+        factory: Any = against.pool_factory if against else load_factory(args.impl)
+        check_pool_factory(factory, name, semantics)
+        layer = pool_layer(
+            _guarded(factory, name),
             semantics=semantics,
             misuse=misuse,
-            stats=stats,
+            steps_per_run=args.steps_per_run,
+            kv_events=offers_kv_events(factory),
             domain=domain,
         )
-        steps = args.steps or DEFAULT_POOL_STEPS
+        steps = args.steps or (sys.maxsize if unbounded else DEFAULT_POOL_STEPS)
+        flags = _flags(args, "pool")
         campaigns.append(
             Campaign(
-                "block pool",
-                pool_name,
-                semantics,
-                misuse,
-                machine,
-                stats,
-                steps,
-                pool_guard,
-                domain,
+                "block pool", name, layer, semantics, misuse, domain, steps, POOL_TARGETS, flags
             )
         )
     if args.layer in ("manager", "all"):
-        manager_name = args.manager_impl if against is None else against.name
-        manager_factory = against.manager_factory if against else load_factory(args.manager_impl)
-        check_manager_factory(manager_factory, manager_name, semantics)
-        manager_guard = _guard(manager_factory, manager_name)
-        for attention in ("full", "sliding"):
-            if args.attention not in (attention, "both"):
-                continue
-            stats = CampaignStats()
-            manager_machine = make_manager_machine(
-                manager_guard or manager_factory,
-                sliding_window=attention == "sliding",
-                semantics=semantics,
-                misuse=misuse,
-                stats=stats,
-                domain=domain,
-            )
-            kind = "sliding window" if attention == "sliding" else "full attention"
-            steps = args.steps or DEFAULT_MANAGER_STEPS
-            campaigns.append(
-                Campaign(
-                    f"KV cache manager, {kind}",
-                    manager_name,
-                    semantics,
-                    misuse,
-                    manager_machine,
-                    stats,
-                    steps,
-                    manager_guard,
-                    domain,
-                )
-            )
+        name = args.manager_impl if against is None else against.name
+        factory = against.manager_factory if against else load_factory(args.manager_impl)
+        check_manager_factory(factory, name, semantics)
+        layer = manager_layer(
+            _guarded(factory, name),
+            semantics=semantics,
+            misuse=misuse,
+            attention=args.attention,
+            steps_per_run=args.steps_per_run,
+            kv_events=offers_kv_events(factory),
+            domain=domain,
+        )
+        kinds = {"full": ", full attention", "sliding": ", sliding window"}
+        title = "KV cache manager" + kinds.get(args.attention, "")
+        steps = args.steps or (sys.maxsize if unbounded else DEFAULT_MANAGER_STEPS)
+        flags = _flags(args, "manager")
+        campaigns.append(
+            Campaign(title, name, layer, semantics, misuse, domain, steps, MANAGER_TARGETS, flags)
+        )
     return campaigns
+
+
+def _guarded(factory: Any, target: str) -> Any:
+    """`factory`, wrapped so that an error it raises mid-campaign is a setup error; pagedkv's
+    own factories stay as they are (the clients recognize them to demand the spec's wording)."""
+    return factory if factory in (pagedkv_pool, pagedkv_manager) else Guarded(factory, target)
+
+
+def _flags(args: argparse.Namespace, layer: str) -> str:
+    """The options that rebuild one layer's campaign (the seed and budget apart)."""
+    flags = [f"--layer {layer}"]
+    if args.against is not None:
+        flags.append(f"--against {args.against}")
+    if layer == "pool" and args.impl != DEFAULT_POOL_IMPL:
+        flags.append(f"--impl {args.impl}")
+    if layer == "manager" and args.manager_impl != DEFAULT_MANAGER_IMPL:
+        flags.append(f"--manager-impl {args.manager_impl}")
+    if layer == "manager" and args.attention != "both":
+        flags.append(f"--attention {args.attention}")
+    if args.semantics not in (None, "pagedkv"):
+        flags.append(f"--semantics {args.semantics}")
+    if args.no_misuse:
+        flags.append("--no-misuse")
+    if args.steps_per_run is not None:
+        flags.append(f"--steps-per-run {args.steps_per_run}")
+    if args.check_every is not None:
+        flags.append(f"--check-every {args.check_every}")
+    return " ".join(flags)
 
 
 def report_setup_error(error: BaseException) -> int:
@@ -251,24 +264,43 @@ def report_setup_error(error: BaseException) -> int:
     if cause is not None:
         traceback.print_exception(type(cause), cause, cause.__traceback__, file=sys.stderr)
     print(f"pagedkv verify: setup error (nothing was checked): {error}", file=sys.stderr)
-    return 2
+    return EXIT_SETUP
+
+
+def _setup_error(failure: BaseException) -> SetupError | None:
+    """The setup error behind a failed run: the factory raised (not a divergence)."""
+    for error in (failure, failure.__cause__, failure.__context__):
+        if isinstance(error, SetupError):
+            return error
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
-    if (args.steps is not None and args.steps <= 0) or (
-        args.seconds is not None and args.seconds <= 0
+    """`pagedkv verify` with parsed arguments; the exit status."""
+    if any(
+        value is not None and value <= 0
+        for value in (args.steps, args.seconds, args.check_every, args.steps_per_run)
     ):
-        print("pagedkv verify: --steps and --seconds must be positive", file=sys.stderr)
-        return 2
-    if args.engine == "swarm" and args.against is None:
-        return _run_swarm(args)
+        print(
+            "pagedkv verify: --steps, --seconds, --check-every and --steps-per-run must be "
+            "positive",
+            file=sys.stderr,
+        )
+        return EXIT_SETUP
     against = None
     if args.against is not None:
-        chosen = [f"--{name.replace('_', '-')}" for name in ("impl", "manager_impl", "semantics")]
-        chosen = [flag for flag, given in zip(chosen, _explicit(args), strict=True) if given]
+        chosen = [
+            flag
+            for flag, given in (
+                ("--impl", args.impl != DEFAULT_POOL_IMPL),
+                ("--manager-impl", args.manager_impl != DEFAULT_MANAGER_IMPL),
+                ("--semantics", args.semantics is not None),
+            )
+            if given
+        ]
         if chosen:
             print(f"pagedkv verify: --against sets {', '.join(chosen)} itself", file=sys.stderr)
-            return 2
+            return EXIT_SETUP
         try:
             against = prepare(args.against)
         except SetupError as error:
@@ -278,95 +310,96 @@ def run(args: argparse.Namespace) -> int:
         for name in against.adapter.loggers:
             logging.getLogger(name).setLevel(logging.ERROR)
     try:
-        campaigns = plan_campaigns(args, against)
+        campaigns = plan(args, against)
     except (InvalidArgumentError, ImportError) as error:
         print(f"pagedkv verify: cannot load the implementation: {error}", file=sys.stderr)
-        return 2
+        return EXIT_SETUP
     except SetupError as error:
         return report_setup_error(error)
-    # Refused prefix-cache resets log a warning each; thousands of them are noise here.
-    logging.getLogger("pagedkv").setLevel(logging.ERROR)
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big")
+    with quiet_refusal_warnings():
+        if args.replay_run is not None:
+            campaign = campaigns[0] if args.layer == "pool" else campaigns[-1]
+            return replay_one(campaign, args.replay_run)
+        return _run_campaigns(args, campaigns, seed)
+
+
+def _run_campaigns(args: argparse.Namespace, campaigns: list[Campaign], seed: int) -> int:
+    status = 0
     for index, campaign in enumerate(campaigns):
         progress = None if args.quiet else ProgressBar(campaign.steps)
-        campaign.stats.on_progress = progress
         result = run_campaign(
-            campaign.machine,
-            campaign.stats,
+            campaign.layer,
+            seed=seed,
             max_steps=campaign.steps,
             max_seconds=args.seconds,
-            steps_per_example=args.steps_per_example,
+            check_every=args.check_every,
+            progress=None if progress is None else _show(progress),
         )
         if progress is not None:
-            progress.close(campaign.stats)
-        if campaign.factory is not None and campaign.factory.error is not None:
-            return report_setup_error(campaign.factory.error)
+            progress.show(result.coverage.steps, len(result.coverage.states), final=True)
         if index:
             print()
-        print(format_report(campaign, result), flush=True)
-        if not result.ok:
-            return 1
-    return 0
+        outcome = _report(campaign, result)
+        if outcome:
+            return outcome
+        if unmet(evaluate(result.coverage, campaign.targets, campaign.modes)):
+            status = EXIT_COVERAGE
+    return status
 
 
-def _run_swarm(args: argparse.Namespace) -> int:
-    from pagedkv.harness.swarm_verify import run_swarm
-
-    if any(value is not None and value <= 0 for value in (args.check_every, args.steps_per_run)):
-        print("pagedkv verify: --check-every and --steps-per-run must be positive", file=sys.stderr)
-        return 2
-    logging.getLogger("pagedkv").setLevel(logging.ERROR)
-    try:
-        return run_swarm(args)
-    except (InvalidArgumentError, ImportError) as error:
-        print(f"pagedkv verify: cannot load the implementation: {error}", file=sys.stderr)
-        return 2
-    except SetupError as error:
-        return report_setup_error(error)
-
-
-def _guard(factory: Any, target: str) -> Guarded | None:
-    """A guard that tells set-up errors from divergences; none for pagedkv's own factories,
-    which the machines recognize by identity to hold them to the spec's wording."""
-    return None if factory in (pagedkv_pool, pagedkv_manager) else Guarded(factory, target)
+def _report(campaign: Campaign, result: CampaignRun) -> int:
+    """Print one campaign's report; the exit status of a failure (0: none)."""
+    failure = result.failure
+    targets = evaluate(result.coverage, campaign.targets, campaign.modes)
+    if failure is None:
+        print("\n".join(format_report(campaign, result, targets)), flush=True)
+        return 0
+    setup_error = _setup_error(failure.error)
+    if setup_error is not None:
+        return report_setup_error(setup_error)
+    lines = format_report(campaign, result, targets)
+    if signature_of(failure.error)[0] == "harness error":
+        print("\n".join([*lines, "", *render_harness_error(failure, campaign.flags)]))
+        return EXIT_HARNESS
+    print("pagedkv verify: shrinking the failing run ...", file=sys.stderr, flush=True)
+    shrunk = shrink(campaign.layer, failure.run, failure.ops, failure.error)
+    print("\n".join([*lines, "", *render_shrunk(shrunk, campaign.flags, failure.run.seed)]))
+    return EXIT_DIVERGENCE
 
 
-def _explicit(args: argparse.Namespace) -> tuple[bool, bool, bool]:
-    """Whether --impl, --manager-impl and --semantics were given (not left at their defaults)."""
-    return (
-        args.impl != DEFAULT_POOL_IMPL,
-        args.manager_impl != DEFAULT_MANAGER_IMPL,
-        args.semantics is not None,
-    )
+def _show(progress: ProgressBar) -> Callable[[Coverage], None]:
+    def update(coverage: Coverage) -> None:
+        progress.show(coverage.steps, len(coverage.states))
+
+    return update
 
 
-def format_report(campaign: Campaign, result: CampaignResult) -> str:
-    stats = result.stats
-    lines = [
-        f"pagedkv verify — {campaign.layer}: spec vs {campaign.impl}",
-        f"  semantics              {campaign.semantics.name}"
-        f"{'' if campaign.misuse else ' (valid calls only)'}",
-        *(
-            [f"  domain                 {campaign.domain.describe()}"]
-            * bool(campaign.domain.describe())
-        ),
-        f"  steps                  {stats.steps:,} in {stats.examples:,} runs",
-        f"  operations checked     {stats.operations:,} "
-        f"({stats.matched_errors:,} raised the same error in both and changed nothing)",
-        f"  steps per second       {result.steps_per_second:,.0f}",
-        f"  distinct states seen   {len(stats.state_keys):,}",
-        f"  invariant checks run   {stats.invariant_checks:,}",
-        f"  time                   {result.seconds:.1f} s",
-    ]
-    if result.failure is None:
-        lines.append("  result                 OK: no divergence")
-    else:
-        lines += [
-            "  result                 DIVERGENCE",
-            "",
-            "Shrunk failing sequence:",
-            result.failure,
-        ]
-    return "\n".join(lines)
+def replay_one(campaign: Campaign, seed: int) -> int:
+    """Run one run by its seed, as its campaign ran it; shrink and print it if it fails."""
+    run = campaign.layer.draw(seed)
+    coverage = Coverage()
+    ops, error = execute_run(campaign.layer, run, coverage)
+    print(f"pagedkv verify — {campaign.title}, run {seed}: spec vs {campaign.impl}")
+    print(f"  run                    {run.describe()}")
+    print(f"  steps                  {len(ops):,}")
+    if error is None:
+        print("  result                 OK: no divergence")
+        print(f"  replay                 pagedkv verify {campaign.flags} --replay-run {seed}")
+        return 0
+    setup_error = _setup_error(error)
+    if setup_error is not None:
+        return report_setup_error(setup_error)
+    print()
+    if signature_of(error)[0] == "harness error":
+        failure = RunFailure(run, 0, tuple(ops), error)
+        print("\n".join(render_harness_error(failure, campaign.flags)))
+        return EXIT_HARNESS
+    shrunk = shrink(campaign.layer, run, ops, error)
+    print("  result                 DIVERGENCE")
+    print()
+    print("\n".join(render_shrunk(shrunk, campaign.flags, seed)))
+    return EXIT_DIVERGENCE
 
 
 def main(argv: Sequence[str] | None = None) -> int:

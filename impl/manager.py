@@ -251,6 +251,12 @@ class KVCacheManager:
             block_hashes = hash_request_tokens(self.caching_hash_fn, self.block_size, request)
             self.req_to_block_hashes[request_id] = block_hashes
             self._track(request_id, request)
+        elif (
+            self.semantics.lookup_hashes_every_full_block
+            and len(block_hashes) * self.block_size <= request.num_tokens - self.block_size
+        ):  # blocks generated before a preemption (vLLM 0.33's lookup)
+            chain = hash_request_tokens(self.caching_hash_fn, self.block_size, request)
+            block_hashes.extend(chain[len(block_hashes) :])
         stats = self.prefix_cache_stats
         if stats is not None:
             stats.requests += 1

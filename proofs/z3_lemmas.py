@@ -442,7 +442,7 @@ def _euclid(a: int, b: int) -> int:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class LemmaOutcome:
     """What z3 said about one lemma or wrong variant.
 
     Attributes:
@@ -477,7 +477,7 @@ class Verdict:
         return f"{line}\n      {self.lemma.statement}"
 
 
-def check(lemma_: Lemma, timeout_ms: int = TIMEOUT_MS) -> Verdict:
+def check(lemma_: Lemma, timeout_ms: int = TIMEOUT_MS) -> LemmaOutcome:
     """Prove the lemma (unsat of hypothesis and not conclusion), or find a counterexample."""
     arithmetic = Arithmetic()
     hypothesis, conclusion = lemma_.claim(arithmetic)
@@ -485,19 +485,19 @@ def check(lemma_: Lemma, timeout_ms: int = TIMEOUT_MS) -> Verdict:
     for divisor in arithmetic.divisors:
         status, _ = _solve([hypothesis, divisor == 0], timeout_ms)
         if status != z3.unsat:
-            return Verdict(lemma_, "undefined", time.perf_counter() - start)
+            return LemmaOutcome(lemma_, "undefined", time.perf_counter() - start)
     status, model = _solve([hypothesis, z3.Not(conclusion)], timeout_ms)
     seconds = time.perf_counter() - start
     if status == z3.unsat:
-        return Verdict(lemma_, "proved", seconds)
+        return LemmaOutcome(lemma_, "proved", seconds)
     if status == z3.unknown or model is None:
-        return Verdict(lemma_, "unknown", seconds)
+        return LemmaOutcome(lemma_, "unknown", seconds)
     values = {
         str(constant): model.eval(constant, model_completion=True).as_long()
         for constant in _constants(z3.And(hypothesis, conclusion))
     }
     replayed = None if lemma_.replay is None else bool(lemma_.replay(values))
-    return Verdict(lemma_, "refuted", seconds, values, replayed)
+    return LemmaOutcome(lemma_, "refuted", seconds, values, replayed)
 
 
 def _constants(expression: Term) -> list[Term]:

@@ -22,13 +22,29 @@ from pagedkv.vocab.arguments import (
     require_str,
 )
 from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError, KVCacheConfigError
-from pagedkv.vocab.hashes import BlockHashType
-from pagedkv.vocab.kv_cache_interface import KVCacheConfig
+from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey
+from pagedkv.vocab.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    SlidingWindowSpec,
+)
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
 
+HYBRID_SPECS = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec)
+"""The layer specs a hybrid manager serves."""
+VLLM_0_8_5_ONLY = (
+    "null_block_refcounted",
+    "capacity_counts_null_blocks",
+    "vllm_new_block_mm_keys",
+    "cap_at_max_model_len",
+)
+"""The semantics switches of vLLM 0.8.5's behaviour, which had no hybrid manager."""
+
 POOL = "BlockPool"
 MANAGER = "KVCacheManager"
+HYBRID = "HybridKVCacheManager"
 
 
 def not_a_block(call: str, argument: str, value: object, context: str = "") -> ArgumentTypeError:
@@ -80,6 +96,15 @@ def check_block_hash(call: str, argument: str, value: object) -> BlockHashType:
     return block_hash
 
 
+def check_cache_key(call: str, argument: str, value: object) -> CacheKey:
+    """A block's index key: a hashable BlockHashType, or a GroupKey of a group >= 1 over one."""
+    if isinstance(value, GroupKey):
+        require_int(call, f"{argument}.group_id", value.group_id, 1)
+        check_block_hash(call, f"{argument}.block_hash", value.block_hash)
+        return value
+    return check_block_hash(call, argument, value)
+
+
 def check_cache_full_blocks(
     enable_caching: bool,
     request: object,
@@ -89,13 +114,14 @@ def check_cache_full_blocks(
     num_full_blocks: object,
     block_size: object,
     hash_fn: object,
+    group_id: object = 0,
 ) -> Sequence[int] | None:
     """BlockPool.cache_full_blocks(...), in order: the types (a Request; any iterable of
     blocks, read once; a list of stored hashes; counts that are ints >= 0; a block size >= 1; a
-    callable); caching is on; 0 <= num_cached_blocks <= num_full_blocks <= len(blocks); at
-    least num_cached_blocks stored hashes; each stored hash the call reads (from the parent's
-    position on) is a hashable BlockHashType; each block it reads (the same positions) is a
-    block id.
+    callable; a group id >= 0); caching is on; 0 <= num_cached_blocks <= num_full_blocks <=
+    len(blocks); at least num_cached_blocks stored hashes; each stored hash the call reads
+    (from the parent's position on) is a hashable BlockHashType; each block it reads (the same
+    positions) is a block id.
 
     Returns:
         The blocks as a sequence, or None when there is nothing to cache.
@@ -110,6 +136,7 @@ def check_cache_full_blocks(
     num_full = require_int(call, "num_full_blocks", num_full_blocks, 0)
     require_int(call, "block_size", block_size, 1)
     require_callable(call, "hash_fn", hash_fn)
+    require_int(call, "group_id", group_id, 0)
     if not enable_caching:
         raise InvalidArgumentError("cache_full_blocks needs a pool with prefix caching on")
     if not num_cached <= num_full <= len(sequence):
@@ -164,9 +191,9 @@ def check_manager(
     return config
 
 
-def check_request(method: str, request: object) -> Request:
+def check_request(method: str, request: object, manager: str = MANAGER) -> Request:
     """Every request-level call takes a Request first."""
-    return require_instance(f"{MANAGER}.{method}", "request", request, Request)
+    return require_instance(f"{manager}.{method}", "request", request, Request)
 
 
 def for_request(request: Request) -> str:
@@ -174,11 +201,11 @@ def for_request(request: Request) -> str:
     return f" for request {request.request_id!r}"
 
 
-def check_lookup(request: object) -> Request:
+def check_lookup(request: object, manager: str = MANAGER) -> Request:
     """KVCacheManager.get_computed_blocks(request): a Request whose prompt_logprobs is a bool."""
-    checked = check_request("get_computed_blocks", request)
+    checked = check_request("get_computed_blocks", request, manager)
     require_bool(
-        f"{MANAGER}.get_computed_blocks",
+        f"{manager}.get_computed_blocks",
         "request.prompt_logprobs",
         checked.prompt_logprobs,
         context=for_request(checked),
@@ -211,15 +238,99 @@ def check_allocation(
     return require_block_ids(call, "new_computed_blocks", new_computed_blocks, context)
 
 
-def check_common_prefix(request: object, num_running_requests: object) -> Request:
+def check_common_prefix(
+    request: object, num_running_requests: object, manager: str = MANAGER
+) -> Request:
     """KVCacheManager.get_num_common_prefix_blocks(request, num_running_requests): a Request and
     an int >= 0."""
-    checked = check_request("get_num_common_prefix_blocks", request)
+    checked = check_request("get_num_common_prefix_blocks", request, manager)
     require_int(
-        f"{MANAGER}.get_num_common_prefix_blocks",
+        f"{manager}.get_num_common_prefix_blocks",
         "num_running_requests",
         num_running_requests,
         0,
         context=for_request(checked),
     )
     return checked
+
+
+# -- the hybrid manager ------------------------------------------------------------------------
+
+
+def check_hybrid_manager(
+    kv_cache_config: object,
+    max_model_len: object,
+    enable_caching: object,
+    caching_hash_algo: object,
+    use_eagle: object,
+    log_stats: object,
+    semantics: object,
+    enable_kv_cache_events: object,
+) -> KVCacheConfig:
+    """HybridKVCacheManager(...): the types KVCacheManager's constructor takes; then one block
+    size in every group, a full-attention, sliding-window or chunked-local spec in each, no
+    EAGLE with chunked local attention, and none of vLLM 0.8.5's switches (it had no hybrid
+    manager) (KVCacheConfigError)."""
+    config = require_instance(HYBRID, "kv_cache_config", kv_cache_config, KVCacheConfig)
+    require_int(HYBRID, "max_model_len", max_model_len, 1)
+    require_bool(HYBRID, "enable_caching", enable_caching)
+    require_str(HYBRID, "caching_hash_algo", caching_hash_algo)
+    require_bool(HYBRID, "use_eagle", use_eagle)
+    require_bool(HYBRID, "log_stats", log_stats)
+    checked = require_instance(HYBRID, "semantics", semantics, Semantics)
+    require_bool(HYBRID, "enable_kv_cache_events", enable_kv_cache_events)
+    specs = [group.kv_cache_spec for group in config.kv_cache_groups]
+    block_sizes = sorted({spec.block_size for spec in specs})
+    if len(block_sizes) != 1:
+        raise KVCacheConfigError(
+            f"HybridKVCacheManager needs one block size in every group, got {block_sizes}"
+        )
+    for spec in specs:
+        if not isinstance(spec, HYBRID_SPECS):
+            raise KVCacheConfigError(f"no attention manager for {type(spec).__name__}")
+        if use_eagle and isinstance(spec, ChunkedLocalAttentionSpec):
+            raise KVCacheConfigError("EAGLE is not supported with chunked local attention")
+    vllm_0_8_5 = [name for name in VLLM_0_8_5_ONLY if getattr(checked, name)]
+    if vllm_0_8_5:
+        raise KVCacheConfigError(
+            f"HybridKVCacheManager takes no vLLM 0.8.5 switch (0.8.5 had no hybrid manager): "
+            f"{', '.join(vllm_0_8_5)}"
+        )
+    return config
+
+
+def check_hybrid_allocation(
+    request: object,
+    num_tokens: object,
+    new_computed_blocks: object,
+    num_lookahead_tokens: object,
+    num_groups: int,
+) -> tuple[list[int], ...]:
+    """HybridKVCacheManager.allocate_slots(...), in order: as KVCacheManager's, with the hits
+    None or one iterable of block ids per KV cache group (a list or a tuple of them).
+
+    Returns:
+        The hits, one new list per group (empty lists for None).
+    """
+    checked = check_request("allocate_slots", request, HYBRID)
+    call = f"{HYBRID}.allocate_slots"
+    context = for_request(checked)
+    require_int(call, "num_tokens", num_tokens, 1, context=context)
+    require_int(call, "num_lookahead_tokens", num_lookahead_tokens, 0, context=context)
+    require_int(call, "request.num_computed_tokens", checked.num_computed_tokens, context=context)
+    require_instance(call, "request.spec_token_ids", checked.spec_token_ids, list, context=context)
+    if new_computed_blocks is None:
+        return tuple([] for _ in range(num_groups))
+    if not isinstance(new_computed_blocks, (list, tuple)) or len(new_computed_blocks) != num_groups:
+        raise argument_error(
+            call,
+            "new_computed_blocks",
+            f"one iterable of blocks per KV cache group ({num_groups})",
+            new_computed_blocks,
+            type_ok=False,
+            context=context,
+        )
+    return tuple(
+        require_block_ids(call, f"new_computed_blocks[{group}]", group_hits, context)
+        for group, group_hits in enumerate(new_computed_blocks)
+    )

@@ -2,7 +2,10 @@
 
 The implementation scans cleverly (left to right until a miss; right to left until a long enough
 run); these definitions say what the scans must find, by brute force over candidate lengths.
-`FullAttention` and `SlidingWindow` gather them into the policy the spec manager asks.
+`FullAttention`, `SlidingWindow` and `ChunkedLocalAttention` gather them into the policy the
+spec managers ask. Each policy's `longest_hit` is the longest hit it allows among the hashes it
+is given (a prefix of the request's), so a hybrid manager can shorten the prefix until every
+group allows it.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pagedkv.spec.block_counts import ceil_div
 from pagedkv.spec.block_pool import NULL_BLOCK_ID
 from pagedkv.vocab.hashes import BlockHashType
-from pagedkv.vocab.refusals import window_hit_detail
+from pagedkv.vocab.refusals import chunk_hit_detail, window_hit_detail
 
 Lookup = Callable[[BlockHashType], "int | None"]
 """The first block cached under a hash, or None (the pool's get_cached_block)."""
@@ -80,6 +83,42 @@ def sliding_window_skipped(num_computed_tokens: int, sliding_window: int, block_
     return sum(1 for p in candidates if (p + 1) * block_size <= first_useful_token)
 
 
+def chunk_start_block(num_tokens: int, attention_chunk_size: int, block_size: int) -> int:
+    """The first block position the token at `num_tokens` reads: the one holding the first
+    token of its chunk, `num_tokens // C * C`. Every block before it lies in earlier chunks."""
+    return num_tokens // attention_chunk_size * attention_chunk_size // block_size
+
+
+def chunked_local_hit(
+    lookup: Lookup,
+    block_hashes: Sequence[BlockHashType],
+    attention_chunk_size: int,
+    block_size: int,
+) -> list[int]:
+    """The longest hit within `block_hashes` for chunked local attention, as block ids.
+
+    A hit of L blocks lets the request compute from token L * B on; that token reads only its
+    own chunk, so the hit is valid iff every block from its chunk's first block to L - 1 is
+    cached, the blocks before it standing as null blocks. The longest valid L is found by trying
+    every L from the longest down (L = 0 is always valid).
+    """
+    for length in range(len(block_hashes), -1, -1):
+        first = min(
+            chunk_start_block(length * block_size, attention_chunk_size, block_size), length
+        )
+        found = [lookup(block_hash) for block_hash in block_hashes[first:length]]
+        if all(block_id is not None for block_id in found):
+            return [NULL_BLOCK_ID] * first + [b for b in found if b is not None]
+    raise AssertionError("the empty hit is always valid")
+
+
+def chunked_local_skipped(
+    num_computed_tokens: int, attention_chunk_size: int, block_size: int
+) -> int:
+    """How many leading block positions hold only tokens of chunks before the next token's."""
+    return chunk_start_block(num_computed_tokens, attention_chunk_size, block_size)
+
+
 class FullAttention:
     """Every earlier token is attended to: the cached prefix is reused, no block is dropped."""
 
@@ -126,3 +165,38 @@ class SlidingWindow:
 
 
 AttentionPolicy = FullAttention | SlidingWindow
+
+
+class ChunkedLocalAttention:
+    """A token reads the tokens of its own chunk of `attention_chunk_size` tokens only."""
+
+    allows_null_blocks = True  # positions of earlier chunks hold the null block
+
+    def __init__(self, attention_chunk_size: int, block_size: int) -> None:
+        self.attention_chunk_size = attention_chunk_size
+        self.block_size = block_size
+
+    def longest_hit(self, lookup: Lookup, block_hashes: Sequence[BlockHashType]) -> list[int]:
+        return chunked_local_hit(lookup, block_hashes, self.attention_chunk_size, self.block_size)
+
+    def num_skipped(self, num_computed_tokens: int) -> int:
+        return chunked_local_skipped(
+            num_computed_tokens, self.attention_chunk_size, self.block_size
+        )
+
+    def hit_shape_error(self, hits: Sequence[int], use_eagle: bool) -> str | None:
+        """A hit is the nulls of the earlier chunks, then cached blocks: exactly the positions
+        before its end's chunk are null."""
+        nulls = list(itertools.takewhile(lambda block_id: block_id == NULL_BLOCK_ID, hits))
+        expected = min(
+            chunk_start_block(
+                len(hits) * self.block_size, self.attention_chunk_size, self.block_size
+            ),
+            len(hits),
+        )
+        if len(nulls) != expected or NULL_BLOCK_ID in hits[len(nulls) :]:
+            return chunk_hit_detail(len(nulls), len(hits), expected)
+        return None
+
+
+AnyAttentionPolicy = FullAttention | SlidingWindow | ChunkedLocalAttention

@@ -15,8 +15,8 @@ import logging
 from collections.abc import Iterable, Sequence
 
 from pagedkv.spec.arguments import (
-    check_block_hash,
     check_cache_full_blocks,
+    check_cache_key,
     check_get_new_blocks,
     check_pool,
     require_block_ids,
@@ -30,7 +30,7 @@ from pagedkv.vocab.errors import (
     InvariantViolation,
     NoFreeBlocksError,
 )
-from pagedkv.vocab.hashes import BlockHashType, HashFn
+from pagedkv.vocab.hashes import BlockHashType, CacheKey, HashFn, cache_key, key_group, key_hash
 from pagedkv.vocab.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
@@ -48,14 +48,15 @@ class SpecBlockPool:
 
     Attributes:
         ref_cnt: ref_cnt[b] is the number of references to block b.
-        block_hash: block_hash[b] is b's hash, or None.
+        block_hash: block_hash[b] is b's index key (its hash, and its KV cache group when that
+            is not 0: `pagedkv.vocab.hashes.GroupKey`), or None.
         free_order: the free queue, head (next handed out) first.
-        index: hash -> ids of the blocks cached under it, first inserted first.
+        index: key -> ids of the blocks cached under it, first inserted first.
         events: with `enable_kv_cache_events`, the KV cache events not yet taken, oldest first:
             a BlockStored when keys enter `index`, a BlockRemoved when one leaves it, an
             AllBlocksCleared at each reset (`pagedkv.vocab.kv_events` defines them).
         taken_hash_counts: ghost state: what a consumer that replayed every taken event holds,
-            the number of index keys per hash value.
+            the number of index keys per (group, hash value).
     """
 
     def __init__(
@@ -70,25 +71,26 @@ class SpecBlockPool:
         self.enable_caching = enable_caching
         self.semantics = semantics
         self.ref_cnt: list[int] = [0] * num_gpu_blocks
-        self.block_hash: list[BlockHashType | None] = [None] * num_gpu_blocks
+        self.block_hash: list[CacheKey | None] = [None] * num_gpu_blocks
         # Block 0 is taken out at once as the null block.
         self.free_order: list[int] = list(range(1, num_gpu_blocks))
-        self.index: dict[BlockHashType, list[int]] = {}
+        self.index: dict[CacheKey, list[int]] = {}
         self.enable_kv_cache_events = enable_kv_cache_events
         self.events: list[KVCacheEvent] = []
-        self.taken_hash_counts: dict[int, int] = {}
+        self.taken_hash_counts: dict[tuple[int, int], int] = {}
 
     # -- queries -----------------------------------------------------------------------------
 
     def state(self, block_id: int) -> BlockState:
         return state_of(self.ref_cnt[block_id], self.block_hash[block_id] is not None)
 
-    def get_cached_block(self, block_hash: BlockHashType) -> int | None:
-        """The first block cached under `block_hash`, or None.
+    def get_cached_block(self, block_hash: CacheKey) -> int | None:
+        """The first block cached under `block_hash` (a hash, or a `GroupKey`), or None.
 
-        Preconditions: `block_hash` is a hashable BlockHashType (ArgumentTypeError).
+        Preconditions: `block_hash` is a hashable BlockHashType, or a GroupKey of a group >= 1
+        and a hashable BlockHashType (ArgumentTypeError, InvalidArgumentError).
         """
-        check_block_hash("BlockPool.get_cached_block", "block_hash", block_hash)
+        check_cache_key("BlockPool.get_cached_block", "block_hash", block_hash)
         cached = self.index.get(block_hash, [])
         return cached[0] if cached else None
 
@@ -190,19 +192,23 @@ class SpecBlockPool:
         num_full_blocks: int,
         block_size: int,
         hash_fn: HashFn,
+        group_id: int = 0,
     ) -> None:
         """Give blocks `block_ids[num_cached_blocks:num_full_blocks]` their hashes and index them.
 
         Block i's hash is `block_hashes[i]` if the request already has it; otherwise it is
         computed from the request's tokens `[i * block_size, (i + 1) * block_size)` and its extra
         keys (`block_extra_keys`, or `vllm_new_block_extra_keys` under vLLM semantics), chained
-        to block i-1's hash value, and appended to `block_hashes`.
+        to block i-1's hash value, and appended to `block_hashes`. The blocks are indexed for
+        KV cache group `group_id`: under their hash (group 0), or under `GroupKey(group_id,
+        hash)`; the stored hashes are the request's, the same for every group.
 
         Preconditions, in order:
           1. the argument checks of `check_cache_full_blocks` (ArgumentTypeError,
              InvalidArgumentError): the types; caching is on; 0 <= num_cached_blocks <=
              num_full_blocks <= len(block_ids); len(block_hashes) >= num_cached_blocks; the
-             stored hashes read are hashable BlockHashTypes; the blocks read are ids
+             stored hashes read are hashable BlockHashTypes; the blocks read are ids; group_id
+             an int >= 0
           (if num_cached_blocks == num_full_blocks the call does nothing)
           2. each block to cache other than the null block, in order: of this pool,
              ref_cnt > 0, not hashed, not listed twice (BlockStateError);
@@ -224,6 +230,7 @@ class SpecBlockPool:
             num_full_blocks,
             block_size,
             hash_fn,
+            group_id,
         )
         if checked is None:
             return
@@ -251,7 +258,7 @@ class SpecBlockPool:
             )
             if parent_hash is None:
                 raise refusals.parent_without_hash(parent_id)
-            parent_hash_value = parent_hash.hash_value
+            parent_hash_value = key_hash(parent_hash).hash_value
         first_parent = parent_hash_value  # what position num_cached_blocks chains to
 
         new_hashes: list[BlockHashType] = []
@@ -283,15 +290,16 @@ class SpecBlockPool:
         for position, block_id in enumerate(to_cache, start=num_cached_blocks):
             if block_id == NULL_BLOCK_ID:
                 continue
+            key = cache_key(all_hashes[position], group_id)
             with self._transition(block_id, Event.SEAL):
-                self.block_hash[block_id] = all_hashes[position]
-                if all_hashes[position] not in self.index:
+                self.block_hash[block_id] = key
+                if key not in self.index:
                     entered.append(position)
-                self.index.setdefault(all_hashes[position], []).append(block_id)
+                self.index.setdefault(key, []).append(block_id)
         block_hashes.extend(new_hashes)
         if self.enable_kv_cache_events:
             self._emit_stored(
-                request, all_hashes, entered, num_cached_blocks, first_parent, block_size
+                request, all_hashes, entered, num_cached_blocks, first_parent, block_size, group_id
             )
 
     def reset_prefix_cache(self) -> bool:
@@ -380,7 +388,7 @@ class SpecBlockPool:
                 )
         if not self.enable_caching and hashed:
             raise InvariantViolation("no block is hashed while caching is off", repr(hashed))
-        # Replaying every event emitted so far reproduces the index, as hash value -> keys.
+        # Replaying every event emitted so far reproduces the index, as (group, hash value) -> keys.
         if not self.enable_kv_cache_events:
             if self.events:
                 raise InvariantViolation(
@@ -388,9 +396,10 @@ class SpecBlockPool:
                 )
             return
         replayed = replayed_hash_counts(self.taken_hash_counts, self.events)
-        index_counts: dict[int, int] = {}
-        for cached_hash in self.index:
-            index_counts[cached_hash.hash_value] = index_counts.get(cached_hash.hash_value, 0) + 1
+        index_counts: dict[tuple[int, int], int] = {}
+        for key in self.index:
+            counted = (key_group(key), key_hash(key).hash_value)
+            index_counts[counted] = index_counts.get(counted, 0) + 1
         if replayed != index_counts:
             replay_only = {v: n - index_counts.get(v, 0) for v, n in replayed.items()}
             index_only = {v: n - replayed.get(v, 0) for v, n in index_counts.items()}
@@ -406,12 +415,12 @@ class SpecBlockPool:
         if not 0 <= block_id < self.num_gpu_blocks:
             raise refusals.foreign_block(block_id)
 
-    def _unindex(self, block_id: int, cached_hash: BlockHashType) -> None:
-        self.index[cached_hash].remove(block_id)
-        if not self.index[cached_hash]:
-            del self.index[cached_hash]
+    def _unindex(self, block_id: int, key: CacheKey) -> None:
+        self.index[key].remove(block_id)
+        if not self.index[key]:
+            del self.index[key]
             if self.enable_kv_cache_events:
-                self.events.append(BlockRemoved((cached_hash.hash_value,)))
+                self.events.append(BlockRemoved((key_hash(key).hash_value,), key_group(key)))
 
     def _emit_stored(
         self,
@@ -421,8 +430,10 @@ class SpecBlockPool:
         num_cached_blocks: int,
         first_parent: int | None,
         block_size: int,
+        group_id: int,
     ) -> None:
-        """One BlockStored per run of consecutive positions in `entered` (keys new to the index).
+        """One BlockStored per run of consecutive positions in `entered` (keys new to the index)
+        of group `group_id`.
 
         A run's parent is the hash value its first block chains to: `first_parent` for the
         call's first position, else the hash of the position before the run.
@@ -445,6 +456,7 @@ class SpecBlockPool:
                     block_size=block_size,
                     lora_id=request.lora_id,
                     extra_keys=tuple(published_keys(key) for key in keys),
+                    group_idx=group_id,
                 )
             )
 
@@ -465,8 +477,10 @@ def published_keys(block_hash: BlockHashType) -> tuple[int | str, ...] | None:
     return kept if kept else None
 
 
-def replayed_hash_counts(counts: dict[int, int], events: list[KVCacheEvent]) -> dict[int, int]:
-    """`counts` (hash value -> keys) after a consumer applies `events` in order.
+def replayed_hash_counts(
+    counts: dict[tuple[int, int], int], events: list[KVCacheEvent]
+) -> dict[tuple[int, int], int]:
+    """`counts` ((group, hash value) -> keys) after a consumer applies `events` in order.
 
     Raises:
         InvariantViolation: a BlockRemoved of a hash value the consumer does not hold.
@@ -477,17 +491,19 @@ def replayed_hash_counts(counts: dict[int, int], events: list[KVCacheEvent]) -> 
             replayed = {}
             continue
         for hash_value in event.block_hashes:
+            counted = (event.group_idx, hash_value)
             if isinstance(event, BlockStored):
-                replayed[hash_value] = replayed.get(hash_value, 0) + 1
-            elif replayed.get(hash_value, 0) == 0:
+                replayed[counted] = replayed.get(counted, 0) + 1
+            elif replayed.get(counted, 0) == 0:
                 raise InvariantViolation(
                     "replaying the events reproduces the hash index",
-                    f"BlockRemoved of hash {hash_value}, which no BlockStored announced",
+                    f"BlockRemoved of hash {hash_value} (group {event.group_idx}), which no "
+                    "BlockStored announced",
                 )
-            elif replayed[hash_value] == 1:
-                del replayed[hash_value]
+            elif replayed[counted] == 1:
+                del replayed[counted]
             else:
-                replayed[hash_value] -= 1
+                replayed[counted] -= 1
     return replayed
 
 

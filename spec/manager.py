@@ -12,7 +12,7 @@ spec keeps.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from pagedkv.spec.arguments import (
@@ -35,7 +35,15 @@ from pagedkv.spec.block_pool import NULL_BLOCK_ID, SpecBlockPool
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab import refusals
 from pagedkv.vocab.errors import InvariantViolation, KVCacheConfigError
-from pagedkv.vocab.hashes import BlockHashType, HashFn, get_hash_fn
+from pagedkv.vocab.hashes import (
+    BlockHashType,
+    CacheKey,
+    HashFn,
+    cache_key,
+    get_hash_fn,
+    key_group,
+    key_hash,
+)
 from pagedkv.vocab.kv_cache_interface import FullAttentionSpec, KVCacheConfig, SlidingWindowSpec
 from pagedkv.vocab.kv_events import KVCacheEvent
 from pagedkv.vocab.prefix_cache_stats import PrefixCacheStats
@@ -141,7 +149,9 @@ class SpecKVCacheManager:
         """The blocks a waiting request may reuse, and the tokens they hold.
 
         Caching off: ([], 0), nothing stored. Otherwise the request's full-block hashes are
-        stored (computed unless already stored and non-empty); a lookup is counted; a request
+        stored (computed unless already stored and non-empty; with
+        `lookup_hashes_every_full_block`, the stored ones extended to every full block); a
+        lookup is counted; a request
         wanting prompt logprobs gets ([], 0); the lookup leaves out the last hash if every token
         lies in full blocks; with use_eagle a non-empty hit loses its last block.
 
@@ -156,7 +166,11 @@ class SpecKVCacheManager:
         if not self.hashes.get(request_id):
             self.hashes[request_id] = request_block_hashes(self.hash_fn, self.block_size, request)
             self.requests[request_id] = request
-            self._record_parents(self.hashes[request_id])
+        elif self.semantics.lookup_hashes_every_full_block:
+            stored = self.hashes[request_id]
+            chain = request_block_hashes(self.hash_fn, self.block_size, request)
+            stored.extend(chain[len(stored) :])  # blocks generated before a preemption
+        self._record_parents(self.hashes[request_id])
         stored = self.hashes[request_id]
         if self.stats is not None:
             self.stats.requests += 1
@@ -469,10 +483,28 @@ class SpecKVCacheManager:
 
     def _check_prefix_closure(self) -> None:
         """Full attention: every cached hash's parent is cached too (tail-first freeing)."""
-        for block_hash in self.pool.index:
-            parent = self.parent_of.get(block_hash)
-            if parent is not None and parent not in self.pool.index:
-                raise InvariantViolation(
-                    "prefix closure: a cached block's parent hash is cached",
-                    f"{block_hash} is cached, its parent {parent} is not",
-                )
+        check_prefix_closure(self.pool.index, self.parent_of, groups=(0,))
+
+
+def check_prefix_closure(
+    index: Iterable[CacheKey],
+    parent_of: dict[BlockHashType, BlockHashType | None],
+    groups: Collection[int],
+) -> None:
+    """In each of `groups` (full-attention groups: a request frees its blocks tail first), every
+    cached hash's parent is cached too, `parent_of` being the ghost map of every chain's parents.
+
+    Raises:
+        InvariantViolation: a cached key whose parent is not cached in its group.
+    """
+    keys = set(index)
+    for key in keys:
+        group = key_group(key)
+        if group not in groups:
+            continue
+        parent = parent_of.get(key_hash(key))
+        if parent is not None and cache_key(parent, group) not in keys:
+            raise InvariantViolation(
+                "prefix closure: a cached block's parent hash is cached",
+                f"{key} is cached, its parent {parent} is not",
+            )

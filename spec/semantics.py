@@ -19,5 +19,6 @@ PAGEDKV_SEMANTICS = Semantics(
     usage_excludes_null_block=False,  # usage counts the null block as used, as vLLM 0.8.5
     free_uncached_to_head=False,  # every freed block joins the tail, as vLLM 0.8.5
     free_tail_first_without_caching=False,  # without caching, free in order, as vLLM 0.8.5
+    lookup_hashes_every_full_block=False,  # a lookup reads the stored hashes, as vLLM 0.8.5
 )
 """The semantics the spec takes unless told otherwise."""

@@ -43,6 +43,17 @@ class TouchKeepsQueuedPool(BlockPool):
                 block.ref_cnt += 1
 
 
+class ReleaseResetsRefCntPool(BlockPool):
+    """free_blocks sets a released block's ref_cnt to 0 instead of taking one reference away:
+    a block two requests share goes back to the free queue while one still holds it."""
+
+    def _free_blocks(self, blocks: list[KVCacheBlock]) -> None:
+        for block in blocks:
+            if block is not self.null_block and block.ref_cnt > 1:
+                block.ref_cnt = 1
+        super()._free_blocks(blocks)
+
+
 class EvictionKeepsHashPool(BlockPool):
     """get_new_blocks hands out a cached block without dropping it from the index."""
 
@@ -64,3 +75,9 @@ def eviction_keeps_hash(
     num_gpu_blocks: int, enable_caching: bool, semantics: Semantics
 ) -> PoolUnderTest:
     return ObjectPoolAdapter(EvictionKeepsHashPool(num_gpu_blocks, enable_caching, semantics))
+
+
+def release_resets_ref_cnt(
+    num_gpu_blocks: int, enable_caching: bool, semantics: Semantics
+) -> PoolUnderTest:
+    return ObjectPoolAdapter(ReleaseResetsRefCntPool(num_gpu_blocks, enable_caching, semantics))

@@ -25,7 +25,7 @@ from pagedkv import (
     sha256,
 )
 from pagedkv.block_hash import Sha256Memo
-from pagedkv.harness.requests import requests
+from pagedkv.harness.machines.strategies import requests
 from pagedkv.manager import SHA256_MEMO_TOKENS
 from pagedkv.spec import block_extra_keys, request_block_hashes
 from pagedkv.spec.block_hash import vllm_new_block_extra_keys

@@ -99,10 +99,8 @@ def test_manager_search_reaches_shared_blocks_and_preemption() -> None:
         nonlocal shared, preempted
         shared += max(world.pair.state.pool.ref_cnt) >= 2
         preempted += any(
-            slot.status == "waiting"
-            and slot.request is not None
-            and slot.request.num_tokens > len(slot.request.prompt_token_ids)
-            for slot in world.slots.values()
+            not live.running and live.record.num_tokens > len(live.record.prompt)
+            for live in world.client.live
         )
 
     assert explore_manager(pagedkv_manager, BUSY, visit=visit).ok

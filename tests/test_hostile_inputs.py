@@ -52,7 +52,7 @@ from pagedkv import (
     uniform_kv_cache_config,
 )
 from pagedkv import block_hash as block_hash_module
-from pagedkv.harness.hostile_calls import IDENTITY_CHANGES, not_a_hash, request_field
+from pagedkv.harness.client.catalog import IDENTITY_CHANGES, not_a_hash, request_field
 from pagedkv.planning.kv_cache_config import check_enough_kv_cache_memory, memory_needed_bytes
 from pagedkv.spec.block_pool import SpecBlockPool
 from pagedkv.spec.manager import SpecKVCacheManager

@@ -1,16 +1,16 @@
-"""The request-level differential state machine under pytest: spec manager vs KVCacheManager.
+"""The request-level hypothesis machine under pytest: spec manager vs KVCacheManager.
 
 Full attention and sliding window, each with pagedkv's semantics (invalid calls included) and
 with vLLM 0.8.5 semantics (valid calls only). Caching on and off, use_eagle on and off, both hash
-functions and log_stats are drawn per run by the machine's set-up rule. The tests below check
-that the machine is not vacuous: it reaches every manager call, prefix hits, the capacity refusal
-and allocate_slots' refusals, and it fails on a manager that is wrong.
+functions and log_stats are drawn per run by the machine's set-up rule. The machine draws the
+simulated client's operations (`pagedkv.harness.client`); the tests below check that it is not
+vacuous: it reaches every manager call, prefix hits, the capacity refusal and allocate_slots'
+refusals, and it fails on a manager that is wrong.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import broken_managers
 import pytest
@@ -18,12 +18,11 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv.harness.adapters import pagedkv_manager
-from pagedkv.harness.lockstep import CampaignStats, Divergence, Outcome
-from pagedkv.harness.manager_machine import make_manager_machine
+from pagedkv.harness.coverage import Coverage
+from pagedkv.harness.divergence import Divergence
+from pagedkv.harness.machines.manager import make_manager_machine
 from pagedkv.harness.protocol import ManagerFactory
 from pagedkv.vocab.semantics import VLLM_0_8_5
-
-T = TypeVar("T")
 
 TestFullAttention = make_manager_machine(pagedkv_manager, sliding_window=False).TestCase
 TestSlidingWindow = make_manager_machine(pagedkv_manager, sliding_window=True).TestCase
@@ -45,54 +44,52 @@ MANAGER_CALLS = {
 }
 
 
-def _run(sliding_window: bool, **options: Any) -> tuple[CampaignStats, int]:
-    """Run the machine over the profile's examples; its stats, and how many lookups hit."""
-    stats = CampaignStats()
-    hits = 0
-
+def _run(sliding_window: bool, **options: Any) -> Coverage:
+    """Run the machine over 100 derandomized examples; what it exercised."""
+    coverage = Coverage()
     machine = make_manager_machine(
-        pagedkv_manager, sliding_window=sliding_window, stats=stats, **options
+        pagedkv_manager, sliding_window=sliding_window, coverage=coverage, **options
     )
-
-    class CountingHits(machine):  # type: ignore[valid-type,misc]
-        def both(self, name: str, call: Callable[[Any, str], T]) -> Outcome[T]:
-            nonlocal hits
-            outcome: Outcome[T] = super().both(name, call)
-            if name.startswith("get_computed_blocks") and outcome.ok:
-                _, num_hit_tokens = cast(tuple[list[int], int], outcome.result)
-                hits += num_hit_tokens > 0
-            return outcome
-
     # derandomized under every profile: what the machine reaches is a fixed-seed fact
     run_state_machine_as_test(
-        CountingHits, settings=settings(max_examples=100, derandomize=True, database=None)
+        machine, settings=settings(max_examples=100, derandomize=True, database=None)
     )
-    return stats, hits
+    return coverage
+
+
+def _outcomes(coverage: Coverage) -> dict[str, set[str]]:
+    seen: dict[str, set[str]] = {}
+    for operation, kind in coverage.outcomes:
+        seen.setdefault(operation, set()).add(kind)
+    return seen
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sliding_window", [False, True], ids=["full", "sliding"])
 def test_the_machine_reaches_every_call_hits_and_refusals(sliding_window: bool) -> None:
-    stats, hits = _run(sliding_window)
-    seen = stats.outcomes_by_operation()
+    coverage = _run(sliding_window)
+    seen = _outcomes(coverage)
     assert set(seen) >= MANAGER_CALLS
-    assert hits > 0  # prefix-cache hits, not only misses
-    assert "returned None" in seen["allocate_slots"]  # the capacity refusal (then preemption)
+    hits = "prefix hits, sliding window" if sliding_window else "prefix hits, full attention"
+    assert coverage.counts[hits] > 0  # prefix-cache hits, not only misses
+    assert coverage.counts["allocate_slots refused for lack of blocks"] > 0  # then preemption
     assert {
         "InvalidArgumentError",  # num_tokens <= 0, negative lookahead, foreign hits
         "MaxModelLenExceededError",
         "RequestError",  # more tokens than the request has, drafts, computed outside slots
     } <= seen["allocate_slots"]
-    assert stats.steps > 0
+    assert coverage.steps > 0 and coverage.runs > 0
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sliding_window", [False, True], ids=["full", "sliding"])
 def test_the_vllm_machine_makes_valid_calls_only(sliding_window: bool) -> None:
     """Without misuse every call must succeed: a matched error there would be a vacuous step."""
-    stats, hits = _run(sliding_window, semantics=VLLM_0_8_5, misuse=False)
-    assert stats.steps > 0 and hits > 0
-    assert stats.matched_errors == 0, stats.outcomes
+    coverage = _run(sliding_window, semantics=VLLM_0_8_5, misuse=False)
+    hits = "prefix hits, sliding window" if sliding_window else "prefix hits, full attention"
+    assert coverage.steps > 0 and coverage.counts[hits] > 0
+    refused = {(op, kind) for op, kind in coverage.outcomes if not kind.startswith("returned")}
+    assert not refused, refused
 
 
 @pytest.mark.slow

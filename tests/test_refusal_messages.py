@@ -44,7 +44,7 @@ from pagedkv import (
 )
 from pagedkv.free_queue import FreeKVCacheBlockQueue
 from pagedkv.harness.adapters import pagedkv_pool, spec_pool
-from pagedkv.harness.hostile_calls import not_a_hash
+from pagedkv.harness.client.catalog import not_a_hash
 from pagedkv.harness.protocol import PoolFactory
 from pagedkv.vocab.errors import ConcurrentUseError, FrozenRequestFieldError
 

@@ -10,7 +10,6 @@ from typing import ClassVar
 import broken_managers
 import broken_pools
 import pytest
-from hypothesis import strategies as st
 
 from pagedkv.block_pool import BlockPool
 from pagedkv.cli import main
@@ -21,17 +20,15 @@ from pagedkv.harness.adapters import (
     pagedkv_pool,
     spec_manager,
 )
-from pagedkv.harness.catalog_draws import SeededData
+from pagedkv.harness.client.catalog import MANAGER_HOSTILE_CALLS, POOL_HOSTILE_CALLS, ManagerScene
+from pagedkv.harness.client.hostile import Scene
+from pagedkv.harness.client.manager_ops import Admit, Arrive, Step, TakeEvents
+from pagedkv.harness.client.pool import MISUSE
+from pagedkv.harness.client.pool_ops import TakeEvents as TakePoolEvents
 from pagedkv.harness.comparison import describe_difference
 from pagedkv.harness.coverage import Coverage
-from pagedkv.harness.hostile_calls import MANAGER_HOSTILE_CALLS, POOL_HOSTILE_CALLS
-from pagedkv.harness.lockstep import Divergence
-from pagedkv.harness.manager_hostile import Scene
-from pagedkv.harness.manager_ops import Admit, Arrive, Step, TakeEvents
-from pagedkv.harness.pool_driver import MISUSE
-from pagedkv.harness.pool_ops import TakeEvents as TakePoolEvents
+from pagedkv.harness.divergence import Divergence, signature_of
 from pagedkv.harness.protocol import ManagerConfig, ManagerUnderTest, PoolFactory, PoolUnderTest
-from pagedkv.harness.shrink import shrink
 from pagedkv.harness.swarm import (
     Layer,
     execute_run,
@@ -40,7 +37,8 @@ from pagedkv.harness.swarm import (
     replay,
     run_campaign,
 )
-from pagedkv.harness.swarm_runs import draw_manager_run, draw_pool_run, run_seed
+from pagedkv.harness.swarm.runs import draw_manager_run, draw_pool_run, run_seed
+from pagedkv.harness.swarm.shrink import shrink
 from pagedkv.manager import KVCacheManager
 from pagedkv.vocab.kv_events import BlockRemoved, KVCacheEvent
 from pagedkv.vocab.semantics import Semantics
@@ -114,7 +112,13 @@ def test_a_broken_manager_is_caught_and_shrunk(factory: object, attention: str) 
     assert shrunk.complete
     assert 1 <= len(shrunk.ops) <= 10, shrunk.render()
     assert shrunk.run.num_blocks <= failure.run.num_blocks
-    assert replay(layer, shrunk.run, shrunk.ops)[1] is not None  # the shrunk run still fails
+    failing = replay(layer, shrunk.run, shrunk.ops)[1]
+    assert failing is not None  # the shrunk run still fails, and the same way
+    assert (
+        signature_of(failing)
+        == shrunk.signature
+        == signature_of(replay(layer, failure.run, failure.ops)[1])
+    )  # type: ignore[arg-type]
     assert "did not reproduce" not in shrunk.error
     assert any(shrunk.calls)  # every call of the minimal run is shown
 
@@ -180,7 +184,7 @@ def test_the_hostile_call_catalog_is_a_plug_in() -> None:
 
 
 def test_the_swarm_draws_every_entry_of_the_state_machines_hostile_catalog() -> None:
-    """Core's catalog (`harness/hostile_calls.py`) is a swarm operation on both layers: each
+    """Core's catalog (`harness/client/catalog.py`) is a swarm operation on both layers: each
     entry is made, refused alike by both sides, and counted as a typed error."""
     manager = run_campaign(manager_layer(pagedkv_manager), seed=3, max_steps=12_000)
     pool = run_campaign(pool_layer(pagedkv_pool), seed=3, max_steps=8_000)
@@ -195,17 +199,21 @@ def test_the_swarm_draws_every_entry_of_the_state_machines_hostile_catalog() -> 
     assert {f"catalog: {name}" for name in POOL_HOSTILE_CALLS} <= set(MISUSE)
 
 
-def test_seeded_data_draws_only_what_hypothesis_would() -> None:
-    data = SeededData(7)
-    values = {data.draw(st.sampled_from((1, 2, 3)), label="x") for _ in range(50)}
-    assert values == {1, 2, 3}
-    assert SeededData(7).draw(st.sampled_from((1, 2, 3))) == SeededData(7).draw(
-        st.sampled_from((1, 2, 3))
-    )
-    with pytest.raises(TypeError, match="sampled_from"):
-        data.draw(st.integers())
-    with pytest.raises(TypeError, match="sampled_from"):
-        data.draw(st.sampled_from((1, 2)).map(str))
+def test_a_catalog_entry_makes_the_same_call_for_the_same_arg() -> None:
+    """A recorded Hostile operation replays the same call: the entry's values come from a
+    generator seeded by the operation's `arg`."""
+    import random
+
+    from pagedkv.vocab.request import Request
+
+    scene = ManagerScene(Request("r", [0, 1]))
+    for name, entry in MANAGER_HOSTILE_CALLS.items():
+        shown = {entry(random.Random(arg), scene)[0] for arg in (5, 5, 5)}
+        assert len(shown) == 1, name
+    shown = {
+        MANAGER_HOSTILE_CALLS["no Request at all"](random.Random(a), scene)[0] for a in range(40)
+    }
+    assert len(shown) > 5  # and other args make other calls
 
 
 def test_full_mode_compares_whole_snapshots_after_every_step() -> None:
@@ -275,7 +283,7 @@ def test_the_throughput_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> No
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import bench_verify
 
-    args = ["--steps", "1000", "--hypothesis-steps", "100", "--rounds", "1"]
+    args = ["--steps", "1000", "--machine-steps", "100", "--rounds", "1"]
     assert bench_verify.main([*args, "--profile-steps", "1000"]) == 0
     report = capsys.readouterr().out
     assert "manager, swarm  " in report and "steps/CPU-s" in report
@@ -287,7 +295,8 @@ def test_the_throughput_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> No
 
 def test_old_seeds_draw_the_same_runs_with_the_events_flag_drawn_last() -> None:
     """Drawing the flag last left every other draw of every seed as it was (the strings are
-    these runs' descriptions before events were drawn)."""
+    these runs' descriptions before events were drawn; "adopt", a pool operation added later,
+    is drawn after the flag, for the same reason)."""
     manager = draw_manager_run(run_seed(2025, "manager", 4), kv_events=True)
     assert manager.describe() == (
         "sliding window 7; 44 blocks; block size 2; max_model_len 4; caching; builtin; "
@@ -301,7 +310,8 @@ def test_old_seeds_draw_the_same_runs_with_the_events_flag_drawn_last() -> None:
     pool = draw_pool_run(run_seed(2025, "pool", 3), kv_events=True)
     assert pool.describe() == (
         "9 blocks; block size 1; caching; builtin; extra keys; kv events; operations: admit, "
-        "cache_full_blocks, free everything, free_blocks, get_new_blocks, misuse, reset, touch"
+        "adopt, cache_full_blocks, free everything, free_blocks, get_new_blocks, misuse, reset, "
+        "touch"
     )
     managers_on = pools_on = 0
     for index in range(300):

@@ -2,7 +2,7 @@
 
     python tests/vllm_033_divergences.py
 
-docs/semantics.md lists three behaviours of vLLM 0.33.0 that no semantics of the spec has, and
+docs/semantics.md lists four behaviours of vLLM 0.33.0 that no semantics of the spec has, and
 `pagedkv verify --against vllm==0.33.0` leaves them out of its domain. This replays one
 shortest case of each on the spec and on vLLM's code and prints what each side did as one JSON
 line, so a test can pin that the difference is still there (and the docs still true).
@@ -20,7 +20,8 @@ from vllm_campaign import UNREACHABLE, _unreachable
 from pagedkv.harness.adapters import spec_manager, spec_pool
 from pagedkv.harness.protocol import ManagerConfig
 from pagedkv.harness.setup_check import SetupError
-from pagedkv.harness.vllm_against import prepare
+from pagedkv.harness.vllm.against import prepare
+from pagedkv.spec.block_hash import request_block_hashes
 from pagedkv.vocab.hashes import sha256
 from pagedkv.vocab.kv_cache_interface import SlidingWindowSpec, uniform_kv_cache_config
 from pagedkv.vocab.request import PlaceholderRange, Request
@@ -69,6 +70,31 @@ def eagle_sliding_hit(target: Any) -> dict[str, object]:
     return seen
 
 
+def stale_parent(target: Any) -> dict[str, object]:
+    """A request's block freed while it still lists it, reused by another request, then the
+    request's next block cached: does it chain to the request's own hashes?"""
+    first, second = Request("a", [0, 0, 1, 1]), Request("b", [2, 2])
+    own = request_block_hashes(sha256, 2, first)[1]
+    seen: dict[str, object] = {}
+    pools = (
+        ("spec", spec_pool(3, True, VLLM_0_33)),
+        ("vllm", target.pool_factory(3, True, VLLM_0_33)),
+    )
+    for side, pool in pools:
+        parent, child = pool.get_new_blocks(2)
+        stored: list[Any] = []
+        pool.cache_full_blocks(first, [parent, child], stored, 0, 1, 2, sha256)
+        pool.free_blocks([parent])  # the request still lists it
+        (reused,) = pool.get_new_blocks(1)
+        pool.cache_full_blocks(second, [reused], [], 0, 1, 2, sha256)
+        pool.cache_full_blocks(first, [parent, child], stored, 1, 2, 2, sha256)
+        seen[side] = {
+            "reused": reused == parent,
+            "own chain": pool.snapshot().block_hash[child] == own,
+        }
+    return seen
+
+
 def one_token_window(target: Any) -> dict[str, object]:
     """A full block computed under a one-token window: is it cached?"""
     seen: dict[str, object] = {}
@@ -91,5 +117,6 @@ if __name__ == "__main__":
         "mm_offset": mm_offset(against),
         "eagle_sliding_hit": eagle_sliding_hit(against),
         "one_token_window": one_token_window(against),
+        "stale_parent": stale_parent(against),
     }
     print(json.dumps(report))

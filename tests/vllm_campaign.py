@@ -1,15 +1,16 @@
-"""A derandomized conformance campaign against a vllm release, run in a process of its own.
+"""A short swarm campaign against a vllm release, run in a process of its own.
 
-    python tests/vllm_campaign.py vllm==0.8.5 EXAMPLES [SEMANTICS]
+    python tests/vllm_campaign.py vllm==0.8.5 STEPS [SEMANTICS]
 
 Each vllm release is imported as the package `vllm`, so two releases cannot share a process:
-the tests run this script once per release. It prints one JSON line: per campaign (block pool,
-manager with full attention, manager with a sliding window) the steps, runs, distinct states,
-outcome counts and the failure, if any. SEMANTICS (a name of `SEMANTICS_BY_NAME`, or
-NAME~SWITCH: that semantics with one switch flipped) replaces the release's own, to show that
-the campaign tells them apart. Exit status: 0 no divergence,
-1 a divergence, 2 a setup error, 3 the package index is unreachable and nothing is cached
-(the test skips, saying so).
+the tests run this script once per release. It runs the block pool's and the manager's swarm
+campaigns (seed 1, STEPS steps each, valid calls only, the release's domain) exactly as
+`pagedkv verify --against` does, and prints one JSON line: per layer the steps, runs, distinct
+states, outcome counts and the failure, if any (its first line and signature). SEMANTICS (a
+`--semantics` name, or NAME~SWITCH: that semantics with one switch flipped) replaces the
+release's own, to show that the campaign tells them apart. Exit status: 0 no divergence, 1 a
+divergence, 2 a setup error, 3 the package index is unreachable and nothing is cached (the test
+skips, saying so).
 """
 
 from __future__ import annotations
@@ -20,17 +21,15 @@ import sys
 import urllib.error
 from dataclasses import replace
 
-from hypothesis import HealthCheck, Phase, settings
-from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
-
-from pagedkv.harness.lockstep import CampaignStats
-from pagedkv.harness.manager_machine import make_manager_machine
-from pagedkv.harness.pool_machine import make_pool_machine
+from pagedkv.harness.comparison import quiet_refusal_warnings
+from pagedkv.harness.divergence import signature_of
 from pagedkv.harness.setup_check import SetupError
-from pagedkv.harness.vllm_against import prepare
-from pagedkv.vocab.semantics import SEMANTICS_BY_NAME
+from pagedkv.harness.swarm import manager_layer, pool_layer, run_campaign
+from pagedkv.harness.verify import SEMANTICS
+from pagedkv.harness.vllm.against import prepare
 
 UNREACHABLE = 3
+SEED = 1
 
 
 def _unreachable(error: BaseException) -> bool:
@@ -43,64 +42,47 @@ def _unreachable(error: BaseException) -> bool:
     return False
 
 
-def run(against: str, examples: int, semantics_name: str | None) -> tuple[int, dict[str, object]]:
+def run(against: str, steps: int, semantics_name: str | None) -> tuple[int, dict[str, object]]:
     try:
         target = prepare(against)
     except SetupError as error:
         status = UNREACHABLE if _unreachable(error) else 2
         return status, {"setup_error": f"{error} (cause: {error.__cause__!r})"}
-    for name in ("pagedkv", *target.adapter.loggers):  # a warning per refused reset
+    for name in target.adapter.loggers:
         logging.getLogger(name).setLevel(logging.ERROR)
     semantics = target.adapter.semantics
     if semantics_name is not None:
         name, _, flipped = semantics_name.partition("~")
-        semantics = SEMANTICS_BY_NAME[name]
+        semantics = SEMANTICS[name]
         if flipped:
             semantics = replace(semantics, **{flipped: not getattr(semantics, flipped)})
-    campaigns: list[tuple[str, type[RuleBasedStateMachine], CampaignStats]] = []
-    stats = CampaignStats()
     domain = target.adapter.domain
-    pool_machine = make_pool_machine(
-        target.pool_factory, semantics=semantics, misuse=False, stats=stats, domain=domain
+    layers = (
+        pool_layer(target.pool_factory, semantics=semantics, misuse=False, domain=domain),
+        manager_layer(target.manager_factory, semantics=semantics, misuse=False, domain=domain),
     )
-    campaigns.append(("pool", pool_machine, stats))
-    for sliding in (False, True):
-        stats = CampaignStats()
-        machine = make_manager_machine(
-            target.manager_factory,
-            sliding_window=sliding,
-            semantics=semantics,
-            misuse=False,
-            stats=stats,
-            domain=domain,
-        )
-        campaigns.append(("sliding" if sliding else "full", machine, stats))
     report: dict[str, object] = {"version": target.version, "semantics": semantics.name}
     status = 0
-    for name, machine, stats in campaigns:
+    for layer in layers:
+        with quiet_refusal_warnings():
+            result = run_campaign(layer, seed=SEED, max_steps=steps)
         failure = None
-        try:
-            run_state_machine_as_test(
-                machine,
-                settings=settings(
-                    max_examples=examples,
-                    stateful_step_count=50,
-                    derandomize=True,
-                    database=None,
-                    deadline=None,
-                    # A control run (another semantics) only has to fail: no shrinking.
-                    phases=(Phase.generate,) if semantics_name else (Phase.generate, Phase.shrink),
-                    suppress_health_check=list(HealthCheck),
-                ),
-            )
-        except Exception as error:
-            failure = f"{type(error).__name__}: {error}"
+        if result.failure is not None:
+            error = result.failure.error
+            failure = {
+                "error": f"{type(error).__name__}: {error}".splitlines()[0],
+                "text": str(error),
+                "signature": list(signature_of(error)),
+                "run": result.failure.run.seed,
+            }
             status = 1
-        report[name] = {
-            "steps": stats.steps,
-            "runs": stats.examples,
-            "states": len(stats.state_keys),
-            "outcomes": sorted(f"{op}: {kind}" for op, kind in stats.outcomes),
+        coverage = result.coverage
+        report[layer.name] = {
+            "steps": coverage.steps,
+            "runs": coverage.runs,
+            "states": len(coverage.states),
+            "outcomes": sorted(f"{op}: {kind}" for op, kind in coverage.outcomes),
+            "counts": dict(coverage.counts),
             "failure": failure,
         }
     return status, report

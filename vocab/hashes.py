@@ -55,6 +55,37 @@ class BlockHashType(NamedTuple):
     extra_keys: tuple[ExtraKey, ...] | None = None
 
 
+class GroupKey(NamedTuple):
+    """The index key of a block cached for KV cache group `group_id` (> 0) of a hybrid model.
+
+    Every group of a model keeps its own layers' KV for the same tokens in its own blocks, so
+    the pool indexes a block under its hash and its group. Group 0's key is the `BlockHashType`
+    itself: a single-group manager's keys are unchanged.
+    """
+
+    group_id: int
+    block_hash: BlockHashType
+
+
+CacheKey: TypeAlias = "BlockHashType | GroupKey"
+"""What the pool's index is keyed by, and what a cached block carries as its hash."""
+
+
+def cache_key(block_hash: BlockHashType, group_id: int) -> CacheKey:
+    """The index key of a block of group `group_id` whose contents hash to `block_hash`."""
+    return block_hash if group_id == 0 else GroupKey(group_id, block_hash)
+
+
+def key_hash(key: CacheKey) -> BlockHashType:
+    """The block hash inside an index key."""
+    return key.block_hash if isinstance(key, GroupKey) else key
+
+
+def key_group(key: CacheKey) -> int:
+    """The KV cache group of an index key."""
+    return key.group_id if isinstance(key, GroupKey) else 0
+
+
 _pickle_dumps = pickle.dumps
 _PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 _sha256 = hashlib.sha256

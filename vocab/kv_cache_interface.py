@@ -6,8 +6,9 @@ same ids, so one logical block costs `page_size_bytes * num_layers` bytes of dev
 
     KVCacheSpec                 block_size
     └── AttentionSpec           + num_kv_heads, head_size, dtype, use_mla -> page_size_bytes
-        ├── FullAttentionSpec   keeps every token:        cdiv(max_model_len, B) pages
-        └── SlidingWindowSpec   + sliding_window:         cdiv(min(W-1+T, max_model_len), B) + 1
+        ├── FullAttentionSpec          keeps every token:   cdiv(max_model_len, B) pages
+        ├── SlidingWindowSpec          + sliding_window:    cdiv(min(W-1+T, max_model_len), B) + 1
+        └── ChunkedLocalAttentionSpec  + attention_chunk_size: cdiv(min(C+T, max_model_len), B)
 
 Dtypes are accepted as torch dtypes or names and stored as a canonical name (`DTypeName`);
 torch is never imported here.
@@ -308,6 +309,78 @@ class SlidingWindowSpec(AttentionSpec):
         _check_positive_int("max_num_batched_tokens", max_num_batched_tokens)
         num_blocks = sliding_window_max_blocks(
             self.sliding_window, max_model_len, max_num_batched_tokens, self.block_size
+        )
+        return num_blocks * self.page_size_bytes
+
+
+def chunked_local_attention_max_blocks(
+    attention_chunk_size: int, max_model_len: int, max_num_batched_tokens: int, block_size: int
+) -> int:
+    """Blocks a chunked-local layer needs at most: one chunk and the step's tokens,
+    `cdiv(min(C + T, L), B)` (vLLM 0.33's bound: blocks are freed as whole chunks pass).
+
+    Complexity: O(1).
+    """
+    num_tokens = min(attention_chunk_size + max_num_batched_tokens, max_model_len)
+    return -(-num_tokens // block_size)
+
+
+@dataclass(frozen=True, init=False)
+class ChunkedLocalAttentionSpec(AttentionSpec):
+    """A layer whose tokens attend only within their chunk: token t reads the tokens from
+    `t // C * C` to t (Llama-4's local layers). Blocks of earlier chunks are never read again.
+
+    Attributes:
+        attention_chunk_size: tokens per chunk (>= 1).
+    """
+
+    attention_chunk_size: int
+
+    def __init__(
+        self,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: DTypeLike,
+        attention_chunk_size: int,
+        use_mla: bool = False,
+    ) -> None:
+        object.__setattr__(self, "attention_chunk_size", attention_chunk_size)
+        super().__init__(
+            block_size=block_size,
+            num_kv_heads=num_kv_heads,
+            head_size=head_size,
+            dtype=dtype,
+            use_mla=use_mla,
+        )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_positive_int("attention_chunk_size", self.attention_chunk_size)
+        if self.use_mla:
+            raise KVCacheConfigError("MLA is not supported with chunked local attention")
+
+    @property
+    def type_id(self) -> str:
+        """`local_attention_{attention_chunk_size}_{block_size}_{page_size_bytes}`."""
+        return (
+            f"local_attention_{self.attention_chunk_size}_{self.block_size}_{self.page_size_bytes}"
+        )
+
+    def max_memory_usage_bytes(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """`chunked_local_attention_max_blocks(C, max_model_len, max_num_batched_tokens, B)`
+        pages.
+
+        Raises:
+            InvalidArgumentError: either argument < 1.
+
+        Complexity: O(1).
+        """
+        _check_positive_int("max_model_len", max_model_len)
+        _check_positive_int("max_num_batched_tokens", max_num_batched_tokens)
+        num_blocks = chunked_local_attention_max_blocks(
+            self.attention_chunk_size, max_model_len, max_num_batched_tokens, self.block_size
         )
         return num_blocks * self.page_size_bytes
 

@@ -55,6 +55,8 @@ class BlockStored:
             multimodal content hashes), or None when it has none. The salt is never published:
             whoever knew it could send requests that hit the tenant's blocks. The hash values
             cover it.
+        group_idx: the KV cache group the blocks belong to (0 for a single-group model): each
+            group indexes its own blocks, so one hash value may be stored once per group.
     """
 
     block_hashes: tuple[int, ...]
@@ -63,13 +65,16 @@ class BlockStored:
     block_size: int
     lora_id: int | None
     extra_keys: tuple[tuple[EventExtraKey, ...] | None, ...]
+    group_idx: int = 0
 
 
 @dataclass(frozen=True)
 class BlockRemoved:
-    """Index keys that left the index (vLLM's `BlockRemoved`): one key, by its hash value."""
+    """Index keys that left the index (vLLM's `BlockRemoved`): one key, by its hash value, of
+    KV cache group `group_idx`."""
 
     block_hashes: tuple[int, ...]
+    group_idx: int = 0
 
 
 @dataclass(frozen=True)

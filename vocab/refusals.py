@@ -103,6 +103,15 @@ def hits_for_running_request(request_id: str) -> RequestError:
 NOT_CACHED_HITS = "new_computed_blocks must be the request's cached blocks"
 
 
+def hits_of_unequal_length(request_id: str, lengths: list[int]) -> RequestError:
+    """A hybrid hit covers the same token prefix in every group."""
+    return RequestError(
+        request_id,
+        "new_computed_blocks must cover the same blocks in every KV cache group",
+        f"{lengths} hits per group",
+    )
+
+
 def more_hits_than_hashes(request_id: str, num_hits: int, num_stored: int) -> RequestError:
     return RequestError(
         request_id, NOT_CACHED_HITS, f"{num_hits} hits but {num_stored} stored block hashes"
@@ -124,6 +133,14 @@ def null_hit(block_id: int) -> BlockStateError:
 def window_hit_detail(num_nulls: int, num_after_nulls: int, num_needed: int) -> str:
     """Why a hit with null blocks is no sliding-window hit (`hit_shape`'s detail)."""
     return f"{num_nulls} null blocks, then {num_after_nulls} blocks; the window needs {num_needed}"
+
+
+def chunk_hit_detail(num_nulls: int, num_hits: int, num_expected: int) -> str:
+    """Why a hit is no chunked-local hit (`hit_shape`'s detail)."""
+    return (
+        f"{num_nulls} null blocks in a hit of {num_hits} blocks; its chunk starts at block "
+        f"{num_expected}"
+    )
 
 
 def hit_shape(request_id: str, detail: str) -> RequestError:

@@ -40,6 +40,11 @@ class Semantics:
         free_tail_first_without_caching: the manager's `free` releases a request's blocks
             last first even when prefix caching is off (vLLM after 0.8.5); 0.8.5 and pagedkv
             release them in order then.
+        lookup_hashes_every_full_block: `get_computed_blocks` looks up every full block of the
+            request, tokens it generated before a preemption included, as vLLM releases after
+            0.8.5 do (they hash each block as its tokens arrive); 0.8.5 and pagedkv look up the
+            hashes stored for the request, which after a preemption end at its last cached
+            block.
     """
 
     null_block_refcounted: bool = False
@@ -49,6 +54,7 @@ class Semantics:
     usage_excludes_null_block: bool = False
     free_uncached_to_head: bool = False
     free_tail_first_without_caching: bool = False
+    lookup_hashes_every_full_block: bool = False
 
     @property
     def name(self) -> str:
@@ -69,6 +75,7 @@ VLLM_0_33 = Semantics(
     usage_excludes_null_block=True,
     free_uncached_to_head=True,
     free_tail_first_without_caching=True,
+    lookup_hashes_every_full_block=True,
 )
 """vLLM 0.33.0's block pool: pagedkv's null-block and capacity rules, and the two switches above.
 Its manager differs further; docs/semantics.md lists how `--against` accounts for that."""

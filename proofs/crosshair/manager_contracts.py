@@ -26,7 +26,7 @@ bounds of each contract's leading asserts (tiny, so CrossHair's path search reac
 from __future__ import annotations
 
 from pagedkv.block_hash import hash_request_tokens
-from pagedkv.harness.swarm_runs import attention_spec
+from pagedkv.harness.swarm.runs import attention_spec
 from pagedkv.manager import KVCacheManager
 from pagedkv.vocab.kv_cache_interface import uniform_kv_cache_config
 from pagedkv.vocab.request import Request

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from pagedkv.harness.adapters import load_factory, pagedkv_manager, pagedkv_pool
-from pagedkv.harness.lockstep import quiet_refusal_warnings
+from pagedkv.harness.comparison import quiet_refusal_warnings
 from pagedkv.harness.protocol import ManagerFactory, PoolFactory
 from pagedkv.vocab.semantics import VLLM_0_8_5
 from proofs.exhaustive.manager_world import (

@@ -1,23 +1,22 @@
-"""The request-level manager as a finite world: a simulated scheduler over a few fixed prompts.
+"""The request-level manager as a finite world: the simulated client over a few fixed prompts.
 
-Each request slot `r0, r1, ...` has a fixed prompt and is absent, waiting or running. The
-scheduler's moves (each a transition, every manager call applied to both managers in lock-step):
+Each request slot `r0, r1, ...` has a fixed prompt and extra keys, and is absent, waiting or
+running. Every transition is a short list of the client's own operations
+(`pagedkv.harness.client.manager_ops`), executed by the one client (`ManagerClient`) on a pair
+in full mode, exactly as the swarm and the hypothesis machines execute theirs:
 
-- `admit(r, t)`: an absent request arrives (a fresh `Request` with the slot's prompt and extra
-  keys), or a waiting one is retried: `get_computed_blocks`, then `allocate_slots` for the rest
-  of the prompt with the hits (and, with `lookaheads`, each lookahead count: `admit(r, t,
-  la=l)`). On success it runs; when every token is computed, token `t` is sampled.
+- `admit(r, t)`: `Arrive` under the slot's name if it is absent, then `Admit` (lookup, then
+  `allocate_slots` for the rest of the prompt with the hits; with `lookaheads`, each lookahead
+  count: `admit(r, t, la=l)`); when every token is computed, token `t` is sampled.
 - `admit_chunk(r)` (with `chunked_prefill`): the same, scheduling one token only.
-- `step(r, t)`: a running request's pending tokens (the rest of its prompt, or the last sampled
-  token); `allocate_slots`; None preempts it (as a scheduler does), else token `t` is sampled.
-  With `drafts`, a decode step also schedules d draft tokens (`step(r, t, d=d, a=a)`), of which
-  none or all are accepted (appended before `t`); with `lookaheads`, each lookahead count.
-- `preempt(r)`: `free`, computed tokens back to 0, waiting (its stored hashes stay).
-- `finish(r)`: `free` + `free_block_hashes`; the slot is absent again (it may arrive anew).
-- `reset_prefix_cache()`.
-- misuse (with `misuse`): zero tokens, more tokens than the request has, past max_model_len, a
-  hit outside the pool, an impostor `Request` with a tracked id, freeing an unknown request, and
-  the common-prefix query; each must fail (or change nothing) identically on both sides.
+- `step(r, t)`: `Step` of a running request (the rest of its prompt, or the last sampled token;
+  None preempts it); with `drafts`, a decode step also schedules d draft tokens, none or all
+  accepted (`step(r, t, d=d, a=a)`); with `lookaheads`, each lookahead count.
+- `preempt(r)`, `finish(r)`, `reset_prefix_cache()`, `common_prefix(r)`.
+- misuse (with `misuse`): the client's hostile calls with the arguments that make zero tokens,
+  more tokens than the request has, a lookahead past max_model_len, a hit outside the pool, an
+  impostor `Request` freeing a tracked id, and freeing an unknown request; each must fail (or
+  change nothing) identically on both sides.
 
 A request whose length reaches `max_model_len` after sampling finishes, so token lists and hence
 the state space stay finite.
@@ -25,30 +24,37 @@ the state space stay finite.
 
 from __future__ import annotations
 
-import copy
 import itertools
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
-from pagedkv.harness.adapters import pagedkv_manager, spec_manager
-from pagedkv.harness.lockstep import LockstepPair
+from pagedkv.harness.client.manager import Live, ManagerClient
+from pagedkv.harness.client.manager_ops import (
+    Admit,
+    Arrive,
+    CommonPrefix,
+    Finish,
+    Hostile,
+    ManagerOp,
+    Preempt,
+    Reset,
+    Step,
+)
+from pagedkv.harness.comparison import ComparedPair
+from pagedkv.harness.coverage import Coverage
 from pagedkv.harness.protocol import (
     ManagerConfig,
     ManagerFactory,
     ManagerSnapshot,
     ManagerUnderTest,
 )
-from pagedkv.harness.swarm_runs import attention_spec
-from pagedkv.vocab.kv_cache_interface import (
-    uniform_kv_cache_config,
-)
-from pagedkv.vocab.request import PlaceholderRange, Request
-from pagedkv.vocab.semantics import PAGEDKV, Semantics
+from pagedkv.harness.swarm.runs import attention_spec
+from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
+from pagedkv.vocab.kv_cache_interface import uniform_kv_cache_config
+from pagedkv.vocab.semantics import Semantics
 from proofs.exhaustive.fingerprint import fingerprint
 from proofs.exhaustive.pool_world import pool_key
 from proofs.exhaustive.search import Frozen, Transition, World, freeze, thaw
-
-ABSENT, WAITING, RUNNING = "absent", "waiting", "running"
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,7 @@ class ManagerSearchConfig:
     use_eagle: bool = False
     chunked_prefill: bool = False
     misuse: bool = True
-    semantics: Semantics = PAGEDKV
+    semantics: Semantics = PAGEDKV_SEMANTICS
     hash_algo: str = "sha256"
     drafts: tuple[int, ...] = (0,)
     lookaheads: tuple[int, ...] = (0,)
@@ -105,7 +111,7 @@ class ManagerSearchConfig:
                 (f"drafts={list(self.drafts)}", self.drafts != (0,)),
                 (f"lookaheads={list(self.lookaheads)}", self.lookaheads != (0,)),
                 ("keys=" + "/".join(map(_show_keys, self.keys)), bool(self.keys)),
-                (self.semantics.name, self.semantics != PAGEDKV),
+                (self.semantics.name, self.semantics != PAGEDKV_SEMANTICS),
             )
             if on
         )
@@ -146,16 +152,6 @@ class RequestKeys:
     mm: tuple[tuple[int, int, str], ...] = ()
     cache_salt: str | None = None
 
-    def request(self, request_id: str, prompt: tuple[int, ...]) -> Request:
-        return Request(
-            request_id,
-            prompt,
-            mm_positions=[PlaceholderRange(offset, length) for offset, length, _ in self.mm],
-            mm_hashes=[content for _, _, content in self.mm],
-            lora_id=self.lora_id,
-            cache_salt=self.cache_salt,
-        )
-
 
 def _show_keys(keys: RequestKeys | None) -> str:
     if keys is None:
@@ -166,81 +162,73 @@ def _show_keys(keys: RequestKeys | None) -> str:
     return ",".join(parts) or "-"
 
 
-@dataclass
-class _Slot:
-    """One request as the scheduler sees it; `request` is None while absent."""
-
-    status: str
-    request: Request | None = None
-
-
-Step = Callable[["ManagerWorld"], None]
-
-
 class ManagerWorld:
-    """A state of the manager search (see the module docstring for the transitions)."""
+    """A state of the manager search: the client, its pair, and the slots' prompts."""
 
-    def __init__(
-        self,
-        pair: LockstepPair[ManagerUnderTest],
-        config: ManagerSearchConfig,
-        slots: dict[str, _Slot],
-    ) -> None:
-        self.pair = pair
+    def __init__(self, client: ManagerClient, config: ManagerSearchConfig) -> None:
+        self.client = client
         self.config = config
-        self.slots = slots
+
+    @property
+    def pair(self) -> ComparedPair[ManagerUnderTest]:
+        return self.client.pair
 
     def dump(self) -> Frozen:
-        # One freeze: the managers and the slots share the Request objects.
-        return freeze((self.pair.spec, self.pair.impl, self.slots))
+        return freeze(self.client)
 
     def load(self, frozen: Frozen, state: ManagerSnapshot) -> ManagerWorld:
-        spec, impl, slots = thaw(frozen)
-        pair = LockstepPair.restored(spec, impl, state, self.pair.same_messages)
-        return ManagerWorld(pair, self.config, slots)
+        client: ManagerClient = thaw(frozen)
+        client.pair.state = state
+        return ManagerWorld(client, self.config)
 
     def key(self) -> Hashable:
         requests = tuple(
-            (slot.status,)
-            if slot.request is None
-            else (slot.status, tuple(slot.request.all_token_ids), slot.request.num_computed_tokens)
-            for slot in self.slots.values()
+            sorted(
+                (
+                    live.record.request_id,
+                    live.running,
+                    tuple(live.record.tokens),
+                    live.record.num_computed_tokens,
+                )
+                for live in self.client.live
+            )
         )
-        return manager_key(self.pair.state), requests, fingerprint(self.pair.impl)
+        return manager_key(self.client.pair.state), requests, fingerprint(self.client.pair.impl)
 
     # -- transitions -------------------------------------------------------------------------
 
     def transitions(self) -> Sequence[Transition]:
         config = self.config
+        live = {entry.record.request_id: entry for entry in self.client.live}
         steps: list[Transition] = []
-        for request_id, slot in self.slots.items():
-            if slot.status != RUNNING:
+        for number in range(len(config.prompts)):
+            name = f"r{number}"
+            entry = live.get(name)
+            if entry is None or not entry.running:
                 for token, lookahead in itertools.product(config.samples, config.lookaheads):
-                    label = f"admit({request_id}, t={token}{_la(lookahead)})"
-                    steps.append(_transition(label, _admit, request_id, token, False, lookahead))
+                    label = f"admit({name}, t={token}{_la(lookahead)})"
+                    steps.append(_admit(label, number, 0, lookahead, token))
                 if config.chunked_prefill:
-                    steps.append(
-                        _transition(f"admit_chunk({request_id})", _admit, request_id, None, True, 0)
-                    )
+                    steps.append(_admit(f"admit_chunk({name})", number, 1, 0, config.samples[0]))
             else:
-                steps += self._steps(request_id)
-                steps.append(_transition(f"preempt({request_id})", _preempt, request_id))
-            if slot.status != ABSENT:
-                steps.append(_transition(f"finish({request_id})", _finish, request_id))
-        steps.append(_simple_call("reset_prefix_cache()", lambda m: m.reset_prefix_cache()))
+                steps += self._steps(
+                    name, entry.record.num_tokens - entry.record.num_computed_tokens
+                )
+                steps.append(_on(f"preempt({name})", name, True, lambda which: [Preempt(which)]))
+            if entry is not None:
+                steps.append(_on(f"finish({name})", name, None, lambda which: [Finish(which)]))
+        steps.append(Transition("reset_prefix_cache()", _run([Reset()])))
         if config.misuse:
-            steps += self._misuse()
+            steps += self._misuse(live)
         return steps
 
-    def _steps(self, request_id: str) -> list[Transition]:
+    def _steps(self, name: str, pending: int) -> list[Transition]:
         """Every step of a running request: each sampled token, draft count (decode steps
         only), accepted drafts (none or all) and lookahead that keeps it within max_model_len."""
         config = self.config
-        request = self.slots[request_id].request
-        assert request is not None
-        pending = request.num_tokens - request.num_computed_tokens
+        entry = next(e for e in self.client.live if e.record.request_id == name)
         room = -(-config.max_model_len // config.block_size) * config.block_size
-        room -= request.num_computed_tokens + pending
+        room -= entry.record.num_computed_tokens + pending
         steps = []
         for token, drafts, lookahead in itertools.product(
             config.samples, config.drafts, config.lookaheads
@@ -248,33 +236,51 @@ class ManagerWorld:
             if (drafts and pending != 1) or drafts + lookahead > room:
                 continue
             for accepted in sorted({0, drafts}):
-                label = f"step({request_id}, t={token}{_drafts(drafts, accepted)}{_la(lookahead)})"
-                steps.append(
-                    _transition(label, _step, request_id, token, drafts, accepted, lookahead)
-                )
+                label = f"step({name}, t={token}{_drafts(drafts, accepted)}{_la(lookahead)})"
+                op_drafts = (token,) * drafts
+
+                def make(
+                    which: int,
+                    d: tuple[int, ...] = op_drafts,
+                    a: int = accepted,
+                    la: int = lookahead,
+                    t: int = token,
+                ) -> list[ManagerOp]:
+                    return [Step(which, 0, d, a, la, t)]
+
+                steps.append(_on(label, name, True, make))
         return steps
 
-    def _misuse(self) -> list[Transition]:
-        state: ManagerSnapshot = self.pair.state
+    def _misuse(self, live: dict[str, Live]) -> list[Transition]:
         config = self.config
-        running = [slot.request for slot in self.slots.values() if slot.status == RUNNING]
-        steps = [_simple_call("free(never-seen)", lambda m: m.free(_STRANGER))]
-        for request_id, slot in self.slots.items():
-            request = slot.request
-            if request is None:
-                continue
-            tracked = request_id in state.blocks or request_id in state.hashes
-            steps.append(_bad_allocation(request_id, 0))
-            if slot.status == RUNNING:
-                pending = request.num_tokens - request.num_computed_tokens
-                steps.append(_bad_allocation(request_id, pending + 1))
+        steps = [Transition("free(never-seen)", _run([Hostile("unknown request", 0, 0)]))]
+        for name, entry in live.items():
+            running = entry.running
+            steps.append(_hostile(f"allocate_slots({name}, 0)", name, "bad counts", 0))
+            if running:
+                steps.append(
+                    _hostile(
+                        f"allocate_slots({name}, pending + 1)",
+                        name,
+                        "more tokens than the request has",
+                        0,
+                    )
+                )
                 if not config.semantics.cap_at_max_model_len:
-                    steps.append(_bad_allocation(request_id, 1, lookahead=config.max_model_len + 1))
-                steps.append(_common_prefix(request_id, len(running)))
+                    steps.append(
+                        _hostile(
+                            f"allocate_slots({name}, 1, la=max_model_len + 1)",
+                            name,
+                            "past max_model_len",
+                            0,
+                        )
+                    )
+                steps.append(
+                    _on(f"common_prefix({name})", name, True, lambda which: [CommonPrefix(which)])
+                )
             elif config.enable_caching:
-                steps.append(_bad_allocation(request_id, 1, hits=(config.num_blocks,)))
-            if tracked:
-                steps.append(_impostor_free(request_id))
+                steps.append(_hostile(f"allocate_slots({name}, 1, [N])", name, "foreign hits", 1))
+            steps.append(_hostile(f"free(impostor of {name})", name, "impostor", 2))
         return steps
 
 
@@ -299,170 +305,73 @@ def manager_key(state: ManagerSnapshot) -> Hashable:
 
 def initial_manager_world(factory: ManagerFactory, config: ManagerSearchConfig) -> ManagerWorld:
     """A fresh spec manager and a fresh `factory` manager, every request slot absent."""
-    manager_config = config.manager_config()
-    pair = LockstepPair(
-        spec_manager(manager_config),
-        factory(manager_config),
-        same_messages=factory is pagedkv_manager,
-    )
-    slots = {f"r{number}": _Slot(ABSENT) for number in range(len(config.prompts))}
-    return ManagerWorld(pair, config, slots)
+    client = ManagerClient.build(config.manager_config(), factory, Coverage(), check_every=1)
+    client.pair.full_check("the initial state")
+    return ManagerWorld(client, config)
 
 
-# -- the scheduler's moves -------------------------------------------------------------------
-
-_STRANGER = Request("never-seen", [0])
+# -- transitions as the client's operations ----------------------------------------------------
 
 
-def _transition(label: str, move: Callable[..., None], *args: object) -> Transition:
+def _run(ops: list[ManagerOp]) -> Callable[[World], None]:
     def run(world: World) -> None:
         assert isinstance(world, ManagerWorld)
-        move(world, *args)
+        for op in ops:
+            world.client.execute(op)
 
-    return Transition(label, run)
-
-
-def _simple_call(label: str, call: Callable[[ManagerUnderTest], object]) -> Transition:
-    """A transition that is one manager call, whatever its outcome (compared on both sides)."""
-
-    def run(world: World) -> None:
-        _both(world, label, call)
-
-    return Transition(label, run)
+    return run
 
 
-def _both(world: World, name: str, call: Callable[[ManagerUnderTest], object]) -> object:
-    """The call on both managers; its result if it succeeded, else None (errors must match)."""
-    return world.pair.both(name, lambda manager, _: call(manager)).result
+def _index(world: ManagerWorld, name: str, running: bool | None) -> int:
+    """The index the client's `which` needs to name request `name` among its candidates."""
+    candidates = [live for live in world.client.live if running is None or live.running == running]
+    return next(i for i, live in enumerate(candidates) if live.record.request_id == name)
 
 
-def _admit(
-    world: ManagerWorld, request_id: str, token: int | None, chunked: bool, lookahead: int
-) -> None:
-    config = world.config
-    slot = world.slots[request_id]
-    if slot.request is None:
-        number = int(request_id[1:])
-        keys = config.keys[number] if number < len(config.keys) else None
-        slot.request = (keys or RequestKeys()).request(request_id, config.prompts[number])
-        slot.status = WAITING
-    request = slot.request
-    lookup = world.pair.both(
-        f"get_computed_blocks({request_id})", lambda m, _: m.get_computed_blocks(request)
-    )
-    assert lookup.ok and lookup.result is not None, "a lookup of a fresh request cannot fail"
-    hits, num_hit_tokens = lookup.result
-    remaining = request.num_tokens - num_hit_tokens
-    chunk = 1 if chunked else remaining
-    room = -(-config.max_model_len // config.block_size) * config.block_size
-    lookahead = min(lookahead, room - num_hit_tokens - chunk)
-    allocated = world.pair.both(
-        f"allocate_slots({request_id}, {chunk}, {hits}{_la(lookahead)})",
-        lambda m, _: m.allocate_slots(request, chunk, hits, lookahead),
-    )
-    assert allocated.ok, f"admission of {request_id} raised {allocated.error!r}"
-    if allocated.result is None:
-        return  # does not fit: it stays waiting, with its hashes stored
-    slot.status = RUNNING
-    request.num_computed_tokens = num_hit_tokens + chunk
-    _maybe_sample(world, request_id, token)
-
-
-def _step(
-    world: ManagerWorld, request_id: str, token: int, drafts: int, accepted: int, lookahead: int
-) -> None:
-    request = world.slots[request_id].request
-    assert request is not None
-    pending = request.num_tokens - request.num_computed_tokens
-    request.spec_token_ids = [token] * drafts
-    try:
-        allocated = world.pair.both(
-            f"allocate_slots({request_id}, {pending + drafts}{_la(lookahead)})"
-            + (f" with {drafts} drafts" if drafts else ""),
-            lambda m, _: m.allocate_slots(request, pending + drafts, None, lookahead),
-        )
-    finally:
-        request.spec_token_ids = []
-    assert allocated.ok, f"a step of {request_id} raised {allocated.error!r}"
-    if allocated.result is None:
-        _preempt(world, request_id)
-        return
-    request.num_computed_tokens += pending + accepted
-    if accepted:
-        request.append_output_token_ids([token] * accepted)
-    _maybe_sample(world, request_id, token)
-
-
-def _maybe_sample(world: ManagerWorld, request_id: str, token: int | None) -> None:
-    """Once every token is computed, the step yields `token`; at max_model_len it finishes."""
-    request = world.slots[request_id].request
-    assert request is not None
-    if token is None or request.num_computed_tokens < request.num_tokens:
-        return  # a prefill chunk: nothing sampled yet
-    request.append_output_token_ids(token)
-    if request.num_tokens >= world.config.max_model_len:
-        _finish(world, request_id)
-
-
-def _preempt(world: ManagerWorld, request_id: str) -> None:
-    slot = world.slots[request_id]
-    request = slot.request
-    assert request is not None
-    _both(world, f"free({request_id})", lambda m: m.free(request))
-    request.num_computed_tokens = 0
-    slot.status = WAITING
-
-
-def _finish(world: ManagerWorld, request_id: str) -> None:
-    slot = world.slots[request_id]
-    request = slot.request
-    assert request is not None
-    _both(world, f"free({request_id})", lambda m: m.free(request))
-    _both(world, f"free_block_hashes({request_id})", lambda m: m.free_block_hashes(request))
-    slot.status, slot.request = ABSENT, None
-
-
-# -- misuse ----------------------------------------------------------------------------------
-
-
-def _bad_allocation(
-    request_id: str, num_tokens: int, *, hits: tuple[int, ...] = (), lookahead: int = 0
+def _on(
+    label: str,
+    name: str,
+    running: bool | None,
+    make: Callable[[int], list[ManagerOp]],
 ) -> Transition:
-    label = f"allocate_slots({request_id}, {num_tokens}, {list(hits)}, lookahead={lookahead})"
+    """A transition about request `name`: the operations `make` builds for its index."""
 
     def run(world: World) -> None:
         assert isinstance(world, ManagerWorld)
-        request = world.slots[request_id].request
-        assert request is not None
-        outcome = world.pair.both(
-            label, lambda m, _: m.allocate_slots(request, num_tokens, hits or None, lookahead)
-        )
-        assert not outcome.ok, f"{label} is invalid but succeeded"
+        for op in make(_index(world, name, running)):
+            world.client.execute(op)
 
     return Transition(label, run)
 
 
-def _impostor_free(request_id: str) -> Transition:
-    label = f"free(impostor of {request_id})"
+def _admit(label: str, number: int, chunk: int, lookahead: int, token: int) -> Transition:
+    """Arrive under the slot's name if absent, then admit it."""
+    name = f"r{number}"
 
     def run(world: World) -> None:
         assert isinstance(world, ManagerWorld)
-        request = world.slots[request_id].request
-        assert request is not None
-        impostor = copy.copy(request)  # same id, same tokens, another object
-        outcome = world.pair.both(label, lambda m, _: m.free(impostor))
-        assert not outcome.ok, f"{label} succeeded"
+        client = world.client
+        if all(live.record.request_id != name for live in client.live):
+            config = world.config
+            keys = config.keys[number] if number < len(config.keys) else None
+            keys = keys or RequestKeys()
+            client.execute(
+                Arrive(
+                    config.prompts[number],
+                    -1,
+                    0,
+                    False,
+                    keys.lora_id,
+                    keys.mm,
+                    keys.cache_salt,
+                    False,
+                    request_id=name,
+                )
+            )
+        client.execute(Admit(_index(world, name, False), chunk, lookahead, token))
 
     return Transition(label, run)
 
 
-def _common_prefix(request_id: str, num_running: int) -> Transition:
-    label = f"get_num_common_prefix_blocks({request_id}, {num_running})"
-
-    def run(world: World) -> None:
-        assert isinstance(world, ManagerWorld)
-        request = world.slots[request_id].request
-        assert request is not None
-        _both(world, label, lambda m: m.get_num_common_prefix_blocks(request, num_running))
-
-    return Transition(label, run)
+def _hostile(label: str, name: str, kind: str, arg: int) -> Transition:
+    return _on(label, name, None, lambda which: [Hostile(kind, which, arg)])

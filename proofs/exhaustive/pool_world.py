@@ -25,13 +25,17 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from pagedkv.harness.adapters import pagedkv_pool, spec_pool
-from pagedkv.harness.lockstep import Divergence, LockstepPair
+from pagedkv.harness.client.catalog import side_name
+from pagedkv.harness.comparison import ComparedPair
+from pagedkv.harness.divergence import Divergence, operation_of
+from pagedkv.harness.probes import pool_probe
 from pagedkv.harness.protocol import PoolFactory, PoolSnapshot, PoolUnderTest
 from pagedkv.spec.block_hash import request_block_hashes
 from pagedkv.spec.block_pool import NULL_BLOCK_ID
+from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab.hashes import BlockHashType, HashFn, get_hash_fn
 from pagedkv.vocab.request import Request
-from pagedkv.vocab.semantics import PAGEDKV, Semantics
+from pagedkv.vocab.semantics import Semantics
 from proofs.exhaustive.fingerprint import fingerprint
 from proofs.exhaustive.search import Frozen, Transition, World, freeze, thaw
 
@@ -61,7 +65,7 @@ class PoolSearchConfig:
     max_free_len: int = 2
     max_touch_len: int = 1
     misuse: bool = True
-    semantics: Semantics = PAGEDKV
+    semantics: Semantics = PAGEDKV_SEMANTICS
     hash_algo: str = "sha256"
 
     @property
@@ -71,7 +75,7 @@ class PoolSearchConfig:
             f" {flag}"
             for flag, on in (
                 ("no-misuse", not self.misuse),
-                (self.semantics.name, self.semantics != PAGEDKV),
+                (self.semantics.name, self.semantics != PAGEDKV_SEMANTICS),
             )
             if on
         )
@@ -97,7 +101,7 @@ class PoolWorld:
 
     def __init__(
         self,
-        pair: LockstepPair[PoolUnderTest],
+        pair: ComparedPair[PoolUnderTest],
         config: PoolSearchConfig,
         prompts: tuple[_Prompt, ...],
         hash_fn: HashFn,
@@ -108,12 +112,12 @@ class PoolWorld:
         self.hash_fn = hash_fn
 
     def dump(self) -> Frozen:
-        return freeze((self.pair.spec, self.pair.impl))
+        return freeze(self.pair)
 
     def load(self, frozen: Frozen, state: PoolSnapshot) -> PoolWorld:
         # The configuration, prompts and hash function never change: they are shared.
-        spec, impl = thaw(frozen)
-        pair = LockstepPair.restored(spec, impl, state, self.pair.same_messages)
+        pair: ComparedPair[PoolUnderTest] = thaw(frozen)
+        pair.state = state
         return PoolWorld(pair, self.config, self.prompts, self.hash_fn)
 
     def key(self) -> Hashable:
@@ -134,7 +138,7 @@ class PoolWorld:
             prompt = self.prompts[0]
             steps.append(self._cache(prompt, (1,), (), 0, 1))
         steps += self._lookups()
-        steps.append(_call("reset_prefix_cache()", lambda pool, _: pool.reset_prefix_cache()))
+        steps.append(_call("reset_prefix_cache()", lambda pool: pool.reset_prefix_cache()))
         return steps
 
     def _get_new_blocks(self, state: PoolSnapshot) -> list[Transition]:
@@ -251,17 +255,28 @@ class PoolWorld:
 
         def run(world: World) -> None:
             hashes = {"spec": list(stored), "impl": list(stored)}
+            spec = world.pair.spec
 
-            def call(pool: PoolUnderTest, side: str) -> None:
+            def call(pool: PoolUnderTest) -> None:
                 pool.cache_full_blocks(
-                    request, block_ids, hashes[side], num_cached, num_full, block_size, hash_fn
+                    request,
+                    block_ids,
+                    hashes[side_name(pool, spec)],
+                    num_cached,
+                    num_full,
+                    block_size,
+                    hash_fn,
                 )
 
-            world.pair.both(label, call)
+            world.pair.call("cache_full_blocks", call, lambda: label)
             if hashes["spec"] != hashes["impl"]:
                 raise Divergence(
-                    f"{label}: stored hashes differ: spec {hashes['spec']}, impl {hashes['impl']}"
+                    f"{label}: stored hashes differ: spec {hashes['spec']}, impl {hashes['impl']}",
+                    "state",
+                    "cache_full_blocks",
+                    "stored hashes",
                 )
+            world.pair.end_step()
 
         return Transition(label, run)
 
@@ -306,31 +321,37 @@ def initial_pool_world(factory: PoolFactory, config: PoolSearchConfig) -> PoolWo
     )
     spec = spec_pool(config.num_blocks, config.enable_caching, config.semantics)
     impl = factory(config.num_blocks, config.enable_caching, config.semantics)
-    pair = LockstepPair(spec, impl, same_messages=factory is pagedkv_pool)
+    pair: ComparedPair[PoolUnderTest] = ComparedPair(
+        spec, impl, pool_probe, check_every=1, same_messages=factory is pagedkv_pool
+    )
+    pair.full_check("the initial state")
     return PoolWorld(pair, config, prompts, hash_fn)
 
 
 # -- single calls ----------------------------------------------------------------------------
 
 
-def _call(label: str, call: Callable[[PoolUnderTest, str], object]) -> Transition:
+def _call(label: str, call: Callable[[PoolUnderTest], object]) -> Transition:
+    """One call on both pools (full mode: whole snapshots and invariants after it)."""
+
     def run(world: World) -> None:
-        world.pair.both(label, call)
+        world.pair.call(operation_of(label), call, lambda: label)
+        world.pair.end_step()
 
     return Transition(label, run)
 
 
 def _get_new_blocks(num_blocks: int) -> Transition:
-    return _call(f"get_new_blocks({num_blocks})", lambda pool, _: pool.get_new_blocks(num_blocks))
+    return _call(f"get_new_blocks({num_blocks})", lambda pool: pool.get_new_blocks(num_blocks))
 
 
 def _touch(block_ids: tuple[int, ...]) -> Transition:
-    return _call(f"touch({list(block_ids)})", lambda pool, _: pool.touch(block_ids))
+    return _call(f"touch({list(block_ids)})", lambda pool: pool.touch(block_ids))
 
 
 def _free(block_ids: tuple[int, ...]) -> Transition:
-    return _call(f"free_blocks({list(block_ids)})", lambda pool, _: pool.free_blocks(block_ids))
+    return _call(f"free_blocks({list(block_ids)})", lambda pool: pool.free_blocks(block_ids))
 
 
 def _lookup(name: str, block_hash: BlockHashType) -> Transition:
-    return _call(f"get_cached_block({name})", lambda pool, _: pool.get_cached_block(block_hash))
+    return _call(f"get_cached_block({name})", lambda pool: pool.get_cached_block(block_hash))

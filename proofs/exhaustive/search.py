@@ -1,10 +1,11 @@
 """Breadth-first search over every reachable state of a finite world, with shortest traces.
 
-A *world* is a spec object and an object under test in lock-step (`LockstepPair`) plus whatever
-the driver keeps (a simulated scheduler's requests). It names its state with a hashable `key()`
-and offers a finite list of labelled transitions from it. The search applies every transition to
-a copy of every state it reaches, once per distinct key. Transitions check themselves (results,
-errors, unchanged state on failure, equal snapshots, invariants) and raise on the first problem.
+A *world* is a spec object and an object under test in lock-step (`ComparedPair`, full mode)
+plus whatever the driver keeps (the simulated client's requests). It names its state with a
+hashable `key()` and offers a finite list of labelled transitions from it. The search applies
+every transition to a copy of every state it reaches, once per distinct key. Transitions check
+themselves (results, errors, unchanged state on failure, equal snapshots, invariants) and raise
+on the first problem.
 
 Soundness of the merge: two worlds with equal keys are explored once. The key holds the spec's
 whole observable state and the driver's state, so the spec's future is the same from both; the
@@ -22,7 +23,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias, TypeVar
 
-from pagedkv.harness.lockstep import LockstepPair
+from pagedkv.harness.comparison import ComparedPair
 
 W = TypeVar("W", bound="World")
 
@@ -39,7 +40,7 @@ class World(Protocol):
     """A state of the search: spec and impl in lock-step, plus the driver's state."""
 
     @property
-    def pair(self) -> LockstepPair[Any]: ...
+    def pair(self) -> ComparedPair[Any]: ...
 
     def key(self) -> Hashable:
         """Equal for two worlds exactly when their futures must be the same (see module doc)."""

@@ -2,23 +2,29 @@
 
 Each `Variant` is one realistic mistake, written as the code would look with it: a method of an
 impl class replaced (`MethodPatch`), a module-level function replaced wherever impl binds it
-(`FunctionPatch`, e.g. `pagedkv.manager` imports `num_required_blocks` by name), or one module's
+(`FunctionPatch`, e.g. `pagedkv.manager` imports `num_required_blocks` by name), one module's
 binding of a function replaced (`CallSitePatch`: that module's calls pass a wrong argument, while
-the function itself, and every contract on it, stays right). Nothing in
-`impl/` is edited: `planted(variant)` swaps the attributes in this process and restores them on
-exit, so checkers run unchanged against the broken code. The spec shares only vocabulary with
-impl (types, constants, hash functions, argument checks and the wording of refusals:
-`tests/test_packaging.py`), none of which a variant replaces, so the spec stays correct while a
-variant is planted. Public methods of the pool and the manager check arguments and guard the
-call, then run the method that does the work: the manager's underscored ones, the pool's
-`*_locked` ones (which the manager calls directly, holding the call token). Variants replace
-those, so both paths see the bug.
+the function itself, and every contract on it, stays right), or a field of a shared value
+changed (`FieldPatch`). Nothing is edited: `planted(variant)` swaps the attributes in this
+process and restores them on exit, so checkers run unchanged against the broken code.
+
+Most variants break impl only, and the spec stays correct. The last group breaks the vocabulary
+both sides share (`pagedkv.vocab`: the `Request` type, the default semantics switches): the spec
+and the implementation then see the same broken thing, and only what the spec decides for itself
+(its own statement of pagedkv's semantics) and what the client checks for itself (its own record
+of every request it sent) can catch them.
+
+Public methods of the pool and the manager check arguments and guard the call, then run the
+method that does the work: the manager's underscored ones, the pool's `*_locked` ones (which the
+manager calls directly, holding the call token). Variants replace those, so both paths see the
+bug.
 
 `proofs.planted.bugs` runs every checker against every variant and tabulates what caught it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -32,7 +38,8 @@ from pagedkv.block import KVCacheBlock
 from pagedkv.vocab.errors import BlockStateError, FreeQueueError
 from pagedkv.vocab.hashes import BlockHashType, ExtraKey
 from pagedkv.vocab.kv_events import BlockRemoved
-from pagedkv.vocab.request import PlaceholderRange, Request
+from pagedkv.vocab.request import PlaceholderRange, Request, TokenView
+from pagedkv.vocab.semantics import PAGEDKV
 
 PLANT_ENV = "PAGEDKV_PLANTED"
 """The environment variable that names the variant a fresh process plants (the pytest plugin,
@@ -106,7 +113,24 @@ def _is_impl_module(name: str) -> bool:
     return not name.startswith(("pagedkv.spec", "pagedkv.harness", "pagedkv.gpu"))
 
 
-Patch = MethodPatch | FunctionPatch | CallSitePatch
+@dataclass(frozen=True)
+class FieldPatch:
+    """Set field `name` of a shared value (a frozen dataclass such as the default `Semantics`)
+    to `value`: every default argument that refers to the value sees it."""
+
+    instance: object
+    name: str
+    value: object
+
+    @property
+    def replacement(self) -> object:
+        return self.value
+
+    def bindings(self) -> list[tuple[object, str, object]]:
+        return [(self.instance, self.name, getattr(self.instance, self.name))]
+
+
+Patch = MethodPatch | FunctionPatch | CallSitePatch | FieldPatch
 
 
 @dataclass(frozen=True)
@@ -145,18 +169,26 @@ def planted(variant: Variant | None) -> Iterator[None]:
     applied: list[tuple[object, str, object]] = []
     try:
         for owner, attribute, original, replacement in changes:
-            setattr(owner, attribute, replacement)
+            _set(owner, attribute, replacement)
             applied.append((owner, attribute, original))
         yield
     finally:
         for owner, attribute, original in reversed(applied):
-            setattr(owner, attribute, original)
+            _set(owner, attribute, original)
 
 
 def plant_for_good(variant: Variant) -> None:
     """Plant `variant` for the rest of this process (meant for a dedicated subprocess)."""
     for owner, attribute, _, replacement in _changes(variant):
-        setattr(owner, attribute, replacement)
+        _set(owner, attribute, replacement)
+
+
+def _set(owner: object, attribute: str, value: object) -> None:
+    """setattr, also on an instance of a frozen dataclass (a `FieldPatch`)."""
+    if dataclasses.is_dataclass(owner) and not isinstance(owner, type):
+        object.__setattr__(owner, attribute, value)
+    else:
+        setattr(owner, attribute, value)
 
 
 def rebound(function: Callable[..., Any], **globals_: object) -> Callable[..., Any]:
@@ -442,6 +474,24 @@ def _window_blocks_floor(sliding_window: int, block_size: int) -> int:
 
 # -- the catalog ---------------------------------------------------------------------------------
 
+# -- the shared vocabulary ---------------------------------------------------------------------
+
+_APPEND_OUTPUT_TOKEN_IDS = Request.append_output_token_ids
+
+
+def _append_first_token_only(self: Request, token_ids: int | Iterable[int]) -> None:
+    """Request.append_output_token_ids whose path for a list appends its first token only."""
+    if isinstance(token_ids, (list, tuple)) and len(token_ids) > 1:
+        _APPEND_OUTPUT_TOKEN_IDS(self, token_ids[0])
+        return
+    _APPEND_OUTPUT_TOKEN_IDS(self, token_ids)
+
+
+def _token_view_of_a_copy(self: TokenView, tokens: list[int]) -> None:
+    """TokenView.__init__ keeping a copy of the token list: the view misses every append."""
+    self._tokens = list(tokens)
+
+
 VARIANTS: tuple[Variant, ...] = (
     Variant(
         "free_to_head",
@@ -567,8 +617,29 @@ VARIANTS: tuple[Variant, ...] = (
             ),
         ),
     ),
+    Variant(
+        "request_append_first_only",
+        "Request.append_output_token_ids keeps only the first token of a list (both sides see it)",
+        (MethodPatch(Request, "append_output_token_ids", _append_first_token_only),),
+    ),
+    Variant(
+        "request_view_copies",
+        "a request's token view is a copy made at construction: appended tokens go unseen",
+        (MethodPatch(TokenView, "__init__", _token_view_of_a_copy),),
+    ),
+    Variant(
+        "default_uncached_to_head",
+        "the shared default semantics free unhashed blocks to the queue's head (vLLM 0.33's)",
+        (FieldPatch(PAGEDKV, "free_uncached_to_head", True),),
+    ),
+    Variant(
+        "default_usage_without_null",
+        "the shared default semantics leave the null block out of the usage (vLLM 0.33's)",
+        (FieldPatch(PAGEDKV, "usage_excludes_null_block", True),),
+    ),
 )
-"""Every planted bug, in the order the table lists them: pool, manager, window, hashing."""
+"""Every planted bug, in the order the table lists them: pool, manager, window, hashing, then
+the vocabulary both sides share."""
 
 VARIANTS_BY_NAME: dict[str, Variant] = {variant.name: variant for variant in VARIANTS}
 

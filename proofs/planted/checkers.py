@@ -38,10 +38,10 @@ from hypothesis.reporting import with_reporter
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from pagedkv.harness.adapters import pagedkv_manager, pagedkv_pool
+from pagedkv.harness.comparison import quiet_refusal_warnings
 from pagedkv.harness.coverage import CI_MANAGER_STEPS, CI_POOL_STEPS, CI_SEED
-from pagedkv.harness.lockstep import quiet_refusal_warnings
-from pagedkv.harness.manager_machine import make_manager_machine
-from pagedkv.harness.pool_machine import make_pool_machine
+from pagedkv.harness.machines.manager import make_manager_machine
+from pagedkv.harness.machines.pool import make_pool_machine
 from pagedkv.harness.swarm import manager_layer, pool_layer, run_campaign
 from proofs.crosshair.contracts import Contract
 from proofs.crosshair.manager_contracts import CONTRACTS as MANAGER_CONTRACTS

@@ -12,7 +12,7 @@ A run's seed is derived from the campaign seed, the layer and the run's index
 
 KV cache events are on in about a third of the runs of an implementation that can emit them,
 drawn last from the run's seed, so that every other draw of a seed is the same as before events
-were drawn at all (`harness/swarm_events.py` says when such a run takes them).
+were drawn at all (`harness/client/events.py` says when such a run takes them).
 """
 
 from __future__ import annotations
@@ -25,14 +25,16 @@ import math
 import random
 from dataclasses import dataclass, field
 
+from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.protocol import ManagerConfig
+from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheSpec,
     SlidingWindowSpec,
     uniform_kv_cache_config,
 )
-from pagedkv.vocab.semantics import PAGEDKV, Semantics
+from pagedkv.vocab.semantics import Semantics
 
 MANAGER_FEATURES = (
     "shared prefixes",  # prompts start with tokens of an earlier request (system prompts)
@@ -57,7 +59,7 @@ MANAGER_OPERATIONS: dict[str, tuple[int, int]] = {
     "common prefix": (1, 2),
     "hostile": (1, 4),
 }
-"""The simulated scheduler's moves (`harness/manager_driver.py`) and the range each one's weight
+"""The simulated scheduler's moves (`harness/swarm/sampling.py`) and the range each one's weight
 is drawn from when a run enables it."""
 
 ALWAYS_ON = frozenset({"arrive", "admit", "step"})
@@ -77,7 +79,11 @@ POOL_OPERATIONS: dict[str, tuple[int, int]] = {
     "reset": (1, 1),
     "misuse": (1, 4),
 }
-"""The block-pool driver's moves (`harness/pool_driver.py`) and their weight ranges."""
+"""The block-pool client's moves (`harness/swarm/sampling.py`) and their weight ranges."""
+
+LATE_POOL_OPERATIONS: dict[str, tuple[int, int]] = {"adopt": (1, 3)}
+"""Pool moves added after the others, drawn after every other draw of a run's seed (on in
+half the runs), so that the runs of every earlier seed keep their configuration."""
 
 KV_EVENTS_SHARE = 1 / 3
 """The share of runs with KV cache events on (of an implementation that can emit them)."""
@@ -174,6 +180,7 @@ class ManagerRun:
         num_steps: the run's length.
         check_every: steps between full checks (1: full mode).
         misuse: whether hostile calls may be made.
+        domain: what the implementation under test supports (the client sends nothing else).
     """
 
     seed: int
@@ -185,6 +192,7 @@ class ManagerRun:
     num_steps: int
     check_every: int
     misuse: bool
+    domain: Domain = FULL_DOMAIN
 
     @property
     def block_size(self) -> int:
@@ -230,7 +238,7 @@ class ManagerRun:
             flags.append("stats")
         if config.enable_kv_cache_events:
             flags.append("kv events")
-        if config.semantics != PAGEDKV:
+        if config.semantics != PAGEDKV_SEMANTICS:
             flags.append(config.semantics.name)
         on = ", ".join(sorted(self.features)) or "none"
         ops = ", ".join(sorted(self.weights))
@@ -273,16 +281,18 @@ def _block_size_bucket(block_size: int) -> str:
 def draw_manager_run(
     seed: int,
     *,
-    semantics: Semantics = PAGEDKV,
+    semantics: Semantics = PAGEDKV_SEMANTICS,
     misuse: bool = True,
     attention: str = "both",
     steps_per_run: int | None = None,
     kv_events: bool = False,
+    domain: Domain = FULL_DOMAIN,
 ) -> ManagerRun:
     """The run of this seed. `attention` ("full", "sliding" or "both") restricts the draw;
     `steps_per_run` fixes the run length (default: drawn, 20-2,000 steps, log-uniform);
     `kv_events` says whether the manager under test can emit KV cache events (then they are on
-    in about a third of the runs; the layer knows, `harness/swarm.py`)."""
+    in about a third of the runs; the layer knows, `harness/swarm/engine.py`); `domain` bounds
+    the configurations and features drawn."""
     rng = random.Random(seed)
     block_size = draw_block_size(rng)
     num_blocks = draw_pool_size(rng)
@@ -292,11 +302,8 @@ def draw_manager_run(
     max_model_len = max(1, max_blocks * block_size - rng.randint(0, block_size - 1))
     sliding = {"full": False, "sliding": True}.get(attention, rng.random() < 0.45)
     window = _log_uniform(rng, 1, 4 * block_size + 4) if sliding else None
-    vllm = semantics != PAGEDKV
-    if window is not None and vllm:
-        # vLLM 0.8.5 fails an internal assert when the window skips the parent of the next block
-        # to cache (a window at most a block wide, or accepted drafts reaching past it).
-        window = max(window, block_size + 3)
+    if window is not None:
+        window = domain.window(window, block_size)
     kv_cache_spec = attention_spec(block_size, window)
     config = ManagerConfig(
         uniform_kv_cache_config(kv_cache_spec, num_blocks),
@@ -308,8 +315,12 @@ def draw_manager_run(
         semantics=semantics,
     )
     features = frozenset(name for name in MANAGER_FEATURES if rng.random() < 0.5)
-    if vllm:
-        features -= {"salts"}  # vLLM 0.8.5 has no cache salt
+    if not domain.cache_salts:
+        features -= {"salts"}
+    if not domain.multimodal:
+        features -= {"multimodal"}
+    if window is not None and not domain.eagle_with_sliding_window:
+        config = dataclasses.replace(config, use_eagle=False)
     weights = _draw_weights(rng, MANAGER_OPERATIONS, ALWAYS_ON)
     if not misuse:
         weights.pop("hostile", None)
@@ -329,6 +340,7 @@ def draw_manager_run(
         num_steps=num_steps,
         check_every=check_every,
         misuse=misuse,
+        domain=domain,
     )
 
 
@@ -350,6 +362,7 @@ class PoolRun:
         check_every: steps between full checks (1: full mode).
         misuse: whether invalid calls may be made.
         kv_events: both pools are built with KV cache events on.
+        domain: what the pool under test supports (requests outside it are never drawn).
     """
 
     seed: int
@@ -365,6 +378,7 @@ class PoolRun:
     check_every: int
     misuse: bool
     kv_events: bool
+    domain: Domain = FULL_DOMAIN
 
     def with_num_blocks(self, num_blocks: int) -> PoolRun:
         """The same run on a pool of `num_blocks` blocks (shrinking tries smaller pools)."""
@@ -378,7 +392,7 @@ class PoolRun:
             "caching" if self.enable_caching else "no caching",
             self.hash_algo,
             "extra keys" if self.extra_keys else "",
-            self.semantics.name if self.semantics != PAGEDKV else "",
+            self.semantics.name if self.semantics != PAGEDKV_SEMANTICS else "",
             "kv events" if self.kv_events else "",
         ]
         return f"{'; '.join(flag for flag in flags if flag)}; operations: {ops}"
@@ -401,10 +415,11 @@ class PoolRun:
 def draw_pool_run(
     seed: int,
     *,
-    semantics: Semantics = PAGEDKV,
+    semantics: Semantics = PAGEDKV_SEMANTICS,
     misuse: bool = True,
     steps_per_run: int | None = None,
     kv_events: bool = False,
+    domain: Domain = FULL_DOMAIN,
 ) -> PoolRun:
     """The pool run of this seed (see `draw_manager_run`); `kv_events` says whether the pool
     under test can emit KV cache events."""
@@ -420,6 +435,8 @@ def draw_pool_run(
     alphabet = rng.randint(2, 3)
     num_steps = steps_per_run or _log_uniform(rng, 20, 1_000)
     check_every = check_cadence(rng, num_blocks)
+    events_on = rng.random() < KV_EVENTS_SHARE and kv_events
+    weights |= _draw_weights(rng, LATE_POOL_OPERATIONS, frozenset())  # after every older draw
     return PoolRun(
         seed=seed,
         num_blocks=num_blocks,
@@ -433,5 +450,6 @@ def draw_pool_run(
         num_steps=num_steps,
         check_every=check_every,
         misuse=misuse,
-        kv_events=rng.random() < KV_EVENTS_SHARE and kv_events,  # the last draw
+        kv_events=events_on,
+        domain=domain,
     )

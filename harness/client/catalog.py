@@ -1,10 +1,12 @@
 """A catalog of hostile calls: named ways a careless or malicious caller misuses the pool and
 the manager, each of which must be refused with a typed error and change nothing.
 
-Each entry takes a hypothesis `data` object and a scene (what the running driver offers: a live
-request, the pool's size, a request's blocks) and returns the call as a report shows it and as a
-function of one side ("spec" or "impl"), ready for `LockstepMachine.both` or
-`LockstepPair.both`. The state machines draw from these catalogs; so can any other driver.
+Each entry takes a random generator (seeded by the operation that makes the call, so a recorded
+operation replays the same call) and a scene (a live request of the client, the pool's size, a
+request's blocks), and returns the call as a report shows it and as a function of one side
+("spec" or "impl"). The client makes these calls for its `Hostile` (manager) and `Misuse` (pool)
+operations, whichever driver drew them: the swarm, the hypothesis machines or the exhaustive
+search.
 
 The hostile values are wrong types (bools, floats, NaN, infinities, None, strings, containers),
 ints out of range (negative, huge), forged or unhashable keys, and mutations of a request between
@@ -14,13 +16,12 @@ calls (a scheduler-owned field set to a wrong type; an attempt to change a reque
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
-
-from hypothesis import strategies as st
 
 from pagedkv.harness.protocol import ManagerUnderTest, PoolUnderTest
 from pagedkv.vocab.hashes import BlockHashType, HashFn
@@ -116,15 +117,11 @@ def request_field(request: Request, field: str, value: object) -> Iterator[None]
         setattr(request, field, saved)
 
 
-def _draw(data: st.DataObject, values: tuple[object, ...], label: str) -> object:
-    return data.draw(st.sampled_from(values), label=label)
-
-
 # -- the manager ---------------------------------------------------------------------------------
 
 
-def _num_tokens(data: st.DataObject, scene: ManagerScene) -> HostileCall:
-    value = _draw(data, (*BAD_COUNTS, 0), "num_tokens")
+def _num_tokens(rng: random.Random, scene: ManagerScene) -> HostileCall:
+    value = rng.choice((*BAD_COUNTS, 0))
     request = scene.request
     return (
         f"allocate_slots({request!r}, {value!r})",
@@ -132,8 +129,8 @@ def _num_tokens(data: st.DataObject, scene: ManagerScene) -> HostileCall:
     )
 
 
-def _lookahead(data: st.DataObject, scene: ManagerScene) -> HostileCall:
-    value = _draw(data, BAD_COUNTS, "num_lookahead_tokens")
+def _lookahead(rng: random.Random, scene: ManagerScene) -> HostileCall:
+    value = rng.choice(BAD_COUNTS)
     request = scene.request
     return (
         f"allocate_slots({request!r}, 1, None, {value!r})",
@@ -141,8 +138,8 @@ def _lookahead(data: st.DataObject, scene: ManagerScene) -> HostileCall:
     )
 
 
-def _hits(data: st.DataObject, scene: ManagerScene) -> HostileCall:
-    value = _draw(data, NOT_BLOCK_LISTS, "new_computed_blocks")
+def _hits(rng: random.Random, scene: ManagerScene) -> HostileCall:
+    value = rng.choice(NOT_BLOCK_LISTS)
     request = scene.request
     return (
         f"allocate_slots({request!r}, 1, {value!r})",
@@ -152,9 +149,9 @@ def _hits(data: st.DataObject, scene: ManagerScene) -> HostileCall:
 
 def _mutated_field(
     field: str, values: tuple[object, ...], call: str
-) -> Callable[[st.DataObject, ManagerScene], HostileCall]:
-    def make(data: st.DataObject, scene: ManagerScene) -> HostileCall:
-        value = _draw(data, values, field)
+) -> Callable[[random.Random, ManagerScene], HostileCall]:
+    def make(rng: random.Random, scene: ManagerScene) -> HostileCall:
+        value = rng.choice(values)
         request = scene.request
 
         def run(manager: ManagerUnderTest, _: str) -> object:
@@ -168,19 +165,16 @@ def _mutated_field(
     return make
 
 
-def _not_a_request(data: st.DataObject, scene: ManagerScene) -> HostileCall:
-    value = _draw(data, NOT_REQUESTS, "request")
-    method = data.draw(
-        st.sampled_from(
-            (
-                "get_computed_blocks",
-                "allocate_slots",
-                "free",
-                "free_block_hashes",
-                "get_num_common_prefix_blocks",
-            )
-        ),
-        label="method",
+def _not_a_request(rng: random.Random, scene: ManagerScene) -> HostileCall:
+    value = rng.choice(NOT_REQUESTS)
+    method = rng.choice(
+        (
+            "get_computed_blocks",
+            "allocate_slots",
+            "free",
+            "free_block_hashes",
+            "get_num_common_prefix_blocks",
+        )
     )
 
     def run(manager: ManagerUnderTest, _: str) -> object:
@@ -193,8 +187,8 @@ def _not_a_request(data: st.DataObject, scene: ManagerScene) -> HostileCall:
     return f"{method}({value!r})", run
 
 
-def _running_count(data: st.DataObject, scene: ManagerScene) -> HostileCall:
-    value = _draw(data, BAD_COUNTS, "num_running_requests")
+def _running_count(rng: random.Random, scene: ManagerScene) -> HostileCall:
+    value = rng.choice(BAD_COUNTS)
     request = scene.request
     return (
         f"get_num_common_prefix_blocks({request!r}, {value!r})",
@@ -202,8 +196,8 @@ def _running_count(data: st.DataObject, scene: ManagerScene) -> HostileCall:
     )
 
 
-def _identity_change(data: st.DataObject, scene: ManagerScene) -> HostileCall:
-    field, value = data.draw(st.sampled_from(IDENTITY_CHANGES), label="identity field")
+def _identity_change(rng: random.Random, scene: ManagerScene) -> HostileCall:
+    field, value = rng.choice(IDENTITY_CHANGES)
     request = scene.request
     return (
         f"{request!r}.{field} = {value!r}",
@@ -211,8 +205,8 @@ def _identity_change(data: st.DataObject, scene: ManagerScene) -> HostileCall:
     )
 
 
-def _bad_token(data: st.DataObject, scene: ManagerScene) -> HostileCall:
-    value = _draw(data, BAD_TOKENS, "token_ids")
+def _bad_token(rng: random.Random, scene: ManagerScene) -> HostileCall:
+    value = rng.choice(BAD_TOKENS)
     request = scene.request
     return (
         f"{request!r}.append_output_token_ids({value!r})",
@@ -220,7 +214,7 @@ def _bad_token(data: st.DataObject, scene: ManagerScene) -> HostileCall:
     )
 
 
-MANAGER_HOSTILE_CALLS: dict[str, Callable[[st.DataObject, ManagerScene], HostileCall]] = {
+MANAGER_HOSTILE_CALLS: dict[str, Callable[[random.Random, ManagerScene], HostileCall]] = {
     "num_tokens of a wrong type or range": _num_tokens,
     "num_lookahead_tokens of a wrong type or range": _lookahead,
     "hits that are no block ids": _hits,
@@ -242,14 +236,14 @@ MANAGER_HOSTILE_CALLS: dict[str, Callable[[st.DataObject, ManagerScene], Hostile
 # -- the block pool ------------------------------------------------------------------------------
 
 
-def _num_blocks(data: st.DataObject, scene: PoolScene) -> HostileCall:
-    value = _draw(data, BAD_COUNTS, "num_blocks")
+def _num_blocks(rng: random.Random, scene: PoolScene) -> HostileCall:
+    value = rng.choice(BAD_COUNTS)
     return f"get_new_blocks({value!r})", lambda pool, _: pool.get_new_blocks(value)
 
 
-def _block_list(method: str) -> Callable[[st.DataObject, PoolScene], HostileCall]:
-    def make(data: st.DataObject, scene: PoolScene) -> HostileCall:
-        value = _draw(data, NOT_BLOCK_LISTS, "block_ids")
+def _block_list(method: str) -> Callable[[random.Random, PoolScene], HostileCall]:
+    def make(rng: random.Random, scene: PoolScene) -> HostileCall:
+        value = rng.choice(NOT_BLOCK_LISTS)
         return f"{method}({value!r})", lambda pool, _: getattr(pool, method)(value)
 
     return make
@@ -277,9 +271,9 @@ _BAD_CACHE_VALUES: dict[str, tuple[object, ...]] = {
 }
 
 
-def _cache_argument(data: st.DataObject, scene: PoolScene) -> HostileCall:
-    argument = data.draw(st.sampled_from(CACHE_ARGUMENTS), label="argument")
-    value = _draw(data, _BAD_CACHE_VALUES[argument], argument)
+def _cache_argument(rng: random.Random, scene: PoolScene) -> HostileCall:
+    argument = rng.choice(CACHE_ARGUMENTS)
+    value = rng.choice(_BAD_CACHE_VALUES[argument])
 
     def run(pool: PoolUnderTest, _: str) -> object:
         arguments: dict[str, Any] = {
@@ -298,24 +292,21 @@ def _cache_argument(data: st.DataObject, scene: PoolScene) -> HostileCall:
     return f"cache_full_blocks(... {argument}={value!r} ...)", run
 
 
-def _lookup_key(data: st.DataObject, scene: PoolScene) -> HostileCall:
-    value = data.draw(
-        st.sampled_from(
-            (
-                None,
-                3,
-                "hash",
-                (0, (0,), None),  # a plain tuple shaped like a key: no BlockHashType
-                BlockHashType(0, [0], None),  # type: ignore[arg-type]  # unhashable
-                BlockHashType(0, (0,), ([0],)),  # type: ignore[arg-type]  # unhashable
-            )
-        ),
-        label="block_hash",
+def _lookup_key(rng: random.Random, scene: PoolScene) -> HostileCall:
+    value = rng.choice(
+        (
+            None,
+            3,
+            "hash",
+            (0, (0,), None),  # a plain tuple shaped like a key: no BlockHashType
+            BlockHashType(0, [0], None),  # type: ignore[arg-type]  # unhashable
+            BlockHashType(0, (0,), ([0],)),  # type: ignore[arg-type]  # unhashable
+        )
     )
     return f"get_cached_block({value!r})", lambda pool, _: pool.get_cached_block(value)
 
 
-POOL_HOSTILE_CALLS: dict[str, Callable[[st.DataObject, PoolScene], HostileCall]] = {
+POOL_HOSTILE_CALLS: dict[str, Callable[[random.Random, PoolScene], HostileCall]] = {
     "num_blocks of a wrong type or range": _num_blocks,
     "touch of no block ids": _block_list("touch"),
     "free_blocks of no block ids": _block_list("free_blocks"),
@@ -325,14 +316,10 @@ POOL_HOSTILE_CALLS: dict[str, Callable[[st.DataObject, PoolScene], HostileCall]]
 """Hostile block-pool calls by name; each is refused and changes nothing."""
 
 
-def draw_hostile_call(
-    data: st.DataObject,
-    catalog: dict[str, Callable[[st.DataObject, Any], HostileCall]],
-    scene: object,
-) -> HostileCall:
-    """One call of `catalog`, drawn by name, for `scene`."""
-    name = data.draw(st.sampled_from(sorted(catalog)), label="hostile call")
-    return catalog[name](data, scene)
+def side_name(side: object, spec: object) -> str:
+    """ "spec" when `side` is the spec side of a pair, else "impl" (what a catalog entry's call
+    is told)."""
+    return "spec" if side is spec else "impl"
 
 
 def not_a_hash(value: object) -> HashFn:

@@ -1,10 +1,11 @@
 """The simulated scheduler's moves, as plain replayable records.
 
-A swarm run is a list of these operations. Each one names its request by an index into the
-requests it may act on (waiting, running or alive, in arrival order, taken modulo their number)
-and carries its sizes as wishes that execution clamps to what the state allows. So any
-subsequence of a run still executes, which is what shrinking needs (`harness/shrink.py`): the
-operations stay meaningful after earlier ones are deleted.
+Every driver of the manager client (the swarm, the hypothesis machines, the exhaustive search)
+makes these operations and has `ManagerClient.execute` run them. Each one names its request by
+an index into the requests it may act on (waiting, running or alive, in arrival order, taken
+modulo their number) and carries its sizes as wishes that execution clamps to what the state
+allows. So any subsequence of a run still executes, which is what shrinking needs
+(`harness/swarm/shrink.py`): the operations stay meaningful after earlier ones are deleted.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ class Arrive(NamedTuple):
 
     `tokens` follow `share_len` tokens of earlier request `share` (-1: none), whose LoRA id,
     multimodal inputs and salt it takes when `share_keys`; else its own `lora`, `mm` (offset,
-    length, content hash) and `salt`.
+    length, content hash) and `salt`. `request_id` names it (None: the client numbers it,
+    "req-1", "req-2", ...; the exhaustive search reuses a slot's name so its states stay few).
     """
 
     tokens: tuple[int, ...]
@@ -28,15 +30,18 @@ class Arrive(NamedTuple):
     mm: tuple[tuple[int, int, str], ...]
     salt: str | None
     logprobs: bool
+    request_id: str | None = None
 
 
 class Admit(NamedTuple):
     """Look waiting request `which` up and allocate its prefill: all of it (`chunk` 0) or at
-    most `chunk` tokens, with `lookahead` slots."""
+    most `chunk` tokens, with `lookahead` slots; `token` is sampled if that computes every
+    token."""
 
     which: int
     chunk: int
     lookahead: int
+    token: int = 0
 
 
 class Step(NamedTuple):
@@ -84,7 +89,7 @@ class TakeEvents(NamedTuple):
 
 
 class Hostile(NamedTuple):
-    """Hostile call `kind` (`harness/manager_hostile.py`) about live request `which`; `arg`
+    """Hostile call `kind` (`harness/client/hostile.py`) about live request `which`; `arg`
     picks among the call's variants."""
 
     kind: str

@@ -14,11 +14,11 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from pagedkv.harness import vllm_033, vllm_085
 from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.protocol import ManagerFactory, PoolFactory
 from pagedkv.harness.setup_check import SetupError
-from pagedkv.harness.vllm_wheel import (
+from pagedkv.harness.vllm import v0_8_5, v0_33
+from pagedkv.harness.vllm.wheel import (
     FetchError,
     newest_release,
     project_listing,
@@ -58,24 +58,25 @@ class VllmAdapter:
 
 
 ADAPTERS: dict[str, VllmAdapter] = {
-    vllm_085.VERSION: VllmAdapter(
-        vllm_085.VERSION,
+    v0_8_5.VERSION: VllmAdapter(
+        v0_8_5.VERSION,
         VLLM_0_8_5,
-        vllm_085.MODULES,
-        vllm_085.STAND_INS,
-        vllm_085.load,
-        vllm_085.LOGGERS,
-        hash_seeding=vllm_085.HASH_SEEDING,
+        v0_8_5.MODULES,
+        v0_8_5.STAND_INS,
+        v0_8_5.load,
+        v0_8_5.LOGGERS,
+        v0_8_5.DOMAIN,
+        v0_8_5.HASH_SEEDING,
     ),
-    vllm_033.VERSION: VllmAdapter(
-        vllm_033.VERSION,
+    v0_33.VERSION: VllmAdapter(
+        v0_33.VERSION,
         VLLM_0_33,
-        vllm_033.MODULES,
-        vllm_033.STAND_INS,
-        vllm_033.load,
-        vllm_033.LOGGERS,
-        vllm_033.DOMAIN,
-        vllm_033.HASH_SEEDING,
+        v0_33.MODULES,
+        v0_33.STAND_INS,
+        v0_33.load,
+        v0_33.LOGGERS,
+        v0_33.DOMAIN,
+        v0_33.HASH_SEEDING,
     ),
 }
 NEWEST_TESTED = max(ADAPTERS, key=release_key)

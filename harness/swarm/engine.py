@@ -1,13 +1,14 @@
 """The swarm campaign engine: seeded runs, spec and implementation in lock-step, until a budget.
 
 A campaign is a sequence of runs. Run i's seed is `run_seed(campaign_seed, layer, i)`; from it
-come the run's configuration, features and operation weights (`harness/swarm_runs.py`) and the
+come the run's configuration, features and operation weights (`harness/swarm/runs.py`) and the
 stream its operations are drawn from, so a campaign seed reproduces every run and a run seed
-reproduces one run. Each run builds a fresh spec and a fresh object under test, draws and
-executes its operations (`harness/manager_driver.py`, `harness/pool_driver.py`), comparing as
-`harness/comparison.py` schedules, and ends with a full check. The campaign stops when it has
-run `max_steps` steps (it finishes the run in progress) or `max_seconds` have passed, or at the
-first failure, which it shrinks (`harness/shrink.py`).
+reproduces one run. Each run builds a fresh client over a fresh spec and a fresh object under
+test (`harness/client/`), samples its operations (`harness/swarm/sampling.py`) and has the client
+execute them, comparing as `harness/comparison.py` schedules, and ends with a full check. The
+campaign stops when it has run `max_steps` steps (it finishes the run in progress) or
+`max_seconds` have passed, or at the first failure, which `pagedkv verify` shrinks
+(`harness/swarm/shrink.py`).
 
 The budget in steps, not seconds, is what makes coverage independent of CPU speed: a campaign
 with a fixed seed and step count runs the same operations on every machine.
@@ -27,37 +28,44 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pagedkv.harness.adapters import pagedkv_manager, pagedkv_pool, spec_manager, spec_pool
+from pagedkv.harness.client.hostile import HOSTILE_CALLS, HostileCall
+from pagedkv.harness.client.manager import ManagerClient
+from pagedkv.harness.client.pool import PoolClient
 from pagedkv.harness.comparison import ComparedPair
-from pagedkv.harness.coverage import Coverage
-from pagedkv.harness.manager_driver import ManagerDriver
-from pagedkv.harness.manager_hostile import HOSTILE_CALLS, HostileCall
-from pagedkv.harness.pool_driver import PoolDriver
+from pagedkv.harness.coverage import Coverage, Target
+from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.protocol import ManagerFactory, PoolFactory
-from pagedkv.harness.swarm_runs import (
+from pagedkv.harness.swarm.runs import (
     ManagerRun,
     PoolRun,
     draw_manager_run,
     draw_pool_run,
     run_seed,
 )
-from pagedkv.vocab.semantics import PAGEDKV, Semantics
+from pagedkv.harness.swarm.sampling import ManagerSampler, PoolSampler
+from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
+from pagedkv.vocab.semantics import Semantics
 
 OPS_STREAM = 0x9E3779B97F4A7C15
 """Mixed into a run's seed for the stream its operations are drawn from (its configuration is
 drawn from the seed itself), so that changing how operations are drawn leaves configurations."""
 
 
-class Driver(Protocol):
-    """What the engine needs of a layer's driver."""
+class Client(Protocol):
+    """What the engine needs of a layer's client."""
 
     @property
     def pair(self) -> ComparedPair[Any]: ...
 
-    def generate(self, rng: random.Random) -> Any: ...
-
     def execute(self, op: Any) -> None: ...
 
     def finish_run(self) -> None: ...
+
+
+class Sampler(Protocol):
+    """What the engine needs of a layer's sampler."""
+
+    def generate(self, rng: random.Random, client: Any) -> Any: ...
 
 
 Run = ManagerRun | PoolRun
@@ -65,18 +73,21 @@ Run = ManagerRun | PoolRun
 
 @dataclass(frozen=True)
 class Layer:
-    """One layer the engine can drive: how to draw a run and how to build its driver.
+    """One layer the engine can drive: how to draw a run, and how to build its client and the
+    sampler of its operations.
 
     Attributes:
         name: "pool" or "manager" (part of every run seed).
         draw: run seed -> the run.
-        driver: (run, coverage, check_every override or None) -> a fresh driver.
+        client: (run, coverage, check_every override or None) -> a fresh client.
+        sampler: run -> the sampler of its operations.
         kv_events: whether some runs turn KV cache events on.
     """
 
     name: str
     draw: Callable[[int], Run]
-    driver: Callable[[Any, Coverage, int | None], Driver]
+    client: Callable[[Any, Coverage, int | None], Client]
+    sampler: Callable[[Any], Sampler]
     kv_events: bool = False
 
 
@@ -89,15 +100,16 @@ def offers_kv_events(factory: object) -> bool:
 def manager_layer(
     factory: ManagerFactory,
     *,
-    semantics: Semantics = PAGEDKV,
+    semantics: Semantics = PAGEDKV_SEMANTICS,
     misuse: bool = True,
     attention: str = "both",
     steps_per_run: int | None = None,
     hostile_calls: Mapping[str, HostileCall] = HOSTILE_CALLS,
     kv_events: bool | None = None,
+    domain: Domain = FULL_DOMAIN,
 ) -> Layer:
-    """The request-level manager layer, checking `factory`'s managers; `kv_events` (default:
-    `offers_kv_events(factory)`) says whether they can emit KV cache events."""
+    """The request-level manager layer, checking `factory`'s managers on `domain`; `kv_events`
+    (default: `offers_kv_events(factory)`) says whether they can emit KV cache events."""
     events = offers_kv_events(factory) if kv_events is None else kv_events
     return Layer(
         "manager",
@@ -108,23 +120,44 @@ def manager_layer(
             attention=attention,
             steps_per_run=steps_per_run,
             kv_events=events,
+            domain=domain,
         ),
-        lambda run, coverage, check_every: ManagerDriver(
-            run, factory, coverage, check_every=check_every, hostile_calls=hostile_calls
+        lambda run, coverage, check_every: _manager_client(
+            run, factory, coverage, check_every, hostile_calls
         ),
+        lambda run: ManagerSampler(run, tuple(hostile_calls)),
         events,
+    )
+
+
+def _manager_client(
+    run: ManagerRun,
+    factory: ManagerFactory,
+    coverage: Coverage,
+    check_every: int | None,
+    hostile_calls: Mapping[str, HostileCall],
+) -> ManagerClient:
+    coverage.start_run(run.histogram_keys())
+    return ManagerClient.build(
+        run.config,
+        factory,
+        coverage,
+        check_every=check_every or run.check_every,
+        hostile_calls=hostile_calls,
+        domain=run.domain,
     )
 
 
 def pool_layer(
     factory: PoolFactory,
     *,
-    semantics: Semantics = PAGEDKV,
+    semantics: Semantics = PAGEDKV_SEMANTICS,
     misuse: bool = True,
     steps_per_run: int | None = None,
     kv_events: bool | None = None,
+    domain: Domain = FULL_DOMAIN,
 ) -> Layer:
-    """The block-pool layer, checking `factory`'s pools; `kv_events` (default:
+    """The block-pool layer, checking `factory`'s pools on `domain`; `kv_events` (default:
     `offers_kv_events(factory)`) says whether it is a `KVEventPoolFactory`."""
     events = offers_kv_events(factory) if kv_events is None else kv_events
     return Layer(
@@ -135,11 +168,29 @@ def pool_layer(
             misuse=misuse,
             steps_per_run=steps_per_run,
             kv_events=events,
+            domain=domain,
         ),
-        lambda run, coverage, check_every: PoolDriver(
-            run, factory, coverage, check_every=check_every
-        ),
+        lambda run, coverage, check_every: _pool_client(run, factory, coverage, check_every),
+        PoolSampler,
         events,
+    )
+
+
+def _pool_client(
+    run: PoolRun, factory: PoolFactory, coverage: Coverage, check_every: int | None
+) -> PoolClient:
+    coverage.start_run(run.histogram_keys())
+    return PoolClient.build(
+        factory,
+        coverage,
+        num_blocks=run.num_blocks,
+        enable_caching=run.enable_caching,
+        semantics=run.semantics,
+        kv_events=run.kv_events,
+        block_size=run.block_size,
+        hash_algo=run.hash_algo,
+        check_every=check_every or run.check_every,
+        domain=run.domain,
     )
 
 
@@ -166,21 +217,21 @@ def execute_run(
     """Draw and execute `run`'s operations; (the operations executed, the error or None)."""
     ops: list[Any] = []
     try:
-        driver = layer.driver(run, coverage, check_every)
+        client = layer.client(run, coverage, check_every)
     except Exception as error:  # the factory failed
         return ops, error
     try:
         rng = random.Random(run.seed ^ OPS_STREAM)
-        generate, execute = driver.generate, driver.execute
+        generate, execute = layer.sampler(run).generate, client.execute
         for _ in range(run.num_steps):
-            op = generate(rng)
+            op = generate(rng, client)
             ops.append(op)
             execute(op)
-        driver.finish_run()
+        client.finish_run()
     except Exception as error:
         return ops, error
     finally:
-        pair = driver.pair
+        pair = client.pair
         coverage.counts["calls compared"] += pair.calls
         coverage.counts["full checks"] += pair.full_checks
     return ops, None
@@ -198,23 +249,60 @@ def replay(
     the error or None). With `log`, each operation's calls are appended as one list."""
     coverage = Coverage()
     try:
-        driver: Any = layer.driver(run, coverage, check_every)
+        client = layer.client(run, coverage, check_every)
     except Exception as error:
         return 0, error
     for number, op in enumerate(ops):
         calls: list[str] = []
         if log is not None:
-            driver.pair.log = calls
+            client.pair.log = calls
             log.append(calls)
         try:
-            driver.execute(op)
+            client.execute(op)
         except Exception as error:
             return number + 1, error
     try:
-        driver.finish_run()
+        client.finish_run()
     except Exception as error:
         return len(ops), error
     return len(ops), None
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """One campaign `verify` runs: a layer, what it checks, its budget and its targets.
+
+    Attributes:
+        title: what the report calls it ("block pool", "KV cache manager").
+        impl: the implementation checked, as the user named it.
+        layer: what the swarm engine drives.
+        semantics: the spec's semantics.
+        misuse: whether invalid calls are made.
+        domain: what the implementation supports.
+        steps: the budget.
+        targets: the coverage targets.
+        flags: the options that rebuild the campaign (the report's replay command).
+    """
+
+    title: str
+    impl: str
+    layer: Layer
+    semantics: Semantics
+    misuse: bool
+    domain: Domain
+    steps: int
+    targets: tuple[Target, ...]
+    flags: str
+
+    @property
+    def modes(self) -> frozenset[str]:
+        """What the coverage targets may assume ("misuse", "pagedkv semantics", "kv events")."""
+        modes = {"misuse"} if self.misuse else set()
+        if self.semantics == PAGEDKV_SEMANTICS:
+            modes.add("pagedkv semantics")
+        if self.layer.kv_events:
+            modes.add("kv events")
+        return frozenset(modes)
 
 
 @dataclass

@@ -1,8 +1,8 @@
-"""The block-pool driver's moves, as plain replayable records.
+"""The block pool's client moves, as plain replayable records.
 
-As for the manager (`harness/manager_ops.py`), operations name what they act on by an index
-taken modulo the candidates at execution time and carry sizes that execution clamps, so any
-subsequence of a run still executes.
+As for the manager (`harness/client/manager_ops.py`), operations name what they act on by an
+index taken modulo the candidates at execution time and carry sizes that execution clamps, so
+any subsequence of a run still executes (block ids too are taken modulo the pool's size).
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ class NewBlocks(NamedTuple):
 
 
 class Touch(NamedTuple):
-    """touch of these block ids (taken modulo the pool size)."""
+    """touch of these block ids (taken modulo the pool size), as a list or as an iterator."""
 
     block_ids: tuple[int, ...]
+    as_iterator: bool = False
 
 
 class FreeSome(NamedTuple):
@@ -59,6 +60,15 @@ class Hit(NamedTuple):
     request: NewRequest
 
 
+class Adopt(NamedTuple):
+    """A sequence for `request` over held blocks picked by index (distinct, in pick order),
+    with the first `num_stored` of its block hashes already stored (as after a preemption)."""
+
+    request: NewRequest
+    picks: tuple[int, ...]
+    num_stored: int
+
+
 class Grow(NamedTuple):
     """Sequence `which` gets `tokens` more tokens and the blocks they need (if free), then its
     full blocks are cached."""
@@ -95,7 +105,7 @@ class TakeEvents(NamedTuple):
 
 
 class Misuse(NamedTuple):
-    """An invalid call of kind `kind` (`harness/pool_driver.py`: `MISUSE`); `arg` picks the
+    """An invalid call of kind `kind` (`harness/client/pool.py`: `MISUSE`); `arg` picks the
     variant and its arguments."""
 
     kind: str
@@ -109,6 +119,7 @@ PoolOp = (
     | FreeAll
     | Admit
     | Hit
+    | Adopt
     | Grow
     | CacheBlocks
     | Finish

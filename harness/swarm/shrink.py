@@ -1,30 +1,38 @@
-"""Shrinking a failing swarm run to a short sequence of operations that still fails.
+"""Shrinking a failing swarm run to a short sequence of operations that fails the same way.
 
-1. The failing run's operations are replayed on smaller pools (2, 3, 4, 6, 8, ... blocks): the
-   smallest on which they still fail replaces the run's pool (failures in pools of hundreds of
-   blocks usually need a whole trip through the free queue, which a small pool makes short).
-2. The operations are replayed in full mode (a full comparison after every step
-   and an atomicity check on every failed call), which finds the first step at which the two
-   sides differ; the operations after it are dropped.
+A shrunk run must fail the same way as the run it came from: with the same divergence kind, in
+the same operation, breaking the same rule (`harness.comparison.signature_of`). Every replay is
+in full mode (a full comparison after every step and an atomicity check on every failed call),
+so the failure found is the first one, and shrinking cannot trade it for another: a replay that
+fails differently, a harness error among them, does not count as failing.
+
+1. The run is replayed in full mode: its failure there, at the first step the two sides differ,
+   is the one to keep (its signature); the operations after it are dropped.
+2. The operations are replayed on smaller pools (2, 3, 4, 6, 8, ... blocks): the smallest on
+   which they fail the same way replaces the run's pool (failures in pools of hundreds of blocks
+   usually need a whole trip through the free queue, which a small pool makes short).
 3. Delta debugging (Zeller and Hildebrandt, "Simplifying and Isolating Failure-Inducing
    Input", TSE 2002) removes chunks of operations, then single ones, as long as a replay still
-   fails: in the run's own comparison mode (fast; a full check at the end of every replay), or
-   in full mode if that does not fail. Operations name their requests by index and clamp their
-   sizes, so every subsequence executes (`harness/manager_ops.py`).
-4. The result is replayed in full mode with every call logged, for the report.
+   fails the same way. Operations name their requests by index and clamp their sizes, so every
+   subsequence executes (`harness/client/manager_ops.py`). Steps 2 and 3 repeat while a
+   shorter sequence fails alike on a smaller pool.
+4. The result is replayed with every call logged, for the report.
 
 Shrinking is bounded by a number of replays and by wall-clock time; the report says when a
-bound cut it short.
+bound cut it short. A run whose failure is a harness error is not shrunk: it is a bug of the
+harness, reported with its traceback (`harness/swarm/report.py`).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pagedkv.harness.swarm import Layer, Run, replay
+from pagedkv.harness.divergence import Signature, signature_of
+from pagedkv.harness.swarm.engine import Layer, Run, replay
 
 MAX_REPLAYS = 3_000
 MAX_SECONDS = 120.0
@@ -42,6 +50,7 @@ class Shrunk:
         ops: the operations, in order.
         calls: for each operation, the calls it made and their outcomes.
         error: what failed at the end (class and message).
+        signature: the failure's kind, operation and rule, the same for the run it came from.
         original_length: the operations the run executed before it failed.
         first_divergence: the step of the original run at which full mode saw it fail (0:
             full mode did not reproduce the failure).
@@ -53,6 +62,7 @@ class Shrunk:
     ops: tuple[Any, ...]
     calls: tuple[tuple[str, ...], ...]
     error: str
+    signature: Signature
     original_length: int
     first_divergence: int
     replays: int
@@ -81,53 +91,58 @@ def shrink(
     max_replays: int = MAX_REPLAYS,
     max_seconds: float = MAX_SECONDS,
 ) -> Shrunk:
-    """The shortest failing subsequence of `ops` that delta debugging finds (module docstring)."""
+    """The shortest subsequence of `ops` that delta debugging finds failing the same way
+    (module docstring)."""
     deadline = time.monotonic() + max_seconds
-    replays = 0
-    for num_blocks in SMALLER_POOLS:
-        if num_blocks >= run.num_blocks:
-            break
-        replays += 1
-        smaller = run.with_num_blocks(num_blocks)
-        if replay(layer, smaller, ops, check_every=smaller.check_every)[1] is not None:
-            run = smaller
-            break
+    replays = 1
     executed, full_error = replay(layer, run, ops)
-    replays += 1
-    current: list[Any] = list(ops)
-    first = 0
-    if full_error is not None:
-        first = executed
-        current = current[:executed]
-    # Candidates are replayed in the run's own (fast) mode, a full check at their end; full
-    # mode only if that does not fail (a divergence that the cadence would miss).
-    check_every = run.check_every
+    reference = full_error if full_error is not None else error
+    wanted = signature_of(reference)
+    current: list[Any] = list(ops[:executed]) if full_error is not None else list(ops)
+    first = executed if full_error is not None else 0
 
-    def fails(candidate: Sequence[Any]) -> bool:
+    def fails_alike(candidate_run: Run, candidate: Sequence[Any]) -> bool:
         nonlocal replays
         replays += 1
-        return replay(layer, run, candidate, check_every=check_every)[1] is not None
+        failure = replay(layer, candidate_run, candidate)[1]
+        return failure is not None and signature_of(failure) == wanted
+
+    def out_of_budget() -> bool:
+        return replays >= max_replays or time.monotonic() > deadline
+
+    def smallest_pool(candidate: Sequence[Any]) -> Run | None:
+        for num_blocks in SMALLER_POOLS:
+            if num_blocks >= run.num_blocks or out_of_budget():
+                return None
+            smaller = run.with_num_blocks(num_blocks)
+            if fails_alike(smaller, candidate):
+                return smaller
+        return None
 
     complete = True
-    if not fails(current):
-        check_every = 1
-    if check_every != 1 or full_error is not None:
-        current, complete = _ddmin(
-            current,
-            fails,
-            lambda: replays >= max_replays or time.monotonic() > deadline,
-        )
+    smaller = smallest_pool(current)
+    run = smaller or run
+    if fails_alike(run, current):
+        while True:  # a shorter run may fail on a smaller pool, and a smaller pool shorten it
+            current, complete = _ddmin(current, functools.partial(fails_alike, run), out_of_budget)
+            smaller = smallest_pool(current) if complete else None
+            if smaller is None:
+                break
+            run = smaller
     log: list[list[str]] = []
     _, final_error = replay(layer, run, current, log=log)
     replays += 1
-    shown = describe_error(final_error or full_error or error)
+    shown = describe_error(final_error or reference)
     if final_error is None:
         shown += " (did not reproduce on replay)"
+    elif signature_of(final_error) != wanted:
+        shown += f" (the run failed as {describe_error(reference)})"
     return Shrunk(
         run,
         tuple(current),
         tuple(tuple(calls) for calls in log),
         shown,
+        wanted,
         len(ops),
         first,
         replays,

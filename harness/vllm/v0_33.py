@@ -38,10 +38,10 @@ from pagedkv.harness.protocol import (
     PoolFactory,
     PoolSnapshot,
 )
-from pagedkv.harness.vllm_033_stand_ins import MODULES, STAND_INS
-from pagedkv.harness.vllm_views import RequestViews, torch_or_stand_in, vllm_attention_spec
+from pagedkv.harness.vllm.stand_ins_0_33 import MODULES, STAND_INS
+from pagedkv.harness.vllm.views import RequestViews, torch_or_stand_in, vllm_attention_spec
 from pagedkv.spec.block_hash import request_block_hashes
-from pagedkv.vocab.hashes import BlockHashType, HashFn, get_hash_fn
+from pagedkv.vocab.hashes import BlockHashType, CacheKey, HashFn, get_hash_fn
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
 
@@ -50,11 +50,15 @@ __all__ = ["DOMAIN", "HASH_SEEDING", "LOGGERS", "MODULES", "STAND_INS", "VERSION
 VERSION = "0.33.0"
 LOGGERS = ("vllm",)
 HASH_SEEDING = "compared through the hash translation, whatever the seeds"
-DOMAIN = Domain(min_window=2, eagle_with_sliding_window=False, multimodal=False)
+DOMAIN = Domain(
+    min_window=2, eagle_with_sliding_window=False, multimodal=False, listed_blocks_freed=False
+)
 """Outside it vLLM 0.33.0 differs from every semantics of the spec (docs/semantics.md): a
 one-token window (vLLM caches none of its blocks), eagle with a sliding window (vLLM asks the
-hit for one more block, then drops it), and a multimodal input's offset inside a block (vLLM
-keys it, pagedkv does not)."""
+hit for one more block, then drops it), a multimodal input's offset inside a block (vLLM keys
+it, pagedkv does not), and a block freed while a request still lists it (vLLM chains the
+request's next block to the request's own hashes, pagedkv to the hash the freed and maybe
+reused block holds; a manager never frees a block a running request lists)."""
 GROUP_ID = 0  # one KV cache group
 
 
@@ -222,7 +226,7 @@ class Vllm033Pool(ObjectPoolAdapter):
 
     def snapshot(self) -> PoolSnapshot:
         pool = self.pool
-        index: dict[BlockHashType, tuple[int, ...]] = {}
+        index: dict[CacheKey, tuple[int, ...]] = {}
         for key, cached in pool.cached_block_hash_to_block._cache.items():
             ours = self.translation.ours(key)
             assert ours is not None

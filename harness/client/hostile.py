@@ -1,26 +1,26 @@
-"""Calls only a careless or malicious caller makes to a KV cache manager: the swarm's catalog.
+"""Calls only a careless or malicious caller makes to a KV cache manager: the client's catalog.
 
-Each entry is a function of a `Scene` (the pair of managers, the request it is about, the run's
-configuration, and a small int `arg` that picks among its variants). It makes its call through
-`scene.refuse`, which compares both sides and demands that a refused call leave both unchanged;
-whatever it changes on the request (speculative tokens, computed tokens) it restores. A catalog
-is a mapping from kind to function: the swarm draws kinds from `HOSTILE_CALLS` unless given
-another (`SwarmDriver(hostile_calls=...)`), so new hostile calls plug in without touching the
-engine. `HOSTILE_CALLS` holds this module's calls (which need the swarm's view of the run: is
-the request running, how many hashes it stores) and every entry of the state machines' catalog
-(`harness/hostile_calls.py`: wrong types, NaN, mutated scheduler fields, identity changes, bad
-tokens), named "catalog: <its name>" and drawn through `harness/catalog_draws.py`.
+Each entry is a function of a `Scene` (the pair of managers, the request it is about, the
+client's view of it, and a small int `arg` that picks among its variants). It makes its call
+through `scene.refuse`, which compares both sides and demands that a refused call leave both
+unchanged; whatever it changes on the request (speculative tokens, computed tokens) it restores.
+A catalog is a mapping from kind to function: the client makes a `Hostile` operation's call
+from `HOSTILE_CALLS` unless given another (`ManagerClient(hostile_calls=...)`), so new hostile
+calls plug in without touching any driver. `HOSTILE_CALLS` holds this module's calls (which
+need the client's view: is the request running, how many hashes it stores) and every manager
+entry of the value catalog (`harness/client/catalog.py`: wrong types, NaN, mutated scheduler
+fields, identity changes, bad tokens), named "catalog: <its name>", its values drawn from `arg`.
 """
 
 from __future__ import annotations
 
 import copy
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from pagedkv.harness.catalog_draws import draw_entry, side_name
+from pagedkv.harness.client.catalog import MANAGER_HOSTILE_CALLS, ManagerScene, side_name
 from pagedkv.harness.comparison import ComparedPair
-from pagedkv.harness.hostile_calls import MANAGER_HOSTILE_CALLS, ManagerScene
 from pagedkv.harness.protocol import ManagerUnderTest
 from pagedkv.vocab.request import Request
 
@@ -61,7 +61,7 @@ class Scene:
         self, operation: str, label: str, call: Callable[[ManagerUnderTest], object]
     ) -> None:
         """Make `call` on both sides: same outcome, and a refusal changes nothing."""
-        _, error = self.pair.refused_call(lambda: label, call)
+        _, error = self.pair.refused_call(operation, call, lambda: label)
         if error is not None:
             self.on_refusal(operation, error)
 
@@ -125,8 +125,9 @@ def foreign_hits(scene: Scene) -> None:
     if not num_stored and scene.enable_caching:
         # As a scheduler would: look the request up first (a valid call; it stores hashes).
         scene.pair.call(
-            lambda: f"get_computed_blocks({request.request_id})",
+            "get_computed_blocks",
             lambda manager: manager.get_computed_blocks(request),
+            lambda: f"get_computed_blocks({request.request_id})",
         )
         num_stored = request.num_tokens // scene.block_size
     n = scene.num_blocks
@@ -205,20 +206,20 @@ def unknown_request(scene: Scene) -> None:
     scene.refuse("free", "free(never-seen)", lambda manager: manager.free(_STRANGER))
 
 
-def catalog_call(name: str) -> HostileCall:
-    """Entry `name` of `MANAGER_HOSTILE_CALLS` as a swarm hostile call: its values drawn from
-    the scene's `arg`, refused by both sides, changing neither (counted as "hostile catalog")."""
+@dataclass(frozen=True)
+class CatalogCall:
+    """Entry `name` of `MANAGER_HOSTILE_CALLS` as a hostile call: its values drawn from the
+    scene's `arg`, refused by both sides, changing neither (counted as "hostile catalog")."""
 
-    def call(scene: Scene) -> None:
-        shown, side_call = draw_entry(
-            MANAGER_HOSTILE_CALLS, name, ManagerScene(scene.request), scene.arg
-        )
+    name: str
+
+    def __call__(self, scene: Scene) -> None:
+        entry = MANAGER_HOSTILE_CALLS[self.name]
+        shown, side_call = entry(random.Random(scene.arg), ManagerScene(scene.request))
         spec = scene.pair.spec
         scene.refuse(
             "hostile catalog", shown, lambda manager: side_call(manager, side_name(manager, spec))
         )
-
-    return call
 
 
 SWARM_HOSTILE_CALLS: Mapping[str, HostileCall] = {
@@ -238,6 +239,6 @@ SWARM_HOSTILE_CALLS: Mapping[str, HostileCall] = {
 
 HOSTILE_CALLS: Mapping[str, HostileCall] = {
     **SWARM_HOSTILE_CALLS,
-    **{f"catalog: {name}": catalog_call(name) for name in MANAGER_HOSTILE_CALLS},
+    **{f"catalog: {name}": CatalogCall(name) for name in MANAGER_HOSTILE_CALLS},
 }
 """The default catalog: this module's calls and the state machines' catalog."""

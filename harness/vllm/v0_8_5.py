@@ -1,7 +1,7 @@
 """vLLM 0.8.5's own `BlockPool` and `KVCacheManager` as a pool and a manager under test.
 
 The five modules vLLM 0.8.5's KV cache manager is made of are fetched from its wheel
-(`pagedkv.harness.vllm_wheel`); the few parts of vllm they import (logger, utils, config, the
+(`pagedkv.harness.vllm.wheel`); the few parts of vllm they import (logger, utils, config, the
 request and stats types) are replaced by the stand-ins below, written for this purpose. The
 adapters translate pagedkv's `Request` into the attributes vLLM reads and vLLM's block objects
 into ids (`ObjectPoolAdapter`, `ObjectManagerAdapter`).
@@ -19,11 +19,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from pagedkv.harness.adapters import ObjectManagerAdapter, ObjectPoolAdapter
+from pagedkv.harness.domain import Domain
 from pagedkv.harness.protocol import ManagerConfig, ManagerFactory, PoolFactory
-from pagedkv.harness.vllm_views import RequestViews, torch_or_stand_in, vllm_attention_spec
+from pagedkv.harness.vllm.views import RequestViews, torch_or_stand_in, vllm_attention_spec
 from pagedkv.vocab.hashes import NONE_HASH
 from pagedkv.vocab.kv_cache_interface import AttentionSpec
-from pagedkv.vocab.prefix_cache_stats import PrefixCacheStats
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
 
@@ -64,6 +64,13 @@ STAND_INS = {
 }
 HASH_SEEDING = "vLLM's NONE_HASH set to pagedkv's"
 LOGGERS = ("vllm",)
+DOMAIN = Domain(min_window_over_block=4, cache_salts=False)
+"""Outside it vLLM 0.8.5 differs from every semantics of the spec (docs/semantics.md): it has no
+cache salt, and it fails an internal assert when a sliding window skips the parent of the next
+block to cache: the computed tokens may run ahead of the cached blocks by a block less one token
+plus the drafts a step accepts (the client accepts at most 3), so a window narrower than
+`block_size + 4` can skip that parent. Real windows are far wider than a block plus a few
+drafts."""
 """vLLM logs a warning for every refused prefix-cache reset: thousands in a campaign."""
 
 
@@ -133,11 +140,10 @@ class Vllm085Manager(ObjectManagerAdapter):
         view: Any = self.views(request)
         return super().get_num_common_prefix_blocks(view, num_running_requests)
 
-    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
-        stats = self.manager.make_prefix_cache_stats()
-        if stats is None:
-            return None
-        return PrefixCacheStats(stats.reset, stats.requests, stats.queries, stats.hits)
+    def make_prefix_cache_stats(self) -> Any:
+        """vLLM 0.8.5's own stats record: block counts, no token counts (so the client compares
+        the block counts only)."""
+        return self.manager.make_prefix_cache_stats()
 
 
 def load(semantics: Semantics) -> tuple[PoolFactory, ManagerFactory]:

@@ -1,0 +1,559 @@
+"""The simulated scheduler: the one client every manager check drives, spec and impl in lock-step.
+
+`ManagerClient.execute` runs one operation (`harness/client/manager_ops.py`) on a `ComparedPair`
+of managers: arrivals whose prompts may share prefixes with earlier requests (their output tokens
+included, so sliding-window hits with leading null blocks happen), admissions (prefix lookup,
+then `allocate_slots` with the hits, whole or chunked, with lookahead slots), prefill chunks and
+decode steps with draft tokens, preemption when `allocate_slots` returns None, finishing, resets,
+stats, common-prefix queries, hostile calls (`harness/client/hostile.py`) and takes of both
+managers' KV cache events. What an operation asks for is clamped to what the state allows, so any
+subsequence of operations runs. Every event the coverage table names is counted on the spec's
+side (`harness/coverage.py`).
+
+The swarm samples operations (`harness/swarm/sampling.py`), the hypothesis machines draw them
+(`harness/machines/manager.py`), the exhaustive search enumerates them
+(`proofs/exhaustive/manager_world.py`): all three run them here. The client honours a `Domain`
+(what an implementation under test supports): outside it, it sends nothing. It keeps its own
+record of each request it sent (`harness/client/requests.py`) and holds the `Request` to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pagedkv.harness.adapters import SpecManagerAdapter, pagedkv_manager, spec_manager
+from pagedkv.harness.client.events import EventConsumer
+from pagedkv.harness.client.hostile import HOSTILE_CALLS, HostileCall, Scene
+from pagedkv.harness.client.manager_ops import (
+    Admit,
+    Arrive,
+    CommonPrefix,
+    Finish,
+    Hostile,
+    ManagerOp,
+    Preempt,
+    Reset,
+    Stats,
+    Step,
+    TakeEvents,
+)
+from pagedkv.harness.client.requests import MultimodalInputs, RequestRecord, new_request
+from pagedkv.harness.comparison import ComparedPair
+from pagedkv.harness.coverage import Coverage
+from pagedkv.harness.domain import FULL_DOMAIN, Domain
+from pagedkv.harness.probes import manager_probe
+from pagedkv.harness.protocol import NOT_REPORTED, ManagerConfig, ManagerFactory, ManagerUnderTest
+from pagedkv.spec.manager import SpecKVCacheManager
+from pagedkv.vocab.kv_cache_interface import SlidingWindowSpec
+
+HISTORY = 32
+"""Earlier token lists a new prompt may start with (the most recent ones)."""
+
+
+@dataclass
+class Live:
+    """A request the scheduler knows: waiting (no blocks) or running."""
+
+    record: RequestRecord
+    running: bool = False
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """Tokens of an earlier request (prompt, or all tokens when it left) and its extra keys."""
+
+    tokens: tuple[int, ...]
+    lora: int | None
+    mm: MultimodalInputs
+    salt: str | None
+
+
+class ManagerClient:
+    """Plays a scheduler against a spec manager and a manager under test (module docstring).
+
+    Attributes:
+        pair: the two managers and the comparison schedule.
+        spec: the spec manager itself (read for coverage and to keep calls valid).
+        config: what both managers were built from.
+        coverage: where events are counted (a campaign shares one across its runs).
+        live: the requests the scheduler knows, in arrival order.
+        history: earlier requests a new prompt may share a prefix with, oldest first.
+        num_arrived: requests arrived so far (numbers their ids).
+    """
+
+    def __init__(
+        self,
+        pair: ComparedPair[Any],
+        spec: SpecKVCacheManager,
+        config: ManagerConfig,
+        coverage: Coverage,
+        *,
+        hostile_calls: Mapping[str, HostileCall] = HOSTILE_CALLS,
+        domain: Domain = FULL_DOMAIN,
+    ) -> None:
+        self.pair = pair
+        self.spec = spec
+        self.config = config
+        self.coverage = coverage
+        self.hostile_calls = hostile_calls
+        self.domain = domain
+        layer = config.kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        self.block_size = layer.block_size
+        self.window = layer.sliding_window if isinstance(layer, SlidingWindowSpec) else None
+        self.max_tokens = -(-config.max_model_len // self.block_size) * self.block_size
+        self.caching = config.enable_caching
+        self.live: list[Live] = []
+        self.history: list[Earlier] = []
+        self.num_arrived = 0
+        self.events = EventConsumer()
+        # No None inside: before Python 3.12, hash(None) differs from process to process.
+        self._config_key = hash(
+            (config.kv_cache_config.num_blocks, self.block_size, self.window or 0, self.caching)
+        )
+        pair.beyond_snapshots = self.check_requests
+
+    @classmethod
+    def build(
+        cls,
+        config: ManagerConfig,
+        factory: ManagerFactory,
+        coverage: Coverage,
+        *,
+        check_every: int,
+        hostile_calls: Mapping[str, HostileCall] = HOSTILE_CALLS,
+        domain: Domain = FULL_DOMAIN,
+    ) -> ManagerClient:
+        """A client over a fresh spec manager and a fresh `factory` manager built from `config`
+        (pagedkv's own manager must also word each refusal as the spec does)."""
+        spec = spec_manager(config)
+        impl = factory(config)
+        pair: ComparedPair[Any] = ComparedPair(  # a ManagerUnderTest, or a hybrid one
+            spec,
+            impl,
+            manager_probe,
+            check_every=check_every,
+            same_messages=factory is pagedkv_manager,
+            outcomes=coverage.outcomes,
+        )
+        assert isinstance(spec, SpecManagerAdapter)
+        return cls(pair, spec.manager, config, coverage, hostile_calls=hostile_calls, domain=domain)
+
+    def __getstate__(self) -> dict[str, object]:
+        """A copy of the client and its pair (the exhaustive search's states); the copy counts
+        its coverage afresh."""
+        state = dict(self.__dict__)
+        state["coverage"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self.coverage = Coverage()
+
+    # -- executing operations -----------------------------------------------------------------
+
+    def execute(self, op: ManagerOp) -> None:
+        """Apply one operation to both managers, compare, and count what it exercised.
+
+        Raises:
+            Divergence: the two managers (or a request and the client's record of it) differ.
+            InvariantViolation: the spec broke an invariant.
+        """
+        if isinstance(op, Step):
+            touched = self._step(op)
+        elif isinstance(op, Admit):
+            touched = self._admit(op)
+        elif isinstance(op, Arrive):
+            touched = self._arrive(op)
+        elif isinstance(op, Preempt):
+            touched = self._preempt(op)
+        elif isinstance(op, Finish):
+            touched = self._finish(op)
+        elif isinstance(op, Reset):
+            touched = self._reset()
+        elif isinstance(op, Stats):
+            self.pair.call("make_prefix_cache_stats", _stats)
+            touched = ()
+        elif isinstance(op, CommonPrefix):
+            touched = self._common_prefix(op)
+        elif isinstance(op, TakeEvents):
+            self.events.take(self.pair, self.coverage, self.spec.pool.index)
+            touched = ()
+        else:
+            touched = self._hostile(op)
+        self._end(type(op).__name__, touched)
+
+    def finish_run(self) -> None:
+        """The end of the run: a full check of both managers and of every request."""
+        self.pair.full_check("the end of the run")
+
+    def check_requests(self) -> None:
+        """Every live request against the client's record of it (each full check runs this)."""
+        for live in self.live:
+            live.record.check_all("step")
+
+    def waiting(self) -> list[Live]:
+        return [live for live in self.live if not live.running]
+
+    def running(self) -> list[Live]:
+        return [live for live in self.live if live.running]
+
+    def _end(self, operation: str, touched: tuple[Live, ...]) -> None:
+        self.pair.end_step(live.record.request_id for live in touched)
+        for live in touched:
+            live.record.check(operation)
+        coverage = self.coverage
+        coverage.steps += 1
+        spec = self.spec
+        coverage.states.add(
+            hash(
+                (
+                    self._config_key,
+                    spec.pool.get_num_free_blocks(),
+                    len(spec.pool.index),
+                    *map(tuple, spec.blocks.values()),
+                )
+            )
+        )
+
+    def _pick(self, which: int, *, running: bool | None) -> Live | None:
+        if running is None:
+            candidates = self.live
+        else:
+            candidates = [live for live in self.live if live.running == running]
+        return candidates[which % len(candidates)] if candidates else None
+
+    def _arrive(self, op: Arrive) -> tuple[Live, ...]:
+        if op.request_id is not None and any(
+            live.record.request_id == op.request_id for live in self.live
+        ):
+            return ()  # that name is taken: a request arrives under it once it has left
+        self.num_arrived += 1
+        request_id = op.request_id or f"req-{self.num_arrived}"
+        tokens = list(op.tokens)
+        lora, mm, salt = op.lora, op.mm, op.salt
+        if op.share >= 0 and self.history:
+            earlier = self.history[op.share % len(self.history)]
+            shared = earlier.tokens[: max(op.share_len, 0)]
+            tokens = [*shared, *tokens]
+            if op.share_keys:
+                lora, salt = earlier.lora, earlier.salt
+                mm = earlier.mm
+            else:
+                mm = tuple((start + len(shared), length, h) for start, length, h in mm)
+        tokens = tokens[: self.config.max_model_len] or [0]
+        mm = tuple(entry for entry in mm if entry[0] + entry[1] <= len(tokens))
+        if not self.domain.multimodal:
+            mm = ()
+        if not self.domain.cache_salts:
+            salt = None
+        record = new_request(request_id, tokens, mm, lora, salt, op.logprobs)
+        if lora is not None or mm or salt is not None:
+            self.coverage.counts["requests with extra keys"] += 1
+        live = Live(record)
+        self.live.append(live)
+        self._remember(record)
+        return (live,)
+
+    def _remember(self, record: RequestRecord) -> None:
+        self.history.append(
+            Earlier(tuple(record.tokens), record.lora_id, record.mm, record.cache_salt)
+        )
+        if len(self.history) > HISTORY:
+            del self.history[0]
+
+    def _admit(self, op: Admit) -> tuple[Live, ...]:
+        live = self._pick(op.which, running=False)
+        if live is None:
+            return ()
+        record = live.record
+        request = record.request
+        request_id = record.request_id
+        lookup, error = self.pair.call(
+            "get_computed_blocks",
+            lambda manager: manager.get_computed_blocks(request),
+            lambda: f"get_computed_blocks({request_id})",
+        )
+        if error is not None or lookup is None:
+            self._error("get_computed_blocks", error)
+            return (live,)
+        hits, num_hit_tokens = lookup
+        self._count_lookup(record, hits)
+        remaining = record.num_tokens - num_hit_tokens
+        chunk = remaining if op.chunk <= 0 or op.chunk >= remaining else op.chunk
+        if chunk < remaining:
+            self.coverage.counts["chunked prefill steps"] += 1
+        room = self.max_tokens - num_hit_tokens - chunk
+        if room < 0:
+            self._finish_request(live)  # the prompt alone is past max_model_len
+            return (live,)
+        lookahead = min(op.lookahead, room)
+        allocated = self._allocate(record, chunk, hits, lookahead, decode=False)
+        if allocated:
+            live.running = True
+            record.set_computed(num_hit_tokens + chunk)
+            self._maybe_sample(live, (), op.token)
+        return (live,)
+
+    def _step(self, op: Step) -> tuple[Live, ...]:
+        live = self._pick(op.which, running=True)
+        if live is None:
+            return ()
+        record = live.record
+        request = record.request
+        computed = record.num_computed_tokens
+        pending = record.num_tokens - computed
+        drafts: tuple[int, ...] = ()
+        if pending > 1:
+            chunk = pending if op.chunk <= 0 or op.chunk >= pending else op.chunk
+            self.coverage.counts["chunked prefill steps"] += 1
+        else:
+            chunk, drafts = 1, op.drafts
+        room = self.max_tokens - computed - chunk
+        if room < 0:
+            self._finish_request(live)  # reached max_model_len
+            return (live,)
+        drafts = drafts[:room]
+        lookahead = min(op.lookahead, room - len(drafts))
+        request.spec_token_ids = list(drafts)
+        try:
+            allocated = self._allocate(
+                record, chunk + len(drafts), None, lookahead, decode=pending == 1
+            )
+        finally:
+            request.spec_token_ids = []
+        if allocated is None:
+            return (live,)
+        if not allocated:
+            self.coverage.counts["preemptions for lack of blocks"] += 1
+            self._preempt_request(live)
+            return (live,)
+        accepted = drafts[: op.accepted]
+        record.set_computed(computed + chunk + len(accepted))
+        self._maybe_sample(live, accepted, op.token)
+        return (live,)
+
+    def _allocate(
+        self,
+        record: RequestRecord,
+        num_tokens: int,
+        hits: list[int] | None,
+        lookahead: int,
+        *,
+        decode: bool,
+    ) -> bool | None:
+        """allocate_slots on both sides: True (allocated), False (None: no room), None (both
+        refused). Counts what the call exercised, from the spec's state before and after."""
+        spec = self.spec
+        counts = self.coverage.counts
+        request = record.request
+        request_id = record.request_id
+        block_size = self.block_size
+        computed = record.num_computed_tokens
+        num_drafts = len(request.spec_token_ids)
+        held = spec.blocks.get(request_id)
+        num_held = len(held) if held else 0
+        nulls_before = held.count(0) if held and self.window is not None else 0
+        hashed_before: dict[int, bool] = {}
+        if self.caching:
+            # New blocks come from the free queue's head (after the hits leave it), or are the
+            # request's own blocks the window frees first: note which of them are cached, to
+            # count evictions.
+            start = computed + (len(hits) * block_size if hits else 0)
+            most = -(-(start + num_tokens + lookahead) // block_size) - num_held
+            block_hash = spec.pool.block_hash
+            hashed_before = {
+                block_id: block_hash[block_id] is not None
+                for block_id in (*spec.pool.free_order[: max(most, 0)], *(held or ()))
+            }
+        result, error = self.pair.call(
+            "allocate_slots",
+            lambda manager: manager.allocate_slots(request, num_tokens, hits, lookahead),
+            lambda: (
+                f"allocate_slots({request_id}, {num_tokens}, {hits}, {lookahead})"
+                + (f" with spec_token_ids={request.spec_token_ids}" if num_drafts else "")
+            ),
+        )
+        if error is not None:
+            self._error("allocate_slots", error)
+            return None
+        if result is None:
+            counts["allocate_slots refused for lack of blocks"] += 1
+            return False
+        start = computed + (len(hits) * block_size if hits else 0)
+        real_end = start + num_tokens - num_drafts
+        if result:
+            counts["new-block allocations"] += 1
+            if hashed_before:
+                evicted = sum(1 for block_id in result if hashed_before.get(block_id, False))
+                counts["evictions of cached blocks"] += evicted
+            needed_without_lookahead = -(-(start + num_tokens) // block_size)
+            if lookahead and needed_without_lookahead <= num_held + (len(hits) if hits else 0):
+                counts["new blocks for lookahead slots only"] += 1
+        elif decode:
+            counts["decode steps inside a block"] += 1
+        num_filled = real_end // block_size - start // block_size
+        if num_filled > 0:
+            counts["block fills"] += 1
+        if held and not hits:  # a running request: the ground of allocate_slots' fast path
+            if len(result) == 1 and num_filled <= 0:
+                counts["running steps taking one new block"] += 1
+            elif not result and num_filled == 1:
+                counts["running steps filling one block"] += 1
+        if num_drafts:
+            counts["decode steps with draft tokens"] += 1
+            if self.caching and (start + num_tokens) // block_size > real_end // block_size:
+                counts["blocks left uncached because of draft tokens"] += 1
+        if lookahead:
+            counts["allocations with lookahead slots"] += 1
+        if self.window is not None and held:
+            window_start = computed - self.window + 1
+            if window_start > 0 and window_start % block_size == 0:
+                counts["windows skipping at the boundary token"] += 1
+            freed = spec.blocks[request_id].count(0) - nulls_before
+            if freed > 0:
+                counts["blocks freed by the sliding window"] += freed
+        return True
+
+    def _count_lookup(self, record: RequestRecord, hits: list[int]) -> None:
+        counts = self.coverage.counts
+        if record.prompt_logprobs and self.caching:
+            counts["prompt-logprobs lookups"] += 1
+        if not hits:
+            return
+        if self.window is None:
+            counts["prefix hits, full attention"] += 1
+        else:
+            counts["prefix hits, sliding window"] += 1
+            if hits[0] == 0:
+                counts["sliding-window hits with leading null blocks"] += 1
+        num_full = record.num_tokens // self.block_size
+        lookup_length = num_full - (num_full * self.block_size == record.num_tokens)
+        if len(hits) + self.config.use_eagle >= lookup_length:
+            counts["hits that use every cached block"] += 1
+
+    def _maybe_sample(self, live: Live, accepted: tuple[int, ...], token: int) -> None:
+        """Once every token is computed the step yields the accepted drafts and one token; a
+        request reaching max_model_len finishes."""
+        record = live.record
+        if record.num_computed_tokens < record.num_tokens:
+            return  # a prefill chunk: nothing sampled yet
+        record.append([*accepted, token])
+        if record.num_tokens >= self.config.max_model_len:
+            self._finish_request(live)
+
+    def _preempt(self, op: Preempt) -> tuple[Live, ...]:
+        live = self._pick(op.which, running=True)
+        if live is None:
+            return ()
+        self.coverage.counts["requests preempted by the scheduler"] += 1
+        self._preempt_request(live)
+        return (live,)
+
+    def _preempt_request(self, live: Live) -> None:
+        record = live.record
+        request = record.request
+        _, error = self.pair.call(
+            "free", lambda manager: manager.free(request), lambda: f"free({record.request_id})"
+        )
+        if error is not None:
+            self._error("free", error)
+            return
+        record.set_computed(0)
+        live.running = False
+
+    def _finish(self, op: Finish) -> tuple[Live, ...]:
+        live = self._pick(op.which, running=None)
+        if live is None:
+            return ()
+        self._finish_request(live)
+        return (live,)
+
+    def _finish_request(self, live: Live) -> None:
+        record = live.record
+        request = record.request
+        request_id = record.request_id
+        _, error = self.pair.call(
+            "free", lambda manager: manager.free(request), lambda: f"free({request_id})"
+        )
+        self._error("free", error)
+        _, error = self.pair.call(
+            "free_block_hashes",
+            lambda manager: manager.free_block_hashes(request),
+            lambda: f"free_block_hashes({request_id})",
+        )
+        self._error("free_block_hashes", error)
+        if live in self.live:
+            self.live.remove(live)
+            self.coverage.counts["finished requests"] += 1
+            self._remember(record)
+
+    def _reset(self) -> tuple[Live, ...]:
+        reset, error = self.pair.call(
+            "reset_prefix_cache", lambda manager: manager.reset_prefix_cache()
+        )
+        if error is not None:
+            self._error("reset_prefix_cache", error)
+        elif reset:
+            self.coverage.counts["successful prefix-cache resets"] += 1
+            self.pair.full_check("a prefix-cache reset")
+        else:
+            self.coverage.counts["refused prefix-cache resets"] += 1
+        return ()
+
+    def _common_prefix(self, op: CommonPrefix) -> tuple[Live, ...]:
+        live = self._pick(op.which, running=True)
+        if live is not None:
+            request = live.record.request
+            num_running = sum(1 for entry in self.live if entry.running)
+            self.pair.call(
+                "get_num_common_prefix_blocks",
+                lambda manager: manager.get_num_common_prefix_blocks(request, num_running),
+                lambda: f"get_num_common_prefix_blocks({live.record.request_id}, {num_running})",
+            )
+        return ()
+
+    def _hostile(self, op: Hostile) -> tuple[Live, ...]:
+        live = self._pick(op.which, running=None)
+        call = self.hostile_calls.get(op.kind)
+        if live is None or call is None:
+            return ()
+        record = live.record
+        config = self.config
+        scene = Scene(
+            pair=self.pair,
+            request=record.request,
+            running=live.running,
+            tracked=record.request_id in self.spec.requests,
+            num_stored_hashes=len(self.spec.hashes.get(record.request_id, ())),
+            num_blocks=config.kv_cache_config.num_blocks,
+            max_model_len=config.max_model_len,
+            block_size=self.block_size,
+            sliding_window=self.window,
+            enable_caching=self.caching,
+            arg=op.arg,
+            on_refusal=self._error,
+        )
+        call(scene)
+        self.coverage.counts[f"hostile call {op.kind}"] += 1
+        return (live,)
+
+    def _error(self, operation: str, error: Exception | None) -> None:
+        if error is not None:
+            self.coverage.count_error(operation, error)
+
+
+def _stats(manager: ManagerUnderTest) -> Any:
+    """The stats as compared: (reset, requests, queries, hits, (queried, hit tokens)); the token
+    counts `NOT_REPORTED` for stats that count none (vLLM 0.8.5's); whatever an adapter returns
+    when it exposes no counts at all (vLLM 0.33's)."""
+    stats = manager.make_prefix_cache_stats()
+    if stats is None or not hasattr(stats, "queries"):
+        return stats
+    tokens = (
+        (stats.queried_tokens, stats.hit_tokens)
+        if hasattr(stats, "queried_tokens")
+        else NOT_REPORTED
+    )
+    return (stats.reset, stats.requests, stats.queries, stats.hits, tokens)

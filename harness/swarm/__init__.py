@@ -1,0 +1,30 @@
+"""pagedkv.harness.swarm: the swarm campaign engine (seeded runs of the simulated clients).
+
+`runs` draws a run's configuration, features and operation weights from its seed, `sampling`
+draws its operations, `engine` runs campaigns of runs, `shrink` shrinks a failing run to a short
+sequence that fails the same way, `report` prints what `pagedkv verify` shows.
+"""
+
+from pagedkv.harness.swarm.engine import (
+    CampaignRun,
+    Layer,
+    RunFailure,
+    execute_run,
+    manager_layer,
+    offers_kv_events,
+    pool_layer,
+    replay,
+    run_campaign,
+)
+
+__all__ = [
+    "CampaignRun",
+    "Layer",
+    "RunFailure",
+    "execute_run",
+    "manager_layer",
+    "offers_kv_events",
+    "pool_layer",
+    "replay",
+    "run_campaign",
+]
