@@ -17,12 +17,18 @@ from pagedkv.block_hash import (
 )
 from pagedkv.call_arguments import (
     block_list,
-    check_block_hash,
     check_cache_full_blocks,
+    check_cache_key,
     check_get_new_blocks,
     check_pool,
 )
-from pagedkv.events.index import block_stored, index_hash_counts, replay_hash_counts
+from pagedkv.events.index import (
+    HashCount,
+    block_removed,
+    block_stored,
+    index_hash_counts,
+    replay_hash_counts,
+)
 from pagedkv.free_queue import FreeKVCacheBlockQueue
 from pagedkv.vocab import refusals
 from pagedkv.vocab.arguments import require_int
@@ -31,12 +37,14 @@ from pagedkv.vocab.errors import (
     InvariantViolation,
     NoFreeBlocksError,
 )
-from pagedkv.vocab.hashes import BlockHashType, HashFn
-from pagedkv.vocab.kv_events import AllBlocksCleared, BlockRemoved, KVCacheEvent, KVEventReplayError
+from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey, HashFn
+from pagedkv.vocab.kv_events import AllBlocksCleared, KVCacheEvent, KVEventReplayError
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import PAGEDKV, Semantics
 
 logger = logging.getLogger(__name__)
+
+_new_tuple = tuple.__new__  # GroupKey(group, hash) without the NamedTuple's Python-level __new__
 
 
 class BlockPool:
@@ -46,6 +54,9 @@ class BlockPool:
     that sliding-window tables hold for skipped positions: never queued, hashed or handed out,
     and (unless `semantics.null_block_refcounted`) its ref_cnt never changes. Eviction is lazy: a
     freed cached block keeps its hash, can still be hit, and loses it only when handed out again.
+    The index is keyed by `CacheKey`: a block cached for KV cache group 0 under its hash, one of
+    a hybrid model's group g >= 1 under `GroupKey(g, hash)` (`cache_full_blocks`' `group_id`);
+    a cached block's `block_hash` is that key.
     Every public method checks all its preconditions, argument types included
     (`pagedkv.call_arguments`), before it changes anything, and refuses blocks of another pool.
     Not thread-safe: a call that overlaps another state-changing call or invariant check on the
@@ -98,15 +109,16 @@ class BlockPool:
         finally:
             if collecting:
                 gc.enable()
-        # {hash: {block_id: block}}; one content may be cached in several blocks (no dedup, so
-        # block tables stay append-only). The first-inserted block answers lookups.
-        self.cached_block_hash_to_block: dict[BlockHashType, dict[int, KVCacheBlock]] = {}
+        # {key: {block_id: block}}; one content may be cached in several blocks (no dedup, so
+        # block tables stay append-only). The first-inserted block answers lookups. A key is a
+        # hash (KV cache group 0) or a GroupKey (group, hash).
+        self.cached_block_hash_to_block: dict[CacheKey, dict[int, KVCacheBlock]] = {}
         self.null_block = self.free_block_queue.popleft()
         self.enable_kv_cache_events = enable_kv_cache_events
         self.kv_event_queue: list[KVCacheEvent] = []
         # What a consumer that applied every taken batch holds (replay_hash_counts), and the first
         # batch it could not apply: the replay invariant's base.
-        self._taken_hash_counts: Counter[int] = Counter()
+        self._taken_hash_counts: Counter[HashCount] = Counter()
         self._taken_replay_error: str | None = None
         # The call token: a public call pops it (list.pop is atomic) and puts it back when done;
         # a call that finds the list empty overlaps another one and is refused. A manager shares
@@ -131,19 +143,22 @@ class BlockPool:
         return self._idle
 
     def get_cached_block(self, block_hash: object) -> KVCacheBlock | None:
-        """The first-inserted block cached under `block_hash`, or None.
+        """The first-inserted block cached under `block_hash`: a hash (KV cache group 0), or a
+        `GroupKey` of a group >= 1. None when no block is.
 
         Raises:
-            ArgumentTypeError: `block_hash` is not a hashable BlockHashType.
+            ArgumentTypeError: `block_hash` is neither a hashable BlockHashType nor a GroupKey
+                over one.
+            InvalidArgumentError: a GroupKey of a group < 1 (group 0's key is the hash itself).
 
         Complexity: O(1).
         """
         return self.cached_block(
-            check_block_hash("BlockPool.get_cached_block", "block_hash", block_hash)
+            check_cache_key("BlockPool.get_cached_block", "block_hash", block_hash)
         )
 
-    def cached_block(self, block_hash: BlockHashType) -> KVCacheBlock | None:
-        """`get_cached_block` for a hash the caller made itself (no argument check): the lookup
+    def cached_block(self, block_hash: CacheKey) -> KVCacheBlock | None:
+        """`get_cached_block` for a key the caller made itself (no argument check): the lookup
         of the attention policies, once per block of a request. Complexity: O(1)."""
         cached = self.cached_block_hash_to_block.get(block_hash)
         if not cached:
@@ -200,7 +215,7 @@ class BlockPool:
         if not cached:
             del self.cached_block_hash_to_block[block_hash]
             if self.enable_kv_cache_events:  # the key left the index
-                self.kv_event_queue.append(BlockRemoved((block_hash.hash_value,)))
+                self.kv_event_queue.append(block_removed(block_hash))
         block.reset_hash()
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -325,6 +340,7 @@ class BlockPool:
         num_full_blocks: object,
         block_size: object,
         hash_fn: HashFn,
+        group_id: object = 0,
     ) -> None:
         """Hash blocks `[num_cached_blocks, num_full_blocks)` and add them to the index.
 
@@ -333,7 +349,9 @@ class BlockPool:
         `block_hashes` (the request's stored hashes). A null block in the range (a position a
         sliding window already dropped) is passed over: its hash is stored so the chain goes on,
         but nothing is indexed. When the previous block is a null block, the chain continues
-        from the stored hash at its position.
+        from the stored hash at its position. The blocks are indexed for KV cache group
+        `group_id`: under their hash (group 0), or under `GroupKey(group_id, hash)`; the stored
+        hashes are the request's, the same for every group.
 
         Raises:
             ArgumentTypeError: an argument of the wrong type (`check_cache_full_blocks` lists
@@ -359,10 +377,12 @@ class BlockPool:
                 block_size,
                 hash_fn,
                 KVCacheBlock,
+                group_id,
             )
             if checked is not None:
                 assert isinstance(block_hashes, list) and isinstance(num_cached_blocks, int)
                 assert isinstance(num_full_blocks, int) and isinstance(block_size, int)
+                assert isinstance(group_id, int)
                 self.cache_full_blocks_locked(
                     request,
                     checked,
@@ -371,6 +391,7 @@ class BlockPool:
                     num_full_blocks,
                     block_size,
                     hash_fn,
+                    group_id,
                 )
         finally:
             self._idle.append(None)
@@ -384,10 +405,11 @@ class BlockPool:
         num_full_blocks: int,
         block_size: int,
         hash_fn: HashFn,
+        group_id: int = 0,
     ) -> None:
         """`cache_full_blocks` for a caller that holds the call token, with arguments of the
-        checked types and at least one block to cache: the block rules, then every hash, then
-        the changes.
+        checked types (`group_id` an int >= 0) and at least one block to cache: the block
+        rules, then every hash, then the changes.
 
         Raises:
             ArgumentTypeError, InvalidArgumentError, BlockStateError: as `cache_full_blocks`
@@ -451,10 +473,14 @@ class BlockPool:
                 else new_hashes[offset - num_given]
             )
             if block is not null_block:
-                block._block_hash = block_hash
-                cached = index.get(block_hash)
+                # The index key: the hash itself in group 0 (vocab.hashes.cache_key, inline).
+                key: CacheKey = (
+                    _new_tuple(GroupKey, (group_id, block_hash)) if group_id else block_hash
+                )
+                block._block_hash = key
+                cached = index.get(key)
                 if cached is None:
-                    index[block_hash] = {block.block_id: block}
+                    index[key] = {block.block_id: block}
                     if entered is not None:  # the key entered the index
                         entered.append(num_cached_blocks + offset)
                 else:
@@ -462,7 +488,13 @@ class BlockPool:
         block_hashes.extend(new_hashes)
         if entered:
             self._announce_stored(
-                request, block_hashes, entered, num_cached_blocks, first_parent, block_size
+                request,
+                block_hashes,
+                entered,
+                num_cached_blocks,
+                first_parent,
+                block_size,
+                group_id,
             )
 
     def cache_next_full_block_locked(
@@ -475,9 +507,9 @@ class BlockPool:
         hash_fn: HashFn,
     ) -> bool:
         """The decode step that fills a block: `cache_full_blocks_locked` for the one block
-        `blocks[num_cached_blocks]`, in the common case (a request without extra keys, events
-        off, a block and a parent that pass every block rule, a hash function that returns an
-        int).
+        `blocks[num_cached_blocks]` of KV cache group 0, in the common case (a request without
+        extra keys, events off, a block and a parent that pass every block rule, a parent of
+        group 0 when it is not the null block, a hash function that returns an int).
 
         The caller holds the call token and guarantees the block is full: the request has at
         least `(num_cached_blocks + 1) * block_size` tokens and `blocks` that many slots.
@@ -521,8 +553,8 @@ class BlockPool:
                 parent_hash_value = block_hashes[num_cached_blocks - 1].hash_value
             else:
                 parent_hash = parent._block_hash
-                if parent_hash is None:
-                    return False
+                if type(parent_hash) is not BlockHashType:
+                    return False  # not hashed, or another group's key: the full path decides
                 parent_hash_value = parent_hash.hash_value
         computed = len(block_hashes) == num_cached_blocks
         if computed:
@@ -583,7 +615,8 @@ class BlockPool:
         self, blocks: Sequence[KVCacheBlock], block_hashes: list[BlockHashType]
     ) -> None:
         """Store in `block_hashes[i]` the hash object `blocks[i]` is cached under, for each
-        cached block (null blocks are passed over), for a caller that holds the call token.
+        block cached in KV cache group 0 (null blocks and other groups' blocks are passed
+        over), for a caller that holds the call token.
 
         `blocks` are a lookup's hits for `block_hashes`, so each stored hash equals its block's;
         storing the block's own object makes `check_hits_locked`'s test of a later allocation
@@ -593,7 +626,7 @@ class BlockPool:
         """
         for position, block in enumerate(blocks):
             cached_hash = block._block_hash
-            if cached_hash is not None:
+            if type(cached_hash) is BlockHashType:  # not None, nor another group's key
                 block_hashes[position] = cached_hash
 
     def check_hits_locked(
@@ -602,21 +635,36 @@ class BlockPool:
         blocks: list[KVCacheBlock],
         block_hashes: Sequence[BlockHashType],
         allows_null_blocks: bool,
+        group_id: int = 0,
     ) -> None:
-        """Refuse prefix hits that are not this pool's blocks cached under the request's
-        stored hashes, position by position; a null block passes where `allows_null_blocks`
-        (a sliding window's skipped position). For a caller that holds the call token, with
-        no more hits than stored hashes.
+        """Refuse prefix hits that are not this pool's blocks cached for KV cache group
+        `group_id` under the request's stored hashes, position by position; a null block passes
+        where `allows_null_blocks` (a skipped position of a sliding window or a chunked local
+        group). For a caller that holds the call token, with no more hits than stored hashes.
 
         Raises:
             BlockStateError: a hit of another pool, or a null hit where none is allowed.
-            RequestError: a hit not cached under the stored hash at its position.
+            RequestError: a hit not cached under the stored hash at its position (in another
+                group, or under another hash).
 
-        Complexity: O(len(blocks)); an identity test per hit after `intern_hashes_locked`.
+        Complexity: O(len(blocks)); in group 0, an identity test per hit after
+        `intern_hashes_locked`.
         """
         owned = self.blocks
         num_gpu_blocks = self.num_gpu_blocks
         null_block = self.null_block
+        if group_id:
+            for position, block in enumerate(blocks):
+                block_id = block.block_id
+                if not 0 <= block_id < num_gpu_blocks or owned[block_id] is not block:
+                    raise refusals.foreign_block(block_id)  # _check_owned, inline
+                if block is null_block:
+                    if not allows_null_blocks:
+                        raise refusals.null_hit(block_id)
+                    continue
+                if block._block_hash != _new_tuple(GroupKey, (group_id, block_hashes[position])):
+                    raise refusals.hit_not_cached(request_id, block_id, position)
+            return
         for position, block in enumerate(blocks):
             block_id = block.block_id
             if not 0 <= block_id < num_gpu_blocks or owned[block_id] is not block:
@@ -638,8 +686,10 @@ class BlockPool:
         num_cached_blocks: int,
         first_parent: int | None,
         block_size: int,
+        group_id: int,
     ) -> None:
-        """Queue one BlockStored per run of consecutive `positions` whose keys entered the index.
+        """Queue one BlockStored per run of consecutive `positions` whose keys (of KV cache group
+        `group_id`) entered the index.
 
         A run's parent is the hash value its first block chains to: `first_parent` for the
         call's first position, else the hash of the position before it in `chain`.
@@ -651,7 +701,7 @@ class BlockPool:
             first, last = positions[start], positions[end - 1]
             parent = first_parent if first == num_cached_blocks else chain[first - 1].hash_value
             self.kv_event_queue.append(
-                block_stored(chain[first : last + 1], parent, block_size, request.lora_id)
+                block_stored(chain[first : last + 1], parent, block_size, request.lora_id, group_id)
             )
             start = end
 
@@ -688,9 +738,15 @@ class BlockPool:
             raise refusals.foreign_block(parent.block_id)
         if parent is null_block:
             return block_hashes[num_cached_blocks - 1].hash_value
-        if parent._block_hash is None:
+        parent_key = parent._block_hash
+        if parent_key is None:
             raise refusals.parent_without_hash(parent.block_id)
-        return parent._block_hash.hash_value
+        # The hash value its key holds (vocab.hashes.key_hash, inline), whichever its group.
+        return (
+            parent_key.block_hash.hash_value
+            if isinstance(parent_key, GroupKey)
+            else parent_key.hash_value
+        )
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash, if no block but the null block is in use.

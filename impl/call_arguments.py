@@ -26,7 +26,7 @@ from pagedkv.vocab.arguments import (
     require_str,
 )
 from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError, KVCacheConfigError
-from pagedkv.vocab.hashes import BlockHashType
+from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey
 from pagedkv.vocab.kv_cache_interface import KVCacheConfig
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
@@ -37,6 +37,7 @@ class itself (`KVCacheBlock`), tested with isinstance and no call per item."""
 
 POOL = "BlockPool"
 MANAGER = "KVCacheManager"
+HYBRID = "HybridKVCacheManager"
 
 
 def is_block_id(value: object) -> bool:
@@ -109,6 +110,16 @@ def check_block_hash(call: str, argument: str, value: object) -> BlockHashType:
     return block_hash
 
 
+def check_cache_key(call: str, argument: str, value: object) -> CacheKey:
+    """A block's index key: a hashable `BlockHashType`, or a `GroupKey` of a KV cache group
+    >= 1 over one (group 0's key is the hash itself)."""
+    if isinstance(value, GroupKey):
+        require_int(call, f"{argument}.group_id", value.group_id, 1)
+        check_block_hash(call, f"{argument}.block_hash", value.block_hash)
+        return value
+    return check_block_hash(call, argument, value)
+
+
 def check_cache_full_blocks(
     enable_caching: bool,
     request: object,
@@ -119,14 +130,16 @@ def check_cache_full_blocks(
     block_size: object,
     hash_fn: object,
     is_block: IsBlock,
+    group_id: object = 0,
 ) -> Sequence[Any] | None:
     """BlockPool.cache_full_blocks' argument checks, in order; then its range checks.
 
     Types: a Request; a sequence of blocks (any iterable, read once); a list of stored hashes
-    (it grows); counts that are ints >= 0; block_size an int >= 1; a callable hash function.
-    Then: caching is on; 0 <= num_cached_blocks <= num_full_blocks <= len(blocks); at least
-    num_cached_blocks stored hashes; every stored hash the call reads (from the parent's
-    position on) is a hashable BlockHashType; the blocks to cache and the parent are blocks.
+    (it grows); counts that are ints >= 0; block_size an int >= 1; a callable hash function; a
+    KV cache group id, an int >= 0. Then: caching is on; 0 <= num_cached_blocks <=
+    num_full_blocks <= len(blocks); at least num_cached_blocks stored hashes; every stored hash
+    the call reads (from the parent's position on) is a hashable BlockHashType; the blocks to
+    cache and the parent are blocks.
 
     Returns:
         The blocks as a sequence, or None when there is nothing to cache (num_cached_blocks ==
@@ -145,6 +158,8 @@ def check_cache_full_blocks(
     num_full = require_int(call, "num_full_blocks", num_full_blocks, 0)
     require_int(call, "block_size", block_size, 1)
     require_callable(call, "hash_fn", hash_fn)
+    if type(group_id) is not int or group_id < 0:
+        require_int(call, "group_id", group_id, 0)
     if not enable_caching:
         raise InvalidArgumentError("cache_full_blocks needs a pool with prefix caching on")
     if not num_cached <= num_full <= len(sequence):
@@ -199,20 +214,21 @@ def check_manager(
         )
 
 
-def check_request(method: str, request: object) -> Request:
-    """`request` if it is a Request (every request-level call takes one)."""
-    return require_instance(f"{MANAGER}.{method}", "request", request, Request)
+def check_request(method: str, request: object, manager: str = MANAGER) -> Request:
+    """`request` if it is a Request (every request-level call of `manager` takes one)."""
+    return require_instance(f"{manager}.{method}", "request", request, Request)
 
 
 def request_context(request: Request) -> str:
     return f" for request {request.request_id!r}"
 
 
-def check_lookup(request: object) -> Request:
-    """KVCacheManager.get_computed_blocks(request): a Request whose prompt_logprobs is a bool."""
-    checked = check_request("get_computed_blocks", request)
+def check_lookup(request: object, manager: str = MANAGER) -> Request:
+    """KVCacheManager.get_computed_blocks(request) (or `manager`'s): a Request whose
+    prompt_logprobs is a bool."""
+    checked = check_request("get_computed_blocks", request, manager)
     require_bool(
-        f"{MANAGER}.get_computed_blocks",
+        f"{manager}.get_computed_blocks",
         "request.prompt_logprobs",
         checked.prompt_logprobs,
         context=request_context(checked),
@@ -268,13 +284,15 @@ def check_allocation(
     return block_list(call, "new_computed_blocks", new_computed_blocks, is_block, context=context)
 
 
-def check_common_prefix(request: object, num_running_requests: object) -> Request:
-    """KVCacheManager.get_num_common_prefix_blocks(request, num_running_requests): a Request and
-    an int >= 0."""
-    checked = check_request("get_num_common_prefix_blocks", request)
+def check_common_prefix(
+    request: object, num_running_requests: object, manager: str = MANAGER
+) -> Request:
+    """KVCacheManager.get_num_common_prefix_blocks(request, num_running_requests) (or
+    `manager`'s): a Request and an int >= 0."""
+    checked = check_request("get_num_common_prefix_blocks", request, manager)
     if type(num_running_requests) is not int or num_running_requests < 0:
         require_int(
-            f"{MANAGER}.get_num_common_prefix_blocks",
+            f"{manager}.get_num_common_prefix_blocks",
             "num_running_requests",
             num_running_requests,
             0,
