@@ -210,7 +210,8 @@ def check_manager(
     num_groups = len(kv_cache_config.kv_cache_groups)
     if num_groups != 1:
         raise KVCacheConfigError(
-            f"KVCacheManager needs exactly one KV cache group, got {num_groups}"
+            f"KVCacheManager needs exactly one KV cache group, got {num_groups}; "
+            "HybridKVCacheManager serves several"
         )
 
 
