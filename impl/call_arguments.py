@@ -27,7 +27,12 @@ from pagedkv.vocab.arguments import (
 )
 from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError, KVCacheConfigError
 from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey
-from pagedkv.vocab.kv_cache_interface import KVCacheConfig
+from pagedkv.vocab.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    SlidingWindowSpec,
+)
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
 
@@ -300,3 +305,114 @@ def check_common_prefix(
             context=request_context(checked),
         )
     return checked
+
+
+# -- the hybrid manager --------------------------------------------------------------------------
+
+HYBRID_SPECS = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec)
+"""The layer specs a hybrid manager has an attention policy for."""
+
+VLLM_0_8_5_ONLY = (
+    "null_block_refcounted",
+    "capacity_counts_null_blocks",
+    "vllm_new_block_mm_keys",
+    "cap_at_max_model_len",
+)
+"""The semantics switches of vLLM 0.8.5's behaviour: 0.8.5 had no hybrid manager."""
+
+
+def check_hybrid_manager(
+    kv_cache_config: object,
+    max_model_len: object,
+    enable_caching: object,
+    caching_hash_algo: object,
+    use_eagle: object,
+    log_stats: object,
+    semantics: object,
+    enable_kv_cache_events: object,
+) -> KVCacheConfig:
+    """HybridKVCacheManager's constructor arguments: the types KVCacheManager's takes; then
+    (KVCacheConfigError) one block size in every group, in each group a full-attention,
+    sliding-window or chunked-local spec, no EAGLE with chunked local attention, and none of
+    vLLM 0.8.5's semantics switches. The hash algorithm's name is checked by `get_hash_fn`.
+
+    Returns:
+        The config.
+
+    Complexity: O(KV cache groups).
+    """
+    config = require_instance(HYBRID, "kv_cache_config", kv_cache_config, KVCacheConfig)
+    require_int(HYBRID, "max_model_len", max_model_len, 1)
+    require_bool(HYBRID, "enable_caching", enable_caching)
+    require_str(HYBRID, "caching_hash_algo", caching_hash_algo)
+    require_bool(HYBRID, "use_eagle", use_eagle)
+    require_bool(HYBRID, "log_stats", log_stats)
+    checked = require_instance(HYBRID, "semantics", semantics, Semantics)
+    require_bool(HYBRID, "enable_kv_cache_events", enable_kv_cache_events)
+    specs = [group.kv_cache_spec for group in config.kv_cache_groups]
+    block_sizes = sorted({spec.block_size for spec in specs})
+    if len(block_sizes) != 1:
+        raise KVCacheConfigError(
+            f"HybridKVCacheManager needs one block size in every group, got {block_sizes}"
+        )
+    for spec in specs:
+        if not isinstance(spec, HYBRID_SPECS):
+            raise KVCacheConfigError(f"no attention manager for {type(spec).__name__}")
+        if use_eagle and isinstance(spec, ChunkedLocalAttentionSpec):
+            raise KVCacheConfigError("EAGLE is not supported with chunked local attention")
+    switches = [name for name in VLLM_0_8_5_ONLY if getattr(checked, name)]
+    if switches:
+        raise KVCacheConfigError(
+            "HybridKVCacheManager takes no vLLM 0.8.5 switch (0.8.5 had no hybrid manager): "
+            + ", ".join(switches)
+        )
+    return config
+
+
+def check_hybrid_allocation(
+    request: object,
+    num_tokens: object,
+    new_computed_blocks: object,
+    num_lookahead_tokens: object,
+    num_groups: int,
+    is_block: IsBlock,
+) -> tuple[list[Any], ...]:
+    """HybridKVCacheManager.allocate_slots' argument checks, in order: as KVCacheManager's
+    (`check_allocation`), with the hits None or one iterable of blocks per KV cache group, in a
+    list or a tuple of `num_groups` of them.
+
+    Returns:
+        The hits, one new list per group (empty lists for None).
+
+    Complexity: O(KV cache groups) plus the hits.
+    """
+    call = f"{HYBRID}.allocate_slots"
+    checked = check_request("allocate_slots", request, HYBRID)
+    context = request_context(checked)
+    if type(num_tokens) is not int or num_tokens < 1:
+        require_int(call, "num_tokens", num_tokens, 1, context=context)
+    if type(num_lookahead_tokens) is not int or num_lookahead_tokens < 0:
+        require_int(call, "num_lookahead_tokens", num_lookahead_tokens, 0, context=context)
+    if type(checked.num_computed_tokens) is not int:
+        require_int(
+            call, "request.num_computed_tokens", checked.num_computed_tokens, context=context
+        )
+    if type(checked.spec_token_ids) is not list:
+        require_instance(
+            call, "request.spec_token_ids", checked.spec_token_ids, list, context=context
+        )
+    if new_computed_blocks is None:
+        return tuple([] for _ in range(num_groups))
+    if not isinstance(new_computed_blocks, (list, tuple)) or len(new_computed_blocks) != num_groups:
+        raise argument_error(
+            call,
+            "new_computed_blocks",
+            f"one iterable of blocks per KV cache group ({num_groups})",
+            new_computed_blocks,
+            type_ok=False,
+            context=context,
+        )
+    return tuple(
+        block_list(call, f"new_computed_blocks[{group}]", group_hits, is_block, context=context)
+        for group, group_hits in enumerate(new_computed_blocks)
+    )

@@ -1,8 +1,10 @@
-"""The manager talks to its pool through a named surface, and touches no other object's privates.
+"""The managers talk to their pool through a named surface, and touch no other object's privates.
 
-`pagedkv.manager` may use a private member (`_name`) of `self` only: never of its pool, a block,
-the free queue or a request. Of its pool it uses exactly `POOL_SURFACE`, which `BlockPool`
-documents: every ref_cnt, free-queue and index write happens behind it, inside the pool.
+`pagedkv.manager` and `pagedkv.hybrid_manager` may use a private member (`_name`) of `self` only:
+never of their pool, a block, the free queue or a request. Of its pool `pagedkv.manager` uses
+exactly `POOL_SURFACE`, which `BlockPool` documents, and `pagedkv.hybrid_manager` a part of it
+(no decode fast path): every ref_cnt, free-queue and index write happens behind it, inside the
+pool.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from pagedkv.block_pool import BlockPool
 
 MANAGER = Path(__file__).resolve().parent.parent / "impl" / "manager.py"
+HYBRID_MANAGER = MANAGER.with_name("hybrid_manager.py")
 
 POOL_SURFACE = frozenset(
     {
@@ -93,6 +96,16 @@ def test_the_manager_touches_no_private_member_of_another_object() -> None:
 
 def test_the_manager_uses_exactly_the_named_pool_surface() -> None:
     assert pool_members_used(MANAGER.read_text()) == POOL_SURFACE
+
+
+def test_the_hybrid_manager_touches_no_private_member_of_another_object() -> None:
+    assert private_uses(HYBRID_MANAGER.read_text()) == []
+
+
+def test_the_hybrid_manager_uses_the_named_pool_surface_only() -> None:
+    used = pool_members_used(HYBRID_MANAGER.read_text())
+    assert used <= POOL_SURFACE, sorted(used - POOL_SURFACE)
+    assert {"share_call_token", "cache_full_blocks_locked", "check_hits_locked"} <= used
 
 
 def test_the_pool_surface_is_public_and_documented() -> None:
