@@ -23,6 +23,7 @@ from pagedkv import (
     ConcurrentUseError,
     FullAttentionSpec,
     HybridKVCacheManager,
+    InvariantViolation,
     KVCacheBlock,
     KVCacheConfig,
     KVCacheConfigError,
@@ -632,6 +633,65 @@ def test_an_overlapping_call_is_refused_and_changes_nothing() -> None:
         manager._call_token.append(token)
     assert manager.get_block_ids("a") == ([1, 2], [3, 4])
     manager.check_invariants()
+
+
+# -- invariants: each hybrid one caught by name, on both sides -----------------------------------
+
+
+def _held_lists(manager: Side, request_id: str) -> tuple[list[Any], ...]:
+    """The request's block lists themselves (ids on the spec's side, blocks on the impl's)."""
+    if isinstance(manager, SpecIds):
+        return manager.manager.blocks[request_id]
+    return manager.manager.req_to_blocks[request_id]
+
+
+def _null(manager: Side) -> Any:
+    return 0 if isinstance(manager, SpecIds) else manager.pool.null_block
+
+
+def _swap_first_two(lists: tuple[list[Any], ...], group: int, null: Any) -> None:
+    lists[group][0], lists[group][1] = lists[group][1], lists[group][0]
+
+
+CORRUPTIONS: dict[str, tuple[Callable[[tuple[list[Any], ...], Any], None], str]] = {
+    "one list longer": (
+        lambda lists, null: lists[1].append(null),
+        "a request's block lists cover the same positions in every group",
+    ),
+    "a null block in a full-attention list": (
+        lambda lists, null: [group.append(null) for group in lists],
+        "null blocks only as a prefix, and only under sliding window",
+    ),
+    "two cached blocks of group 1 swapped": (
+        lambda lists, null: _swap_first_two(lists, 1, null),
+        "a request's cached block carries the hash its tokens chain to",
+    ),
+    "a block held by one list twice": (
+        lambda lists, null: lists[1].__setitem__(0, lists[1][1]),
+        "a block's ref_cnt is the number of requests holding it",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CORRUPTIONS), ids=list(CORRUPTIONS))
+def test_each_hybrid_invariant_is_caught_by_name_on_both_sides(case: str) -> None:
+    corrupt, name = CORRUPTIONS[case]
+    for side in SIDES:
+        manager = make(side, config(12, full(), window(5)))
+        admit(manager, Request("a", list(range(5))))  # 2 cached blocks + 1 in each group
+        corrupt(_held_lists(manager, "a"), _null(manager))
+        with pytest.raises(InvariantViolation) as info:
+            manager.check_invariants()
+        assert info.value.invariant == name, (side, str(info.value))
+
+
+def test_debug_invariants_checks_after_each_call() -> None:
+    manager = HybridKVCacheManager(config(12, full(), window(5)), 32, debug_invariants=True)
+    request = Request("a", list(range(5)))
+    manager.allocate_slots(request, 5)
+    manager.num_cached_block["a"] = 3  # more cached blocks than full ones
+    with pytest.raises(InvariantViolation, match="cached blocks are full blocks"):
+        manager.free_block_hashes(Request("b", [1]))
 
 
 # -- one group: as KVCacheManager ----------------------------------------------------------------
