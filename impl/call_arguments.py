@@ -382,10 +382,21 @@ def check_hybrid_allocation(
     list or a tuple of `num_groups` of them.
 
     Returns:
-        The hits, one new list per group (empty lists for None).
+        The hits, one new list per group; an empty tuple for None (no hits in any group).
 
     Complexity: O(KV cache groups) plus the hits.
     """
+    if (
+        new_computed_blocks is None
+        and type(num_tokens) is int
+        and num_tokens > 0
+        and type(num_lookahead_tokens) is int
+        and num_lookahead_tokens >= 0
+        and isinstance(request, Request)
+        and type(request.num_computed_tokens) is int
+        and type(request.spec_token_ids) is list
+    ):
+        return ()  # every check passed, in one test: the common call
     call = f"{HYBRID}.allocate_slots"
     checked = check_request("allocate_slots", request, HYBRID)
     context = request_context(checked)
@@ -402,7 +413,7 @@ def check_hybrid_allocation(
             call, "request.spec_token_ids", checked.spec_token_ids, list, context=context
         )
     if new_computed_blocks is None:
-        return tuple([] for _ in range(num_groups))
+        return ()
     if not isinstance(new_computed_blocks, (list, tuple)) or len(new_computed_blocks) != num_groups:
         raise argument_error(
             call,

@@ -433,14 +433,16 @@ class HybridKVCacheManager:
         num_spec = len(request.spec_token_ids)
         if num_spec > num_tokens:
             raise refusals.more_drafts_than_scheduled(request_id, num_spec, num_tokens)
-        self._check_identity(request)
+        known = self._requests.get(request_id)  # _check_identity, inline
+        if known is not None and known is not request:
+            raise refusals.id_in_use(request_id)
         held = self.req_to_blocks.get(request_id)
         num_held = 0 if held is None else len(held[0])
         num_computed = request.num_computed_tokens
         if not 0 <= num_computed <= num_held * block_size:
             raise refusals.computed_outside_slots(request_id, num_computed, num_held, block_size)
-        num_hits = len(hits[0])
-        if any(hits):
+        num_hits = len(hits[0]) if hits else 0  # no hits: ()
+        if hits and any(hits):
             self._check_hits(request, num_held, hits)
         num_computed_tokens = num_computed + num_hits * block_size
         num_scheduled_real = num_computed_tokens + num_tokens - num_spec
@@ -465,19 +467,27 @@ class HybridKVCacheManager:
             raise refusals.cached_blocks_lost(request_id, num_full, num_cached)
         # -- every precondition holds: from here on nothing can fail --
         pool = self.block_pool
-        if held is not None:
+        if held is not None and self._skipping_groups:
             self._drop_skipped_blocks(held, num_computed)
         num_new = num_new_blocks(num_required, num_held, num_hits)
-        num_evictable_hits = self._num_evictable_hits(hits) if num_hits else 0
-        if not fits(num_new * self.num_groups, pool.get_num_free_blocks(), num_evictable_hits):
+        if num_new > 0 and not fits(  # with nothing to allocate every step fits
+            num_new * self.num_groups,
+            pool.get_num_free_blocks(),
+            self._num_evictable_hits(hits) if num_hits else 0,
+        ):
             if self.debug_invariants:
                 self._after_call()
             return None
         if num_hits:  # every group's hits before any group's new blocks
             for group_hits in hits:
                 pool.touch_owned_locked(group_hits)
-        lists: GroupBlocks = tuple([] for _ in hits) if held is None else held
-        stored = self.req_to_block_hashes.setdefault(request_id, []) if self.enable_caching else []
+        lists: GroupBlocks = tuple([] for _ in self.managers) if held is None else held
+        # Every group holds as many blocks after the step, so caches the same positions.
+        num_blocks = num_held + num_hits + max(num_new, 0)
+        first_to_cache, end_to_cache = min(num_cached, num_blocks), min(num_full, num_blocks)
+        caching = self.enable_caching
+        stored = self.req_to_block_hashes.setdefault(request_id, []) if caching else []
+        to_cache = caching and end_to_cache > first_to_cache
         new_blocks: list[list[KVCacheBlock]] = []
         for group, blocks in enumerate(lists):
             if num_hits:
@@ -485,22 +495,20 @@ class HybridKVCacheManager:
             taken = pool.get_new_blocks_locked(num_new) if num_new > 0 else []
             blocks.extend(taken)
             new_blocks.append(taken)
-            if self.enable_caching:
-                num_blocks = len(blocks)
-                if min(num_full, num_blocks) > min(num_cached, num_blocks):
-                    pool.cache_full_blocks_locked(
-                        request,
-                        blocks,
-                        stored,
-                        min(num_cached, num_blocks),
-                        min(num_full, num_blocks),
-                        block_size,
-                        self.caching_hash_fn,
-                        group,
-                    )
+            if to_cache:
+                pool.cache_full_blocks_locked(
+                    request,
+                    blocks,
+                    stored,
+                    first_to_cache,
+                    end_to_cache,
+                    block_size,
+                    self.caching_hash_fn,
+                    group,
+                )
         self.req_to_blocks[request_id] = lists
         self._requests[request_id] = request
-        if self.enable_caching:
+        if caching:
             self.num_cached_block[request_id] = num_full
         if self.debug_invariants:
             self._after_call()
