@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from pagedkv.block_pool import BlockPool
     from pagedkv.events.prefix_caching_metrics import PrefixCachingMetrics
     from pagedkv.free_queue import FreeKVCacheBlockQueue
+    from pagedkv.hybrid_manager import HybridKVCacheManager
     from pagedkv.manager import KVCacheManager
     from pagedkv.planning.kv_cache_config import (
         check_enough_kv_cache_memory,
@@ -48,9 +49,17 @@ if TYPE_CHECKING:
         PagedKVError,
         RequestError,
     )
-    from pagedkv.vocab.hashes import NONE_HASH, BlockHashType, CacheSalt, get_hash_fn, sha256
+    from pagedkv.vocab.hashes import (
+        NONE_HASH,
+        BlockHashType,
+        CacheSalt,
+        GroupKey,
+        get_hash_fn,
+        sha256,
+    )
     from pagedkv.vocab.kv_cache_interface import (
         AttentionSpec,
+        ChunkedLocalAttentionSpec,
         FullAttentionSpec,
         KVCacheConfig,
         KVCacheGroupSpec,
@@ -79,6 +88,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "pagedkv.block_pool": ("BlockPool",),
     "pagedkv.events.prefix_caching_metrics": ("PrefixCachingMetrics",),
     "pagedkv.free_queue": ("FreeKVCacheBlockQueue",),
+    "pagedkv.hybrid_manager": ("HybridKVCacheManager",),
     "pagedkv.manager": ("KVCacheManager",),
     "pagedkv.planning.kv_cache_config": (
         "check_enough_kv_cache_memory",
@@ -100,9 +110,17 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "PagedKVError",
         "RequestError",
     ),
-    "pagedkv.vocab.hashes": ("NONE_HASH", "BlockHashType", "CacheSalt", "get_hash_fn", "sha256"),
+    "pagedkv.vocab.hashes": (
+        "NONE_HASH",
+        "BlockHashType",
+        "CacheSalt",
+        "GroupKey",
+        "get_hash_fn",
+        "sha256",
+    ),
     "pagedkv.vocab.kv_cache_interface": (
         "AttentionSpec",
+        "ChunkedLocalAttentionSpec",
         "FullAttentionSpec",
         "KVCacheConfig",
         "KVCacheGroupSpec",
@@ -150,11 +168,14 @@ __all__ = [
     "BlockPool",
     "BlockStateError",
     "CacheSalt",
+    "ChunkedLocalAttentionSpec",
     "ConcurrentUseError",
     "FreeKVCacheBlockQueue",
     "FreeQueueError",
     "FrozenRequestFieldError",
     "FullAttentionSpec",
+    "GroupKey",
+    "HybridKVCacheManager",
     "InvalidArgumentError",
     "InvariantViolation",
     "KVCacheBlock",

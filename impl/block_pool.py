@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -16,12 +17,18 @@ from pagedkv.block_hash import (
 )
 from pagedkv.call_arguments import (
     block_list,
-    check_block_hash,
     check_cache_full_blocks,
+    check_cache_key,
     check_get_new_blocks,
     check_pool,
 )
-from pagedkv.events.index import block_stored, index_hash_counts, replay_hash_counts
+from pagedkv.events.index import (
+    HashCount,
+    block_removed,
+    block_stored,
+    index_hash_counts,
+    replay_hash_counts,
+)
 from pagedkv.free_queue import FreeKVCacheBlockQueue
 from pagedkv.vocab import refusals
 from pagedkv.vocab.arguments import require_int
@@ -30,12 +37,14 @@ from pagedkv.vocab.errors import (
     InvariantViolation,
     NoFreeBlocksError,
 )
-from pagedkv.vocab.hashes import BlockHashType, HashFn
-from pagedkv.vocab.kv_events import AllBlocksCleared, BlockRemoved, KVCacheEvent, KVEventReplayError
+from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey, HashFn
+from pagedkv.vocab.kv_events import AllBlocksCleared, KVCacheEvent, KVEventReplayError
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import PAGEDKV, Semantics
 
 logger = logging.getLogger(__name__)
+
+_new_tuple = tuple.__new__  # GroupKey(group, hash) without the NamedTuple's Python-level __new__
 
 
 class BlockPool:
@@ -45,6 +54,9 @@ class BlockPool:
     that sliding-window tables hold for skipped positions: never queued, hashed or handed out,
     and (unless `semantics.null_block_refcounted`) its ref_cnt never changes. Eviction is lazy: a
     freed cached block keeps its hash, can still be hit, and loses it only when handed out again.
+    The index is keyed by `CacheKey`: a block cached for KV cache group 0 under its hash, one of
+    a hybrid model's group g >= 1 under `GroupKey(g, hash)` (`cache_full_blocks`' `group_id`);
+    a cached block's `block_hash` is that key.
     Every public method checks all its preconditions, argument types included
     (`pagedkv.call_arguments`), before it changes anything, and refuses blocks of another pool.
     Not thread-safe: a call that overlaps another state-changing call or invariant check on the
@@ -53,6 +65,15 @@ class BlockPool:
     event (`pagedkv.vocab.kv_events`) until `take_events()`; off, nothing is queued and no hot path
     tests the flag (only a key entering or leaving the index does).
     Invariants: `check_invariants()`, which mirrors `pagedkv.spec.SpecBlockPool`.
+
+    A `KVCacheManager` shares the pool's call token (`share_call_token`) and, holding it, calls
+    the `*_locked` methods: the public method of the same name for a caller that holds the
+    token and whose arguments are its own, already checked; the decode fast path's steps
+    (`cache_next_full_block_locked`, `append_new_block_locked`), which make their whole change
+    or return False (None) having changed nothing; and the checks of a request's prefix hits
+    (`intern_hashes_locked`, `check_hits_locked`). Besides those it reads `blocks`,
+    `null_block` and the O(1) queries, and `tests/test_pool_surface.py` holds `pagedkv.manager`
+    to exactly that surface: every ref_cnt, free-queue and index write happens in the pool.
 
     Args:
         num_gpu_blocks: number of blocks, the null block included (>= 1).
@@ -77,21 +98,31 @@ class BlockPool:
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.semantics = semantics
-        self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
-        self.free_block_queue = FreeKVCacheBlockQueue._of_new_blocks(self.blocks)
-        # {hash: {block_id: block}}; one content may be cached in several blocks (no dedup, so
-        # block tables stay append-only). The first-inserted block answers lookups.
-        self.cached_block_hash_to_block: dict[BlockHashType, dict[int, KVCacheBlock]] = {}
+        # A million new blocks would set off collections that cannot find garbage among them,
+        # each one scanning every tracked object: three times the construction's own time.
+        # The collector is paused while they are made and linked, then left as it was.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+            self.free_block_queue = FreeKVCacheBlockQueue._of_new_blocks(self.blocks)
+        finally:
+            if collecting:
+                gc.enable()
+        # {key: {block_id: block}}; one content may be cached in several blocks (no dedup, so
+        # block tables stay append-only). The first-inserted block answers lookups. A key is a
+        # hash (KV cache group 0) or a GroupKey (group, hash).
+        self.cached_block_hash_to_block: dict[CacheKey, dict[int, KVCacheBlock]] = {}
         self.null_block = self.free_block_queue.popleft()
         self.enable_kv_cache_events = enable_kv_cache_events
         self.kv_event_queue: list[KVCacheEvent] = []
         # What a consumer that applied every taken batch holds (replay_hash_counts), and the first
         # batch it could not apply: the replay invariant's base.
-        self._taken_hash_counts: Counter[int] = Counter()
+        self._taken_hash_counts: Counter[HashCount] = Counter()
         self._taken_replay_error: str | None = None
         # The call token: a public call pops it (list.pop is atomic) and puts it back when done;
         # a call that finds the list empty overlaps another one and is refused. A manager shares
-        # its pool's token and calls the pool's underscored methods, which assume it is held.
+        # it (share_call_token) and calls the `*_locked` methods, which assume it is held.
         self._idle: list[None] = [None]
 
     def _enter(self, call: str) -> None:
@@ -101,20 +132,33 @@ class BlockPool:
         except IndexError:
             raise ConcurrentUseError(call) from None
 
+    def share_call_token(self) -> list[None]:
+        """The call token, for an owner whose calls must exclude the pool's (a manager): a list
+        that holds one None while no call runs. `pop()` takes the token, or raises IndexError
+        while another call holds it; `append(None)` gives it back; both are atomic. Holding
+        it, the owner may call the `*_locked` methods.
+
+        Complexity: O(1); so are taking and giving back.
+        """
+        return self._idle
+
     def get_cached_block(self, block_hash: object) -> KVCacheBlock | None:
-        """The first-inserted block cached under `block_hash`, or None.
+        """The first-inserted block cached under `block_hash`: a hash (KV cache group 0), or a
+        `GroupKey` of a group >= 1. None when no block is.
 
         Raises:
-            ArgumentTypeError: `block_hash` is not a hashable BlockHashType.
+            ArgumentTypeError: `block_hash` is neither a hashable BlockHashType nor a GroupKey
+                over one.
+            InvalidArgumentError: a GroupKey of a group < 1 (group 0's key is the hash itself).
 
         Complexity: O(1).
         """
         return self.cached_block(
-            check_block_hash("BlockPool.get_cached_block", "block_hash", block_hash)
+            check_cache_key("BlockPool.get_cached_block", "block_hash", block_hash)
         )
 
-    def cached_block(self, block_hash: BlockHashType) -> KVCacheBlock | None:
-        """`get_cached_block` for a hash the caller made itself (no argument check): the lookup
+    def cached_block(self, block_hash: CacheKey) -> KVCacheBlock | None:
+        """`get_cached_block` for a key the caller made itself (no argument check): the lookup
         of the attention policies, once per block of a request. Complexity: O(1)."""
         cached = self.cached_block_hash_to_block.get(block_hash)
         if not cached:
@@ -136,12 +180,18 @@ class BlockPool:
         """
         self._enter("BlockPool.get_new_blocks")
         try:
-            return self._get_new_blocks(check_get_new_blocks(num_blocks))
+            return self.get_new_blocks_locked(check_get_new_blocks(num_blocks))
         finally:
             self._idle.append(None)
 
-    def _get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        """get_new_blocks for a checked count (the caller holds the call token)."""
+    def get_new_blocks_locked(self, num_blocks: int) -> list[KVCacheBlock]:
+        """`get_new_blocks` for a caller that holds the call token, with a count >= 0.
+
+        Raises:
+            NoFreeBlocksError: fewer than `num_blocks` blocks are free (nothing changed).
+
+        Complexity: O(num_blocks).
+        """
         num_free = self.free_block_queue.num_free_blocks
         if num_blocks > num_free:
             raise NoFreeBlocksError(num_blocks, num_free)
@@ -165,7 +215,7 @@ class BlockPool:
         if not cached:
             del self.cached_block_hash_to_block[block_hash]
             if self.enable_kv_cache_events:  # the key left the index
-                self.kv_event_queue.append(BlockRemoved((block_hash.hash_value,)))
+                self.kv_event_queue.append(block_removed(block_hash))
         block.reset_hash()
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -195,10 +245,11 @@ class BlockPool:
             block_id = block.block_id
             if not 0 <= block_id < num_gpu_blocks or owned[block_id] is not block:
                 raise refusals.foreign_block(block_id)  # _check_owned, inline
-        self._touch_owned(blocks)
+        self.touch_owned_locked(blocks)
 
-    def _touch_owned(self, blocks: list[KVCacheBlock]) -> None:
-        """touch for blocks already known to be this pool's (the manager's checked hits)."""
+    def touch_owned_locked(self, blocks: list[KVCacheBlock]) -> None:
+        """`touch` for a caller that holds the call token, with blocks it has checked are this
+        pool's (a manager's checked hits: `check_hits_locked`). Complexity: O(len(blocks))."""
         null_block = self.null_block
         remove = self.free_block_queue.remove
         for block in blocks:
@@ -228,17 +279,26 @@ class BlockPool:
         """
         self._enter("BlockPool.free_blocks")
         try:
-            self._free_blocks(
+            self.free_blocks_locked(
                 block_list("BlockPool.free_blocks", "ordered_blocks", ordered_blocks, KVCacheBlock)
             )
         finally:
             self._idle.append(None)
 
-    def _free_blocks(self, blocks: list[KVCacheBlock]) -> None:
-        """free_blocks for a list of KVCacheBlocks (the caller holds the call token)."""
+    def free_blocks_locked(self, blocks: list[KVCacheBlock]) -> None:
+        """`free_blocks` for a caller that holds the call token, with a list of KVCacheBlocks.
+
+        Raises:
+            BlockStateError: as `free_blocks` (foreign, free, or listed twice); nothing changed.
+
+        Complexity: O(len(blocks)).
+        """
         null_block = self.null_block
         owned = self.blocks
         num_gpu_blocks = self.num_gpu_blocks
+        # Blocks are hashed by identity: with none listed twice (the common case, one set in
+        # C), the loop below need not track which it has seen.
+        repeats = len(set(blocks)) != len(blocks)
         seen: set[int] = set()
         for block in blocks:
             block_id = block.block_id
@@ -248,11 +308,12 @@ class BlockPool:
                 continue
             if block.ref_cnt <= 0:
                 raise refusals.free_of_free_block(block_id)
-            if block_id in seen:
-                raise refusals.freed_twice(block_id)
-            seen.add(block_id)
-        append = self.free_block_queue.append
+            if repeats:
+                if block_id in seen:
+                    raise refusals.freed_twice(block_id)
+                seen.add(block_id)
         uncached_first = self.semantics.free_uncached_to_head
+        to_tail: list[KVCacheBlock] = []
         to_head: list[KVCacheBlock] = []
         for block in blocks:
             if block is null_block:
@@ -264,7 +325,9 @@ class BlockPool:
                 if uncached_first and block._block_hash is None:
                     to_head.append(block)
                 else:
-                    append(block)
+                    to_tail.append(block)
+        if to_tail:
+            self.free_block_queue.append_released(to_tail)
         for block in reversed(to_head):
             self.free_block_queue.appendleft(block)
 
@@ -277,6 +340,7 @@ class BlockPool:
         num_full_blocks: object,
         block_size: object,
         hash_fn: HashFn,
+        group_id: object = 0,
     ) -> None:
         """Hash blocks `[num_cached_blocks, num_full_blocks)` and add them to the index.
 
@@ -285,7 +349,9 @@ class BlockPool:
         `block_hashes` (the request's stored hashes). A null block in the range (a position a
         sliding window already dropped) is passed over: its hash is stored so the chain goes on,
         but nothing is indexed. When the previous block is a null block, the chain continues
-        from the stored hash at its position.
+        from the stored hash at its position. The blocks are indexed for KV cache group
+        `group_id`: under their hash (group 0), or under `GroupKey(group_id, hash)`; the stored
+        hashes are the request's, the same for every group.
 
         Raises:
             ArgumentTypeError: an argument of the wrong type (`check_cache_full_blocks` lists
@@ -311,11 +377,13 @@ class BlockPool:
                 block_size,
                 hash_fn,
                 KVCacheBlock,
+                group_id,
             )
             if checked is not None:
                 assert isinstance(block_hashes, list) and isinstance(num_cached_blocks, int)
                 assert isinstance(num_full_blocks, int) and isinstance(block_size, int)
-                self._cache_full_blocks(
+                assert isinstance(group_id, int)
+                self.cache_full_blocks_locked(
                     request,
                     checked,
                     block_hashes,
@@ -323,11 +391,12 @@ class BlockPool:
                     num_full_blocks,
                     block_size,
                     hash_fn,
+                    group_id,
                 )
         finally:
             self._idle.append(None)
 
-    def _cache_full_blocks(
+    def cache_full_blocks_locked(
         self,
         request: Request,
         blocks: Sequence[KVCacheBlock],
@@ -336,9 +405,18 @@ class BlockPool:
         num_full_blocks: int,
         block_size: int,
         hash_fn: HashFn,
+        group_id: int = 0,
     ) -> None:
-        """cache_full_blocks for checked arguments with blocks to cache (the caller holds the
-        call token): the block rules, then every hash, then the changes."""
+        """`cache_full_blocks` for a caller that holds the call token, with arguments of the
+        checked types (`group_id` an int >= 0) and at least one block to cache: the block
+        rules, then every hash, then the changes.
+
+        Raises:
+            ArgumentTypeError, InvalidArgumentError, BlockStateError: as `cache_full_blocks`
+                for its block and token rules and the hash function's values; nothing changed.
+
+        Complexity: as `cache_full_blocks`.
+        """
         parent_hash_value = self._check_blocks_to_cache(
             blocks, block_hashes, num_cached_blocks, num_full_blocks
         )
@@ -395,10 +473,14 @@ class BlockPool:
                 else new_hashes[offset - num_given]
             )
             if block is not null_block:
-                block._block_hash = block_hash
-                cached = index.get(block_hash)
+                # The index key: the hash itself in group 0 (vocab.hashes.cache_key, inline).
+                key: CacheKey = (
+                    _new_tuple(GroupKey, (group_id, block_hash)) if group_id else block_hash
+                )
+                block._block_hash = key
+                cached = index.get(key)
                 if cached is None:
-                    index[block_hash] = {block.block_id: block}
+                    index[key] = {block.block_id: block}
                     if entered is not None:  # the key entered the index
                         entered.append(num_cached_blocks + offset)
                 else:
@@ -406,10 +488,16 @@ class BlockPool:
         block_hashes.extend(new_hashes)
         if entered:
             self._announce_stored(
-                request, block_hashes, entered, num_cached_blocks, first_parent, block_size
+                request,
+                block_hashes,
+                entered,
+                num_cached_blocks,
+                first_parent,
+                block_size,
+                group_id,
             )
 
-    def _cache_next_full_block(
+    def cache_next_full_block_locked(
         self,
         request: Request,
         blocks: list[KVCacheBlock],
@@ -418,13 +506,20 @@ class BlockPool:
         block_size: int,
         hash_fn: HashFn,
     ) -> bool:
-        """`_cache_full_blocks` for one block, `blocks[num_cached_blocks]`, in the common case:
-        a request without extra keys, events off, a block and a parent that pass every block
-        rule. Returns False, having changed nothing, when any of that does not hold: the caller
-        then takes the full path, which refuses what is wrong with the message of its rule.
+        """The decode step that fills a block: `cache_full_blocks_locked` for the one block
+        `blocks[num_cached_blocks]` of KV cache group 0, in the common case (a request without
+        extra keys, events off, a block and a parent that pass every block rule, a parent of
+        group 0 when it is not the null block, a hash function that returns an int).
 
         The caller holds the call token and guarantees the block is full: the request has at
         least `(num_cached_blocks + 1) * block_size` tokens and `blocks` that many slots.
+
+        Returns:
+            True once the block is hashed, indexed and its hash appended to `block_hashes`
+            (unless already stored); False, having changed nothing, when the case is not the
+            common one: the caller then takes the full path, which refuses what is wrong with
+            the message of its rule.
+
         Complexity: O(block_size) plus the hash function.
         """
         if (
@@ -458,8 +553,8 @@ class BlockPool:
                 parent_hash_value = block_hashes[num_cached_blocks - 1].hash_value
             else:
                 parent_hash = parent._block_hash
-                if parent_hash is None:
-                    return False
+                if type(parent_hash) is not BlockHashType:
+                    return False  # not hashed, or another group's key: the full path decides
                 parent_hash_value = parent_hash.hash_value
         computed = len(block_hashes) == num_cached_blocks
         if computed:
@@ -475,7 +570,7 @@ class BlockPool:
                 return False
         else:
             block_hash = block_hashes[num_cached_blocks]
-        # -- every rule holds: the changes, as _cache_full_blocks makes them --
+        # -- every rule holds: the changes, as cache_full_blocks_locked makes them --
         block._block_hash = block_hash
         cached = self.cached_block_hash_to_block.get(block_hash)
         if cached is None:
@@ -486,6 +581,103 @@ class BlockPool:
             block_hashes.append(block_hash)
         return True
 
+    def append_new_block_locked(self, blocks: list[KVCacheBlock]) -> KVCacheBlock | None:
+        """The decode step that needs a new block: `get_new_blocks_locked(1)` appended to the
+        request's `blocks`, for a caller that holds the call token.
+
+        Returns:
+            The block, once the queue's head (its cached hash evicted) has ref_cnt 1 and ends
+            `blocks`; None, having changed nothing, when no block is free (the caller's full
+            path then decides).
+
+        Complexity: O(1).
+        """
+        queue = self.free_block_queue
+        block = queue.free_list_head
+        if block is None:
+            return None
+        # queue.popleft(), inline: one Python call less on the decode path
+        following = block.next_free_block
+        queue.free_list_head = following
+        if following is None:
+            queue.free_list_tail = None
+        else:
+            following.prev_free_block = None
+            block.next_free_block = None
+        queue.num_free_blocks -= 1
+        if block._block_hash is not None:
+            self._maybe_evict_cached_block(block)
+        block.ref_cnt += 1
+        blocks.append(block)
+        return block
+
+    def intern_hashes_locked(
+        self, blocks: Sequence[KVCacheBlock], block_hashes: list[BlockHashType]
+    ) -> None:
+        """Store in `block_hashes[i]` the hash object `blocks[i]` is cached under, for each
+        block cached in KV cache group 0 (null blocks and other groups' blocks are passed
+        over), for a caller that holds the call token.
+
+        `blocks` are a lookup's hits for `block_hashes`, so each stored hash equals its block's;
+        storing the block's own object makes `check_hits_locked`'s test of a later allocation
+        an identity test, not a comparison of two equal tuples of tokens.
+
+        Complexity: O(len(blocks)).
+        """
+        for position, block in enumerate(blocks):
+            cached_hash = block._block_hash
+            if type(cached_hash) is BlockHashType:  # not None, nor another group's key
+                block_hashes[position] = cached_hash
+
+    def check_hits_locked(
+        self,
+        request_id: str,
+        blocks: list[KVCacheBlock],
+        block_hashes: Sequence[BlockHashType],
+        allows_null_blocks: bool,
+        group_id: int = 0,
+    ) -> None:
+        """Refuse prefix hits that are not this pool's blocks cached for KV cache group
+        `group_id` under the request's stored hashes, position by position; a null block passes
+        where `allows_null_blocks` (a skipped position of a sliding window or a chunked local
+        group). For a caller that holds the call token, with no more hits than stored hashes.
+
+        Raises:
+            BlockStateError: a hit of another pool, or a null hit where none is allowed.
+            RequestError: a hit not cached under the stored hash at its position (in another
+                group, or under another hash).
+
+        Complexity: O(len(blocks)); in group 0, an identity test per hit after
+        `intern_hashes_locked`.
+        """
+        owned = self.blocks
+        num_gpu_blocks = self.num_gpu_blocks
+        null_block = self.null_block
+        if group_id:
+            for position, block in enumerate(blocks):
+                block_id = block.block_id
+                if not 0 <= block_id < num_gpu_blocks or owned[block_id] is not block:
+                    raise refusals.foreign_block(block_id)  # _check_owned, inline
+                if block is null_block:
+                    if not allows_null_blocks:
+                        raise refusals.null_hit(block_id)
+                    continue
+                if block._block_hash != _new_tuple(GroupKey, (group_id, block_hashes[position])):
+                    raise refusals.hit_not_cached(request_id, block_id, position)
+            return
+        for position, block in enumerate(blocks):
+            block_id = block.block_id
+            if not 0 <= block_id < num_gpu_blocks or owned[block_id] is not block:
+                raise refusals.foreign_block(block_id)  # _check_owned, inline
+            block_hash = block._block_hash
+            if block_hash is not block_hashes[position]:
+                if block is null_block:
+                    if not allows_null_blocks:
+                        raise refusals.null_hit(block_id)
+                    continue
+                if block_hash != block_hashes[position]:
+                    raise refusals.hit_not_cached(request_id, block_id, position)
+
     def _announce_stored(
         self,
         request: Request,
@@ -494,8 +686,10 @@ class BlockPool:
         num_cached_blocks: int,
         first_parent: int | None,
         block_size: int,
+        group_id: int,
     ) -> None:
-        """Queue one BlockStored per run of consecutive `positions` whose keys entered the index.
+        """Queue one BlockStored per run of consecutive `positions` whose keys (of KV cache group
+        `group_id`) entered the index.
 
         A run's parent is the hash value its first block chains to: `first_parent` for the
         call's first position, else the hash of the position before it in `chain`.
@@ -507,7 +701,7 @@ class BlockPool:
             first, last = positions[start], positions[end - 1]
             parent = first_parent if first == num_cached_blocks else chain[first - 1].hash_value
             self.kv_event_queue.append(
-                block_stored(chain[first : last + 1], parent, block_size, request.lora_id)
+                block_stored(chain[first : last + 1], parent, block_size, request.lora_id, group_id)
             )
             start = end
 
@@ -544,9 +738,15 @@ class BlockPool:
             raise refusals.foreign_block(parent.block_id)
         if parent is null_block:
             return block_hashes[num_cached_blocks - 1].hash_value
-        if parent._block_hash is None:
+        parent_key = parent._block_hash
+        if parent_key is None:
             raise refusals.parent_without_hash(parent.block_id)
-        return parent._block_hash.hash_value
+        # The hash value its key holds (vocab.hashes.key_hash, inline), whichever its group.
+        return (
+            parent_key.block_hash.hash_value
+            if isinstance(parent_key, GroupKey)
+            else parent_key.hash_value
+        )
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash, if no block but the null block is in use.
@@ -561,12 +761,15 @@ class BlockPool:
         """
         self._enter("BlockPool.reset_prefix_cache")
         try:
-            return self._reset_prefix_cache()
+            return self.reset_prefix_cache_locked()
         finally:
             self._idle.append(None)
 
-    def _reset_prefix_cache(self) -> bool:
-        """reset_prefix_cache (the caller holds the call token)."""
+    def reset_prefix_cache_locked(self) -> bool:
+        """`reset_prefix_cache` for a caller that holds the call token.
+
+        Complexity: O(num_gpu_blocks).
+        """
         num_used_blocks = self.num_gpu_blocks - self.get_num_free_blocks()
         if num_used_blocks != 1:  # the null block always counts as used
             logger.warning(
@@ -640,11 +843,19 @@ class BlockPool:
         """
         self._enter("BlockPool.check_invariants")
         try:
-            self._check_invariants()
+            self.check_invariants_locked()
         finally:
             self._idle.append(None)
 
-    def _check_invariants(self) -> None:
+    def check_invariants_locked(self) -> None:
+        """`check_invariants` for a caller that holds the call token (a manager's own check
+        runs the pool's first).
+
+        Raises:
+            InvariantViolation: naming the first broken invariant and the state that breaks it.
+
+        Complexity: O(num_gpu_blocks + cached entries).
+        """
         self.free_block_queue.check_invariants()
         null_block = self.null_block
         if null_block is not self.blocks[0] or null_block.block_id != 0:

@@ -26,8 +26,13 @@ from pagedkv.vocab.arguments import (
     require_str,
 )
 from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError, KVCacheConfigError
-from pagedkv.vocab.hashes import BlockHashType
-from pagedkv.vocab.kv_cache_interface import KVCacheConfig
+from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey
+from pagedkv.vocab.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    SlidingWindowSpec,
+)
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
 
@@ -37,6 +42,7 @@ class itself (`KVCacheBlock`), tested with isinstance and no call per item."""
 
 POOL = "BlockPool"
 MANAGER = "KVCacheManager"
+HYBRID = "HybridKVCacheManager"
 
 
 def is_block_id(value: object) -> bool:
@@ -109,6 +115,16 @@ def check_block_hash(call: str, argument: str, value: object) -> BlockHashType:
     return block_hash
 
 
+def check_cache_key(call: str, argument: str, value: object) -> CacheKey:
+    """A block's index key: a hashable `BlockHashType`, or a `GroupKey` of a KV cache group
+    >= 1 over one (group 0's key is the hash itself)."""
+    if isinstance(value, GroupKey):
+        require_int(call, f"{argument}.group_id", value.group_id, 1)
+        check_block_hash(call, f"{argument}.block_hash", value.block_hash)
+        return value
+    return check_block_hash(call, argument, value)
+
+
 def check_cache_full_blocks(
     enable_caching: bool,
     request: object,
@@ -119,14 +135,16 @@ def check_cache_full_blocks(
     block_size: object,
     hash_fn: object,
     is_block: IsBlock,
+    group_id: object = 0,
 ) -> Sequence[Any] | None:
     """BlockPool.cache_full_blocks' argument checks, in order; then its range checks.
 
     Types: a Request; a sequence of blocks (any iterable, read once); a list of stored hashes
-    (it grows); counts that are ints >= 0; block_size an int >= 1; a callable hash function.
-    Then: caching is on; 0 <= num_cached_blocks <= num_full_blocks <= len(blocks); at least
-    num_cached_blocks stored hashes; every stored hash the call reads (from the parent's
-    position on) is a hashable BlockHashType; the blocks to cache and the parent are blocks.
+    (it grows); counts that are ints >= 0; block_size an int >= 1; a callable hash function; a
+    KV cache group id, an int >= 0. Then: caching is on; 0 <= num_cached_blocks <=
+    num_full_blocks <= len(blocks); at least num_cached_blocks stored hashes; every stored hash
+    the call reads (from the parent's position on) is a hashable BlockHashType; the blocks to
+    cache and the parent are blocks.
 
     Returns:
         The blocks as a sequence, or None when there is nothing to cache (num_cached_blocks ==
@@ -145,6 +163,8 @@ def check_cache_full_blocks(
     num_full = require_int(call, "num_full_blocks", num_full_blocks, 0)
     require_int(call, "block_size", block_size, 1)
     require_callable(call, "hash_fn", hash_fn)
+    if type(group_id) is not int or group_id < 0:
+        require_int(call, "group_id", group_id, 0)
     if not enable_caching:
         raise InvalidArgumentError("cache_full_blocks needs a pool with prefix caching on")
     if not num_cached <= num_full <= len(sequence):
@@ -195,24 +215,26 @@ def check_manager(
     num_groups = len(kv_cache_config.kv_cache_groups)
     if num_groups != 1:
         raise KVCacheConfigError(
-            f"KVCacheManager needs exactly one KV cache group, got {num_groups}"
+            f"KVCacheManager needs exactly one KV cache group, got {num_groups}; "
+            "HybridKVCacheManager serves several"
         )
 
 
-def check_request(method: str, request: object) -> Request:
-    """`request` if it is a Request (every request-level call takes one)."""
-    return require_instance(f"{MANAGER}.{method}", "request", request, Request)
+def check_request(method: str, request: object, manager: str = MANAGER) -> Request:
+    """`request` if it is a Request (every request-level call of `manager` takes one)."""
+    return require_instance(f"{manager}.{method}", "request", request, Request)
 
 
 def request_context(request: Request) -> str:
     return f" for request {request.request_id!r}"
 
 
-def check_lookup(request: object) -> Request:
-    """KVCacheManager.get_computed_blocks(request): a Request whose prompt_logprobs is a bool."""
-    checked = check_request("get_computed_blocks", request)
+def check_lookup(request: object, manager: str = MANAGER) -> Request:
+    """KVCacheManager.get_computed_blocks(request) (or `manager`'s): a Request whose
+    prompt_logprobs is a bool."""
+    checked = check_request("get_computed_blocks", request, manager)
     require_bool(
-        f"{MANAGER}.get_computed_blocks",
+        f"{manager}.get_computed_blocks",
         "request.prompt_logprobs",
         checked.prompt_logprobs,
         context=request_context(checked),
@@ -268,16 +290,140 @@ def check_allocation(
     return block_list(call, "new_computed_blocks", new_computed_blocks, is_block, context=context)
 
 
-def check_common_prefix(request: object, num_running_requests: object) -> Request:
-    """KVCacheManager.get_num_common_prefix_blocks(request, num_running_requests): a Request and
-    an int >= 0."""
-    checked = check_request("get_num_common_prefix_blocks", request)
+def check_common_prefix(
+    request: object, num_running_requests: object, manager: str = MANAGER
+) -> Request:
+    """KVCacheManager.get_num_common_prefix_blocks(request, num_running_requests) (or
+    `manager`'s): a Request and an int >= 0."""
+    checked = check_request("get_num_common_prefix_blocks", request, manager)
     if type(num_running_requests) is not int or num_running_requests < 0:
         require_int(
-            f"{MANAGER}.get_num_common_prefix_blocks",
+            f"{manager}.get_num_common_prefix_blocks",
             "num_running_requests",
             num_running_requests,
             0,
             context=request_context(checked),
         )
     return checked
+
+
+# -- the hybrid manager --------------------------------------------------------------------------
+
+HYBRID_SPECS = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec)
+"""The layer specs a hybrid manager has an attention policy for."""
+
+VLLM_0_8_5_ONLY = (
+    "null_block_refcounted",
+    "capacity_counts_null_blocks",
+    "vllm_new_block_mm_keys",
+    "cap_at_max_model_len",
+)
+"""The semantics switches of vLLM 0.8.5's behaviour: 0.8.5 had no hybrid manager."""
+
+
+def check_hybrid_manager(
+    kv_cache_config: object,
+    max_model_len: object,
+    enable_caching: object,
+    caching_hash_algo: object,
+    use_eagle: object,
+    log_stats: object,
+    semantics: object,
+    enable_kv_cache_events: object,
+) -> KVCacheConfig:
+    """HybridKVCacheManager's constructor arguments: the types KVCacheManager's takes; then
+    (KVCacheConfigError) one block size in every group, in each group a full-attention,
+    sliding-window or chunked-local spec, no EAGLE with chunked local attention, and none of
+    vLLM 0.8.5's semantics switches. The hash algorithm's name is checked by `get_hash_fn`.
+
+    Returns:
+        The config.
+
+    Complexity: O(KV cache groups).
+    """
+    config = require_instance(HYBRID, "kv_cache_config", kv_cache_config, KVCacheConfig)
+    require_int(HYBRID, "max_model_len", max_model_len, 1)
+    require_bool(HYBRID, "enable_caching", enable_caching)
+    require_str(HYBRID, "caching_hash_algo", caching_hash_algo)
+    require_bool(HYBRID, "use_eagle", use_eagle)
+    require_bool(HYBRID, "log_stats", log_stats)
+    checked = require_instance(HYBRID, "semantics", semantics, Semantics)
+    require_bool(HYBRID, "enable_kv_cache_events", enable_kv_cache_events)
+    specs = [group.kv_cache_spec for group in config.kv_cache_groups]
+    block_sizes = sorted({spec.block_size for spec in specs})
+    if len(block_sizes) != 1:
+        raise KVCacheConfigError(
+            f"HybridKVCacheManager needs one block size in every group, got {block_sizes}"
+        )
+    for spec in specs:
+        if not isinstance(spec, HYBRID_SPECS):
+            raise KVCacheConfigError(f"no attention manager for {type(spec).__name__}")
+        if use_eagle and isinstance(spec, ChunkedLocalAttentionSpec):
+            raise KVCacheConfigError("EAGLE is not supported with chunked local attention")
+    switches = [name for name in VLLM_0_8_5_ONLY if getattr(checked, name)]
+    if switches:
+        raise KVCacheConfigError(
+            "HybridKVCacheManager takes no vLLM 0.8.5 switch (0.8.5 had no hybrid manager): "
+            + ", ".join(switches)
+        )
+    return config
+
+
+def check_hybrid_allocation(
+    request: object,
+    num_tokens: object,
+    new_computed_blocks: object,
+    num_lookahead_tokens: object,
+    num_groups: int,
+    is_block: IsBlock,
+) -> tuple[list[Any], ...]:
+    """HybridKVCacheManager.allocate_slots' argument checks, in order: as KVCacheManager's
+    (`check_allocation`), with the hits None or one iterable of blocks per KV cache group, in a
+    list or a tuple of `num_groups` of them.
+
+    Returns:
+        The hits, one new list per group; an empty tuple for None (no hits in any group).
+
+    Complexity: O(KV cache groups) plus the hits.
+    """
+    if (
+        new_computed_blocks is None
+        and type(num_tokens) is int
+        and num_tokens > 0
+        and type(num_lookahead_tokens) is int
+        and num_lookahead_tokens >= 0
+        and isinstance(request, Request)
+        and type(request.num_computed_tokens) is int
+        and type(request.spec_token_ids) is list
+    ):
+        return ()  # every check passed, in one test: the common call
+    call = f"{HYBRID}.allocate_slots"
+    checked = check_request("allocate_slots", request, HYBRID)
+    context = request_context(checked)
+    if type(num_tokens) is not int or num_tokens < 1:
+        require_int(call, "num_tokens", num_tokens, 1, context=context)
+    if type(num_lookahead_tokens) is not int or num_lookahead_tokens < 0:
+        require_int(call, "num_lookahead_tokens", num_lookahead_tokens, 0, context=context)
+    if type(checked.num_computed_tokens) is not int:
+        require_int(
+            call, "request.num_computed_tokens", checked.num_computed_tokens, context=context
+        )
+    if type(checked.spec_token_ids) is not list:
+        require_instance(
+            call, "request.spec_token_ids", checked.spec_token_ids, list, context=context
+        )
+    if new_computed_blocks is None:
+        return ()
+    if not isinstance(new_computed_blocks, (list, tuple)) or len(new_computed_blocks) != num_groups:
+        raise argument_error(
+            call,
+            "new_computed_blocks",
+            f"one iterable of blocks per KV cache group ({num_groups})",
+            new_computed_blocks,
+            type_ok=False,
+            context=context,
+        )
+    return tuple(
+        block_list(call, f"new_computed_blocks[{group}]", group_hits, is_block, context=context)
+        for group, group_hits in enumerate(new_computed_blocks)
+    )

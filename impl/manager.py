@@ -59,6 +59,23 @@ CHECK_INVARIANTS_ENV = "PAGEDKV_CHECK_INVARIANTS"
 """Set to 1 to make every manager run `check_invariants()` after each state-changing call."""
 
 
+class _Record:
+    """What the decode fast path knows of a tracked `Request` without asking it: its id, and
+    the list that holds its tokens (`Request.live_token_ids`: its length read at C speed, where
+    `num_tokens` would cost a Python call). Both are fixed for the object's life.
+
+    Kept, by the object itself, for every tracked request of type `Request` (a subclass could
+    hash itself in any way), by `_track` and `_forget_if_done`: finding the record is the
+    identity check (another object with the same id has none).
+    """
+
+    __slots__ = ("request_id", "token_ids")
+
+    def __init__(self, request_id: str, token_ids: list[int]) -> None:
+        self.request_id = request_id
+        self.token_ids = token_ids
+
+
 class KVCacheManager:
     """Request-level KV cache management over one `BlockPool` and one attention type.
 
@@ -154,6 +171,7 @@ class KVCacheManager:
         self.req_to_block_hashes: dict[str, list[BlockHashType]] = {}
         self.num_cached_block: dict[str, int] = {}
         self._requests: dict[str, Request] = {}
+        self._records: dict[Request, _Record] = {}  # the fast path's, by request object
         if debug_invariants is None:
             setting = os.environ.get(CHECK_INVARIANTS_ENV, "0").strip() or "0"
             if not setting.isdigit():
@@ -166,16 +184,15 @@ class KVCacheManager:
         self.debug_invariants = int(debug_invariants)
         self._calls_until_check = self.debug_invariants
         # The pool's call token (see BlockPool): a manager call holds it, so a call overlapping
-        # it, on the manager or on its pool, is refused; the manager calls the pool's
-        # underscored methods, which assume it is held. Bound once: the guard is on every call.
-        self._take_token = self.block_pool._idle.pop
-        self._give_token = self.block_pool._idle.append
+        # it, on the manager or on its pool, is refused; holding it, the manager calls the
+        # pool's `*_locked` methods.
+        self._call_token = self.block_pool.share_call_token()
 
     def _enter(self, call: str) -> None:
         """Take the call token, or refuse a call that overlaps another one. (The calls made
         once a decode step inline this.)"""
         try:
-            self._take_token()
+            self._call_token.pop()
         except IndexError:
             raise ConcurrentUseError(call) from None
 
@@ -194,7 +211,7 @@ class KVCacheManager:
             self.prefix_cache_stats = PrefixCacheStats()
             return stats
         finally:
-            self._give_token(None)
+            self._call_token.append(None)
 
     def take_events(self) -> list[KVCacheEvent]:
         """The KV cache events since the last call, oldest first (see `pagedkv.vocab.kv_events`);
@@ -222,7 +239,7 @@ class KVCacheManager:
             check_lookup(request)
             return self._get_computed_blocks(request)
         finally:
-            self._give_token(None)
+            self._call_token.append(None)
 
     def _get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         if not self.enable_caching:
@@ -233,7 +250,7 @@ class KVCacheManager:
         if not block_hashes:
             block_hashes = hash_request_tokens(self.caching_hash_fn, self.block_size, request)
             self.req_to_block_hashes[request_id] = block_hashes
-            self._requests[request_id] = request
+            self._track(request_id, request)
         elif (
             self.semantics.lookup_hashes_every_full_block
             and len(block_hashes) * self.block_size <= request.num_tokens - self.block_size
@@ -250,13 +267,8 @@ class KVCacheManager:
         last_left_out = len(block_hashes) * self.block_size == request.num_tokens
         lookup = block_hashes[:-1] if last_left_out else block_hashes
         hits = self.specialized_manager.find_longest_cache_hit(lookup)
-        # A hit's hash equals the stored one; storing the block's own object instead makes
-        # allocate_slots' check that the hit is still cached an identity test, not a compare
-        # of two equal tuples of tokens.
-        for position, block in enumerate(hits):
-            cached_hash = block._block_hash
-            if cached_hash is not None:  # None: a null block (a window's skipped position)
-                block_hashes[position] = cached_hash
+        if hits:  # allocate_slots' check of these hits becomes an identity test
+            self.block_pool.intern_hashes_locked(hits, block_hashes)
         if self.use_eagle and hits:
             hits.pop()  # EAGLE recomputes the last matched block for its hidden states
         num_hit_tokens = len(hits) * self.block_size
@@ -313,7 +325,7 @@ class KVCacheManager:
         its last block.
         """
         try:
-            self._take_token()
+            self._call_token.pop()
         except IndexError:
             raise ConcurrentUseError("KVCacheManager.allocate_slots") from None
         try:
@@ -326,7 +338,10 @@ class KVCacheManager:
             # type, a rule broken, more blocks to allocate or cache, extra keys, events on, a
             # window to slide, invariant checks on) takes the full path, which raises.
             if new_computed_blocks is None and type(request) is Request:
-                request_id = request._request_id
+                # This very object's record (another with its id has none): id and identity
+                # check in one lookup.
+                record = self._records.get(request)
+                request_id = "" if record is None else record.request_id
                 blocks = self.req_to_blocks.get(request_id)
                 # The fields the scheduler sets, read untyped: a compiled build would check the
                 # declared type on reading and raise a bare TypeError; the full path refuses.
@@ -334,12 +349,12 @@ class KVCacheManager:
                 num_computed = fields.num_computed_tokens
                 spec_token_ids = fields.spec_token_ids
                 if (
-                    blocks is not None
+                    record is not None
+                    and blocks is not None
                     and type(num_tokens) is int
                     and type(num_lookahead_tokens) is int
                     and type(num_computed) is int
                     and type(spec_token_ids) is list
-                    and self._requests.get(request_id) is request
                 ):
                     block_size = self.block_size
                     num_spec = len(spec_token_ids)
@@ -351,7 +366,7 @@ class KVCacheManager:
                         and num_spec <= num_tokens
                         and num_lookahead_tokens >= 0
                         and 0 <= num_computed <= num_held_slots
-                        and num_real <= len(request._all_token_ids)
+                        and num_real <= len(record.token_ids)
                         and not self.debug_invariants
                         and (
                             not self._sliding_window
@@ -370,7 +385,7 @@ class KVCacheManager:
                                 num_cached is not None
                                 and num_full == num_cached + 1
                                 and stored is not None
-                                and self.block_pool._cache_next_full_block(
+                                and self.block_pool.cache_next_full_block_locked(
                                     request,
                                     blocks,
                                     stored,
@@ -387,20 +402,14 @@ class KVCacheManager:
                             and len(blocks) < self.max_num_blocks_per_req
                         ):
                             # Needs one new block, which fits when one is free.
-                            pool = self.block_pool
-                            queue = pool.free_block_queue
-                            if queue.num_free_blocks:
-                                block = queue.popleft()
-                                if block._block_hash is not None:
-                                    pool._maybe_evict_cached_block(block)
-                                block.ref_cnt += 1
-                                blocks.append(block)
+                            block = self.block_pool.append_new_block_locked(blocks)
+                            if block is not None:
                                 return [block]
             return self._allocate_slots(
                 request, num_tokens, new_computed_blocks, num_lookahead_tokens
             )
         finally:
-            self._give_token(None)
+            self._call_token.append(None)
 
     def _skips_a_block(self, blocks: list[KVCacheBlock], num_computed_tokens: int) -> bool:
         """Whether the sliding window drops a block of `blocks` at this step (the fast path's
@@ -421,10 +430,9 @@ class KVCacheManager:
         hits = check_allocation(
             request, num_tokens, new_computed_blocks, num_lookahead_tokens, KVCacheBlock
         )
-        assert isinstance(request, Request)
-        assert isinstance(num_tokens, int)
+        assert isinstance(request, Request) and isinstance(num_tokens, int)
         assert isinstance(num_lookahead_tokens, int)
-        request_id = request._request_id
+        request_id = request.request_id
         block_size = self.block_size
         # -- the preconditions, in the spec's order --
         num_spec = len(request.spec_token_ids)
@@ -442,7 +450,7 @@ class KVCacheManager:
             self._check_hits(request, num_held, hits)
         num_computed_tokens = num_computed + len(hits) * block_size
         num_scheduled_real = num_computed_tokens + num_tokens - num_spec
-        if num_scheduled_real > len(request._all_token_ids):
+        if num_scheduled_real > request.num_tokens:
             raise refusals.more_tokens_than_request(
                 request_id, num_scheduled_real, request.num_tokens
             )
@@ -469,34 +477,34 @@ class KVCacheManager:
         if self._sliding_window:  # full attention skips nothing
             removed = self.specialized_manager.remove_skipped_blocks(req_blocks, num_computed)
             if removed:
-                pool._free_blocks(removed)
+                pool.free_blocks_locked(removed)
         num_new = num_new_blocks(num_required, len(req_blocks), len(hits))
         num_evictable_hits = self._num_evictable_hits(hits) if hits else 0
-        if not fits(num_new, pool.free_block_queue.num_free_blocks, num_evictable_hits):
+        if not fits(num_new, pool.get_num_free_blocks(), num_evictable_hits):
             if self.debug_invariants:
                 self._after_call()
             return None
         if hits:
             if self.enable_caching:
-                pool._touch_owned(hits)
+                pool.touch_owned_locked(hits)
             req_blocks.extend(hits)
         self.req_to_blocks[request_id] = req_blocks
-        self._requests[request_id] = request
+        self._track(request_id, request)
         new_blocks: list[KVCacheBlock] = []
         if num_new > 0:
             num_new = min(
                 num_new,
-                pool.free_block_queue.num_free_blocks,
+                pool.get_num_free_blocks(),
                 self.max_num_blocks_per_req - len(req_blocks),
             )
-            new_blocks = pool._get_new_blocks(num_new)
+            new_blocks = pool.get_new_blocks_locked(num_new)
             req_blocks.extend(new_blocks)
         if self.enable_caching:
             # min(): only vLLM's capped allocation (cap_at_max_model_len) can hold fewer blocks.
             num_blocks = len(req_blocks)
             stored = self.req_to_block_hashes.setdefault(request_id, [])
             if min(num_full, num_blocks) > min(num_cached, num_blocks):
-                pool._cache_full_blocks(
+                pool.cache_full_blocks_locked(
                     request,
                     req_blocks,
                     stored,
@@ -528,14 +536,14 @@ class KVCacheManager:
             check_request("free", request)
             self._free(request)
         finally:
-            self._give_token(None)
+            self._call_token.append(None)
 
     def _free(self, request: Request) -> None:
         self._check_identity(request)
         request_id = request.request_id
         blocks = self.req_to_blocks.get(request_id, [])
         tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
-        self.block_pool._free_blocks(blocks[::-1] if tail_first else blocks)
+        self.block_pool.free_blocks_locked(blocks[::-1] if tail_first else blocks)
         self.req_to_blocks.pop(request_id, None)
         self.num_cached_block.pop(request_id, None)
         self._forget_if_done(request_id)
@@ -560,7 +568,7 @@ class KVCacheManager:
             self._forget_if_done(request.request_id)
             self._after_call()
         finally:
-            self._give_token(None)
+            self._call_token.append(None)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash if no request holds blocks; else refuse (False).
@@ -570,14 +578,14 @@ class KVCacheManager:
         """
         self._enter("KVCacheManager.reset_prefix_cache")
         try:
-            if not self.block_pool._reset_prefix_cache():
+            if not self.block_pool.reset_prefix_cache_locked():
                 return False
             if self.prefix_cache_stats is not None:
                 self.prefix_cache_stats.reset = True
             self._after_call()
             return True
         finally:
-            self._give_token(None)
+            self._call_token.append(None)
 
     def get_num_common_prefix_blocks(self, request: Request, num_running_requests: object) -> int:
         """Leading blocks of `request` whose ref_cnt equals `num_running_requests`.
@@ -592,7 +600,7 @@ class KVCacheManager:
         Complexity: O(common prefix).
         """
         try:
-            self._take_token()
+            self._call_token.pop()
         except IndexError:
             raise ConcurrentUseError("KVCacheManager.get_num_common_prefix_blocks") from None
         try:
@@ -604,7 +612,7 @@ class KVCacheManager:
                 count += 1
             return count
         finally:
-            self._give_token(None)
+            self._call_token.append(None)
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -636,32 +644,26 @@ class KVCacheManager:
         stored = self.req_to_block_hashes.get(request_id, [])
         if len(new_computed) > len(stored):
             raise refusals.more_hits_than_hashes(request_id, len(new_computed), len(stored))
-        pool = self.block_pool
-        owned = pool.blocks
-        num_gpu_blocks = pool.num_gpu_blocks
-        null_block = pool.null_block
         policy = self.specialized_manager
-        for position, block in enumerate(new_computed):
-            block_id = block.block_id
-            if not 0 <= block_id < num_gpu_blocks or owned[block_id] is not block:
-                raise refusals.foreign_block(block_id)
-            # The stored hash is the cached block's own object after a lookup (see
-            # _get_computed_blocks); an equal one passes too.
-            block_hash = block._block_hash
-            if block_hash is not stored[position]:
-                if block is null_block:
-                    if not policy.allows_null_blocks:
-                        raise refusals.null_hit(block_id)
-                    continue
-                if block_hash != stored[position]:
-                    raise refusals.hit_not_cached(request_id, block_id, position)
+        self.block_pool.check_hits_locked(
+            request_id, new_computed, stored, policy.allows_null_blocks
+        )
         shape_error = policy.hit_shape_error(new_computed, self.use_eagle)
         if shape_error is not None:
             raise refusals.hit_shape(request_id, shape_error)
 
+    def _track(self, request_id: str, request: Request) -> None:
+        """Track `request` under its id (it passed `_check_identity`), with its fast-path
+        record if it is a `Request`."""
+        self._requests[request_id] = request
+        if type(request) is Request and request not in self._records:
+            self._records[request] = _Record(request_id, request.live_token_ids())
+
     def _forget_if_done(self, request_id: str) -> None:
         if request_id not in self.req_to_blocks and request_id not in self.req_to_block_hashes:
-            self._requests.pop(request_id, None)
+            request = self._requests.pop(request_id, None)
+            if type(request) is Request:
+                self._records.pop(request, None)
 
     def _after_call(self) -> None:
         if not self.debug_invariants:
@@ -688,11 +690,11 @@ class KVCacheManager:
         try:
             self._check_invariants()
         finally:
-            self._give_token(None)
+            self._call_token.append(None)
 
     def _check_invariants(self) -> None:
         pool = self.block_pool
-        pool._check_invariants()
+        pool.check_invariants_locked()
         null_block = pool.null_block
         holders: Counter[int] = Counter()
         null_blocks_allowed = self.specialized_manager.allows_null_blocks
@@ -728,6 +730,37 @@ class KVCacheManager:
             raise InvariantViolation(
                 "every tracked request has blocks or stored hashes",
                 f"requests {sorted(self._requests)}, with blocks or hashes {sorted(known)}",
+            )
+        self._check_records()
+
+    def _check_records(self) -> None:
+        """Each tracked `Request` has one fast-path record, with its id and its token list."""
+        num_expected = 0
+        for request_id, request in self._requests.items():
+            if type(request) is not Request:
+                continue
+            num_expected += 1
+            record = self._records.get(request)
+            if (
+                record is None
+                or record.request_id != request_id
+                or record.token_ids is not request.live_token_ids()
+            ):
+                found = (
+                    "no record"
+                    if record is None
+                    else f"a record of {record.request_id!r} with "
+                    f"{'its' if record.token_ids is request.live_token_ids() else 'another'} "
+                    "token list"
+                )
+                raise InvariantViolation(
+                    "the fast path's record of a tracked request is its own",
+                    f"request {request_id!r}: {found}",
+                )
+        if len(self._records) != num_expected:
+            raise InvariantViolation(
+                "the fast path's record of a tracked request is its own",
+                f"{len(self._records)} records, {num_expected} tracked requests",
             )
 
     def _check_cached_blocks(self, request_id: str, blocks: list[KVCacheBlock]) -> None:

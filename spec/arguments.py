@@ -186,7 +186,8 @@ def check_manager(
     require_bool(MANAGER, "enable_kv_cache_events", enable_kv_cache_events)
     if len(config.kv_cache_groups) != 1:
         raise KVCacheConfigError(
-            f"KVCacheManager needs exactly one KV cache group, got {len(config.kv_cache_groups)}"
+            f"KVCacheManager needs exactly one KV cache group, got "
+            f"{len(config.kv_cache_groups)}; HybridKVCacheManager serves several"
         )
     return config
 

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pagedkv.spec.arguments import (
+    HYBRID,
     check_common_prefix,
     check_hybrid_allocation,
     check_hybrid_manager,
@@ -197,7 +198,7 @@ class SpecHybridKVCacheManager:
         Preconditions: `check_lookup` (ArgumentTypeError); the id names no other Request object
         (RequestError).
         """
-        check_lookup(request)
+        check_lookup(request, HYBRID)
         empty: GroupBlocks = tuple([] for _ in self.policies)
         if not self.enable_caching:
             return empty, 0
@@ -430,7 +431,7 @@ class SpecHybridKVCacheManager:
         Preconditions: a Request (ArgumentTypeError); the id names no other Request object
         (RequestError).
         """
-        check_request("free", request)
+        check_request("free", request, HYBRID)
         self._require_same_request(request)
         held = self.blocks.pop(request.request_id, ())
         tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
@@ -445,7 +446,7 @@ class SpecHybridKVCacheManager:
         Preconditions: a Request (ArgumentTypeError); the id names no other Request object; the
         request holds no blocks (RequestError).
         """
-        check_request("free_block_hashes", request)
+        check_request("free_block_hashes", request, HYBRID)
         self._require_same_request(request)
         if request.request_id in self.blocks:
             raise refusals.hashes_dropped_while_held(request.request_id)
@@ -467,7 +468,7 @@ class SpecHybridKVCacheManager:
 
         Preconditions: `check_common_prefix` (ArgumentTypeError, InvalidArgumentError).
         """
-        check_common_prefix(request, num_running_requests)
+        check_common_prefix(request, num_running_requests, HYBRID)
         held = self.blocks.get(request.request_id) or tuple([] for _ in self.policies)
         counts = []
         for blocks in held:

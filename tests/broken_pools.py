@@ -14,7 +14,7 @@ from pagedkv.free_queue import FreeKVCacheBlockQueue
 from pagedkv.harness.adapters import ObjectPoolAdapter
 from pagedkv.harness.protocol import PoolUnderTest
 from pagedkv.vocab.semantics import Semantics
-from proofs.planted.catalog import append_at_head
+from proofs.planted.catalog import append_at_head, released_at_head
 
 
 class HeadAppendQueue(FreeKVCacheBlockQueue):
@@ -23,6 +23,7 @@ class HeadAppendQueue(FreeKVCacheBlockQueue):
     __slots__ = ()
 
     append = append_at_head
+    append_released = released_at_head
 
 
 class FreeToHeadPool(BlockPool):

@@ -6,6 +6,7 @@ holds for the spec and for the implementation.
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable
 
@@ -335,3 +336,23 @@ def test_adapter_wraps_the_pool_without_copying() -> None:
     adapter = ObjectPoolAdapter(pool)
     assert adapter.get_new_blocks(1) == [1]
     assert pool.blocks[1].ref_cnt == 1
+
+
+@pytest.mark.parametrize("collecting", [True, False])
+def test_building_a_pool_leaves_the_garbage_collector_as_it_was(collecting: bool) -> None:
+    """The pool pauses the collector while it makes its blocks (a million would set off
+    collections that find nothing), then restores the caller's setting, on or off."""
+    was_enabled = gc.isenabled()
+    try:
+        if collecting:
+            gc.enable()
+        else:
+            gc.disable()
+        pool = BlockPool(64, enable_caching=True)
+        assert gc.isenabled() is collecting
+        assert pool.get_num_free_blocks() == 63
+    finally:
+        if was_enabled:
+            gc.enable()
+        else:
+            gc.disable()

@@ -37,7 +37,7 @@ def pure_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome
     package.mkdir()
     for source in (ROOT / "impl").iterdir():
         (package / source.name).symlink_to(source)
-    for folder in ("spec", "harness", "gpu"):
+    for folder in ("vocab", "spec", "harness", "gpu"):
         (package / folder).symlink_to(ROOT / folder, target_is_directory=True)
     env = {**os.environ, "PYTHONPATH": str(package.parent)}
     script = ROOT / "tests" / "refusal_cases.py"

@@ -332,6 +332,40 @@ def test_a_cached_count_for_an_unknown_request_is_reported() -> None:
     )
 
 
+def test_a_tracked_request_without_a_fast_path_record_is_reported() -> None:
+    manager = _manager()
+    _run(manager, Request("a", range(6)))
+    manager._records.clear()
+    assert _report(manager.check_invariants) == (
+        "the fast path's record of a tracked request is its own",
+        "request 'a': no record",
+    )
+
+
+def test_a_fast_path_record_with_another_token_list_is_reported() -> None:
+    manager = _manager()
+    request = _run(manager, Request("a", range(6)))
+    record = manager._records[request]
+    manager._records[request] = type(record)("a", list(request.all_token_ids))
+    assert _report(manager.check_invariants) == (
+        "the fast path's record of a tracked request is its own",
+        "request 'a': a record of 'a' with another token list",
+    )
+
+
+def test_a_fast_path_record_of_a_forgotten_request_is_reported() -> None:
+    manager = _manager()
+    request = _run(manager, Request("a", range(6)))
+    records = dict(manager._records)
+    manager.free(request)
+    manager.free_block_hashes(request)
+    manager._records.update(records)
+    assert _report(manager.check_invariants) == (
+        "the fast path's record of a tracked request is its own",
+        "1 records, 0 tracked requests",
+    )
+
+
 def test_more_cached_blocks_than_full_ones_are_reported() -> None:
     manager = _manager()
     _run(manager, Request("a", range(6)))  # one full block, one stored hash

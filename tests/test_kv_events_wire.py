@@ -54,6 +54,7 @@ def block_stored(draw: st.DrawFn) -> BlockStored:
             None if keys is None else tuple(keys)
             for keys in draw(st.lists(extra, min_size=num_blocks, max_size=num_blocks))
         ),
+        draw(st.integers(0, 3)),
     )
 
 
@@ -63,7 +64,11 @@ batches = st.builds(
     st.lists(
         st.one_of(
             block_stored(),
-            st.builds(BlockRemoved, st.lists(hash_values, min_size=1, max_size=2).map(tuple)),
+            st.builds(
+                BlockRemoved,
+                st.lists(hash_values, min_size=1, max_size=2).map(tuple),
+                st.integers(0, 3),
+            ),
             st.just(AllBlocksCleared()),
         ),
         max_size=4,
@@ -88,6 +93,7 @@ EXAMPLE = KVEventBatch(
     (
         BlockStored((11, 1 << 200), None, (1, 2, 3, 4), 2, 7, ((7,), (7, "image"))),
         BlockRemoved((11,)),
+        BlockRemoved((12,), 2),
         AllBlocksCleared(),
     ),
 )
@@ -109,6 +115,7 @@ def test_the_json_layout() -> None:
                 "extra_keys": [[7], [7, "image"]],
             },
             {"type": "BlockRemoved", "block_hashes": [11]},
+            {"type": "BlockRemoved", "block_hashes": [12], "group_idx": 2},
             {"type": "AllBlocksCleared"},
         ],
     }
@@ -134,6 +141,7 @@ def test_the_msgpack_layout_is_vllms_batch() -> None:
                 "lora_name": None,
             },
             {"type": "BlockRemoved", "block_hashes": [11], "medium": "GPU"},
+            {"type": "BlockRemoved", "block_hashes": [12], "group_idx": 2, "medium": "GPU"},
             {"type": "AllBlocksCleared"},
         ],
     ]
@@ -157,6 +165,16 @@ def test_the_msgpack_layout_is_vllms_batch() -> None:
             f'{{"schema": "{JSON_SCHEMA}", "ts": 1, "events": [{{"type": "BlockStored", '
             '"block_hashes": [1], "token_ids": [], "block_size": 1, "extra_keys": []}]}',
             "extra_keys has 0 entries for 1 block hashes",
+        ),
+        (
+            f'{{"schema": "{JSON_SCHEMA}", "ts": 1, "events": [{{"type": "BlockRemoved", '
+            '"block_hashes": [7], "group_idx": -1}]}',
+            "BlockRemoved.group_idx must be >= 0, got -1",
+        ),
+        (
+            f'{{"schema": "{JSON_SCHEMA}", "ts": 1, "events": [{{"type": "BlockRemoved", '
+            '"block_hashes": [7], "group_idx": true}]}',
+            "BlockRemoved.group_idx must be an integer",
         ),
     ],
 )

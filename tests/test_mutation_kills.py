@@ -68,7 +68,10 @@ def test_a_manager_needs_exactly_one_kv_cache_group() -> None:
     )
     with pytest.raises(KVCacheConfigError) as info:
         KVCacheManager(config, 64)
-    assert str(info.value) == "KVCacheManager needs exactly one KV cache group, got 2"
+    assert str(info.value) == (
+        "KVCacheManager needs exactly one KV cache group, got 2; HybridKVCacheManager serves "
+        "several"
+    )
 
 
 @dataclasses.dataclass(frozen=True, init=False)

@@ -20,6 +20,7 @@ from pagedkv.spec import attention as spec_attention
 from pagedkv.spec import block_counts as spec_counts
 from pagedkv.spec import block_hash as spec_hash
 from pagedkv.vocab import kv_cache_interface
+from pagedkv.vocab.hashes import BlockHashType
 from pagedkv.vocab.request import PlaceholderRange, Request
 from proofs.crosshair import contracts, pairs
 from proofs.crosshair.runner import call_contract
@@ -80,6 +81,59 @@ def test_scan_window_hit_without_a_long_run_keeps_the_run_from_position_0() -> N
     hits = window.scan_window_hit(4, 3, lambda i: f"b{i}" if cached[i] else None, "null")
     assert hits == ["b0", "b1"]
     assert window.scan_window_hit(0, 3, lambda i: None, "null") == []
+
+
+def test_scan_chunk_hit_scans_forward_from_the_chunk_start_of_the_longest_hit() -> None:
+    """Chunks of 8 tokens, blocks of 4: a hit of 5 blocks would compute token 20, whose chunk
+    starts at block 4; block 4 misses, but a hit of 4 (token 16: chunk start 4) needs none."""
+    cached = [True, False, True, True, False]
+    looked_up: list[int] = []
+
+    def lookup(position: int) -> str | None:
+        looked_up.append(position)
+        return f"b{position}" if cached[position] else None
+
+    assert window.scan_chunk_hit(5, 8, 4, lookup, "null") == ["null"] * 4
+    assert looked_up == [4]
+    looked_up.clear()
+    assert window.scan_chunk_hit(4, 8, 4, lookup, "null") == ["null"] * 4
+    assert window.scan_chunk_hit(3, 8, 4, lookup, "null") == ["null", "null", "b2"]
+    assert looked_up == [2]
+
+
+def test_scan_chunk_hit_falls_back_to_an_earlier_chunk() -> None:
+    """Chunks of 6 tokens, blocks of 4: a hit of 2 blocks (token 8, chunk start token 6 in
+    block 1) needs block 1; it misses, and a hit of 1 block (token 4, chunk 0) needs block 0."""
+    cached = [True, False, True]
+    hits = window.scan_chunk_hit(2, 6, 4, lambda i: f"b{i}" if cached[i] else None, "null")
+    assert hits == ["b0"]
+    assert window.scan_chunk_hit(0, 6, 4, lambda i: None, "null") == []
+    assert window.chunk_start_block(8, 6, 4) == 1
+
+
+def test_scan_chunk_hit_is_the_specs_longest_chunked_hit_on_every_small_input() -> None:
+    compared = 0
+    for block_size, chunk, length in itertools.product(range(1, 5), range(1, 13), range(8)):
+        for cached in itertools.product((False, True), repeat=length):
+            hashes = [BlockHashType(i, (i,)) for i in range(length)]
+            spec = spec_attention.chunked_local_hit(
+                lambda h, c=cached: h.hash_value + 1 if c[h.hash_value] else None,
+                hashes,
+                chunk,
+                block_size,
+            )
+            impl = window.scan_chunk_hit(
+                length, chunk, block_size, lambda i, c=cached: i + 1 if c[i] else None, 0
+            )
+            assert impl == spec, (block_size, chunk, cached)
+            compared += 1
+    assert compared > 10_000
+
+
+def test_the_chunk_start_is_the_specs_skip_count() -> None:
+    for computed, chunk, b in itertools.product(range(40), range(1, 13), POSITIVE):
+        expected = spec_attention.chunked_local_skipped(computed, chunk, b)
+        assert window.chunk_start_block(computed, chunk, b) == expected
 
 
 def test_mm_inputs_in_block_and_where_the_next_scan_starts() -> None:

@@ -16,6 +16,15 @@ def test_tokens_grow_with_outputs() -> None:
     assert (request.num_tokens, request.num_prompt_tokens) == (5, 2)
 
 
+def test_the_live_token_list_is_one_list_that_grows() -> None:
+    request = Request("r", [1, 2])
+    tokens = request.live_token_ids()
+    request.append_output_token_ids(3)
+    request.append_output_token_ids([4, 5])
+    assert request.live_token_ids() is tokens
+    assert tokens == [1, 2, 3, 4, 5] == list(request.all_token_ids)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -240,6 +240,17 @@ class Request:
         """
         return self._token_view
 
+    def live_token_ids(self) -> list[int]:
+        """The list that holds `all_token_ids`, itself: it grows as tokens are appended.
+
+        For a reader on a hot path that keeps it (a manager's record of a running request
+        reads its length at C speed); never change it: tokens are appended only by
+        `append_output_token_ids`, and stored block hashes rely on that.
+
+        Complexity: O(1).
+        """
+        return self._all_token_ids
+
     @property
     def output_token_ids(self) -> Sequence[int]:
         return self._all_token_ids[len(self._prompt_token_ids) :]
@@ -259,15 +270,30 @@ class Request:
             ArgumentTypeError, InvalidArgumentError: a token that is not such an id; then
                 none is appended.
         """
+        if type(token_ids) is int:
+            if 0 <= token_ids <= MAX_TOKEN_ID:
+                self._all_token_ids.append(token_ids)
+                return
+        elif type(token_ids) is list or type(token_ids) is tuple:
+            # One test per token, inline: on CPython 3.11 this beats the C-level passes
+            # (set(map(type, ...)), min, max) at every length, 1 to 4,096 tokens, measured.
+            for token in token_ids:
+                if type(token) is not int or not 0 <= token <= MAX_TOKEN_ID:
+                    break
+            else:
+                self._all_token_ids.extend(token_ids)
+                return
+        self._append_checked(token_ids)
+
+    def _append_checked(self, token_ids: int | Iterable[int]) -> None:
+        """append_output_token_ids for any value: the checks that name the first bad token
+        (and read an iterable once), then the append."""
         call = "Request.append_output_token_ids"
-        if type(token_ids) is int and 0 <= token_ids <= MAX_TOKEN_ID:
-            self._all_token_ids.append(token_ids)
-        elif isinstance(token_ids, int) and not isinstance(token_ids, bool):
-            context = f" for request {self._request_id!r}"
+        context = f" for request {self._request_id!r}"
+        if isinstance(token_ids, int) and not isinstance(token_ids, bool):
             token = require_int(call, "token_ids", token_ids, 0, MAX_TOKEN_ID, context=context)
             self._all_token_ids.append(int(token))
         else:
-            context = f" for request {self._request_id!r}"
             self._all_token_ids.extend(
                 require_token_ids(call, "token_ids", token_ids, context=context)  # type: ignore[arg-type]
             )

@@ -11,13 +11,16 @@ Both carry the fields of `pagedkv.vocab.kv_events` under vLLM's names, and both 
         "token_ids": [1, 2, 3, 4], "block_size": 2, "lora_id": null,
         "extra_keys": [null, [7, "mm-hash"]]},
        {"type": "BlockRemoved", "block_hashes": [11]},
+       {"type": "BlockRemoved", "block_hashes": [11], "group_idx": 1},
        {"type": "AllBlocksCleared"}]}
 
 Hash values are JSON integers of any size: sha256 values (the default) have up to 256 bits, so a
 consumer outside Python parses them as big integers (Go's `json.Number`, a BigInt-aware parser in
 JavaScript). `extra_keys` has one entry per block: null, or its LoRA id (an int) and multimodal
-content hashes (strings); the tenant's cache salt is never included. The schema name changes
-when a field changes meaning; fields may be added.
+content hashes (strings); the tenant's cache salt is never included. `group_idx`, the KV cache
+group of a hybrid model the keys belong to, is written only when it is not 0 (a single-group
+model's events are unchanged) and read as 0 when absent. The schema name changes when a field
+changes meaning; fields may be added.
 
 **msgpack** (`batch_to_msgpack`, needs msgspec: the `events` extra): vLLM's `KVEventBatch` as
 its `ZmqEventPublisher` sends it: an array `[ts, events]` (`data_parallel_rank` appended when
@@ -61,10 +64,20 @@ def event_to_dict(event: KVCacheEvent) -> dict[str, Any]:
             "block_size": event.block_size,
             "lora_id": event.lora_id,
             "extra_keys": [None if keys is None else list(keys) for keys in event.extra_keys],
+            **_group(event.group_idx),
         }
     if isinstance(event, BlockRemoved):
-        return {"type": "BlockRemoved", "block_hashes": list(event.block_hashes)}
+        return {
+            "type": "BlockRemoved",
+            "block_hashes": list(event.block_hashes),
+            **_group(event.group_idx),
+        }
     return {"type": "AllBlocksCleared"}
+
+
+def _group(group_idx: int) -> dict[str, int]:
+    """The `group_idx` field, left out for group 0."""
+    return {"group_idx": group_idx} if group_idx else {}
 
 
 def event_from_dict(obj: object) -> KVCacheEvent:
@@ -93,9 +106,10 @@ def event_from_dict(obj: object) -> KVCacheEvent:
             _int(fields.get("block_size"), "BlockStored.block_size"),
             None if lora_id is None else _int(lora_id, "BlockStored.lora_id"),
             tuple(_extra_keys(keys) for keys in extra_keys),
+            _group_idx(fields),
         )
     if kind == "BlockRemoved":
-        return BlockRemoved(_hash_list(fields, "block_hashes"))
+        return BlockRemoved(_hash_list(fields, "block_hashes"), _group_idx(fields))
     if kind == "AllBlocksCleared":
         return AllBlocksCleared()
     raise InvalidArgumentError(f"unknown KV cache event type {kind!r}")
@@ -211,6 +225,14 @@ def _int(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
     return value
+
+
+def _group_idx(fields: Mapping[str, object]) -> int:
+    """An event's KV cache group: 0 when absent, else an integer >= 0."""
+    group_idx = _int(fields.get("group_idx", 0), f"{fields.get('type')}.group_idx")
+    if group_idx < 0:
+        raise InvalidArgumentError(f"{fields.get('type')}.group_idx must be >= 0, got {group_idx}")
+    return group_idx
 
 
 def _hash_list(fields: Mapping[str, object], name: str) -> tuple[int, ...]:

@@ -14,9 +14,10 @@ and the implementation then see the same broken thing, and only what the spec de
 (its own statement of pagedkv's semantics) and what the client checks for itself (its own record
 of every request it sent) can catch them.
 
-Public methods of the pool and the manager check arguments and guard the call, then run an
-underscored method that does the work (the manager calls the pool's directly): variants replace
-the underscored ones, so both paths see the bug.
+Public methods of the pool and the manager check arguments and guard the call, then run the
+method that does the work: the manager's underscored ones, the pool's `*_locked` ones (which the
+manager calls directly, holding the call token). Variants replace those, so both paths see the
+bug.
 
 `proofs.planted.bugs` runs every checker against every variant and tabulates what caught it.
 """
@@ -226,8 +227,16 @@ def append_at_head(self: free_queue.FreeKVCacheBlockQueue, block: KVCacheBlock) 
     self.num_free_blocks += 1
 
 
+def released_at_head(self: free_queue.FreeKVCacheBlockQueue, blocks: list[KVCacheBlock]) -> None:
+    """FreeKVCacheBlockQueue.append_released with the same mistake, for the blocks the pool
+    frees (each linked at the head)."""
+    for block in blocks:
+        append_at_head(self, block)
+
+
 def _touch_without_unlink(self: block_pool.BlockPool, blocks: Sequence[KVCacheBlock]) -> None:
-    """BlockPool._touch_owned taking the reference but leaving a free block in the free queue."""
+    """BlockPool.touch_owned_locked taking the reference but leaving a free block in the free
+    queue."""
     for block in blocks:
         if block is self.null_block:
             if self.semantics.null_block_refcounted:
@@ -250,8 +259,8 @@ def _evict_keeping_hash(self: block_pool.BlockPool, block: KVCacheBlock) -> None
 def _free_blocks_null_queued(
     self: block_pool.BlockPool, ordered_blocks: Iterable[KVCacheBlock]
 ) -> None:
-    """BlockPool._free_blocks whose null-block guard covers only the decrement: the null block's
-    ref_cnt is 0 under pagedkv semantics, so freeing it links it into the free queue."""
+    """BlockPool.free_blocks_locked whose null-block guard covers only the decrement: the null
+    block's ref_cnt is 0 under pagedkv semantics, so freeing it links it into the free queue."""
     blocks = list(ordered_blocks)
     null_block = self.null_block
     seen: set[int] = set()
@@ -403,7 +412,7 @@ def _free_head_first(self: manager.KVCacheManager, request: Request) -> None:
     """KVCacheManager._free releasing blocks head first even with caching on (no reversal)."""
     self._check_identity(request)
     request_id = request.request_id
-    self.block_pool._free_blocks(self.req_to_blocks.get(request_id, []))
+    self.block_pool.free_blocks_locked(self.req_to_blocks.get(request_id, []))
     self.req_to_blocks.pop(request_id, None)
     self.num_cached_block.pop(request_id, None)
     self._forget_if_done(request_id)
@@ -425,7 +434,7 @@ def _computed_blocks_without_last_block_rule(
             self.caching_hash_fn, self.block_size, request
         )
         self.req_to_block_hashes[request_id] = block_hashes
-        self._requests[request_id] = request
+        self._track(request_id, request)
     stats = self.prefix_cache_stats
     if stats is not None:
         stats.requests += 1
@@ -490,12 +499,15 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "free_to_head",
         "a freed block joins the free queue at the head, so it is evicted first",
-        (MethodPatch(free_queue.FreeKVCacheBlockQueue, "append", append_at_head),),
+        (
+            MethodPatch(free_queue.FreeKVCacheBlockQueue, "append", append_at_head),
+            MethodPatch(free_queue.FreeKVCacheBlockQueue, "append_released", released_at_head),
+        ),
     ),
     Variant(
         "touch_keeps_queued",
         "touch takes a reference to a free cached block but leaves it in the free queue",
-        (MethodPatch(block_pool.BlockPool, "_touch_owned", _touch_without_unlink),),
+        (MethodPatch(block_pool.BlockPool, "touch_owned_locked", _touch_without_unlink),),
     ),
     Variant(
         "eviction_keeps_hash",
@@ -505,7 +517,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "null_block_freed",
         "free_blocks guards only the null block's decrement, so it joins the free queue",
-        (MethodPatch(block_pool.BlockPool, "_free_blocks", _free_blocks_null_queued),),
+        (MethodPatch(block_pool.BlockPool, "free_blocks_locked", _free_blocks_null_queued),),
     ),
     Variant(
         "event_removed_per_block",
@@ -600,9 +612,9 @@ VARIANTS: tuple[Variant, ...] = (
         (
             MethodPatch(
                 block_pool.BlockPool,
-                "_cache_full_blocks",
+                "cache_full_blocks_locked",
                 rebound(
-                    block_pool.BlockPool._cache_full_blocks,
+                    block_pool.BlockPool.cache_full_blocks_locked,
                     generate_block_hash_extra_keys=_vllm_new_block_keys,
                 ),
             ),
