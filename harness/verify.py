@@ -293,7 +293,7 @@ def _max_groups(args: argparse.Namespace, domain: Domain) -> int:
             raise InvalidArgumentError(
                 f"--max-groups must be 1-{MAX_GROUPS}, got {args.max_groups}"
             )
-        return min(args.max_groups, domain.max_groups)
+        return min(int(args.max_groups), domain.max_groups)
     if args.against is not None or args.manager_impl == DEFAULT_MANAGER_IMPL:
         return domain.max_groups
     return 1

@@ -18,6 +18,7 @@ from typing import Any
 from pagedkv.vocab.arguments import (
     argument_error,
     is_int,
+    per_group_error,
     require_bool,
     require_callable,
     require_instance,
@@ -415,13 +416,8 @@ def check_hybrid_allocation(
     if new_computed_blocks is None:
         return ()
     if not isinstance(new_computed_blocks, (list, tuple)) or len(new_computed_blocks) != num_groups:
-        raise argument_error(
-            call,
-            "new_computed_blocks",
-            f"one iterable of blocks per KV cache group ({num_groups})",
-            new_computed_blocks,
-            type_ok=False,
-            context=context,
+        raise per_group_error(
+            call, "new_computed_blocks", num_groups, new_computed_blocks, context=context
         )
     return tuple(
         block_list(call, f"new_computed_blocks[{group}]", group_hits, is_block, context=context)

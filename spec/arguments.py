@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pagedkv.vocab.arguments import (
     argument_error,
     is_int,
+    per_group_error,
     require_bool,
     require_callable,
     require_instance,
@@ -323,13 +324,8 @@ def check_hybrid_allocation(
     if new_computed_blocks is None:
         return tuple([] for _ in range(num_groups))
     if not isinstance(new_computed_blocks, (list, tuple)) or len(new_computed_blocks) != num_groups:
-        raise argument_error(
-            call,
-            "new_computed_blocks",
-            f"one iterable of blocks per KV cache group ({num_groups})",
-            new_computed_blocks,
-            type_ok=False,
-            context=context,
+        raise per_group_error(
+            call, "new_computed_blocks", num_groups, new_computed_blocks, context=context
         )
     return tuple(
         require_block_ids(call, f"new_computed_blocks[{group}]", group_hits, context)

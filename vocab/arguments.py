@@ -65,6 +65,20 @@ def argument_error(
     return error_class(message, call=call, argument=argument, rule=rule)
 
 
+def per_group_error(
+    call: str, argument: str, num_groups: int, value: object, *, context: str = ""
+) -> InvalidArgumentError:
+    """`argument` is not one iterable per KV cache group: a list or tuple is shown by its
+    length, not its items (an adapter may have turned ids into block objects)."""
+    rule = f"one iterable of blocks per KV cache group ({num_groups})"
+    if isinstance(value, (list, tuple)):
+        shown = f"a {type(value).__name__} of {len(value)}"
+    else:
+        shown = describe(value)
+    message = f"{call}{context}: {argument} must be {rule}, got {shown}"
+    return ArgumentTypeError(message, call=call, argument=argument, rule=rule)
+
+
 def is_int(value: object) -> bool:
     """Whether `value` is an int and not a bool."""
     return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))

@@ -233,10 +233,11 @@ def hybrid_hits_misshapen(scene: Scene) -> None:
     else:
         lists = lists[:-1] if scene.arg % 2 else [*lists, []]
     request = scene.request
+    misshapen: Any = tuple(lists)
     scene.refuse(
         "allocate_slots",
         f"allocate_slots({request.request_id}, 1, {lists})",
-        lambda manager: manager.allocate_slots(request, 1, tuple(lists)),
+        lambda manager: manager.allocate_slots(request, 1, misshapen),
     )
 
 

@@ -654,7 +654,7 @@ class ManagerClient:
 def _layer_key(layer: KVCacheSpec) -> tuple[str, int, int]:
     """A group's spec as far as the managers see it: type, block size, window or chunk."""
     window = getattr(layer, "sliding_window", None) or getattr(layer, "attention_chunk_size", 0)
-    return (type(layer).__name__, layer.block_size, int(window))
+    return (type(layer).__name__, layer.block_size, int(window or 0))
 
 
 def _held_key(held: Any) -> tuple[Any, ...]:
