@@ -116,12 +116,21 @@ def test_gpu_budget_splits_the_weights_over_the_tensor_parallel_gpus() -> None:
         "gpu_memory_utilization": 0.9,
         "usable_bytes": 77_309_411_328,
         "weights_bytes": 141_000_000_000,
+        "weights_estimated": False,
         "tensor_parallel_size": 4,
         "weights_bytes_per_gpu": 35_250_000_000,
         "other_bytes": 3_221_225_472,
         "non_kv_bytes": 38_471_225_472,
         "kv_cache_bytes": 38_838_185_856,
     }
+    # an estimate of each GPU's share (replicated norms, KV heads) replaces the even split
+    estimated = GPUMemoryBudget(
+        80 * GiB, 0.9, 141 * 10**9, 3 * GiB, 4, estimated_bytes_per_gpu=35_300_000_000
+    )
+    assert (estimated.weights_estimated, estimated.weights_bytes_per_gpu) == (True, 35_300_000_000)
+    assert estimated.non_kv_bytes == 35_300_000_000 + 3 * GiB
+    with pytest.raises(InvalidArgumentError, match="estimated_bytes_per_gpu"):
+        GPUMemoryBudget(80 * GiB, 0.9, estimated_bytes_per_gpu=-1)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import pytest
 from transformers import CONFIG_MAPPING, Gemma3Config, PreTrainedConfig
 
 from pagedkv.planning.hf_config import (
+    CHUNKED_ATTENTION,
     FULL_ATTENTION,
     SLIDING_ATTENTION,
     TRANSFORMERS_DEFAULTS,
@@ -32,6 +33,8 @@ READ_FIELDS = (
     "sliding_window",
     "use_sliding_window",
     "max_window_layers",
+    "attention_chunk_size",
+    "no_rope_layer_interval",
 )
 
 
@@ -44,20 +47,27 @@ def transformers_config(config: dict[str, Any]) -> PreTrainedConfig:
 
 
 def transformers_view(config: dict[str, Any]) -> tuple[object, ...]:
-    """Layers, KV heads, head size, window, each layer's attention, max positions, as the
-    model code reads them from transformers' config (a class without `layer_types` applies
+    """Layers, KV heads, head size, window, chunk, each layer's attention, max positions, as
+    the model code reads them from transformers' config (a class without `layer_types` applies
     `sliding_window` to every layer)."""
     text = transformers_config(config)
     num_layers = text.num_hidden_layers
     window = getattr(text, "sliding_window", None) or None  # Qwen2-MoE writes 0 for none
+    chunk = getattr(text, "attention_chunk_size", None) or None
     kinds = getattr(text, "layer_types", None) or [SLIDING_ATTENTION] * num_layers
-    kinds = [kind if window else FULL_ATTENTION for kind in kinds]
+    kinds = [
+        FULL_ATTENTION
+        if (kind == SLIDING_ATTENTION and not window) or (kind == CHUNKED_ATTENTION and not chunk)
+        else kind
+        for kind in kinds
+    ]
     heads = text.num_attention_heads
     return (
         num_layers,
         text.num_key_value_heads or heads,
         getattr(text, "head_dim", None) or text.hidden_size // heads,
         window if SLIDING_ATTENTION in kinds else None,
+        chunk if CHUNKED_ATTENTION in kinds else None,
         tuple(kinds),
         text.max_position_embeddings,
     )
@@ -71,6 +81,7 @@ def pagedkv_view(config: dict[str, Any]) -> tuple[object, ...]:
         shape.num_kv_heads,
         shape.head_size,
         shape.sliding_window,
+        shape.attention_chunk_size,
         read.layer_types,
         read.max_position_embeddings,
     )

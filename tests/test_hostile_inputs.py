@@ -14,6 +14,7 @@ concurrent-use guard.
 from __future__ import annotations
 
 import math
+import pickle
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -40,7 +41,10 @@ from pagedkv import (
     FullAttentionSpec,
     InvalidArgumentError,
     KVCacheBlock,
+    KVCacheConfig,
+    KVCacheGroupSpec,
     KVCacheManager,
+    KVCacheTensor,
     PlaceholderRange,
     Request,
     estimate_max_model_len,
@@ -50,6 +54,7 @@ from pagedkv import (
     hash_request_tokens,
     sha256,
     uniform_kv_cache_config,
+    unify_kv_cache_configs,
 )
 from pagedkv import block_hash as block_hash_module
 from pagedkv.harness.client.catalog import IDENTITY_CHANGES, not_a_hash, request_field
@@ -444,6 +449,85 @@ def test_memory_estimates_refuse_a_nan_budget() -> None:
             check_enough_kv_cache_memory(specs, budget, max_model_len=64)  # type: ignore[arg-type]
     with pytest.raises(ArgumentTypeError, match="max_model_len must be an int >= 1"):
         memory_needed_bytes(specs, max_model_len=math.nan)  # type: ignore[arg-type]
+
+
+# -- KV cache configs --------------------------------------------------------------------------
+
+LAYER = FullAttentionSpec(block_size=2, num_kv_heads=1, head_size=1, dtype="float16")  # 8 bytes
+
+
+def _config_calls() -> list[tuple[str, Callable[[], object]]]:
+    """Issue 22, item 7: configs built from wrong types, each with the argument it names."""
+    tensor, group = KVCacheTensor(16), KVCacheGroupSpec(["a"], LAYER)
+    return [
+        ("tensors['a']", lambda: KVCacheConfig(2, {"a": 16}, [group])),  # type: ignore[dict-item]
+        ("tensors", lambda: KVCacheConfig(2, None, [group])),  # type: ignore[arg-type]
+        ("tensors", lambda: KVCacheConfig(2, [("a", tensor)], [group])),  # type: ignore[arg-type]
+        ("tensors['a']", lambda: KVCacheConfig(2, {"a": None}, [group])),  # type: ignore[dict-item]
+        ("kv_cache_groups", lambda: KVCacheConfig(2, {"a": tensor}, "a")),  # type: ignore[arg-type]
+        ("kv_cache_groups[0]", lambda: KVCacheConfig(2, {"a": tensor}, ["a"])),  # type: ignore[list-item]
+        ("kv_cache_groups", lambda: KVCacheConfig(2, {"a": tensor}, None)),  # type: ignore[arg-type]
+        ("kv_cache_groups", lambda: KVCacheConfig(2, {"a": tensor}, group)),  # type: ignore[arg-type]
+        ("a layer name in tensors", lambda: KVCacheConfig(2, {1: tensor}, [group])),  # type: ignore[dict-item]
+        ("num_blocks", lambda: KVCacheConfig(2.0, {"a": tensor}, [group])),  # type: ignore[arg-type]
+        ("layer_names[1]", lambda: KVCacheGroupSpec(["a", 1], LAYER)),  # type: ignore[list-item]
+        ("layer_names[0]", lambda: KVCacheGroupSpec([None], LAYER)),  # type: ignore[list-item]
+        ("layer_names", lambda: KVCacheGroupSpec(None, LAYER)),  # type: ignore[arg-type]
+        ("layer_names", lambda: KVCacheGroupSpec(3, LAYER)),  # type: ignore[arg-type]
+        ("layer_names", lambda: KVCacheGroupSpec(b"ab", LAYER)),  # type: ignore[arg-type]
+        ("kv_cache_spec", lambda: KVCacheGroupSpec(["a"], None)),  # type: ignore[arg-type]
+        ("KVCacheTensor.size", lambda: KVCacheTensor(None)),  # type: ignore[arg-type]
+        ("KVCacheTensor.size", lambda: KVCacheTensor("16")),  # type: ignore[arg-type]
+        ("shared_by[0]", lambda: KVCacheTensor(16, [1])),  # type: ignore[list-item]
+        ("shared_by", lambda: KVCacheTensor(16, "ab")),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argument", "index"), [(a, i) for i, (a, _) in enumerate(_config_calls())]
+)
+def test_configs_of_wrong_types_are_refused_with_a_typed_error(argument: str, index: int) -> None:
+    """Issue 22: an int as a tensor, None tensors, a str as a group or non-str layer names
+    raised AttributeError or TypeError, or passed."""
+    with pytest.raises(ArgumentTypeError) as refused:
+        _config_calls()[index][1]()
+    assert argument in str(refused.value)
+
+
+def _workers() -> list[KVCacheConfig]:
+    return [uniform_kv_cache_config(LAYER, blocks, 2) for blocks in (4, 3)]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "message"),
+    [
+        (lambda workers: workers[0], ArgumentTypeError, "kv_cache_configs must be a collection"),
+        (lambda workers: "a", ArgumentTypeError, "kv_cache_configs must be a collection"),
+        (lambda workers: [*workers, "a"], ArgumentTypeError, r"kv_cache_configs\[2\] must be a"),
+        (lambda workers: [workers[0], None], ArgumentTypeError, r"kv_cache_configs\[1\]"),
+        (lambda workers: 3, ArgumentTypeError, "kv_cache_configs must be an iterable"),
+        (lambda workers: iter([]), InvalidArgumentError, "at least one KV cache config"),
+        (lambda workers: [], InvalidArgumentError, "at least one KV cache config"),
+    ],
+)
+def test_unify_refuses_what_is_not_a_collection_of_configs(
+    arguments: Callable[[list[KVCacheConfig]], object], error: type[Exception], message: str
+) -> None:
+    """Issue 22: a single config, a str item or an empty iterator raised TypeError,
+    AttributeError or ValueError (min() of nothing); nothing given changes."""
+    workers = _workers()
+    given = arguments(workers)
+    before = pickle.dumps(workers)
+    with pytest.raises(error, match=message):
+        unify_kv_cache_configs(given)  # type: ignore[arg-type]
+    assert pickle.dumps(workers) == before
+
+
+def test_unify_reads_an_iterator_of_configs_once() -> None:
+    """An iterator worked halfway: its configs were read, then `min` saw none left."""
+    unified = unify_kv_cache_configs(iter(_workers()))
+    assert [config.num_blocks for config in unified] == [3, 3]
+    assert unify_kv_cache_configs(config for config in _workers()) == unified
 
 
 # -- requests --------------------------------------------------------------------------------------

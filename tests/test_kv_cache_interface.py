@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from pagedkv.vocab.errors import InvalidArgumentError, KVCacheConfigError
+from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError, KVCacheConfigError
 from pagedkv.vocab.kv_cache_interface import (
     DTYPE_ALIASES,
     DTYPE_SIZES,
@@ -249,7 +249,7 @@ def test_group_needs_distinct_layers_and_a_spec() -> None:
         KVCacheGroupSpec([], full())
     with pytest.raises(KVCacheConfigError, match="twice"):
         KVCacheGroupSpec(["a", "a"], full())
-    with pytest.raises(InvalidArgumentError, match="collection"):
+    with pytest.raises(ArgumentTypeError, match="collection"):
         KVCacheGroupSpec("ab", full())
     with pytest.raises(InvalidArgumentError, match="KVCacheSpec"):
         KVCacheGroupSpec(["a"], "full")  # type: ignore[arg-type]
@@ -322,6 +322,59 @@ def test_config_block_size_needs_one_block_size() -> None:
     )
     with pytest.raises(KVCacheConfigError, match=r"different block sizes: \[4, 8\]"):
         _ = cfg.block_size
+
+
+def test_groups_of_different_block_sizes_give_the_sizes_a_hybrid_manager_needs() -> None:
+    cfg = KVCacheConfig(
+        1,
+        {"a": KVCacheTensor(32), "b": KVCacheTensor(64), "c": KVCacheTensor(96)},
+        [
+            KVCacheGroupSpec(["a"], full()),
+            KVCacheGroupSpec(["b"], full(block_size=8)),
+            KVCacheGroupSpec(["c"], window(block_size=12)),
+        ],
+    )
+    assert cfg.block_sizes == (4, 8, 12)
+    assert (cfg.scheduler_block_size, cfg.hash_block_size) == (24, 4)  # vLLM's LCM and GCD
+    assert config().block_sizes == (4,)
+    assert (config().scheduler_block_size, config().hash_block_size) == (4, 4)
+
+
+def test_groups_share_tensors_position_by_position() -> None:
+    # vLLM's hybrid layout: layer i of each group uses one tensor; a block id owns one group
+    first, second = KVCacheTensor(64, ["a", "c"]), KVCacheTensor(64, ("b", "d"))
+    cfg = KVCacheConfig(
+        2,
+        {"a": first, "b": second, "c": first, "d": second},
+        [KVCacheGroupSpec(["a", "b"], full()), KVCacheGroupSpec(["c", "d"], window())],
+    )
+    assert first.shared_by == ("a", "c")
+    assert cfg.kv_cache_tensors == (first, second)
+    assert config().kv_cache_tensors == (KVCacheTensor(96), KVCacheTensor(96))
+    # existing callers: a tensor of one layer names no sharers, positionally or by keyword
+    assert KVCacheTensor(32) == KVCacheTensor(size=32) == KVCacheTensor(32, ())
+
+
+def test_shared_tensors_must_agree() -> None:
+    shared = KVCacheTensor(64, ["a", "c"])
+    groups = [KVCacheGroupSpec(["a", "b"], full()), KVCacheGroupSpec(["c", "d"], window())]
+    with pytest.raises(KVCacheConfigError, match="which does not name it"):
+        KVCacheConfig(2, {"a": shared, "b": shared, "c": shared, "d": KVCacheTensor(64)}, groups)
+    with pytest.raises(KVCacheConfigError, match="must map to the one tensor shared by"):
+        KVCacheConfig(
+            2,
+            {"a": shared, "b": KVCacheTensor(64), "c": KVCacheTensor(64), "d": KVCacheTensor(64)},
+            groups,
+        )
+    same_group = KVCacheTensor(64, ["a", "b"])
+    with pytest.raises(KVCacheConfigError, match="are both in group 0"):
+        KVCacheConfig(
+            2,
+            {"a": same_group, "b": same_group, "c": KVCacheTensor(64), "d": KVCacheTensor(64)},
+            groups,
+        )
+    with pytest.raises(KVCacheConfigError, match="names a layer twice"):
+        KVCacheTensor(64, ["a", "a"])
 
 
 def test_importing_the_budgeting_modules_does_not_import_torch() -> None:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from test_kv_cache_groups import MODELS, VLLM_0_33
 
 from pagedkv.cli import main
 from pagedkv.planning.byte_sizes import parse_size
@@ -85,7 +86,7 @@ def test_llama2_13b_from_flags(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = plan(
         capsys,
         *("--num-layers", "40", "--num-kv-heads", "40", "--head-size", "128"),
-        *("--dtype", "fp16", "--max-model-len", "4096", "--memory-budget", "42949672960"),
+        *("--dtype", "fp16", "--max-model-len", "4096", "--memory-budget", "42949672960B"),
     )
     assert (status, out) == (0, LLAMA2_13B_PLAN)
 
@@ -118,7 +119,9 @@ def test_llama2_13b_on_a_gpu_budget(tmp_path: Path, capsys: pytest.CaptureFixtur
     # // 327,680 // 40 = 3,768 blocks (3,768.4)
     config = write_config(tmp_path, LLAMA2_13B_CONFIG)
     status, out, _ = plan(
-        capsys, "--config", config, "--gpu-memory", "80GiB", "--non-kv-memory", "26GiB"
+        capsys,
+        *("--config", config, "--gpu-memory", "80GiB", "--non-kv-memory", "26GiB"),
+        *("--weights", "0B"),  # counted in --non-kv-memory here
     )
     assert status == 0
     assert "KV budget        49,392,123,904 bytes (46.00 GiB)\n" in out
@@ -171,6 +174,7 @@ def test_sliding_window_model(capsys: pytest.CaptureFixture[str]) -> None:
         *("--num-layers", "32", "--num-kv-heads", "8", "--head-size", "128", "--dtype", "bf16"),
         *("--sliding-window", "4096", "--max-model-len", "32768"),
         *("--max-num-batched-tokens", "2048", "--gpu-memory", "80GiB", "--non-kv-memory", "15GiB"),
+        *("--weights", "0B"),
     )
     assert status == 0
     assert out == (
@@ -185,6 +189,19 @@ def test_sliding_window_model(capsys: pytest.CaptureFixture[str]) -> None:
         "max_model_len    32,768 tokens (385 blocks per request)\n"
         "max batched      2,048 tokens per step\n"
         "max concurrency  14.25x (75 whole requests at once)\n"
+        # vLLM 0.33, one group: 2 x 2,048 tokens in flight, cdiv(4,095 + 4,096, 16) + 1 = 513
+        # blocks a request; 29,184 / 513 = 56.89x, 29,183 // 513 = 56 at once; all full
+        # attention: 2,048 blocks a request, 14.25x, 14 at once.
+        "vLLM 0.33.0      one KV cache group of 32 layers; windows keep 4,096 tokens in flight "
+        "(2 x max_num_batched_tokens 2,048)\n"
+        "group 0          sliding window 4,096, 32 layers (0, 1, ..., 31), block size 16: 513 "
+        "blocks per request\n"
+        "hybrid blocks    29,184 of 2,097,152 bytes (2.00 MiB); 29,184 of 2,097,152 bytes "
+        "(2.00 MiB) uniform\n"
+        "per request      1,075,838,976 bytes (1.00 GiB) vs 4,294,967,296 bytes (4.00 GiB) all "
+        "full attention: saves 3,219,128,320 bytes (3.00 GiB) (75.0%)\n"
+        "hybrid requests  56.89x (56 whole requests) vs 14.25x (14) all full attention: "
+        "+42 requests\n"
     )
 
 
@@ -239,16 +256,16 @@ HYBRID_CONFIG = {
 def test_hybrid_layer_types_are_planned_as_full_attention(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # 4 layers, 2 with a window of 4, block 4, fp16, 1 head of 2: 32-byte pages. vLLM's check
-    # on the layers as given: 2 * cdiv(64, 4) + 2 * (cdiv(3 + 4, 4) + 1) = 38 pages = 1,216
-    # bytes. Planned as full: 4 * 16 = 64 pages = 2,048 bytes; 4,096 bytes hold
-    # 4,096 // 32 // 4 = 32 blocks, (32 - 1) // 16 = 1 whole request.
+    # 4 layers, 2 with a window of 4, block 8, fp16, 1 head of 2: 64-byte pages. vLLM's check
+    # on the layers as given: 2 * cdiv(64, 8) + 2 * (cdiv(3 + 4, 8) + 1) = 20 pages = 1,280
+    # bytes. Planned as full: 4 * 8 = 32 pages = 2,048 bytes; 4,096 bytes hold
+    # 4,096 // 64 // 4 = 16 blocks, (16 - 1) // 8 = 1 whole request.
     config = write_config(tmp_path, HYBRID_CONFIG)
     shape = shape_of(HYBRID_CONFIG)
     assert (shape.sliding_window, shape.num_sliding_window_layers) == (4, 2)
     status, out, _ = plan(
         capsys,
-        *("--config", config, "--memory-budget", "4096", "--block-size", "4"),
+        *("--config", config, "--memory-budget", "4096B", "--block-size", "8"),
         *("--max-num-batched-tokens", "4"),
     )
     assert status == 0
@@ -256,40 +273,47 @@ def test_hybrid_layer_types_are_planned_as_full_attention(
         "model            4 layers, 2 sliding window 4 + 2 full attention, 1 KV heads x 2, float16",
         "note             sliding and full layers mixed: all planned as full",
     ]
-    assert "blocks           32 (block 0 is the null block)" in out
-    assert "(16 blocks per request)" in out
+    assert "blocks           16 (block 0 is the null block)" in out
+    assert "(8 blocks per request)" in out
     assert "(1 whole requests at once)" in out
+    # vLLM 0.33: two groups of 2 layers, a block 2 pages = 128 bytes, 4,096 // 128 = 32 blocks;
+    # a request: cdiv(min(3 + 2 * 4, 64), 8) + 1 = 3 window blocks + 8 full = 11 blocks;
+    # (32 - 1) // 11 = 2 whole requests, 32 / 11 = 2.91x; uniform (16 - 1) // 8 = 1, 2.00x.
+    assert "hybrid blocks    32 of 128 bytes; 16 of 256 bytes uniform" in out
+    assert "hybrid requests  2.91x (2 whole requests) vs 2.00x (1) all full attention: +1" in out
 
 
 def test_a_budget_that_fits_only_the_window_layers_as_given_does_not_fit(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # 1,216 bytes pass vLLM 0.8.5's check (38 pages as given) but not the 64 pages the layers
-    # need as planned; 1,216 // 32 // 4 = 9 blocks of 4 tokens: the largest length is 36.
+    # 1,280 bytes pass vLLM 0.8.5's check (20 pages as given) but not the 32 pages the layers
+    # need as planned; 1,280 // 64 // 4 = 5 blocks of 8 tokens: the largest length is 40.
+    # vLLM 0.33's grouped layout would refuse too: 11 blocks of 128 bytes > 1,280 - 128.
     config = write_config(tmp_path, HYBRID_CONFIG)
-    argv = ("--config", config, "--memory-budget", "1216", "--block-size", "4")
+    argv = ("--config", config, "--memory-budget", "1280B", "--block-size", "8")
     status, out, err = plan(capsys, *argv, "--max-num-batched-tokens", "4")
     assert (status, out) == (1, "")
     assert err == (
         "pagedkv plan: does not fit: with its sliding-window layers planned as full attention "
         "(one block table for every layer, as vLLM 0.8.5 does; its start-up check counts them "
         "by their window and would pass), one request of max_model_len=64 needs 0.00 GiB "
-        "(2,048 bytes) of KV cache, more than the 0.00 GiB (1,216 bytes) available; the "
-        "largest max_model_len that fits is 36. Raise gpu_memory_utilization or lower "
+        "(2,048 bytes) of KV cache, more than the 0.00 GiB (1,280 bytes) available; the "
+        "largest max_model_len that fits is 40. Raise gpu_memory_utilization or lower "
         "max_model_len.\n"
     )
     with pytest.raises(RequestDoesNotFitError) as refused:
         make_plan(
-            shape_of(HYBRID_CONFIG), 1216, block_size=4, max_model_len=64, max_num_batched_tokens=4
+            shape_of(HYBRID_CONFIG), 1280, block_size=8, max_model_len=64, max_num_batched_tokens=4
         )
-    assert (refused.value.needed_bytes, refused.value.available_bytes) == (2048, 1216)
+    assert (refused.value.needed_bytes, refused.value.available_bytes) == (2048, 1280)
     assert (refused.value.largest_max_model_len, refused.value.planned_as_full_attention) == (
-        36,
+        40,
         True,
     )
-    status, out, _ = plan(capsys, *argv, "--max-model-len", "36")
+    assert refused.value.hybrid is None
+    status, out, _ = plan(capsys, *argv, "--max-num-batched-tokens", "4", "--max-model-len", "40")
     assert status == 0
-    assert "blocks           9 (block 0 is the null block)" in out
+    assert "blocks           5 (block 0 is the null block)" in out
 
 
 def test_hf_config_variants() -> None:
@@ -385,22 +409,6 @@ GQA8 = ("--num-layers", "2", "--num-kv-heads", "8", "--head-size", "8", "--dtype
             ],
             "MLA is not supported with a sliding window",
         ),
-        (
-            [
-                *SMALL,
-                "--gpu-memory",
-                "80GiB",
-                "--gpu-memory-utilization",
-                "1.5",
-                "--max-model-len",
-                "8",
-            ],
-            "gpu_memory_utilization must be in (0, 1]",
-        ),
-        (
-            [*SMALL, "--memory-budget", "1GiB", "--max-model-len", "8", "--block-size", "0"],
-            "block_size must be an int >= 1",
-        ),
         (["--config", "/nonexistent/config.json", "--memory-budget", "1GiB"], "cannot read"),
         (
             [*SMALL[:-2], "--memory-budget", "1GiB", "--max-model-len", "8"],
@@ -428,10 +436,6 @@ GQA8 = ("--num-layers", "2", "--num-kv-heads", "8", "--head-size", "8", "--dtype
             "tensor_parallel_size=12 must be a multiple of num_kv_heads=8",
         ),
         (
-            [*GQA8, "--tp", "0", "--memory-budget", "1GiB", "--max-model-len", "8"],
-            "tensor_parallel_size must be an int >= 1, got 0",
-        ),
-        (
             [
                 "--config",
                 str(CONFIGS / "llama-3.1-70b.json"),
@@ -453,11 +457,107 @@ def test_bad_arguments_exit_2_with_a_message(
     assert message in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--gpu-memory-utilization", "1.5"],
+            "argument --gpu-memory-utilization: must be in (0, 1]",
+        ),
+        (
+            ["--gpu-memory-utilization", "nan"],
+            "argument --gpu-memory-utilization: must be in (0, 1]",
+        ),
+        (["--block-size", "0"], "argument --block-size: invalid choice: 0 (choose from 1, 8, 16,"),
+        (["--block-size", "12"], "argument --block-size: invalid choice: 12"),
+        (["--tp", "0"], "argument --tensor-parallel-size/--tp: must be an int >= 1, got 0"),
+        (["--num-layers", "-1"], "argument --num-layers: must be an int >= 1, got -1"),
+        (["--max-model-len", "0"], "argument --max-model-len: must be an int >= 1, got 0"),
+        (["--max-model-len", "4k"], "argument --max-model-len: not an int: '4k'"),
+        (["--max-num-batched-tokens", "0"], "argument --max-num-batched-tokens: must be an int"),
+        (["--num-gpu-blocks-override", "0"], "argument --num-gpu-blocks-override: must be an int"),
+        (["--sliding-window", "0"], "argument --sliding-window: must be an int >= 1, got 0"),
+        (["--memory-budget", "80"], "argument --memory-budget: a memory size needs a unit: 80GiB"),
+        (["--gpu-memory", "80"], "argument --gpu-memory: a memory size needs a unit: 80GiB"),
+        (
+            ["--weights", "140000000000"],
+            "argument --weights: a memory size needs a unit: "
+            "140000000000B if you mean bytes (130.39 GiB)",
+        ),
+        (["--non-kv-memory", "2X"], "argument --non-kv-memory: not a memory size: '2X'"),
+    ],
+)
+def test_option_errors_name_the_option_before_anything_runs(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    """Issue 22: errors name the user's option, never an internal function."""
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", *argv])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"pagedkv plan: error: {message}" in err
+    assert not re.search(
+        r"\b(memory_needed_bytes|estimate_max_model_len|check_enough|make_plan|"
+        r"get_kv_cache_config|ModelShape)\b",
+        err,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([*SMALL[:-1], "fp12"], "--dtype: unknown KV cache dtype 'fp12'"),
+        ([*SMALL, "--kv-cache-dtype", "fp16"], "--kv-cache-dtype: kv_cache_dtype must be auto"),
+        ([*GQA8, "--tp", "3"], "--tensor-parallel-size: tensor_parallel_size=3 must divide"),
+        (
+            [*SMALL, "--sliding-window", "8", "--sliding-window-layers", "9"],
+            "--sliding-window-layers 9: more than the model's 2 layers",
+        ),
+        ([*SMALL, "--mla", "--sliding-window", "8"], "--mla: MLA is not supported with a sliding"),
+    ],
+)
+def test_model_errors_name_the_option(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    status, out, err = plan(capsys, *argv, "--memory-budget", "1GiB", "--max-model-len", "8")
+    assert (status, out) == (2, "")
+    assert err.startswith(f"pagedkv plan: error: {message}")
+
+
+def test_argument_errors_come_before_torch_is_imported() -> None:
+    """Issue 22: `pagedkv plan` with a bad option fails fast, without importing torch."""
+    code = (
+        "import sys\n"
+        "from pagedkv.cli import main\n"
+        "for argv in (['--block-size', '12'], ['--memory-budget', '80'], ['--tp', '0']):\n"
+        "    try:\n"
+        "        main(['plan', *argv])\n"
+        "    except SystemExit as exited:\n"
+        "        assert exited.code == 2, exited.code\n"
+        "    else:\n"
+        "        raise AssertionError(argv)\n"
+        "rc = main(['plan', '--config', 'tests/configs/gpt-oss-20b.json',\n"
+        "           '--gpu-memory', '80GiB'])\n"
+        "assert rc == 0, rc\n"
+        "assert not {'torch', 'transformers'} & set(sys.modules), 'imported'\n"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert completed.returncode == 0, completed.stderr
+
+
 def test_no_memory_left_on_the_gpu_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, err = plan(
         capsys,
         *("--num-layers", "2", "--num-kv-heads", "1", "--head-size", "8", "--dtype", "fp16"),
         *("--gpu-memory", "16GiB", "--non-kv-memory", "15GiB", "--max-model-len", "8"),
+        *("--weights", "0B"),
     )
     assert (status, out) == (1, "")
     # 0.9 * 16 GiB = 14.4 GiB usable; 15 GiB is 93.75% of the GPU
@@ -479,9 +579,16 @@ def test_make_plan_raises_what_the_cli_reports() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("1", 1),
-        ("42949672960", 40 * GiB),
+        ("1B", 1),
+        ("42949672960B", 40 * GiB),
         ("40GiB", 40 * GiB),
+        ("40Gi", 40 * GiB),
+        ("40G", 40 * GiB),  # vLLM's human_readable_int: one upper-case letter is binary
+        ("40g", 40 * 10**9),  # and a lower-case one decimal
+        ("40GB", 40 * 10**9),
+        ("40gb", 40 * 10**9),
+        ("2K", 2048),
+        ("2k", 2000),
         ("40 gib", 40 * GiB),
         ("1.5GiB", 3 * GiB // 2),
         ("80GB", 80 * 10**9),
@@ -496,17 +603,34 @@ def test_parse_size(text: str, expected: int) -> None:
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "GiB", "40G", "-1GiB", "1.5", "0.3KiB", "forty"])
+@pytest.mark.parametrize(
+    "text", ["", "GiB", "40", "40X", "40Gb2", "-1GiB", "1.5", "0.3KiB", "0.3K", "forty"]
+)
 def test_parse_size_refuses(text: str) -> None:
     with pytest.raises(InvalidArgumentError):
         parse_size(text)
 
 
-def test_a_bad_size_flag_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exited:
-        main(["plan", "--memory-budget", "40G"])
-    assert exited.value.code == 2
-    assert "not a memory size: '40G'" in capsys.readouterr().err
+def test_a_bare_number_is_refused_with_the_units_it_could_mean() -> None:
+    with pytest.raises(InvalidArgumentError) as refused:
+        parse_size("80")
+    assert str(refused.value) == (
+        "a memory size needs a unit: 80GiB (85,899,345,920 bytes), 80GB (80,000,000,000 bytes) "
+        "or 80B"
+    )
+
+
+@pytest.mark.parametrize("size", ["80G", "80Gi", "80GB", "80GiB"])
+def test_the_gpu_sizes_people_write_are_accepted(
+    capsys: pytest.CaptureFixture[str], size: str
+) -> None:
+    """Issue 22: `--gpu-memory 80G` and its spellings; the budget follows the unit."""
+    argv = ("--config", config_path("llama-3.1-70b"), "--max-model-len", "8192", "--tp", "4")
+    status, out, _ = plan(capsys, *argv, "--gpu-memory", size)
+    assert status == 0
+    # Llama-3.1-70B in bf16, 141,107,412,992 bytes: a quarter each, norms on every GPU
+    expected = int((80 * 10**9 if size == "80GB" else 80 * GiB) * 0.9) - 35_278_831_616
+    assert f"KV budget        {expected:,} bytes" in out
 
 
 def test_changing_the_layer_count_keeps_the_configs_window_mix(
@@ -523,7 +647,7 @@ def test_changing_the_layer_count_keeps_the_configs_window_mix(
     mixed = write_config(
         tmp_path, dict(base, layer_types=["sliding_attention", "full_attention"] * 2)
     )
-    budget = ("--memory-budget", "1MiB", "--block-size", "4")
+    budget = ("--memory-budget", "1MiB", "--block-size", "8")
     # 2 of 4 layers use the window; with 6 layers still 2; with 1 layer, that 1
     for num_layers, kind in [
         ("6", "6 layers, 2 sliding window 4 + 4 full attention"),
@@ -552,7 +676,11 @@ def config_path(name: str) -> str:
 # float16 (vLLM's dtype=auto for float32): 2 * 16 * 8 * 256 * 2 = 131,072-byte pages; * 42 =
 # 5,505,024 a block; / 16 = 344,064 a token; 20 GiB // 131,072 // 42 = 3,900 blocks = 62,400
 # tokens; all layers planned as full: 8,192 / 16 = 512 blocks a request; 62,400 / 8,192 = 7.62x;
-# 3,899 // 512 = 7.
+# 3,899 // 512 = 7. vLLM 0.33: groups of 21 layers (window layers 0, 2, ..., full 1, 3, ...),
+# a block 21 pages = 2,752,512 bytes, 20 GiB // that = 7,801 blocks; with 2 x 8,192 tokens in
+# flight a window layer keeps min(4,095 + 16,384, 8,192) tokens: cdiv(8,192, 16) + 1 = 513
+# blocks, + 512 full = 1,025 a request: 7,801 / 1,025 = 7.61x, 7,800 // 1,025 = 7 at once, one
+# block more per request than all full attention (at 8,192 tokens the windows save nothing).
 GEMMA2_9B_PLAN = """\
 model            42 layers, 21 sliding window 4,096 + 21 full attention, 8 KV heads x 256, float16
 note             no layer_types in config.json: transformers' gemma2 layout
@@ -568,7 +696,13 @@ KV capacity      62,400 tokens
 max_model_len    8,192 tokens (512 blocks per request)
 max batched      8,192 tokens per step
 max concurrency  7.62x (7 whole requests at once)
-"""
+vLLM 0.33.0      hybrid KV cache manager: 2 groups of up to 21 layers, one pool; windows keep 16,384 tokens in flight (2 x max_num_batched_tokens 8,192)
+group 0          sliding window 4,096, 21 layers (0, 2, ..., 40), block size 16: 513 blocks per request
+group 1          full attention, 21 layers (1, 3, ..., 41), block size 16: 512 blocks per request
+hybrid blocks    7,801 of 2,752,512 bytes (2.62 MiB); 3,900 of 5,505,024 bytes (5.25 MiB) uniform
+per request      2,821,324,800 bytes (2.63 GiB) vs 2,818,572,288 bytes (2.62 GiB) all full attention: costs 2,752,512 bytes (2.62 MiB) (0.1%)
+hybrid requests  7.61x (7 whole requests) vs 7.62x (7) all full attention: +0 requests
+"""  # noqa: E501
 
 
 def test_gemma2_without_layer_types_is_planned_as_transformers_lays_it_out(
@@ -806,6 +940,9 @@ LLAMA2_13B_JSON = {
         "num_full_attention_layers": 40,
         "num_sliding_window_layers": 0,
         "sliding_window": None,
+        "num_chunked_local_layers": 0,
+        "attention_chunk_size": None,
+        "layer_types": ["full_attention"] * 40,
         "num_attention_heads": 40,
         "num_kv_heads": 40,
         "head_size": 128,
@@ -828,6 +965,8 @@ LLAMA2_13B_JSON = {
     "max_num_batched_tokens": 4096,
     "max_concurrency": 12.796875,
     "max_whole_requests": 12,
+    "hybrid": None,
+    "hybrid_refusal": None,
     "memory": None,
 }
 
@@ -858,26 +997,44 @@ def test_json_has_every_number_the_text_prints(capsys: pytest.CaptureFixture[str
         "gpu_memory_utilization": 0.9,
         "usable_bytes": 23_192_823_398,
         "weights_bytes": 18 * 10**9,
+        "weights_estimated": False,
+        "weights_estimate": None,
         "tensor_parallel_size": 2,
         "weights_bytes_per_gpu": 9 * 10**9,
         "other_bytes": 0,
         "non_kv_bytes": 9 * 10**9,
         "kv_cache_bytes": 14_192_823_398,
     }
+    hybrid = document["hybrid"]
     values: set[str] = set()
-    for value in [*document.values(), *document["model"].values()]:
+    groups = hybrid["groups"]
+    for value in [
+        *document.values(),
+        *document["model"].values(),
+        *hybrid.values(),
+        *(value for group in groups for value in group.values()),
+        *(name.removeprefix("layers.") for group in groups for name in group["layer_names"]),
+        hybrid["vllm_version"],
+    ]:
         if isinstance(value, float):
-            values.add(f"{value:.2f}")
+            values.update((f"{abs(value):.2f}", f"{abs(value):.1%}".rstrip("%")))
         elif isinstance(value, int):
-            values.add(str(value))
+            values.add(str(abs(value)))
+        elif isinstance(value, str):
+            values.add(value)
     for line in text.splitlines():
         name, value = line[:17].strip(), line[17:]
         if name in ("model", "note"):
             assert value in (document["model"]["description"], *document["notes"])
             continue
-        value = re.sub(r"\(\d+\.\d\d [KMGT]iB\)|block 0 is the null block", "", value)
+        value = re.sub(r"\(\d+\.\d\d [KMGT]iB\)|block 0 is the null block|^\+", "", value)
+        value = re.sub(r"group \d+", "", name + " " + value).replace("0.33.0", "")
         for number in re.findall(r"\d[\d,]*(?:\.\d+)?", value):
             assert number.replace(",", "") in values, (line, number)
+    assert "vLLM 0.33.0" in text and hybrid["vllm_version"] == "0.33.0"
+    assert [line[:8] for line in text.splitlines() if line.startswith("group")] == [
+        f"group {index} " for index in range(hybrid["num_groups"])
+    ]
 
 
 def test_json_when_it_does_not_fit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -897,6 +1054,7 @@ def test_json_when_it_does_not_fit(tmp_path: Path, capsys: pytest.CaptureFixture
             "available_bytes": 2 * GiB,
             "largest_max_model_len": 2608,
             "planned_as_full_attention": False,
+            "hybrid": None,
         },
     }
     status, out, err = plan(
@@ -946,10 +1104,156 @@ def test_readme_plan_examples_print_what_they_show(
 def test_a_bad_override_is_bad_input_even_when_nothing_fits(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    status, out, err = plan(
-        capsys,
-        *SMALL,
-        *("--memory-budget", "1KiB", "--max-model-len", "4096", "--num-gpu-blocks-override", "0"),
+    with pytest.raises(SystemExit) as exited:
+        main(
+            [
+                "plan",
+                *SMALL,
+                *("--memory-budget", "1KiB", "--max-model-len", "4096"),
+                *("--num-gpu-blocks-override", "0"),
+            ]
+        )
+    assert exited.value.code == 2
+    assert "argument --num-gpu-blocks-override: must be an int >= 1, got 0" in (
+        capsys.readouterr().err
     )
-    assert (status, out) == (2, "")
-    assert err == "pagedkv plan: error: num_blocks_override must be an int >= 1, got 0\n"
+    shape = ModelShape(num_layers=2, num_kv_heads=1, head_size=8, dtype=dtype_name("fp16"))
+    with pytest.raises(InvalidArgumentError, match="num_blocks_override must be an int >= 1"):
+        make_plan(shape, 1024, block_size=16, max_model_len=4096, num_blocks_override=0)
+
+
+# -- vLLM 0.33's hybrid layout beside the plan (issue 20) -------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(VLLM_0_33))
+def test_the_plan_shows_vllm_0_33s_groups_and_numbers(
+    capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    max_model_len, batched, budget, tp = MODELS[name]
+    argv = ("--config", config_path(name), "--memory-budget", f"{budget}B", "--tp", str(tp))
+    argv += ("--max-model-len", str(max_model_len), "--max-num-batched-tokens", str(batched))
+    status, out, err = plan(capsys, *argv, "--json")
+    groups, num_blocks, concurrency, uniform_blocks, uniform_concurrency = VLLM_0_33[name]
+    if uniform_blocks is None:  # only the hybrid layout fits: the plan (vLLM 0.8.5) refuses
+        assert status == 1
+        assert "vLLM 0.33.0's hybrid KV cache manager would fit it" in err
+        hybrid = json.loads(out)["error"]["hybrid"]
+    else:
+        assert status == 0
+        hybrid = json.loads(out)["hybrid"]
+        if len(groups) > 1:  # vLLM 0.33 without its hybrid manager: every layer full attention
+            assert hybrid["uniform_num_blocks"] == uniform_blocks
+            assert hybrid["uniform_max_concurrency"] == pytest.approx(uniform_concurrency, 1e-4)
+        else:  # one kind of layer: vLLM keeps its windows either way; "uniform" is all full
+            assert hybrid["uniform_num_blocks"] == num_blocks
+            assert hybrid["uniform_max_concurrency"] == num_blocks / (max_model_len // 16)
+    assert [(g["num_layers"], g["kind"].split()[0]) for g in hybrid["groups"]] == groups
+    assert hybrid["num_blocks"] == num_blocks
+    assert hybrid["max_concurrency"] == pytest.approx(concurrency, abs=1e-4)
+    assert hybrid["enabled_by_default"] == (name != "llama-4-scout-17b-16e")
+    assert hybrid["max_in_flight_tokens"] == 2 * batched
+
+
+def test_gpt_oss_120b_on_one_80g_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    # weights: 65,248,815,744 bytes estimated (MXFP4 experts); 0.9 * 80 GiB - that = 12.06 GB.
+    # vLLM 0.33: 18 window + 18 full layers, two groups of 18: a block is 18 pages of 32 KiB;
+    # 12,060,595,584 // 589,824 = 20,447 blocks; a 131,072-token request holds 8,192 full
+    # blocks + cdiv(127 + 16,384, 16) + 1 = 1,033 window blocks (2 x 8,192 tokens in flight).
+    status, out, err = plan(capsys, "--config", config_path("gpt-oss-120b"), "--gpu-memory", "80G")
+    assert (status, err) == (0, "")
+    assert (
+        "note             weights estimated from config.json (116,829,156,672 parameters, MXFP4 "
+        "experts, bfloat16 elsewhere): 60.77 GiB; --weights overrides\n" in out
+    )
+    assert "KV budget        12,060,595,584 bytes (11.23 GiB)\n" in out
+    assert "blocks           10,223 (block 0 is the null block)\n" in out
+    assert "group 0          sliding window 128, 18 layers (0, 2, ..., 34), block size 16: " in out
+    assert "1,033 blocks per request\n" in out
+    assert "group 1          full attention, 18 layers (1, 3, ..., 35), block size 16: 8,192" in out
+    assert "hybrid blocks    20,447 of 589,824 bytes (576.00 KiB); 10,223 of 1,179,648" in out
+    assert (
+        "per request      5,441,126,400 bytes (5.07 GiB) vs 9,663,676,416 bytes (9.00 GiB) all "
+        "full attention: saves 4,222,550,016 bytes (3.93 GiB) (43.7%)\n" in out
+    )
+    assert (
+        "hybrid requests  2.22x (2 whole requests) vs 1.25x (1) all full attention: +1 requests"
+        in out
+    )
+    status, out, _ = plan(
+        capsys, "--config", config_path("gpt-oss-120b"), "--gpu-memory", "80G", "--json"
+    )
+    memory = json.loads(out)["memory"]
+    assert (memory["weights_estimated"], memory["weights_bytes"]) == (True, 65_248_815_744)
+    assert memory["weights_estimate"]["parameters"] == 116_829_156_672
+    assert memory["weights_estimate"]["quantization"] == "MXFP4 experts"
+
+
+def test_weights_that_do_not_fit_are_refused_with_the_estimate(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 22: Llama-3.1-70B on one 80 GiB GPU got 14,745 blocks, its weights taken as 0."""
+    argv = ("--config", config_path("llama-3.1-70b"), "--max-model-len", "8192")
+    status, out, err = plan(capsys, *argv, "--gpu-memory", "80GiB")
+    assert (status, out) == (1, "")
+    assert err.startswith(
+        "pagedkv plan: does not fit: the model needs 141,107,412,992 bytes (131.42 GiB) on each "
+        "GPU besides its KV cache (weights estimated from its config 131.42 GiB), more than the "
+        "77,309,411,328 bytes (72.00 GiB)"
+    )
+    status, out, _ = plan(capsys, *argv, "--gpu-memory", "80GiB", "--json")
+    document = json.loads(out)
+    assert (status, document["error"]["kind"]) == (1, "no_kv_cache_memory")
+    assert document["memory"]["weights_estimated"] is True
+    assert document["memory"]["weights_estimate"]["parameters"] == 70_553_706_496
+    # on two GPUs it fits: each holds half the weights
+    status, out, _ = plan(capsys, *argv, "--gpu-memory", "80GiB", "--tp", "2")
+    assert status == 0
+    assert "65.71 GiB on each GPU" in out
+    # --weights overrides the estimate
+    status, out, _ = plan(capsys, *argv, "--gpu-memory", "80GiB", "--weights", "0B")
+    assert status == 0
+    assert "weights estimated" not in out
+
+
+def test_a_model_directory_is_read_as_its_config_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "config.json").write_text((CONFIGS / "mistral-7b-v0.1.json").read_text())
+    by_file = plan(capsys, "--config", config_path("mistral-7b-v0.1"), "--memory-budget", "8GiB")
+    by_dir = plan(capsys, "--config", str(tmp_path), "--memory-budget", "8GiB")
+    assert by_dir == by_file
+    assert by_dir[0] == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    status, _, err = plan(capsys, "--config", str(empty), "--memory-budget", "8GiB")
+    assert status == 2
+    assert err == f"pagedkv plan: error: --config {empty}: a directory without a config.json\n"
+
+
+def test_llama_4_says_vllm_0_33_runs_it_uniform_by_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ("--config", config_path("llama-4-scout-17b-16e"), "--gpu-memory", "80GiB")
+    status, out, _ = plan(capsys, *argv, "--tp", "4", "--max-model-len", "131072")
+    assert status == 0
+    assert "chunked local layers planned as full (vLLM 0.8.5 has no chunked cache)" in out
+    assert (
+        "off by default for chunked local attention "
+        "(VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1)" in out
+    )
+    assert "group 3          full attention, 12 layers (3, 7, ..., 47)" in out
+    # its 217 GB of bf16 weights do not fit one 80 GiB GPU
+    status, out, err = plan(capsys, *argv, "--max-model-len", "131072")
+    assert (status, out) == (1, "")
+    assert "(weights estimated from its config 202.36 GiB)" in err
+
+
+def test_without_async_scheduling_windows_keep_one_batch(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ("--config", config_path("gpt-oss-20b"), "--memory-budget", "20GiB")
+    argv += ("--max-model-len", "131072")
+    _, two, _ = plan(capsys, *argv, "--json")
+    _, one, _ = plan(capsys, *argv, "--json", "--no-async-scheduling")
+    assert json.loads(two)["hybrid"]["groups"][0]["blocks_per_request"] == 1033
+    assert json.loads(one)["hybrid"]["groups"][0]["blocks_per_request"] == 521  # (127+8192)/16

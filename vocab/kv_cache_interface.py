@@ -1,8 +1,9 @@
 """What one layer's KV cache looks like (specs) and how a model's KV cache is laid out (config).
 
 A *page* is one block of one layer: `block_size` tokens of K and V (or of one MLA latent). The
-manager hands out block ids; each layer keeps its own tensor of `num_blocks` pages, indexed by the
-same ids, so one logical block costs `page_size_bytes * num_layers` bytes of device memory.
+manager hands out block ids; each layer keeps a tensor of `num_blocks` pages, indexed by the same
+ids, so one logical block costs `page_size_bytes * num_layers` bytes of device memory (in a hybrid
+model whose groups share tensors, `page_size_bytes` times the layers of the largest group).
 
     KVCacheSpec                 block_size
     └── AttentionSpec           + num_kv_heads, head_size, dtype, use_mla -> page_size_bytes
@@ -10,18 +11,29 @@ same ids, so one logical block costs `page_size_bytes * num_layers` bytes of dev
         ├── SlidingWindowSpec          + sliding_window:    cdiv(min(W-1+T, max_model_len), B) + 1
         └── ChunkedLocalAttentionSpec  + attention_chunk_size: cdiv(min(C+T, max_model_len), B)
 
+A `KVCacheConfig` puts layers with one spec in a `KVCacheGroupSpec` (one block table each) and
+gives every layer a `KVCacheTensor`; a hybrid model's groups share tensors position by position
+(`KVCacheTensor.shared_by`), so one block id addresses a page in every group's tensors.
+
 Dtypes are accepted as torch dtypes or names and stored as a canonical name (`DTypeName`);
 torch is never imported here.
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NewType, TypeAlias
 
-from pagedkv.vocab.arguments import is_int
+from pagedkv.vocab.arguments import (
+    argument_error,
+    is_int,
+    require_instance,
+    require_iterable,
+    require_str,
+)
 from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError, KVCacheConfigError
 
 if TYPE_CHECKING:
@@ -385,18 +397,41 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
         return num_blocks * self.page_size_bytes
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class KVCacheTensor:
-    """The device memory one layer's KV cache gets.
+    """Device memory for the KV cache of one layer, or of one layer of each of several groups.
+
+    Groups of a hybrid model share tensors position by position (vLLM's `shared_by`): the i-th
+    layer of every group reads and writes the same tensor. That is sound because block ids come
+    from one pool and each id belongs to one group at a time, so two layers sharing a tensor
+    never use the same page at once; layers of one group never share one.
 
     Attributes:
-        size: bytes (>= 1): pages of the layer's spec, `page_size_bytes * blocks allocated`.
+        size: bytes (>= 1): a whole number of pages of the spec of every layer that uses it.
+        shared_by: the layers that use this tensor when several groups share it (no repeats);
+            empty for the tensor of one layer, the one `KVCacheConfig.tensors` maps to it.
     """
 
     size: int
+    shared_by: tuple[str, ...]
 
-    def __post_init__(self) -> None:
-        _check_positive_int("KVCacheTensor.size", self.size)
+    def __init__(self, size: int, shared_by: Iterable[str] = ()) -> None:
+        _check_positive_int("KVCacheTensor.size", size)
+        names = _layer_names("KVCacheTensor", "shared_by", shared_by)
+        if len(set(names)) != len(names):
+            raise KVCacheConfigError(f"KVCacheTensor.shared_by names a layer twice: {names}")
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "shared_by", names)
+
+
+def _layer_names(call: str, argument: str, value: object) -> tuple[str, ...]:
+    """`value` as a tuple of layer names: any iterable of str but a str itself."""
+    if isinstance(value, (str, bytes)):
+        raise argument_error(call, argument, "a collection of layer names", value, type_ok=False)
+    names: list[object] = require_iterable(call, argument, value)
+    for index, name in enumerate(names):
+        require_str(call, f"{argument}[{index}]", name)
+    return tuple(names)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, init=False)
@@ -412,16 +447,14 @@ class KVCacheGroupSpec:
     kv_cache_spec: KVCacheSpec
 
     def __init__(self, layer_names: Iterable[str], kv_cache_spec: KVCacheSpec) -> None:
-        if isinstance(layer_names, str):
-            raise InvalidArgumentError(f"layer_names must be a collection, got {layer_names!r}")
-        names = tuple(layer_names)
+        names = _layer_names("KVCacheGroupSpec", "layer_names", layer_names)
         if not names:
             raise KVCacheConfigError("a KV cache group needs at least one layer")
         if len(set(names)) != len(names):
             raise KVCacheConfigError(f"a KV cache group names a layer twice: {names}")
         if not isinstance(kv_cache_spec, KVCacheSpec):
-            raise InvalidArgumentError(
-                f"kv_cache_spec must be a KVCacheSpec, got {kv_cache_spec!r}"
+            raise argument_error(
+                "KVCacheGroupSpec", "kv_cache_spec", "a KVCacheSpec", kv_cache_spec, type_ok=False
             )
         object.__setattr__(self, "layer_names", names)
         object.__setattr__(self, "kv_cache_spec", kv_cache_spec)
@@ -433,7 +466,14 @@ class KVCacheConfig:
 
     Every layer of every group has exactly one tensor, holding a whole number of its spec's pages
     and at least `num_blocks` of them (after multi-worker unification a tensor may hold more
-    pages than `num_blocks`; only the first `num_blocks` are used). Checked on construction.
+    pages than `num_blocks`; only the first `num_blocks` are used). A tensor with `shared_by`
+    is the same tensor for every layer it names, and those layers are in different groups.
+    Checked on construction; arguments of the wrong type raise `ArgumentTypeError`.
+
+    Block sizes may differ between groups (a hybrid model whose page sizes were unified by
+    growing the smaller pages' block size): `block_sizes` lists them, `scheduler_block_size`
+    and `hash_block_size` are what vLLM 0.33 derives from them, and `block_size` exists only
+    while they agree.
 
     Attributes:
         num_blocks: blocks the manager may hand out ids for, the null block included (>= 1).
@@ -451,21 +491,46 @@ class KVCacheConfig:
         tensors: Mapping[str, KVCacheTensor],
         kv_cache_groups: Iterable[KVCacheGroupSpec],
     ) -> None:
+        _check_positive_int("num_blocks", num_blocks)
+        if not isinstance(tensors, Mapping):
+            raise argument_error(
+                "KVCacheConfig",
+                "tensors",
+                "a mapping of layer name to KVCacheTensor",
+                tensors,
+                type_ok=False,
+            )
+        copied = dict(tensors)
+        for name, tensor in copied.items():
+            require_str("KVCacheConfig", "a layer name in tensors", name)
+            require_instance("KVCacheConfig", f"tensors[{name!r}]", tensor, KVCacheTensor)
+        if isinstance(kv_cache_groups, (str, bytes, KVCacheGroupSpec)):
+            raise argument_error(
+                "KVCacheConfig",
+                "kv_cache_groups",
+                "a collection of KVCacheGroupSpec",
+                kv_cache_groups,
+                type_ok=False,
+            )
+        groups: list[object] = require_iterable("KVCacheConfig", "kv_cache_groups", kv_cache_groups)
+        for index, group in enumerate(groups):
+            require_instance("KVCacheConfig", f"kv_cache_groups[{index}]", group, KVCacheGroupSpec)
         object.__setattr__(self, "num_blocks", num_blocks)
-        object.__setattr__(self, "tensors", dict(tensors))
-        object.__setattr__(self, "kv_cache_groups", tuple(kv_cache_groups))
+        object.__setattr__(self, "tensors", copied)
+        object.__setattr__(self, "kv_cache_groups", tuple(groups))
         self._validate()
 
     def _validate(self) -> None:
-        _check_positive_int("num_blocks", self.num_blocks)
         if not self.kv_cache_groups:
             raise KVCacheConfigError("a KV cache config needs at least one group")
         grouped: dict[str, KVCacheSpec] = {}
-        for group in self.kv_cache_groups:
+        group_of: dict[str, int] = {}
+        for index, group in enumerate(self.kv_cache_groups):
             for name in group.layer_names:
                 if name in grouped:
                     raise KVCacheConfigError(f"layer {name!r} is in more than one group")
                 grouped[name] = group.kv_cache_spec
+                group_of[name] = index
         if grouped.keys() != self.tensors.keys():
             raise KVCacheConfigError(
                 f"layers in groups and layers with tensors differ: "
@@ -479,6 +544,26 @@ class KVCacheConfig:
                     f"layer {name!r}: tensor of {tensor.size} bytes is not a whole number of "
                     f"{page_size}-byte pages, at least num_blocks={self.num_blocks} of them"
                 )
+            if tensor.shared_by:
+                self._check_shared(name, tensor, group_of)
+
+    def _check_shared(self, name: str, tensor: KVCacheTensor, group_of: dict[str, int]) -> None:
+        if name not in tensor.shared_by:
+            raise KVCacheConfigError(
+                f"layer {name!r} maps to a tensor shared by {list(tensor.shared_by)}, "
+                f"which does not name it"
+            )
+        for other in tensor.shared_by:
+            if self.tensors.get(other) != tensor:
+                raise KVCacheConfigError(
+                    f"layers {name!r} and {other!r} must map to the one tensor shared by "
+                    f"{list(tensor.shared_by)}"
+                )
+            if other != name and group_of[other] == group_of[name]:
+                raise KVCacheConfigError(
+                    f"layers {name!r} and {other!r} share a tensor but are both in group "
+                    f"{group_of[name]}: a group's layers use the same block ids at once"
+                )
 
     @property
     def layer_names(self) -> tuple[str, ...]:
@@ -486,16 +571,49 @@ class KVCacheConfig:
         return tuple(name for group in self.kv_cache_groups for name in group.layer_names)
 
     @property
+    def kv_cache_tensors(self) -> tuple[KVCacheTensor, ...]:
+        """Each tensor once (a shared one once for all its layers), in the order of the first
+        layer that uses it, group by group. Complexity: O(num_layers)."""
+        distinct: list[KVCacheTensor] = []
+        shared: set[KVCacheTensor] = set()
+        for name in self.layer_names:
+            tensor = self.tensors[name]
+            if tensor.shared_by:
+                if tensor in shared:
+                    continue
+                shared.add(tensor)
+            distinct.append(tensor)
+        return tuple(distinct)
+
+    @property
+    def block_sizes(self) -> tuple[int, ...]:
+        """Each group's block size, in group order. Complexity: O(groups)."""
+        return tuple(group.kv_cache_spec.block_size for group in self.kv_cache_groups)
+
+    @property
     def block_size(self) -> int:
         """Tokens per block, equal across groups (one block id space).
 
         Raises:
-            KVCacheConfigError: the groups disagree.
+            KVCacheConfigError: the groups disagree (see `block_sizes`).
         """
-        sizes = {group.kv_cache_spec.block_size for group in self.kv_cache_groups}
+        sizes = set(self.block_sizes)
         if len(sizes) != 1:
             raise KVCacheConfigError(f"groups have different block sizes: {sorted(sizes)}")
         return sizes.pop()
+
+    @property
+    def scheduler_block_size(self) -> int:
+        """The LCM of the groups' block sizes: vLLM 0.33 rounds computed tokens and cache hits
+        to it (`resolve_kv_cache_block_sizes`). Complexity: O(groups)."""
+        return math.lcm(*self.block_sizes)
+
+    @property
+    def hash_block_size(self) -> int:
+        """The GCD of the groups' block sizes: the tokens per block hash vLLM 0.33 computes with
+        prefix caching on, so that every group's blocks are whole hashes. Complexity:
+        O(groups)."""
+        return math.gcd(*self.block_sizes)
 
     def with_num_blocks(self, num_blocks: int) -> KVCacheConfig:
         """A copy with `num_blocks` replaced (tensors unchanged, so it must not exceed them).

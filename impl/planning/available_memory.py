@@ -104,16 +104,21 @@ class GPUMemoryBudget:
 
         kv_cache_bytes = usable_bytes - non_kv_bytes
         usable_bytes   = int(gpu_memory_bytes * gpu_memory_utilization)
-        non_kv_bytes   = cdiv(weights_bytes, tensor_parallel_size) + other_bytes
+        non_kv_bytes   = weights_bytes_per_gpu + other_bytes
+        weights_bytes_per_gpu = cdiv(weights_bytes, tensor_parallel_size), or the estimate's
 
     Attributes:
         gpu_memory_bytes: the GPU's memory in all (>= 1).
         gpu_memory_utilization: the share of it the model and its KV cache may use, in (0, 1].
         weights_bytes: the model's weights over all GPUs (>= 0); each GPU holds an even share
-            (tensor parallelism splits every large matrix; what it replicates is small).
+            (tensor parallelism splits every large matrix; what it replicates is small) unless
+            `estimated_bytes_per_gpu` says better.
         other_bytes: each GPU's peak besides its weights and the KV cache: activations, the CUDA
             context, communication buffers (>= 0).
         tensor_parallel_size: GPUs the weights are split over (>= 1).
+        estimated_bytes_per_gpu: each GPU's share of the weights as estimated from the model's
+            config (replicated KV heads and norms included), or None when `weights_bytes` was
+            given (then it is split evenly).
     """
 
     gpu_memory_bytes: int
@@ -121,6 +126,7 @@ class GPUMemoryBudget:
     weights_bytes: int = 0
     other_bytes: int = 0
     tensor_parallel_size: int = 1
+    estimated_bytes_per_gpu: int | None = None
 
     def __post_init__(self) -> None:
         _check_bytes("gpu_memory_bytes", self.gpu_memory_bytes, 1)
@@ -128,6 +134,13 @@ class GPUMemoryBudget:
         _check_bytes("weights_bytes", self.weights_bytes, 0)
         _check_bytes("other_bytes", self.other_bytes, 0)
         _check_bytes("tensor_parallel_size", self.tensor_parallel_size, 1)
+        if self.estimated_bytes_per_gpu is not None:
+            _check_bytes("estimated_bytes_per_gpu", self.estimated_bytes_per_gpu, 0)
+
+    @property
+    def weights_estimated(self) -> bool:
+        """The weights were estimated from the model's config, not given."""
+        return self.estimated_bytes_per_gpu is not None
 
     @property
     def usable_bytes(self) -> int:
@@ -136,7 +149,9 @@ class GPUMemoryBudget:
 
     @property
     def weights_bytes_per_gpu(self) -> int:
-        """This GPU's share of the weights, rounded up."""
+        """This GPU's share of the weights: the estimate's, or an even share rounded up."""
+        if self.estimated_bytes_per_gpu is not None:
+            return self.estimated_bytes_per_gpu
         return -(-self.weights_bytes // self.tensor_parallel_size)
 
     @property
@@ -164,7 +179,7 @@ class GPUMemoryBudget:
             raise NoKVCacheMemoryError(self)
         return available
 
-    def as_json(self) -> dict[str, int | float]:
+    def as_json(self) -> dict[str, int | float | bool]:
         """Every figure above, under its attribute's name (the `memory` object of `pagedkv plan
         --json`)."""
         return {
@@ -172,6 +187,7 @@ class GPUMemoryBudget:
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "usable_bytes": self.usable_bytes,
             "weights_bytes": self.weights_bytes,
+            "weights_estimated": self.weights_estimated,
             "tensor_parallel_size": self.tensor_parallel_size,
             "weights_bytes_per_gpu": self.weights_bytes_per_gpu,
             "other_bytes": self.other_bytes,
@@ -195,15 +211,17 @@ class NoKVCacheMemoryError(KVCacheConfigError):
 def _no_kv_cache_memory_message(budget: GPUMemoryBudget) -> str:
     parts = []
     if budget.weights_bytes:
-        parts.append(f"weights {budget.weights_bytes_per_gpu / GiB:.2f} GiB")
+        estimated = " estimated from its config" if budget.weights_estimated else ""
+        parts.append(f"weights{estimated} {budget.weights_bytes_per_gpu / GiB:.2f} GiB")
         if budget.tensor_parallel_size > 1:
-            parts[-1] += (
-                f", 1/{budget.tensor_parallel_size} of {budget.weights_bytes / GiB:.2f} GiB"
-            )
+            share = "its share" if budget.weights_estimated else f"1/{budget.tensor_parallel_size}"
+            parts[-1] += f", {share} of {budget.weights_bytes / GiB:.2f} GiB"
     if budget.other_bytes:
         parts.append(f"other {budget.other_bytes / GiB:.2f} GiB")
     breakdown = (
-        f" ({'; '.join(parts)})" if len(parts) > 1 or budget.tensor_parallel_size > 1 else ""
+        f" ({'; '.join(parts)})"
+        if len(parts) > 1 or budget.tensor_parallel_size > 1 or budget.weights_estimated
+        else ""
     )
     comparison = "more than" if budget.non_kv_bytes > budget.usable_bytes else "all of"
     fixes = ["use a GPU with more memory", "split the model over more GPUs (tensor_parallel_size)"]

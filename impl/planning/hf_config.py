@@ -4,17 +4,20 @@ transformers fills what a config.json leaves out from the model type's config cl
 classes derive which layers use the sliding window (`layer_types`) from other fields. A
 config.json saved before its class had `layer_types` has none: Gemma-2's layers alternate
 between the window and full attention, and taking `sliding_window` for every layer plans a
-model that needs twice the memory per request. `TRANSFORMERS_DEFAULTS` holds, for the model
-types whose layers may use a window, the class defaults of the fields read here and the rule
-that builds `layer_types`, as of transformers 5.24; `tests/test_hf_config.py` checks both
-against transformers itself. Other model types take `layer_types` from the config, or else the
-window on every layer, as vLLM 0.8.5 applies a model-wide `sliding_window`.
+model that needs twice the memory per request. Llama-4's layers attend within chunks of
+`attention_chunk_size` tokens except every fourth (`no_rope_layers`), which attends to all.
+`TRANSFORMERS_DEFAULTS` holds, for the model types whose layers may use a window or a chunk, the
+class defaults of the fields read here and the rules that build `layer_types`, as of
+transformers 5.24; `tests/test_hf_config.py` checks both against transformers itself. Other
+model types take `layer_types` from the config, or else the window on every layer, as vLLM 0.8.5
+applies a model-wide `sliding_window`.
 
 Fields read (from `text_config` when the config has one and no `num_hidden_layers` of its own):
 num_hidden_layers, num_attention_heads, num_key_value_heads (default: num_attention_heads),
 head_dim (default: hidden_size // num_attention_heads), kv_lora_rank and qk_rope_head_dim (MLA),
 sliding_window, use_sliding_window, max_window_layers, sliding_window_pattern, layer_types,
-max_position_embeddings, and torch_dtype or dtype (the text config's, else the top level's).
+attention_chunk_size, no_rope_layers, no_rope_layer_interval, max_position_embeddings, and
+torch_dtype or dtype (the text config's, else the top level's).
 """
 
 from __future__ import annotations
@@ -23,14 +26,30 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pagedkv.planning.plan import ModelShape, resolve_dtypes
+from pagedkv.planning.plan import (
+    CHUNKED_ATTENTION,
+    FULL_ATTENTION,
+    LAYER_KINDS,
+    SLIDING_ATTENTION,
+    ModelShape,
+    resolve_dtypes,
+)
 from pagedkv.vocab.errors import InvalidArgumentError
+from pagedkv.vocab.kv_cache_interface import DTypeName
 
-FULL_ATTENTION = "full_attention"
-SLIDING_ATTENTION = "sliding_attention"
+__all__ = [
+    "CHUNKED_ATTENTION",
+    "FULL_ATTENTION",
+    "SLIDING_ATTENTION",
+    "TRANSFORMERS_DEFAULTS",
+    "HFModelConfig",
+    "layer_types",
+    "read_hf_config",
+    "text_config",
+]
 
 LayerRule = Callable[[Mapping[str, Any], int], list[bool]]
-"""(config with defaults, num_layers) -> whether each layer uses the window."""
+"""(config with defaults, num_layers) -> whether each layer uses the window (or the chunk)."""
 
 
 def _every_nth_layer_full(pattern_key: str | None, default: int) -> LayerRule:
@@ -64,6 +83,25 @@ def _every_layer(config: Mapping[str, Any], num_layers: int) -> list[bool]:
     return [True] * num_layers
 
 
+def _rope_layers(config: Mapping[str, Any], num_layers: int) -> list[bool]:
+    """Llama-4: the layers with RoPE (`no_rope_layers[i] == 1`) attend within their chunk; the
+    list defaults to a NoPE (full attention) layer every `no_rope_layer_interval` layers."""
+    given = config.get("no_rope_layers")
+    if given:
+        if not isinstance(given, list) or len(given) != num_layers:
+            raise InvalidArgumentError(
+                f"config.json: 'no_rope_layers' must list 0 or 1 for each of the {num_layers} "
+                f"layers, got {given!r}"
+            )
+        return [bool(flag) for flag in given]
+    interval = _int(config, "no_rope_layer_interval")
+    if interval < 1:
+        raise InvalidArgumentError(
+            f"config.json: 'no_rope_layer_interval' must be an int >= 1, got {interval}"
+        )
+    return [(i + 1) % interval != 0 for i in range(num_layers)]
+
+
 @dataclass(frozen=True)
 class ModelTypeDefaults:
     """What transformers' config class for one model type gives a config.json that lacks it.
@@ -73,11 +111,14 @@ class ModelTypeDefaults:
         sliding_layers: the rule that builds `layer_types` when the config has none.
         window_needs_switch: the window applies only when `use_sliding_window` is true
             (Qwen); otherwise a `sliding_window` that is not None applies.
+        chunked_layers: for a model with chunked local attention, the rule that says which
+            layers attend within their chunk when the config has no `layer_types`.
     """
 
     fields: Mapping[str, int | bool]
     sliding_layers: LayerRule
     window_needs_switch: bool = False
+    chunked_layers: LayerRule | None = None
 
 
 _MISTRAL_FIELDS: Mapping[str, int | bool] = {
@@ -147,6 +188,20 @@ TRANSFORMERS_DEFAULTS: Mapping[str, ModelTypeDefaults] = {
         },
         _every_nth_layer_full(None, 2),
     ),
+    "llama4_text": ModelTypeDefaults(
+        {
+            "num_hidden_layers": 48,
+            "num_attention_heads": 40,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "hidden_size": 5120,
+            "max_position_embeddings": 131_072,
+            "attention_chunk_size": 8192,
+            "no_rope_layer_interval": 4,
+        },
+        _every_layer,
+        chunked_layers=_rope_layers,
+    ),
     "mistral": ModelTypeDefaults(_MISTRAL_FIELDS, _every_layer),
     "ministral": ModelTypeDefaults(_MISTRAL_FIELDS, _every_layer),
     "qwen2": ModelTypeDefaults(_QWEN2_FIELDS, _from_max_window_layers, window_needs_switch=True),
@@ -181,9 +236,10 @@ TRANSFORMERS_DEFAULTS: Mapping[str, ModelTypeDefaults] = {
         window_needs_switch=True,
     ),
 }
-"""Model type -> transformers' defaults, for the model types whose layers may use a window."""
+"""Model type -> transformers' defaults, for the model types whose layers may use a window or a
+chunk."""
 
-TEXT_MODEL_TYPES: Mapping[str, str] = {"gemma3": "gemma3_text"}
+TEXT_MODEL_TYPES: Mapping[str, str] = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 """A multimodal model type -> the model type of its `text_config` when that names none."""
 
 
@@ -201,11 +257,12 @@ class HFModelConfig:
     Attributes:
         model_type: the text model's type (None if the config names none).
         shape: the model's KV cache shape.
-        layer_types: each layer's attention, `FULL_ATTENTION` or `SLIDING_ATTENTION` (all full
-            when no window applies).
+        layer_types: each layer's attention, `FULL_ATTENTION`, `SLIDING_ATTENTION` or
+            `CHUNKED_ATTENTION` (all full when no window or chunk applies).
         max_position_embeddings: the model's longest sequence, None if the config has none.
         layer_types_note: where `layer_types` came from when the config has none, or None.
         dtype_note: why the model runs in another dtype than the config's, or None.
+        model_dtype: the dtype vLLM runs the weights in (`resolve_dtypes`), None if unknown.
     """
 
     model_type: str | None
@@ -214,6 +271,7 @@ class HFModelConfig:
     max_position_embeddings: int | None
     layer_types_note: str | None = None
     dtype_note: str | None = None
+    model_dtype: DTypeName | None = None
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -258,11 +316,20 @@ def _window(fields: Mapping[str, Any], model_type: str | None) -> int | None:
     return window if window > 0 else None
 
 
+def _chunk(fields: Mapping[str, Any]) -> int | None:
+    """The attention chunk of the chunked-local layers, or None where none applies."""
+    if fields.get("attention_chunk_size") is None:
+        return None
+    chunk = _int(fields, "attention_chunk_size")
+    return chunk if chunk > 0 else None
+
+
 def _layer_types(
     fields: Mapping[str, Any], model_type: str | None, num_layers: int
 ) -> tuple[tuple[str, ...], str | None]:
     """Each layer's attention and, when the config did not say, a note on where it came from."""
-    window = _window(fields, model_type)
+    window, chunk = _window(fields, model_type), _chunk(fields)
+    defaults = TRANSFORMERS_DEFAULTS.get(model_type) if model_type else None
     given = fields.get("layer_types")
     if given is not None:
         if not isinstance(given, list) or len(given) != num_layers:
@@ -271,37 +338,45 @@ def _layer_types(
                 f"layers, got {given!r}"
             )
         for index, kind in enumerate(given):
-            if kind not in (FULL_ATTENTION, SLIDING_ATTENTION):
+            if kind not in LAYER_KINDS:
                 raise InvalidArgumentError(
                     f"config.json: layer {index} is {kind!r}; pagedkv plans only "
-                    f"{FULL_ATTENTION!r} and {SLIDING_ATTENTION!r} layers"
+                    f"{', '.join(map(repr, LAYER_KINDS))} layers"
                 )
         sliding = [kind == SLIDING_ATTENTION and window is not None for kind in given]
+        chunked = [kind == CHUNKED_ATTENTION and chunk is not None for kind in given]
         note = None
-    elif window is None:
-        sliding, note = [False] * num_layers, None
-    elif model_type is not None and model_type in TRANSFORMERS_DEFAULTS:
-        sliding = TRANSFORMERS_DEFAULTS[model_type].sliding_layers(fields, num_layers)
-        note = (
-            None
-            if all(sliding)
-            else f"no layer_types in config.json: transformers' {model_type} layout"
-        )
     else:
-        sliding = [True] * num_layers
-        known = f"model_type {model_type!r}" if model_type else "a config without model_type"
-        note = f"no layer_types, and {known} has no layout pagedkv knows: window on every layer"
-    kinds = tuple(SLIDING_ATTENTION if uses else FULL_ATTENTION for uses in sliding)
+        note = None
+        if window is None:
+            sliding = [False] * num_layers
+        elif defaults is not None:
+            sliding = defaults.sliding_layers(fields, num_layers)
+            if not all(sliding):
+                note = f"no layer_types in config.json: transformers' {model_type} layout"
+        else:
+            sliding = [True] * num_layers
+            known = f"model_type {model_type!r}" if model_type else "a config without model_type"
+            note = f"no layer_types, and {known} has no layout pagedkv knows: window on every layer"
+        if chunk is not None and defaults is not None and defaults.chunked_layers is not None:
+            chunked = defaults.chunked_layers(fields, num_layers)
+            note = f"no layer_types in config.json: transformers' {model_type} layout"
+        else:
+            chunked = [False] * num_layers
+    kinds = tuple(
+        SLIDING_ATTENTION if in_window else CHUNKED_ATTENTION if in_chunk else FULL_ATTENTION
+        for in_window, in_chunk in zip(sliding, chunked, strict=True)
+    )
     return kinds, note
 
 
 def layer_types(config: Mapping[str, Any]) -> tuple[str, ...]:
     """Each layer's attention as transformers builds it (`FULL_ATTENTION` everywhere when no
-    window applies).
+    window or chunk applies).
 
     Raises:
         InvalidArgumentError: a field missing or of the wrong type, or a layer type other than
-            full or sliding attention.
+            full, sliding or chunked attention.
 
     Complexity: O(layers).
     """
@@ -353,6 +428,7 @@ def read_hf_config(
     dtypes = resolve_dtypes(config_dtype, dtype, kv_cache_dtype)
     kinds, layers_note = _layer_types(fields, model_type, num_layers)
     num_window_layers = kinds.count(SLIDING_ATTENTION)
+    num_chunked_layers = kinds.count(CHUNKED_ATTENTION)
     shape = ModelShape(
         num_layers=num_layers,
         num_kv_heads=num_kv_heads,
@@ -362,6 +438,9 @@ def read_hf_config(
         sliding_window=_window(fields, model_type) if num_window_layers else None,
         num_sliding_window_layers=num_window_layers,
         num_attention_heads=_int(fields, "num_attention_heads") if num_heads is not None else None,
+        attention_chunk_size=_chunk(fields) if num_chunked_layers else None,
+        num_chunked_local_layers=num_chunked_layers,
+        layer_types=kinds,
     )
     positions = fields.get("max_position_embeddings")
     return HFModelConfig(
@@ -371,4 +450,5 @@ def read_hf_config(
         max_position_embeddings=positions if isinstance(positions, int) else None,
         layer_types_note=layers_note,
         dtype_note=dtypes.note,
+        model_dtype=dtypes.model_dtype,
     )

@@ -5,18 +5,26 @@
     get_kv_cache_config            budget -> num_blocks, one tensor per layer, one group
     unify_kv_cache_configs         workers' configs -> equal specs checked, min num_blocks
 
-Nothing here changes what it is given: specs and configs are frozen, mappings are copied.
+This is vLLM 0.8.5's one-group path: a model mixing layer kinds is planned as full attention.
+vLLM 0.33's groups for hybrid models are `pagedkv.planning.kv_cache_groups`. Nothing here
+changes what it is given: specs and configs are frozen, mappings are copied.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
-from pagedkv.vocab.arguments import require_int
-from pagedkv.vocab.errors import InvalidArgumentError, KVCacheConfigError
+from pagedkv.vocab.arguments import (
+    argument_error,
+    require_instance,
+    require_int,
+    require_iterable,
+)
+from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError, KVCacheConfigError
 from pagedkv.vocab.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
@@ -50,7 +58,16 @@ def _check_limits(
     return require_int(call, "max_num_batched_tokens", max_num_batched_tokens, 1)
 
 
-def _check_specs(kv_cache_specs: Mapping[str, KVCacheSpec]) -> None:
+def check_kv_cache_specs(kv_cache_specs: Mapping[str, KVCacheSpec]) -> None:
+    """Refuse what is not a mapping of layer name to spec (ArgumentTypeError), a value that is
+    not a spec (InvalidArgumentError), or no layers at all (KVCacheConfigError).
+
+    Complexity: O(num_layers).
+    """
+    if not isinstance(kv_cache_specs, Mapping):
+        raise ArgumentTypeError(
+            f"kv_cache_specs must be a mapping of layer name to KVCacheSpec, got {kv_cache_specs!r}"
+        )
     if not kv_cache_specs:
         raise KVCacheConfigError("the model has no KV cache layers")
     for name, spec in kv_cache_specs.items():
@@ -89,7 +106,7 @@ def memory_needed_bytes(
     Complexity: O(num_layers).
     """
     batched = _check_limits("memory_needed_bytes", max_model_len, max_num_batched_tokens)
-    _check_specs(kv_cache_specs)
+    check_kv_cache_specs(kv_cache_specs)
     return _needed_bytes(Counter(kv_cache_specs.values()), max_model_len, batched)
 
 
@@ -119,7 +136,7 @@ def estimate_max_model_len(
     batched = _check_limits(
         "estimate_max_model_len", max_model_len, max_num_batched_tokens, available_memory
     )
-    _check_specs(kv_cache_specs)
+    check_kv_cache_specs(kv_cache_specs)
     spec_counts = Counter(kv_cache_specs.values())
     low, high = 0, max_model_len  # invariant: `low` fits (or is 0); everything above `high` not
     while low < high:
@@ -156,7 +173,7 @@ def check_enough_kv_cache_memory(
     batched = _check_limits(
         "check_enough_kv_cache_memory", max_model_len, max_num_batched_tokens, available_memory
     )
-    _check_specs(kv_cache_specs)
+    check_kv_cache_specs(kv_cache_specs)
     if available_memory <= 0:
         raise KVCacheConfigError(
             f"no memory is available for the KV cache ({available_memory:,} bytes); "
@@ -189,19 +206,23 @@ def check_enough_kv_cache_memory(
 def unify_hybrid_kv_cache_specs(
     kv_cache_specs: Mapping[str, KVCacheSpec],
 ) -> dict[str, KVCacheSpec]:
-    """A copy in which sliding-window layers become full attention if both kinds are present.
+    """A copy in which sliding-window and chunked-local layers become full attention if the
+    model also has full-attention layers.
 
     One block table must serve every layer, and a full-attention layer cannot drop blocks that
-    left a window, so the window is given up (the same heads, head size, dtype and block size).
+    left a window or a chunk, so the window is given up (the same heads, head size, dtype and
+    block size). vLLM 0.8.5 has no chunked-local spec; vLLM 0.33 promotes both kinds this way
+    when its hybrid KV cache manager is off (`--disable-hybrid-kv-cache-manager`).
 
     Complexity: O(num_layers).
     """
     specs = dict(kv_cache_specs)
+    local = (SlidingWindowSpec, ChunkedLocalAttentionSpec)
     has_full = any(isinstance(spec, FullAttentionSpec) for spec in specs.values())
-    has_window = any(isinstance(spec, SlidingWindowSpec) for spec in specs.values())
-    if has_full and has_window:
+    has_local = any(isinstance(spec, local) for spec in specs.values())
+    if has_full and has_local:
         for name, spec in specs.items():
-            if isinstance(spec, SlidingWindowSpec):
+            if isinstance(spec, local):
                 specs[name] = FullAttentionSpec(
                     block_size=spec.block_size,
                     num_kv_heads=spec.num_kv_heads,
@@ -328,25 +349,40 @@ def check_kv_cache_groups_match(
                 )
 
 
-def unify_kv_cache_configs(kv_cache_configs: Sequence[KVCacheConfig]) -> list[KVCacheConfig]:
+def unify_kv_cache_configs(kv_cache_configs: Iterable[KVCacheConfig]) -> list[KVCacheConfig]:
     """New configs, one per worker, that one manager can drive: same specs, min num_blocks.
 
     Each result has its worker's tensors (a tensor larger than `num_blocks` pages is fine: only
     the first `num_blocks` are used), its groups sorted by type id, and the minimum `num_blocks`
-    over all workers. The configs given are not changed.
+    over all workers. The configs given are not changed; an iterator is read once.
 
     Raises:
         KVCacheConfigError: specs differ (see `check_kv_cache_groups_match`).
         InvalidArgumentError: no configs.
+        ArgumentTypeError: `kv_cache_configs` is one config, a str or not iterable, or an item
+            is not a KVCacheConfig.
 
     Complexity: O(workers * (groups log groups + num_layers)).
     """
-    if not kv_cache_configs:
+    call = "unify_kv_cache_configs"
+    if isinstance(kv_cache_configs, (KVCacheConfig, str, bytes)):
+        raise argument_error(
+            call,
+            "kv_cache_configs",
+            "a collection of KVCacheConfig (one per worker)",
+            kv_cache_configs,
+            type_ok=False,
+        )
+    configs: list[object] = require_iterable(call, "kv_cache_configs", kv_cache_configs)
+    for index, config in enumerate(configs):
+        require_instance(call, f"kv_cache_configs[{index}]", config, KVCacheConfig)
+    workers: list[KVCacheConfig] = configs  # type: ignore[assignment]
+    if not workers:
         raise InvalidArgumentError("at least one KV cache config is needed")
-    groups = [sorted_kv_cache_groups(config) for config in kv_cache_configs]
+    groups = [sorted_kv_cache_groups(config) for config in workers]
     check_kv_cache_groups_match(groups)
-    num_blocks = min(config.num_blocks for config in kv_cache_configs)
+    num_blocks = min(config.num_blocks for config in workers)
     return [
         KVCacheConfig(num_blocks, config.tensors, config_groups)
-        for config, config_groups in zip(kv_cache_configs, groups, strict=True)
+        for config, config_groups in zip(workers, groups, strict=True)
     ]
