@@ -9,6 +9,7 @@ reference within the per-element bound of `pagedkv.gpu.error_bound`.
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -157,6 +158,7 @@ PROBES = KernelSource(
         "copy_then_read",
         "unsynchronized_smem",
         "takes_int",
+        "load_matrices",
     ),
 )
 PROBE_TEXT = """
@@ -188,6 +190,19 @@ __global__ void unsynchronized_smem(float* out) {
   out[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];  // no barrier between
 }
 __global__ void takes_int(int n, float* out) { out[0] = static_cast<float>(n); }
+__global__ void load_matrices(const unsigned int* in, unsigned int* out, int offset) {
+  unsigned char* s = dynamic_smem();
+  for (int i = threadIdx.x; i < 128; i += 32) reinterpret_cast<unsigned int*>(s)[i] = in[i];
+  __syncwarp();
+  unsigned int plain[4];
+  unsigned int trans[4];
+  ldmatrix_x4(plain, s + 16 * threadIdx.x + offset);
+  ldmatrix_x4_trans(trans, s + 16 * threadIdx.x);
+  for (int i = 0; i < 4; ++i) {
+    out[8 * threadIdx.x + i] = plain[i];
+    out[8 * threadIdx.x + 4 + i] = trans[i];
+  }
+}
 """
 
 
@@ -221,8 +236,11 @@ def test_a_read_past_an_array_faults_and_names_it(probes: EmulatorBuild) -> None
     source = memory.add("in", np.zeros(64, np.float32))
     out = memory.add("out", np.zeros(64, np.float32), writable=True)
     _probe(probes, "read_past_end", 64, (source, out, np.int32(0)), memory)
-    with pytest.raises(EmulatorError, match=r"segfault at 0x[0-9a-f]+: in, 2\d\d bytes from"):
+    pattern = r"segfault at 0x[0-9a-f]+: in, (\d+) bytes from its start \(256 bytes long\)"
+    with pytest.raises(EmulatorError, match=pattern) as fault:
         _probe(probes, "read_past_end", 64, (source, out, np.int32(64)), memory)
+    match = re.search(pattern, str(fault.value))
+    assert match is not None and 256 <= int(match.group(1)) < 512, "a read of in[64 + thread]"
 
 
 def test_a_shuffle_with_an_exited_lane_is_an_error(probes: EmulatorBuild) -> None:
@@ -263,6 +281,25 @@ def test_an_argument_of_the_wrong_type_is_refused(probes: EmulatorBuild) -> None
         _probe(probes, "takes_int", 1, (np.int64(3), out), memory)
     _probe(probes, "takes_int", 1, (np.int32(3), out), memory)
     assert memory.arrays["out"][0] == 3
+
+
+def test_ldmatrix_gives_each_lane_the_ptx_fragments_and_checks_alignment(
+    probes: EmulatorBuild,
+) -> None:
+    """Four 8x8 tiles of 16-bit values, rows named by lanes 0-31: lane l gets (row l / 4,
+    columns 2 (l % 4) + {0, 1}) of each tile, or (rows 2 (l % 4) + {0, 1}, column l / 4)."""
+    tiles = np.arange(4 * 8 * 8, dtype=np.uint16).reshape(4, 8, 8)
+    memory = EmulatedMemory()
+    source = memory.add("in", tiles.view(np.uint32).ravel())
+    out = memory.add("out", np.zeros(32 * 8, np.uint32), writable=True)
+    _probe(probes, "load_matrices", 32, (source, out, np.int32(0)), memory, smem=512)
+    got = memory.arrays["out"].reshape(32, 2, 4).view(np.uint16).reshape(32, 2, 4, 2)
+    for lane in range(32):
+        r, c = lane // 4, 2 * (lane % 4)
+        np.testing.assert_array_equal(got[lane, 0], tiles[:, r, c : c + 2])
+        np.testing.assert_array_equal(got[lane, 1], tiles[:, c : c + 2, r])
+    with pytest.raises(EmulatorError, match="not 16-byte aligned"):
+        _probe(probes, "load_matrices", 32, (source, out, np.int32(8)), memory, smem=528)
 
 
 # --- kernel mutants -----------------------------------------------------------------------------
