@@ -1,7 +1,8 @@
 """Per-kernel resource usage as ptxas reports it (`--ptxas-options=-v` in the NVRTC log).
 
-CI reads it to keep every kernel variant free of register spills: a spill turns the hot loop's
-register traffic into local-memory traffic, which the bandwidth estimates do not count.
+CI reads it to keep every kernel variant free of register spills (a spill turns the hot loop's
+register traffic into local-memory traffic, which the bandwidth estimates do not count), and
+feeds the registers and static shared memory to `occupancy.ctas_per_sm`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for 'sm_(\d+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGISTERS = re.compile(r"Used (\d+) registers")
+_SHARED = re.compile(r"(\d+) bytes smem")
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class KernelUsage:
         stack_bytes: stack frame per thread.
         spill_store_bytes: bytes of registers spilled to local memory.
         spill_load_bytes: bytes reloaded from the spills.
+        static_shared_bytes: `__shared__` memory per CTA (dynamic shared memory comes on top).
     """
 
     symbol: str
@@ -33,6 +36,7 @@ class KernelUsage:
     stack_bytes: int
     spill_store_bytes: int
     spill_load_bytes: int
+    static_shared_bytes: int = 0
 
     @property
     def spills(self) -> bool:
@@ -54,6 +58,8 @@ def parse_ptxas_log(log: str) -> dict[str, KernelUsage]:
         elif symbol is not None and (match := _FRAME.search(line)):
             frame = (int(match.group(1)), int(match.group(2)), int(match.group(3)))
         elif symbol is not None and frame is not None and (match := _REGISTERS.search(line)):
-            usage[symbol] = KernelUsage(symbol, arch, int(match.group(1)), *frame)
+            shared = _SHARED.search(line)
+            static = int(shared.group(1)) if shared else 0
+            usage[symbol] = KernelUsage(symbol, arch, int(match.group(1)), *frame, static)
             symbol = None
     return usage

@@ -4,7 +4,8 @@ NVRTC is called directly (no driver needed); a compile error in any `.cu` file, 
 instantiation, or a host/kernel disagreement on launch constants (the generated static_asserts)
 fails here. Every cubin the loader caches is checked with the CUDA tools themselves
 (`cuobjdump`, `nvdisasm`, from the pinned `nvidia-cuda-*` wheels), and ptxas' resource report
-must show no register spills.
+must show no register spills and registers that let an H200 hold the CTAs per SM the launch
+bounds and the split policy assume.
 """
 
 from __future__ import annotations
@@ -17,17 +18,21 @@ from pathlib import Path
 import pytest
 
 from pagedkv.gpu import kernel_loader
+from pagedkv.gpu.attention_plan import H200
 from pagedkv.gpu.cubin_image import check_cubin, cuda_tool, image_extent
 from pagedkv.gpu.errors import KernelCompileError
 from pagedkv.gpu.kernel_variants import (
     ATTENTION_DTYPES,
+    ATTENTION_KERNELS,
     ATTENTION_SOURCE,
     CI_ARCHS,
     HEAD_SIZES,
     KERNEL_SOURCES,
+    MMA_DTYPES,
     WRITE_SOURCE,
     KernelSource,
     attention_kernel_name,
+    attention_source,
     attention_traits,
 )
 from pagedkv.gpu.nvrtc_build import (
@@ -38,6 +43,7 @@ from pagedkv.gpu.nvrtc_build import (
     read_cubin,
     source_text,
 )
+from pagedkv.gpu.occupancy import SM90, ctas_per_sm
 
 ELF_MAGIC = b"\x7fELF"
 
@@ -215,3 +221,31 @@ def test_ptxas_reports_every_kernel_and_no_variant_spills(
         for usage in module.usage.values():
             assert usage.arch == arch and usage.registers > 0
             assert not usage.spills, f"{usage.symbol} spills on sm_{arch}: {usage}"
+
+
+def test_every_attention_variant_holds_its_launch_bounds_ctas_on_an_h200(
+    compiled: dict[tuple[str, int], CompiledModule],
+) -> None:
+    """Registers and static shared memory as ptxas reports them, dynamic shared memory as the
+    host launches it: an H200 SM holds at least the CTAs `__launch_bounds__` asks for, and for
+    the tensor-core kernel exactly that many, which is what the split policy plans with."""
+    for kernel in ATTENTION_KERNELS:
+        module = compiled[(attention_source(kernel).file_name, 90)]
+        for dtype in ATTENTION_DTYPES:
+            if kernel == "mma" and dtype not in MMA_DTYPES:
+                continue
+            for head in HEAD_SIZES:
+                traits = attention_traits(dtype, head, kernel)
+                symbol = module.lowered_names[attention_kernel_name(dtype, head, kernel)]
+                usage = module.usage[symbol]
+                occupancy = ctas_per_sm(
+                    SM90,
+                    traits.threads,
+                    usage.registers,
+                    traits.smem_bytes,
+                    usage.static_shared_bytes,
+                )
+                assert occupancy.ctas >= traits.min_ctas_per_sm, (kernel, dtype, head, occupancy)
+                if kernel == "mma":
+                    planned = H200.resident_ctas(traits.smem_bytes, traits.min_ctas_per_sm)
+                    assert occupancy.ctas == traits.min_ctas_per_sm == planned, (dtype, head)
