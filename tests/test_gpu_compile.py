@@ -47,6 +47,7 @@ from pagedkv.gpu.nvrtc_build import (
     source_text,
 )
 from pagedkv.gpu.occupancy import SM90, ctas_per_sm
+from pagedkv.gpu.ptxas_usage import cubin_resources
 from pagedkv.gpu.sass_count import disassemble, hot_loop, instructions_per_key
 
 ELF_MAGIC = b"\x7fELF"
@@ -225,6 +226,23 @@ def test_ptxas_reports_every_kernel_and_no_variant_spills(
         for usage in module.usage.values():
             assert usage.arch == arch and usage.registers > 0
             assert not usage.spills, f"{usage.symbol} spills on sm_{arch}: {usage}"
+
+
+def test_the_cubins_resource_listing_agrees_with_ptxas(
+    compiled: dict[tuple[str, int], CompiledModule], cached_cubins: dict[tuple[str, int], Path]
+) -> None:
+    """What the first device run reads from a cached cubin (its compile log is gone) is what
+    ptxas reported: registers, and static shared memory once sm_90's 1 KiB reservation that
+    cuobjdump lists with it is taken off."""
+    for key, path in cached_cubins.items():
+        listed = cubin_resources(path, key[1])
+        usage = compiled[key].usage
+        assert set(listed) == set(usage)
+        for symbol, (registers, static) in listed.items():
+            assert (registers, static) == (
+                usage[symbol].registers,
+                usage[symbol].static_shared_bytes,
+            )
 
 
 def test_every_attention_variant_holds_its_launch_bounds_ctas_on_an_h200(
