@@ -1,8 +1,8 @@
-// The emulator's scheduler, guarded memory and launch driver. Included once, after the kernel
-// source and before the generated entry table (gpu/emulator/build.py writes that translation
-// unit). The process reads a launch file (gpu/emulator/launch.py writes it), runs its kernels
-// one CTA at a time and writes the output arrays back; any fault or rule broken exits non-zero
-// with a message on stderr.
+// The emulator's scheduler, guarded memory and launch driver: the one translation unit that
+// defines what simt_runtime.h declares (gpu/emulator/build.py compiles it with a main() that
+// gathers every kernel object's entry table, and links). The process reads a launch file
+// (gpu/emulator/launch.py writes it), runs its kernels one CTA at a time and writes the output
+// arrays back; any fault or rule broken exits non-zero with a message on stderr.
 #pragma once
 
 #include <signal.h>
@@ -124,7 +124,6 @@ void install_fault_handler() {
 }
 
 // ---- context switching ------------------------------------------------------------------------
-using Body = void (*)(void* const*);
 static Body g_body = nullptr;
 static void* const* g_args = nullptr;
 
@@ -539,40 +538,6 @@ void run_cta(Body body, void* const* args, const dim3& block_idx) {
 }
 
 // ---- launches ----------------------------------------------------------------------------------------
-struct Entry {
-  const char* name;
-  Body invoke;
-  std::string signature;  // one code per parameter: p (pointer), i4 i8 (integers), f4 f8
-};
-
-template <typename T>
-std::string code_of() {
-  if (std::is_pointer<T>::value) return "p";
-  return std::string(std::is_floating_point<T>::value ? "f" : "i") + std::to_string(sizeof(T));
-}
-
-template <typename... A, size_t... I>
-void invoke_with(void (*kernel)(A...), void* const* args, std::index_sequence<I...>) {
-  kernel(*static_cast<std::remove_cv_t<A>*>(args[I])...);
-}
-
-template <auto Kernel>
-struct EntryOf;
-template <typename... A, void (*Kernel)(A...)>
-struct EntryOf<Kernel> {
-  static void invoke(void* const* args) { invoke_with(Kernel, args, std::index_sequence_for<A...>{}); }
-  static std::string signature() {
-    std::string codes;
-    ((codes += code_of<std::remove_cv_t<A>>() + " "), ...);
-    return codes;
-  }
-};
-
-template <auto Kernel>
-Entry make_entry(const char* name) {
-  return Entry{name, &EntryOf<Kernel>::invoke, EntryOf<Kernel>::signature()};
-}
-
 std::string read_line(std::istream& in) {
   std::string line;
   if (!std::getline(in, line)) fail("launch file ends early");

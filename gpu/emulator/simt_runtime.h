@@ -30,7 +30,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 // ---- qualifiers --------------------------------------------------------------------------------
@@ -317,6 +319,43 @@ inline void ldmatrix_x4(uint32_t d[4], const void* row, bool trans, const void* 
 inline float exp2_approx(float x) {
   const float y = exp2f(x);
   return std::fpclassify(y) == FP_SUBNORMAL ? 0.f : y;
+}
+
+// ---- kernel entries: each kernel object lists its instantiations; the driver links them ----
+using Body = void (*)(void* const*);
+
+struct Entry {
+  const char* name;
+  Body invoke;
+  std::string signature;  // one code per parameter: p (pointer), i4 i8 (integers), f4 f8
+};
+
+template <typename T>
+std::string code_of() {
+  if (std::is_pointer<T>::value) return "p";
+  return std::string(std::is_floating_point<T>::value ? "f" : "i") + std::to_string(sizeof(T));
+}
+
+template <typename... A, size_t... I>
+void invoke_with(void (*kernel)(A...), void* const* args, std::index_sequence<I...>) {
+  kernel(*static_cast<std::remove_cv_t<A>*>(args[I])...);
+}
+
+template <auto Kernel>
+struct EntryOf;
+template <typename... A, void (*Kernel)(A...)>
+struct EntryOf<Kernel> {
+  static void invoke(void* const* args) { invoke_with(Kernel, args, std::index_sequence_for<A...>{}); }
+  static std::string signature() {
+    std::string codes;
+    ((codes += code_of<std::remove_cv_t<A>>() + " "), ...);
+    return codes;
+  }
+};
+
+template <auto Kernel>
+Entry make_entry(const char* name) {
+  return Entry{name, &EntryOf<Kernel>::invoke, EntryOf<Kernel>::signature()};
 }
 
 }  // namespace simt
