@@ -125,7 +125,8 @@ def _module_versions() -> dict[str, str | None]:
 
 
 def _device_info() -> dict[str, Any]:
-    """What torch and cupy see (both must see the device for the device tests to run)."""
+    """What torch and cupy see (both must see the device for the device tests to run); the
+    device's description is best effort: an error there is recorded, it decides nothing."""
     import cupy
     import torch
 
@@ -135,16 +136,19 @@ def _device_info() -> dict[str, Any]:
         "cupy_sees_device": bool(cupy.is_available()),
     }
     if info["torch_sees_device"] and info["cupy_sees_device"]:
-        device = cupy.cuda.Device(0)
-        info |= {
-            "name": torch.cuda.get_device_name(0),
-            "compute_capability": device.compute_capability,
-            "sms": device.attributes["MultiProcessorCount"],
-            "shared_per_sm": device.attributes["MaxSharedMemoryPerMultiprocessor"],
-            "reserved_shared_per_cta": device.attributes.get("ReservedSharedMemoryPerBlock"),
-            "driver": cupy.cuda.runtime.driverGetVersion(),
-            "runtime": cupy.cuda.runtime.runtimeGetVersion(),
-        }
+        try:
+            device = cupy.cuda.Device(0)
+            info |= {
+                "name": torch.cuda.get_device_name(0),
+                "compute_capability": device.compute_capability,
+                "sms": device.attributes["MultiProcessorCount"],
+                "shared_per_sm": device.attributes["MaxSharedMemoryPerMultiprocessor"],
+                "reserved_shared_per_cta": device.attributes.get("ReservedSharedMemoryPerBlock"),
+                "driver": cupy.cuda.runtime.driverGetVersion(),
+                "runtime": cupy.cuda.runtime.runtimeGetVersion(),
+            }
+        except Exception as error:  # description only: record it, decide nothing on it
+            info["description_error"] = repr(error)
     return info
 
 
