@@ -6,7 +6,9 @@ each name below is loaded from its module on first use. Modules:
     kernel_variants     every instantiation compiled, and the launch constants the host mirrors
     nvrtc_build         NVRTC -> cubin without a driver (CI compiles every variant with it)
     cubin_image         a cubin is exactly the ELF image its headers describe; CUDA tools
-    ptxas_usage         registers and spills from ptxas' report
+    ptxas_usage         registers, spills, shared memory from ptxas' report or a cubin
+    sass_count          warp instructions per key of a kernel's main loop, from its SASS
+    occupancy           CTAs per SM by CUDA's rules (registers, shared memory, reservation)
     kernel_loader       per-device cubin cache and `cupy.RawModule` loading
     launch              one device and backend per call, the caller's stream, typed arguments
     array_view          torch / CuPy / NumPy arrays described without importing them
@@ -19,9 +21,12 @@ each name below is loaded from its module on first use. Modules:
     step_metadata       scheduler step + block lists -> slot_mapping, block_table, ...
     kv_cache_tensors    per-layer K/V caches from a `KVCacheConfig`
     synthetic_batch     random paged batches with a dense twin and the SDPA oracle
+    adversarial_batches batches built for the kernels' numerical corners
     errors              KernelCompileError, DeviceUnavailableError
     check               the one GPU check script (`python -m pagedkv.gpu.check`)
     first_device        the first run on a lent device (`bash gpu/first_device.sh OUT`)
+    result_log          results appended as JSON lines the moment they are measured
+    link_tree           the package as links laid out by pyproject.toml (stdlib only)
     emulator/           the CPU SIMT emulator that runs the kernels' exact text
 
 Layout, launch bounds and the split policy: gpu/README.md.

@@ -46,9 +46,11 @@ class DeviceLimits:
             raise InvalidArgumentError(f"device limits must be positive, got {self}")
 
     def resident_ctas(self, smem_bytes: int, max_ctas_per_sm: int) -> int:
-        """CTAs one SM holds at once: shared memory (1 KiB reserved per CTA) or the launch
-        bounds' CTAs per SM, whichever is fewer (at least 1)."""
-        return max(1, min(max_ctas_per_sm, self.shared_memory_per_sm // (smem_bytes + 1024)))
+        """CTAs one SM holds at once: shared memory (1 KiB reserved per CTA, in 128-byte
+        units, as `occupancy.ctas_per_sm` counts it) or the launch bounds' CTAs per SM,
+        whichever is fewer (at least 1)."""
+        per_cta = -(-(smem_bytes + 1024) // 128) * 128
+        return max(1, min(max_ctas_per_sm, self.shared_memory_per_sm // per_cta))
 
 
 H200 = DeviceLimits(num_sms=132, shared_memory_per_sm=228 * 1024)

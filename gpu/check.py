@@ -3,15 +3,18 @@
     python -m pagedkv.gpu.check --out DIR            # on a machine with a CUDA device
     python -m pagedkv.gpu.check --out DIR --dry-run  # anywhere: plans, shapes, reference checks
 
-In one run, on the device: (1) the device-to-device copy rate; (2) every kernel variant (dtype x
-head size x block size x batch kind) against the float64 reference within the per-element bound
-of `pagedkv.gpu.error_bound`, and the write kernel bit for bit against the reference write, all
-on NaN-poisoned caches; (3) the decode bandwidth table (batch 1/8/64 x context 512/4096/32768,
-bf16, head size 128, 32 query / 8 KV heads, block size 16, block tables a random permutation of
-the pool): every cell's output is first checked against the reference the same way, then timed
-with L2 flushed by a read (no dirty lines left to write back inside the timed kernel):
-achieved GB/s, % of the copy rate, speed-up over torch gather + SDPA; (4) the write kernel's
-bandwidth. Times are CUDA-event medians. Results go to DIR/check.json and DIR/check.txt.
+In one run, on the device, cheapest first: (1) the device-to-device copy rate; (2) the write
+kernel's bandwidth; (3) every kernel variant (dtype x head size x block size x batch kind)
+against the float64 reference within the per-element bound of `pagedkv.gpu.error_bound`, and
+the write kernel bit for bit against the reference write, all on NaN-poisoned caches; (4) the
+decode bandwidth table (batch 1/8/64 x context 512/4096/32768, bf16, head size 128, 32 query /
+8 KV heads, block size 16, block tables a random permutation of the pool): every cell's output
+is first checked against the reference the same way, then timed with L2 flushed by a read (no
+dirty lines left to write back inside the timed kernel): achieved GB/s, % of the copy rate,
+speed-up over torch gather + SDPA. Times are CUDA-event medians. Results go to DIR/check.json
+and DIR/check.txt at the end and, with `--jsonl FILE`, to FILE one line per result as it is
+measured; `--time-limit S` stops before a decode cell that would end past S seconds (the run
+then counts as aborted, with every finished cell kept).
 
 Exit status: 0 all checks passed and every target met; 1 a correctness check failed or the run
 aborted; 2 correct, but a target missed (batch 64 x 4096 decode below `TARGET_FRACTION` of the
@@ -49,6 +52,7 @@ from pagedkv.gpu.kernel_variants import (
     attention_traits,
 )
 from pagedkv.gpu.reference import ReferenceTerms, reference_attention_terms
+from pagedkv.gpu.result_log import Record, ResultLog, discard
 from pagedkv.gpu.synthetic_batch import (
     BatchShape,
     batch_terms,
@@ -246,25 +250,29 @@ def plan_decode_cell(batch: int, context: int, limits: DeviceLimits) -> Attentio
 # Dry run: no device.
 
 
-def dry_run(report: Report) -> None:
-    """Dense SDPA within the bound for every case (CPU, small), plans and bytes for the table."""
+def dry_run(report: Report, record: Record = discard) -> None:
+    """Dense SDPA within the bound for every case (CPU, small), plans and bytes for the table;
+    each result goes to `record` as it is made."""
     import torch
 
     report.environment = {"device": "none (dry run)", "torch": torch.__version__}
+    record({"kind": "environment", **report.environment})
+    tokens, heads = write_shape()
+    report.write = {"tokens": tokens, "bytes": write_bytes(tokens, heads), "us": None, "gbps": None}
+    record({"kind": "write", **report.write})
     for case in correctness_cases(small=True):
         if not case.default_kernel:
             continue  # the reference and its bound do not depend on the kernel
         batch = make_batch(case.shape, dtype=_torch_dtype(case.dtype), seed=len(report.correctness))
         sdpa = dense_attention(batch).to(batch.query.dtype)
-        report.correctness.append(
-            _compare(case, sdpa, batch_terms(batch), "SDPA (fp32) vs float64 reference")
-        )
+        result = _compare(case, sdpa, batch_terms(batch), "SDPA (fp32) vs float64 reference")
+        report.correctness.append(result)
+        record({"kind": "correctness", **result})
     for batch_size in DECODE_BATCHES:
         for context in DECODE_CONTEXTS:
             plan = plan_decode_cell(batch_size, context, H200)
             report.decode.append(_decode_row(batch_size, context, plan, None, None, None))
-    tokens, heads = write_shape()
-    report.write = {"tokens": tokens, "bytes": write_bytes(tokens, heads), "us": None, "gbps": None}
+            record({"kind": "decode", **report.decode[-1]})
 
 
 def _compare(case: Case, out: torch.Tensor, terms: ReferenceTerms, what: str) -> dict[str, Any]:
@@ -354,8 +362,9 @@ def measure_copy(num_bytes: int, repeats: int) -> float:
     return 2 * num_bytes / us / 1e3
 
 
-def device_correctness(report: Report) -> None:
-    """Every case: write kernel vs reference write (bitwise), attention kernel vs reference."""
+def device_correctness(report: Report, record: Record = discard) -> None:
+    """Every case: write kernel vs reference write (bitwise), attention kernel vs reference;
+    each result to `record` as it is measured."""
     import torch
 
     from pagedkv.gpu.attention import paged_attention
@@ -372,15 +381,16 @@ def device_correctness(report: Report) -> None:
             torch.equal(a.view(torch.uint8), b.view(torch.uint8))
             for a, b in ((caches[0], caches[2]), (caches[1], caches[3]))
         )
-        report.correctness.append(
-            {"name": case.name, "check": "write kernel vs reference", "passed": same}
-        )
+        written = {"name": case.name, "check": "write kernel vs reference", "passed": same}
+        report.correctness.append(written)
+        record({"kind": "correctness", **written})
         plan = plan_batch(batch, num_splits=case.num_splits, kernel=case.kernel)
         out = paged_attention(batch.query, batch.key_cache, batch.value_cache, plan)
         torch.cuda.synchronize()
         result = _compare(case, out, batch_terms(batch), "attention kernel vs float64 reference")
         result["num_splits"] = plan.num_splits
         report.correctness.append(result)
+        record({"kind": "correctness", **result})
 
 
 def _baseline(
@@ -465,8 +475,16 @@ def _time_decode_cell(
     }
 
 
-def device_decode_table(report: Report, limits: DeviceLimits, repeats: int) -> None:
-    """The decode table on one pool sized for the largest cell (random page permutations)."""
+def device_decode_table(
+    report: Report,
+    limits: DeviceLimits,
+    repeats: int,
+    record: Record = discard,
+    deadline: float | None = None,
+) -> None:
+    """The decode table on one pool sized for the largest cell (random page permutations),
+    each row to `record` as it is measured. With a `deadline` (time.monotonic()), a cell that
+    would end past it (by the longest cell so far) is not started: report.error says so."""
     import torch
 
     assert report.copy_gbps is not None
@@ -478,8 +496,14 @@ def device_decode_table(report: Report, limits: DeviceLimits, repeats: int) -> N
     )
     flush = l2_flush()
     permutation = torch.randperm(num_blocks - 1, device="cuda").to(torch.int32) + 1
+    longest = 0.0
     for batch in DECODE_BATCHES:
         for context in DECODE_CONTEXTS:
+            if deadline is not None and time.monotonic() + longest > deadline:
+                report.error = f"time limit: the decode table stopped before {batch}x{context}"
+                record({"kind": "decode", "batch": batch, "context": context, "stopped": True})
+                return
+            started = time.monotonic()
             pages = -(-context // DECODE_BLOCK_SIZE)
             table = permutation[: batch * pages].view(batch, pages).contiguous()
             cell = _time_decode_cell(caches, table, context, limits, repeats, flush)
@@ -495,10 +519,12 @@ def device_decode_table(report: Report, limits: DeviceLimits, repeats: int) -> N
                     cell["simt_us"],
                 )
             )
+            record({"kind": "decode", **report.decode[-1]})
             torch.cuda.empty_cache()  # the reference's and the baseline's dense copies
+            longest = max(longest, time.monotonic() - started)
 
 
-def device_write_bandwidth(report: Report, repeats: int) -> None:
+def device_write_bandwidth(report: Report, repeats: int, record: Record = discard) -> None:
     """The write kernel moving 65,536 tokens into a random permutation of a pool's slots."""
     import torch
 
@@ -521,10 +547,14 @@ def device_write_bandwidth(report: Report, repeats: int) -> None:
     report.write = {"tokens": tokens, "bytes": moved, "us": us, "gbps": moved / us / 1e3}
     if report.copy_gbps:
         report.write["pct_of_copy"] = 100 * report.write["gbps"] / report.copy_gbps
+    record({"kind": "write", **report.write})
 
 
-def device_run(report: Report, repeats: int) -> None:
-    """Environment, copy rate, correctness, decode table, write bandwidth."""
+def device_run(
+    report: Report, repeats: int, record: Record = discard, deadline: float | None = None
+) -> None:
+    """Environment, copy rate, write bandwidth, correctness, decode table (the slowest, last),
+    each result to `record` as it is measured; `deadline` as `device_decode_table`'s."""
     import cupy
     import torch
 
@@ -542,10 +572,12 @@ def device_run(report: Report, repeats: int) -> None:
         "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
         "driver": cupy.cuda.runtime.driverGetVersion(),
     }
+    record({"kind": "environment", **report.environment})
     report.copy_gbps = measure_copy(1 << 30, repeats)
-    device_correctness(report)
-    device_decode_table(report, limits, repeats)
-    device_write_bandwidth(report, repeats)
+    record({"kind": "copy", "gbps": report.copy_gbps})
+    device_write_bandwidth(report, repeats, record)
+    device_correctness(report, record)
+    device_decode_table(report, limits, repeats, record, deadline)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -621,6 +653,16 @@ def write_report(report: Report, out_dir: Path) -> tuple[Path, Path]:
     return json_path, text_path
 
 
+def _jsonl_record(path: Path) -> Record:
+    """A `Record` appending to `path` (a `ResultLog`), each result tagged step "check"."""
+    log = ResultLog(path)
+
+    def record(result: dict[str, Any]) -> None:
+        log({"step": "check", **result})
+
+    return record
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the check; return the exit status: 1 a correctness check failed or the run aborted,
     2 everything correct but a target missed, 0 otherwise.
@@ -634,16 +676,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="directory for check.json/.txt")
     parser.add_argument("--dry-run", action="store_true", help="no device: plans and reference")
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per measurement")
+    parser.add_argument("--jsonl", type=Path, help="append each result to this file as measured")
+    parser.add_argument("--time-limit", type=float, help="seconds: start no decode cell past it")
     args = parser.parse_args(argv)
     started = time.perf_counter()
+    deadline = time.monotonic() + args.time_limit if args.time_limit is not None else None
+    record = _jsonl_record(args.jsonl) if args.jsonl is not None else discard
     report = Report(mode="dry run" if args.dry_run else "device")
     try:
         if args.dry_run:
-            dry_run(report)
+            dry_run(report, record)
         else:
-            device_run(report, args.repeats)
+            device_run(report, args.repeats, record, deadline)
     except Exception:  # keep what was measured; the traceback goes in the report
         report.error = traceback.format_exc()
+        record({"kind": "error", "error": report.error})
     report.seconds = time.perf_counter() - started
     json_path, text_path = write_report(report, args.out)
     sys.stdout.write(format_report(report))

@@ -1,30 +1,34 @@
 #!/usr/bin/env bash
-# The first command to run on a lent device (about 4-6 minutes on an H200; stop after 8):
+# The first command to run on a lent device (about 5 minutes on an H200; it stops itself at
+# 7.5 and this script kills it at 8):
 #
-#   bash gpu/first_device.sh OUT_DIR            # on the device: cubins, device tests, check
+#   bash gpu/first_device.sh OUT_DIR            # on the device: device tool `run`, timeout_s=540
 #   bash gpu/first_device.sh OUT_DIR --dry-run  # anywhere: the same steps without a device
 #
-# It needs no install: the package is laid out as a link tree of the repository's folders (the
-# package-dir mapping of pyproject.toml), the kernel cache is fresh, and the image's python3
-# (torch, cupy, pytest, numpy, ml-dtypes) runs `python -m pagedkv.gpu.first_device`.
-# Exit status: that module's (0 everything passed, 1 a failure, 2 only a target missed).
+# Every result lands in OUT_DIR/first_device.jsonl the moment it is measured, so a timeout
+# keeps every finished line (`python -m pagedkv.gpu.first_device` has the steps). It installs
+# nothing itself: the package is a link tree of this repository laid out by pyproject.toml's
+# package-dir mapping (gpu/link_tree.py), the kernel cache is fresh, and missing Python
+# packages pinned in constraints.txt are installed by the prerequisites step (torch never).
+# Exit status: that module's (0 passed, 1 a failure, 2 only a target missed, 124 timed out).
 set -uo pipefail
 out=${1:?usage: bash gpu/first_device.sh OUT_DIR [--dry-run]}
 shift
+mkdir -p "$out" && out=$(cd "$out" && pwd)
 repo=$(cd "$(dirname "$0")/.." && pwd)
-tree=$(mktemp -d)
-mkdir -p "$tree/pagedkv"
-for entry in "$repo"/impl/*; do ln -s "$entry" "$tree/pagedkv/"; done
-ln -s "$repo/spec" "$tree/pagedkv/spec"
-ln -s "$repo/gpu" "$tree/pagedkv/gpu"
-ln -s "$repo/harness" "$tree/pagedkv/harness"
-export PYTHONPATH="$tree:$repo${PYTHONPATH:+:$PYTHONPATH}"
-export PAGEDKV_KERNEL_CACHE="$tree/kernel-cache"
-export PYTHONUNBUFFERED=1
 python=${PYTHON:-python3}
 [ -x "$repo/.venv/bin/python" ] && [ -z "${PYTHON:-}" ] && python="$repo/.venv/bin/python"
+tree=$(mktemp -d)
+trap 'rm -rf "$tree"' EXIT
+"$python" "$repo/gpu/link_tree.py" "$repo" "$tree" || exit 1
+export PYTHONPATH="$tree:$repo${PYTHONPATH:+:$PYTHONPATH}"
+export PAGEDKV_KERNEL_CACHE="${PAGEDKV_FIRST_DEVICE_CACHE:-$tree/kernel-cache}"
+export PYTHONUNBUFFERED=1
+limit=${PAGEDKV_FIRST_DEVICE_TIMEOUT_S:-480}
 cd "$repo"
-timeout 480 "$python" -m pagedkv.gpu.first_device --out "$out" "$@"
+timeout --kill-after=10 "$limit" "$python" -m pagedkv.gpu.first_device --out "$out" "$@"
 status=$?
-rm -rf "$tree"
-exit $status
+if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
+  echo "first_device: stopped at ${limit} s; finished results: $out/first_device.jsonl" >&2
+fi
+exit "$status"

@@ -50,7 +50,6 @@ MMA_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 ATTENTION_THREADS = 128
 ATTENTION_ROWS = 8
 MMA_ROWS = 16
-MMA_STAGES = 3
 MERGE_THREADS = 128
 MERGE_PAIRS_PER_CTA = MERGE_THREADS // 32
 WRITE_MAX_THREADS = 256
@@ -153,13 +152,13 @@ def attention_traits(
 
 
 def _mma_traits(dtype: str, head_size: int) -> AttentionTraits:
-    tile = 4096 // head_size
-    kv_bytes = MMA_STAGES * 2 * tile * head_size * 2
-    q_bytes = MMA_ROWS * head_size * 2
-    p_bytes = 2 * MMA_ROWS * (tile + 8) * 2
-    stat_bytes = 2 * (ATTENTION_THREADS // 32) * MMA_ROWS * 4
-    valid_bytes = MMA_STAGES * tile * 4
-    qpos_bytes = MMA_ROWS * 4
+    tile = 64 if head_size == 64 else 32
+    stages = 2 if head_size == 64 else 3
+    warps = ATTENTION_THREADS // 32
+    kv_bytes = stages * 2 * tile * head_size * 2
+    p_bytes = 2 * (tile // 8) * 32 * 16
+    max_bytes = MMA_ROWS * warps * 4
+    valid_bytes = stages * warps * 4
     return AttentionTraits(
         kernel="mma",
         dtype=dtype,
@@ -167,8 +166,8 @@ def _mma_traits(dtype: str, head_size: int) -> AttentionTraits:
         threads=ATTENTION_THREADS,
         rows=MMA_ROWS,
         tile_tokens=tile,
-        smem_bytes=kv_bytes + q_bytes + p_bytes + stat_bytes + valid_bytes + qpos_bytes,
-        min_ctas_per_sm=3 if head_size == 256 else 4,
+        smem_bytes=kv_bytes + p_bytes + max_bytes + valid_bytes,
+        min_ctas_per_sm=2 if head_size == 256 else 4,
     )
 
 

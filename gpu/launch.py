@@ -22,6 +22,9 @@ from pagedkv.vocab.errors import InvalidArgumentError
 
 OPT_IN_SHARED_BYTES = 48 * 1024
 """Dynamic shared memory a launch gets without `cudaFuncAttributeMaxDynamicSharedMemorySize`."""
+MAX_SHARED_CARVEOUT = 100
+"""`cudaSharedmemCarveoutMaxShared`: the largest shared-memory part of L1 (228 KiB on an H200),
+which the CTAs per SM of `kernel_variants` assume (the driver may pick less without it)."""
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,11 @@ class KernelCall:
     args: tuple[Any, ...]
 
     def launch(self, function: Any) -> None:
-        """Launch on a CuPy `RawKernel` on the current device and stream (more than 48 KiB
-        of dynamic shared memory is opted into first, as CUDA requires)."""
+        """Launch on a CuPy `RawKernel` on the current device and stream. A kernel with shared
+        memory asks for the largest carveout first, and more than 48 KiB of dynamic shared
+        memory is opted into, as CUDA requires."""
+        if self.shared_bytes > 0:
+            function.preferred_shared_memory_carveout = MAX_SHARED_CARVEOUT
         if self.shared_bytes > OPT_IN_SHARED_BYTES:
             function.max_dynamic_shared_size_bytes = self.shared_bytes
         function(self.grid, self.block, self.args, shared_mem=self.shared_bytes)

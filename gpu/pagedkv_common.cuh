@@ -1,4 +1,5 @@
-// Device helpers shared by pagedkv's kernels: element conversions, vector loads, cp.async, mma.
+// Device helpers shared by pagedkv's kernels: element conversions, vector loads, cp.async, mma,
+// ldmatrix, the hardware exp2.
 //
 // Compiled by NVRTC (never nvcc-only features): no <cstdint> (use <cuda/std/cstdint>), no
 // INFINITY (use CUDART_INF_F from <math_constants.h>); the fp16/bf16 headers come from CuPy's
@@ -34,6 +35,34 @@ __device__ __forceinline__ __half from_float<__half>(float x) {
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
+}
+
+// The low (first) and high (second) element of a packed pair of 16-bit T, exactly, as floats.
+template <typename T>
+__device__ __forceinline__ float low_to_float(unsigned int pair);
+template <typename T>
+__device__ __forceinline__ float high_to_float(unsigned int pair);
+template <>
+__device__ __forceinline__ float low_to_float<__nv_bfloat16>(unsigned int pair) {
+  return __uint_as_float(pair << 16);
+}
+template <>
+__device__ __forceinline__ float high_to_float<__nv_bfloat16>(unsigned int pair) {
+  return __uint_as_float(pair & 0xffff0000u);
+}
+template <>
+__device__ __forceinline__ float low_to_float<__half>(unsigned int pair) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(pair & 0xffffu)));
+}
+template <>
+__device__ __forceinline__ float high_to_float<__half>(unsigned int pair) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(pair >> 16)));
+}
+
+// x rounded to tf32 (10 fraction bits; to nearest, ties away from zero) as an fp32 bit pattern,
+// for finite |x| < 2^127: the operand form of mma's .tf32 inputs.
+__device__ __forceinline__ unsigned int to_tf32(float x) {
+  return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
 }
 
 // Reads N elements of T (N * sizeof(T) bytes, aligned to min(16, that size)) into floats.
@@ -78,6 +107,17 @@ __attribute__((noinline)) void mma_m16n8k16(float* d, const unsigned int* a, con
                                             const float* c) {
   ::simt::mma_m16n8k16<T>(d, a, b, c, __builtin_return_address(0));
 }
+__attribute__((noinline)) inline void mma_m16n8k8_tf32(float* d, const unsigned int* a,
+                                                       const unsigned int* b, const float* c) {
+  ::simt::mma_m16n8k8_tf32(d, a, b, c, __builtin_return_address(0));
+}
+__attribute__((noinline)) inline void ldmatrix_x4(unsigned int* d, const void* row) {
+  ::simt::ldmatrix_x4(d, row, false, __builtin_return_address(0));
+}
+__attribute__((noinline)) inline void ldmatrix_x4_trans(unsigned int* d, const void* row) {
+  ::simt::ldmatrix_x4(d, row, true, __builtin_return_address(0));
+}
+inline float exp2_approx(float x) { return ::simt::exp2_approx(x); }
 #else
 // The CTA's dynamic shared memory (the launch's `shared_mem` bytes), 16-byte aligned.
 __device__ __forceinline__ unsigned char* dynamic_smem() {
@@ -131,6 +171,45 @@ __device__ __forceinline__ void mma_m16n8k16<__half>(float* d, const unsigned in
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]),
         "f"(c[2]), "f"(c[3]));
+}
+
+// D = A B + C for one warp with tf32 inputs (fp32 bit patterns, the low 13 bits ignored: round
+// with to_tf32 first): A 16x8 row-major in 4 registers, a0 (g, tig), a1 (g + 8, tig),
+// a2 (g, tig + 4), a3 (g + 8, tig + 4); B 8x8 column-major in 2, b0 (tig, g), b1 (tig + 4, g);
+// C and D as m16n8k16's (g = lane / 4, tig = lane % 4). Every lane must call it.
+__device__ __forceinline__ void mma_m16n8k8_tf32(float* d, const unsigned int* a,
+                                                 const unsigned int* b, const float* c) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%10, %11, %12, %13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]),
+        "f"(c[2]), "f"(c[3]));
+}
+
+// Four 8x8 tiles of 16-bit elements from shared memory, one warp: lane l passes the address of
+// row l % 8 of tile l / 8 (16 bytes, 16-byte aligned); d[i] gets tile i's elements (row l / 4,
+// columns 2 (l % 4) + {0, 1}), the first in the low half. Every lane must call it.
+__device__ __forceinline__ void ldmatrix_x4(unsigned int* d, const void* row) {
+  const unsigned int address = static_cast<unsigned int>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+               : "r"(address));
+}
+
+// As ldmatrix_x4, each tile transposed: d[i] gets (rows 2 (l % 4) + {0, 1}, column l / 4).
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned int* d, const void* row) {
+  const unsigned int address = static_cast<unsigned int>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+               : "r"(address));
+}
+
+// 2^x by the hardware's approximation (ex2.approx.ftz: within 2 ulp; a subnormal result is 0).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 #endif
 

@@ -10,6 +10,7 @@ copies with `torch.nn.functional.scaled_dot_product_attention` and an explicit m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -91,7 +92,8 @@ def make_batch(
     spare_blocks: int = 3,
     table_padding: int = 2,
 ) -> SyntheticBatch:
-    """Draw a batch and lay it out into a NaN-poisoned paged cache.
+    """Draw a batch (standard normal K, V and queries) and lay it out into a NaN-poisoned paged
+    cache (`lay_out_batch`).
 
     Args:
         shape: the step.
@@ -108,18 +110,76 @@ def make_batch(
 
     generator = torch.Generator().manual_seed(seed)
     heads = (shape.num_kv_heads, shape.head_size)
-    pages = shape.pages_per_seq
-    num_blocks = 1 + sum(pages) + spare_blocks
-    permutation = (torch.randperm(num_blocks - 1, generator=generator) + 1).tolist()
+    num_blocks = 1 + sum(shape.pages_per_seq) + spare_blocks
+    permutation = torch.randperm(num_blocks - 1, generator=generator) + 1
+    keys, values = [], []
+    for seq_len in shape.seq_lens:
+        keys.append(torch.randn((seq_len, *heads), generator=generator))
+        values.append(torch.randn((seq_len, *heads), generator=generator))
+    query = torch.randn(
+        (sum(shape.query_lens), shape.num_heads, shape.head_size), generator=generator
+    )
+    return lay_out_batch(
+        shape,
+        keys,
+        values,
+        query,
+        dtype=dtype,
+        device=device,
+        pages=permutation.tolist(),
+        table_padding=table_padding,
+    )
+
+
+def lay_out_batch(
+    shape: BatchShape,
+    keys: Sequence[torch.Tensor],
+    values: Sequence[torch.Tensor],
+    query: torch.Tensor,
+    *,
+    dtype: torch.dtype,
+    device: str | torch.device = "cpu",
+    pages: Sequence[int],
+    table_padding: int = 2,
+) -> SyntheticBatch:
+    """Lay given K, V and queries out into a NaN-poisoned paged cache, as a block pool would.
+
+    Args:
+        shape: the step.
+        keys, values: per sequence, [seq_len, num_kv_heads, head_size] (any float dtype; rounded
+            to `dtype`).
+        query: [sum(query_lens), num_heads, head_size] (likewise).
+        dtype: the K/V/query dtype.
+        device: where the tensors live.
+        pages: the pool's pages other than block 0, in the order sequences take them from the
+            end (a permutation of 1 .. num_blocks - 1; pages left over stay NaN).
+        table_padding: extra block_table columns of out-of-range ids (never read).
+
+    Raises:
+        InvalidArgumentError: a tensor's shape does not match `shape`, or too few pages.
+
+    Complexity: O(total tokens * num_kv_heads * head_size).
+    """
+    import torch
+
+    heads = (shape.num_kv_heads, shape.head_size)
+    per_seq = shape.pages_per_seq
+    if len(pages) < sum(per_seq) or len(keys) != len(per_seq) or len(values) != len(per_seq):
+        raise InvalidArgumentError(f"{len(pages)} pages or the K/V count do not fit {shape}")
+    if tuple(query.shape) != (sum(shape.query_lens), shape.num_heads, shape.head_size):
+        raise InvalidArgumentError(f"query shape {tuple(query.shape)} does not fit {shape}")
+    num_blocks = 1 + len(pages)
+    free = list(pages)
     key_cache = torch.full((num_blocks, shape.block_size, *heads), float("nan"), dtype=dtype)
     value_cache = torch.full_like(key_cache, float("nan"))
-    width = max(pages, default=0) + table_padding
-    block_table = torch.full((len(pages), max(width, 1)), num_blocks + 7, dtype=torch.int32)
-    keys, values, slots = [], [], []
+    width = max(per_seq, default=0) + table_padding
+    block_table = torch.full((len(per_seq), max(width, 1)), num_blocks + 7, dtype=torch.int32)
+    laid_keys, laid_values, slots = [], [], []
     for seq, (seq_len, q_len) in enumerate(zip(shape.seq_lens, shape.query_lens, strict=True)):
-        key = torch.randn((seq_len, *heads), generator=generator).to(dtype)
-        value = torch.randn((seq_len, *heads), generator=generator).to(dtype)
-        blocks = torch.tensor([permutation.pop() for _ in range(pages[seq])], dtype=torch.int64)
+        if tuple(keys[seq].shape) != (seq_len, *heads) or values[seq].shape != keys[seq].shape:
+            raise InvalidArgumentError(f"sequence {seq}: K/V must be {(seq_len, *heads)}")
+        key, value = keys[seq].to(dtype), values[seq].to(dtype)
+        blocks = torch.tensor([free.pop() for _ in range(per_seq[seq])], dtype=torch.int64)
         positions = torch.arange(seq_len)
         key_cache[blocks[positions // shape.block_size], positions % shape.block_size] = key
         value_cache[blocks[positions // shape.block_size], positions % shape.block_size] = value
@@ -129,19 +189,16 @@ def make_batch(
         if shape.sliding_window is not None:
             read_start = max(0, seq_len - q_len - shape.sliding_window + 1)
             blocks[: read_start // shape.block_size] = NULL_BLOCK_ID
-        block_table[seq, : pages[seq]] = blocks.to(torch.int32)
-        keys.append(key.to(device))
-        values.append(value.to(device))
-    query_start_loc = torch.zeros(len(pages) + 1, dtype=torch.int32)
+        block_table[seq, : per_seq[seq]] = blocks.to(torch.int32)
+        laid_keys.append(key.to(device))
+        laid_values.append(value.to(device))
+    query_start_loc = torch.zeros(len(per_seq) + 1, dtype=torch.int32)
     query_start_loc[1:] = torch.cumsum(torch.tensor(shape.query_lens, dtype=torch.int32), 0)
-    query = torch.randn(
-        (int(query_start_loc[-1]), shape.num_heads, shape.head_size), generator=generator
-    ).to(dtype)
     return SyntheticBatch(
         shape=shape,
-        query=query.to(device),
-        keys=tuple(keys),
-        values=tuple(values),
+        query=query.to(dtype).to(device),
+        keys=tuple(laid_keys),
+        values=tuple(laid_values),
         key_cache=key_cache.to(device),
         value_cache=value_cache.to(device),
         query_start_loc=query_start_loc.to(device),

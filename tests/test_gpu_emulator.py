@@ -1,5 +1,6 @@
-"""The kernels' exact text on the CPU SIMT emulator: every check case, the decode cells, the
-write kernel, the emulator's own rules, and kernel mutants that it must catch.
+"""The kernels' exact text on the CPU SIMT emulator: every check case, the decode cells,
+adversarial numerics (`pagedkv.gpu.adversarial_batches`), the write kernel, the emulator's own
+rules, and kernel mutants that it must catch.
 
 The emulator (gpu/emulator) compiles what NVRTC compiles with g++ and runs one fiber per CUDA
 thread in random order between synchronization points, with NaN in cp.async destinations until
@@ -9,6 +10,7 @@ reference within the per-element bound of `pagedkv.gpu.error_bound`.
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -16,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from pagedkv.gpu.adversarial_batches import ADVERSARIAL_KINDS, adversarial_case
 from pagedkv.gpu.attention_plan import DeviceLimits
 from pagedkv.gpu.check import (
     DECODE_HEAD_SIZE,
@@ -34,6 +37,7 @@ from pagedkv.gpu.error_bound import compare_to_reference
 from pagedkv.gpu.kernel_variants import (
     ATTENTION_KERNELS,
     ATTENTION_SOURCE,
+    HEAD_SIZES,
     MMA_ATTENTION_SOURCE,
     AttentionKernel,
     KernelSource,
@@ -157,6 +161,7 @@ PROBES = KernelSource(
         "copy_then_read",
         "unsynchronized_smem",
         "takes_int",
+        "load_matrices",
     ),
 )
 PROBE_TEXT = """
@@ -188,6 +193,19 @@ __global__ void unsynchronized_smem(float* out) {
   out[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];  // no barrier between
 }
 __global__ void takes_int(int n, float* out) { out[0] = static_cast<float>(n); }
+__global__ void load_matrices(const unsigned int* in, unsigned int* out, int offset) {
+  unsigned char* s = dynamic_smem();
+  for (int i = threadIdx.x; i < 128; i += 32) reinterpret_cast<unsigned int*>(s)[i] = in[i];
+  __syncwarp();
+  unsigned int plain[4];
+  unsigned int trans[4];
+  ldmatrix_x4(plain, s + 16 * threadIdx.x + offset);
+  ldmatrix_x4_trans(trans, s + 16 * threadIdx.x);
+  for (int i = 0; i < 4; ++i) {
+    out[8 * threadIdx.x + i] = plain[i];
+    out[8 * threadIdx.x + 4 + i] = trans[i];
+  }
+}
 """
 
 
@@ -221,8 +239,11 @@ def test_a_read_past_an_array_faults_and_names_it(probes: EmulatorBuild) -> None
     source = memory.add("in", np.zeros(64, np.float32))
     out = memory.add("out", np.zeros(64, np.float32), writable=True)
     _probe(probes, "read_past_end", 64, (source, out, np.int32(0)), memory)
-    with pytest.raises(EmulatorError, match=r"segfault at 0x[0-9a-f]+: in, 2\d\d bytes from"):
+    pattern = r"segfault at 0x[0-9a-f]+: in, (\d+) bytes from its start \(256 bytes long\)"
+    with pytest.raises(EmulatorError, match=pattern) as fault:
         _probe(probes, "read_past_end", 64, (source, out, np.int32(64)), memory)
+    match = re.search(pattern, str(fault.value))
+    assert match is not None and 256 <= int(match.group(1)) < 512, "a read of in[64 + thread]"
 
 
 def test_a_shuffle_with_an_exited_lane_is_an_error(probes: EmulatorBuild) -> None:
@@ -265,6 +286,25 @@ def test_an_argument_of_the_wrong_type_is_refused(probes: EmulatorBuild) -> None
     assert memory.arrays["out"][0] == 3
 
 
+def test_ldmatrix_gives_each_lane_the_ptx_fragments_and_checks_alignment(
+    probes: EmulatorBuild,
+) -> None:
+    """Four 8x8 tiles of 16-bit values, rows named by lanes 0-31: lane l gets (row l / 4,
+    columns 2 (l % 4) + {0, 1}) of each tile, or (rows 2 (l % 4) + {0, 1}, column l / 4)."""
+    tiles = np.arange(4 * 8 * 8, dtype=np.uint16).reshape(4, 8, 8)
+    memory = EmulatedMemory()
+    source = memory.add("in", tiles.view(np.uint32).ravel())
+    out = memory.add("out", np.zeros(32 * 8, np.uint32), writable=True)
+    _probe(probes, "load_matrices", 32, (source, out, np.int32(0)), memory, smem=512)
+    got = memory.arrays["out"].reshape(32, 2, 4).view(np.uint16).reshape(32, 2, 4, 2)
+    for lane in range(32):
+        r, c = lane // 4, 2 * (lane % 4)
+        np.testing.assert_array_equal(got[lane, 0], tiles[:, r, c : c + 2])
+        np.testing.assert_array_equal(got[lane, 1], tiles[:, c : c + 2, r])
+    with pytest.raises(EmulatorError, match="not 16-byte aligned"):
+        _probe(probes, "load_matrices", 32, (source, out, np.int32(8)), memory, smem=528)
+
+
 # --- kernel mutants -----------------------------------------------------------------------------
 
 SIMT, MMA, COMMON = "paged_attention.cu", "paged_attention_mma.cu", "pagedkv_common.cuh"
@@ -300,34 +340,52 @@ MUTANTS: dict[tuple[AttentionKernel, str], Mutation] = {
         "  if (n_tiles > 0) load_tile(0, 0);\n",
         "",
     ),
-    ("mma", "barrier (A) removed"): (
+    ("mma", "prologue barrier removed"): (
         MMA,
-        "__syncthreads();  // (A) this tile landed; every warp finished the previous tile",
+        "__syncthreads();  // (P) Q staged; K of tile 0 landed",
         "",
     ),
-    ("mma", "barrier (B) removed"): (MMA, "__syncthreads();  // (B) every warp's row maxima", ""),
+    ("mma", "barrier (B) removed"): (
+        MMA,
+        "__syncthreads();  // (B) every warp's row maxima; every warp finished the previous tile",
+        "",
+    ),
     ("mma", "barrier (C) removed"): (
         MMA,
-        "__syncthreads();  // (C) probabilities and partial sums complete",
+        "__syncthreads();  // (C) P complete; V of this tile and K of the next landed",
         "",
     ),
-    ("mma", "wait dropped"): (MMA, "    cp_async_wait<kStages - 2>();\n", ""),
-    ("mma", "prefetch issued before the barrier"): (
+    ("mma", "wait dropped"): (
         MMA,
-        "    __syncthreads();  // (A) this tile landed; every warp finished the previous tile\n"
-        "    issue(tile + kStages - 1, next_block);\n",
-        "    issue(tile + kStages - 1, next_block);\n"
-        "    __syncthreads();  // (A) this tile landed; every warp finished the previous tile\n",
+        "    cp_async_wait<2 * kStages - 2>();\n    __syncthreads();  // (C)",
+        "    __syncthreads();  // (C)",
+    ),
+    ("mma", "wait one group short: V of the tile may be in flight"): (
+        MMA,
+        "    cp_async_wait<2 * kStages - 2>();\n    __syncthreads();  // (C)",
+        "    cp_async_wait<2 * kStages - 1>();\n    __syncthreads();  // (C)",
+    ),
+    ("mma", "V issued before barrier B, over the V other warps may still read"): (
+        MMA,
+        "    __syncthreads();  // (B) every warp's row maxima;",
+        "    issue_v(tile + kStages - 1, prev_stage, v_row_next);\n"
+        "    __syncthreads();  // (B) every warp's row maxima;",
+    ),
+    ("mma", "V issued into the stage being read"): (
+        MMA,
+        "issue_v(tile + kStages - 1, prev_stage, v_row_next);",
+        "issue_v(tile + kStages - 1, stage, v_row_next);",
     ),
     ("mma", "block ids looked up for the wrong tile"): (
         MMA,
-        "    next_block = lookup(tile + kStages);\n",
-        "    next_block = lookup(tile + kStages - 1);\n",
+        "    k_row_next = lookup(tile + kStages + 1);\n",
+        "    k_row_next = lookup(tile + kStages);\n",
     ),
     ("mma", "row maxima not shared across warps"): (
         MMA,
-        "tile_max = fmaxf(tile_max, s_max[w * kRows + g + 8 * h]);",
-        "tile_max = fmaxf(tile_max, s_max[warp * kRows + g + 8 * h]);",
+        "const float4 m4 = *reinterpret_cast<const float4*>(s_max + (g + 8 * h) * kWarps);",
+        "const float own = s_max[(g + 8 * h) * kWarps + warp];\n"
+        "      const float4 m4 = {own, own, own, own};",
     ),
 }
 OFF_BY_ONE: Mutation = (
@@ -342,6 +400,16 @@ DROPPED_KEY: Mutation = (
     "c.kv_stop = min(kv_end, kv_begin + tile_hi * kTileN) - (split + 1 < num_splits);",
 )
 """Every split but the last one drops its last key (both kernels)."""
+OLD_SPLIT: Mutation = (
+    MMA,
+    "        const unsigned int bits = to_tf32(p[a]);\n"
+    "        hi_e[a] = __uint_as_float(bits);\n"
+    "        lo_e[a] = __uint_as_float(to_tf32(p[a] - __uint_as_float(bits)));\n",
+    "        hi_e[a] = to_float(from_float<T>(p[a]));\n"
+    "        lo_e[a] = to_float(from_float<T>(p[a] - hi_e[a]));\n",
+)
+"""P as two 16-bit terms, exactly as the tensor-core kernel split it before issue 23 (the tf32
+MMA then multiplies these values without rounding)."""
 for _kernel in ATTENTION_KERNELS:
     MUTANTS[(_kernel, "off by one: the key range ends before the query's own key")] = OFF_BY_ONE
 
@@ -361,7 +429,7 @@ def _mutated(mutation: Mutation) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def mutant_builds() -> dict[Mutation, EmulatorBuild]:
     """Every mutation compiled once, with both attention sources (two compiles at a time)."""
-    mutations = sorted({*MUTANTS.values(), DROPPED_KEY})
+    mutations = sorted({*MUTANTS.values(), DROPPED_KEY, OLD_SPLIT})
     sources = (ATTENTION_SOURCE, MMA_ATTENTION_SOURCE)
     with ThreadPoolExecutor(max_workers=2) as pool:
         builds = pool.map(lambda m: build_emulator(sources, texts=_mutated(m)), mutations)
@@ -413,3 +481,45 @@ def test_the_old_bf16_tolerance_passed_a_kernel_that_drops_a_key_per_split(
     old_error = (out.float() - old_reference).abs()
     assert bool((old_error <= 1.6e-2 + 2e-2 * old_reference.abs()).all()), "old check: passes"
     assert not compare_to_reference(out, terms, "bfloat16")["passed"], "new bound: fails"
+
+
+# --- adversarial numerics -----------------------------------------------------------------------
+
+ADVERSARIAL_RUNS = [
+    (kernel, dtype, head_size, kind)
+    for kernel, dtype in (
+        ("mma", "float16"),
+        ("mma", "bfloat16"),
+        ("simt", "float16"),
+        ("simt", "bfloat16"),
+        ("simt", "float32"),
+    )
+    for head_size in HEAD_SIZES
+    if head_size == 128 or kernel == "mma"
+    for kind in ADVERSARIAL_KINDS
+]
+"""Every kind for every kernel and dtype at D=128, and for the tensor-core kernel (whose tile
+shapes differ per head size) at D=64 and D=256 too: 36 runs."""
+
+
+@pytest.mark.parametrize(("kernel", "dtype", "head_size", "kind"), ADVERSARIAL_RUNS, ids=str)
+def test_adversarial_numerics_stay_within_the_bound_on_the_emulator(
+    kernel: AttentionKernel, dtype: str, head_size: int, kind: str
+) -> None:
+    case = adversarial_case(kind, getattr(torch, dtype), head_size)
+    result = _run_case(case.batch, dtype, case.num_splits, kernel, seed=head_size)
+    assert result["passed"], result
+
+
+@pytest.mark.parametrize("kind", ["dominant", "long"])
+def test_the_old_16_bit_split_of_p_leaves_the_bound_on_dominant_keys(
+    kind: str, mutant_builds: dict[Mutation, EmulatorBuild]
+) -> None:
+    """Issue 23: P = hi + lo in fp16 loses every digit of a key 2^-25 below the row maximum
+    (its denominator still counts it); with the values of such keys all positive the error
+    is the whole output. The random check cases never reach it; these batches do, by hundreds
+    of times the bound (the real kernel's run of the same batch is in the test above)."""
+    case = adversarial_case(kind, torch.float16, 128)
+    build = mutant_builds[OLD_SPLIT]
+    result = _run_case(case.batch, "float16", case.num_splits, "mma", build=build)
+    assert not result["passed"] and result["max_error_over_bound"] > 100, result

@@ -28,6 +28,7 @@ from pagedkv.gpu.attention_plan import (
     plan_attention,
     split_tiles,
 )
+from pagedkv.gpu.kernel_variants import AttentionKernel
 from pagedkv.gpu.synthetic_batch import BatchShape, make_batch, paged_reference, plan_batch
 from pagedkv.vocab.errors import InvalidArgumentError
 
@@ -403,18 +404,57 @@ def test_the_tensor_core_kernel_is_the_default_for_16_bit_types_only() -> None:
         plan_batch(fp32, kernel="mma")
 
 
-def test_a_launch_over_48_kib_of_shared_memory_opts_in_first() -> None:
-    from pagedkv.gpu.kernel_variants import MMA_ATTENTION_SOURCE
-    from pagedkv.gpu.launch import OPT_IN_SHARED_BYTES, KernelCall
+class CudaLaunchRules:
+    """A CuPy `RawKernel` as the driver treats it: a launch with more dynamic shared memory than
+    the function's opted-in maximum (48 KiB until raised) fails, as cuLaunchKernel does."""
 
-    launched: list[tuple[int, int]] = []
+    def __init__(self) -> None:
+        from pagedkv.gpu.launch import OPT_IN_SHARED_BYTES
 
-    class FakeKernel:
-        max_dynamic_shared_size_bytes = 0
+        self.max_dynamic_shared_size_bytes = OPT_IN_SHARED_BYTES
+        self.preferred_shared_memory_carveout = -1  # no preference
+        self.launched: list[tuple[int, int]] = []  # (shared bytes, carveout)
 
-        def __call__(self, grid: object, block: object, args: object, shared_mem: int) -> None:
-            launched.append((shared_mem, self.max_dynamic_shared_size_bytes))
+    def __call__(self, grid: object, block: object, args: object, shared_mem: int) -> None:
+        if shared_mem > self.max_dynamic_shared_size_bytes:
+            raise RuntimeError(f"CUDA_ERROR_INVALID_VALUE: {shared_mem} bytes not opted into")
+        self.launched.append((shared_mem, self.preferred_shared_memory_carveout))
 
-    for smem in (OPT_IN_SHARED_BYTES, 56_768):
-        KernelCall(MMA_ATTENTION_SOURCE, "k", (1, 1, 1), (128, 1, 1), smem, ()).launch(FakeKernel())
-    assert launched == [(OPT_IN_SHARED_BYTES, 0), (56_768, 56_768)]
+
+ATTENTION_VARIANTS = [
+    (kernel, dtype, head)
+    for kernel in ("mma", "simt")
+    for dtype in ("float16", "bfloat16", "float32")
+    if kernel == "simt" or dtype != "float32"
+    for head in (64, 128, 256)
+]
+
+
+@pytest.mark.parametrize(("kernel", "dtype", "head_size"), ATTENTION_VARIANTS, ids=str)
+def test_every_attention_launch_opts_into_its_shared_memory_first(
+    kernel: AttentionKernel, dtype: str, head_size: int
+) -> None:
+    """The launches `paged_attention` makes (attention kernel, then the merge), through the
+    real `KernelCall.launch`, on a function that refuses what the driver refuses."""
+    from pagedkv.gpu.array_view import describe
+    from pagedkv.gpu.attention import attention_calls
+    from pagedkv.gpu.launch import MAX_SHARED_CARVEOUT, OPT_IN_SHARED_BYTES
+
+    batch = make_batch(BatchShape((1,), (300,), 4, 2, head_size, 16), dtype=getattr(torch, dtype))
+    plan = plan_batch(batch, kernel=kernel, num_splits=2)
+    views = (describe(batch.query, "query"), describe(batch.key_cache, "key_cache"))
+    names = (
+        "query key_cache value_cache out query_start_loc seq_lens block_table work_seq "
+        "work_row partial_out partial_lse"
+    )
+    pointers = {name: np.uint64(0) for name in names.split()}
+    calls = attention_calls(plan, *views, describe(batch.query, "out"), pointers)
+    assert [call.shared_bytes for call in calls] == [plan.traits.smem_bytes, 0]
+    for call in calls:
+        function = CudaLaunchRules()
+        call.launch(function)
+        carveout = MAX_SHARED_CARVEOUT if call.shared_bytes else -1
+        assert function.launched == [(call.shared_bytes, carveout)]
+    if plan.traits.smem_bytes > OPT_IN_SHARED_BYTES:
+        with pytest.raises(RuntimeError, match="not opted into"):  # what launch() prevents
+            CudaLaunchRules()(plan.grid, (128, 1, 1), (), shared_mem=plan.traits.smem_bytes)

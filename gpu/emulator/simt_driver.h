@@ -1,8 +1,8 @@
-// The emulator's scheduler, guarded memory and launch driver. Included once, after the kernel
-// source and before the generated entry table (gpu/emulator/build.py writes that translation
-// unit). The process reads a launch file (gpu/emulator/launch.py writes it), runs its kernels
-// one CTA at a time and writes the output arrays back; any fault or rule broken exits non-zero
-// with a message on stderr.
+// The emulator's scheduler, guarded memory and launch driver: the one translation unit that
+// defines what simt_runtime.h declares (gpu/emulator/build.py compiles it with a main() that
+// gathers every kernel object's entry table, and links). The process reads a launch file
+// (gpu/emulator/launch.py writes it), runs its kernels one CTA at a time and writes the output
+// arrays back; any fault or rule broken exits non-zero with a message on stderr.
 #pragma once
 
 #include <signal.h>
@@ -124,7 +124,6 @@ void install_fault_handler() {
 }
 
 // ---- context switching ------------------------------------------------------------------------
-using Body = void (*)(void* const*);
 static Body g_body = nullptr;
 static void* const* g_args = nullptr;
 
@@ -204,6 +203,7 @@ const char* op_name(WarpOp op) {
     case WarpOp::kAll: return "__all_sync";
     case WarpOp::kSync: return "__syncwarp";
     case WarpOp::kMma: return "mma.sync";
+    case WarpOp::kLdmatrix: return "ldmatrix";
   }
   return "?";
 }
@@ -237,27 +237,36 @@ void warp_mma(const MmaOperands& operands, const void* site) {
   warp_collective(WarpOp::kMma, 0xffffffffu, 0, 0, 32, site);
 }
 
-float mma_element(uint32_t packed, int half, bool bf16) {
+float mma_element(uint32_t packed, int half, MmaKind kind) {
   const uint16_t bits = static_cast<uint16_t>(packed >> (16 * half));
-  return bf16 ? __bfloat162float(__nv_bfloat16{bits}) : __half2float(__half{bits});
+  return kind == MmaKind::kBf16K16 ? __bfloat162float(__nv_bfloat16{bits})
+                                   : __half2float(__half{bits});
 }
 
+float tf32_element(uint32_t bits) { return __uint_as_float(bits & 0xffffe000u); }
+
 void complete_mma(Thread* lanes) {
-  // Gather A (16x16), B (16x8) and C (16x8) from the lanes' fragments, then scatter D.
+  // Gather A (16xK), B (Kx8) and C (16x8) from the lanes' fragments, then scatter D.
   float a[16][16], b[16][8], c[16][8];
-  const bool bf16 = static_cast<const MmaOperands*>(lanes[0].payload)->bf16;
+  const MmaKind kind = static_cast<const MmaOperands*>(lanes[0].payload)->kind;
+  const int depth = kind == MmaKind::kTf32K8 ? 8 : 16;
   for (int lane = 0; lane < 32; ++lane) {
     const auto* op = static_cast<const MmaOperands*>(lanes[lane].payload);
-    if (op->bf16 != bf16) fail("mma.sync lanes disagree on the input type");
+    if (op->kind != kind) fail("mma.sync lanes disagree on the shape or the input type");
     const int g = lane / 4, t = lane % 4;
-    for (int i = 0; i < 4; ++i) {  // a[i]: rows g + 8 (i & 1), columns 2t + 8 (i >> 1) + {0, 1}
-      const int row = g + 8 * (i & 1), col = 2 * t + 8 * (i >> 1);
-      a[row][col] = mma_element(op->a[i], 0, bf16);
-      a[row][col + 1] = mma_element(op->a[i], 1, bf16);
-    }
-    for (int i = 0; i < 2; ++i) {  // b[i]: rows (k) 2t + 8 i + {0, 1}, column g
-      b[2 * t + 8 * i][g] = mma_element(op->b[i], 0, bf16);
-      b[2 * t + 8 * i + 1][g] = mma_element(op->b[i], 1, bf16);
+    if (kind == MmaKind::kTf32K8) {
+      for (int i = 0; i < 4; ++i) a[g + 8 * (i & 1)][t + 4 * (i >> 1)] = tf32_element(op->a[i]);
+      for (int i = 0; i < 2; ++i) b[t + 4 * i][g] = tf32_element(op->b[i]);
+    } else {
+      for (int i = 0; i < 4; ++i) {  // a[i]: rows g + 8 (i & 1), columns 2t + 8 (i >> 1) + {0, 1}
+        const int row = g + 8 * (i & 1), col = 2 * t + 8 * (i >> 1);
+        a[row][col] = mma_element(op->a[i], 0, kind);
+        a[row][col + 1] = mma_element(op->a[i], 1, kind);
+      }
+      for (int i = 0; i < 2; ++i) {  // b[i]: rows (k) 2t + 8 i + {0, 1}, column g
+        b[2 * t + 8 * i][g] = mma_element(op->b[i], 0, kind);
+        b[2 * t + 8 * i + 1][g] = mma_element(op->b[i], 1, kind);
+      }
     }
     for (int i = 0; i < 4; ++i) c[g + 8 * (i >> 1)][2 * t + (i & 1)] = op->c[i];
   }
@@ -266,9 +275,44 @@ void complete_mma(Thread* lanes) {
     const int g = lane / 4, t = lane % 4;
     for (int i = 0; i < 4; ++i) {
       const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-      double sum = 0;  // products of 16-bit inputs are exact; the sum is rounded once
-      for (int k = 0; k < 16; ++k) sum += static_cast<double>(a[row][k]) * b[k][col];
+      double sum = 0;  // products of 16-bit or tf32 inputs are exact; the sum is rounded once
+      for (int k = 0; k < depth; ++k) sum += static_cast<double>(a[row][k]) * b[k][col];
       op->d[i] = static_cast<float>(sum + c[row][col]);
+    }
+  }
+}
+
+void warp_ldmatrix(const LdmatrixOperands& operands, const void* site) {
+  Thread* self = g_cta.current;
+  self->payload = &operands;
+  warp_collective(WarpOp::kLdmatrix, 0xffffffffu, 0, 0, 32, site);
+}
+
+void complete_ldmatrix(Thread* lanes) {
+  uint16_t m[4][8][8];  // [matrix][row][column]
+  const bool trans = static_cast<const LdmatrixOperands*>(lanes[0].payload)->trans;
+  for (int lane = 0; lane < 32; ++lane) {
+    const auto* op = static_cast<const LdmatrixOperands*>(lanes[lane].payload);
+    if (op->trans != trans) fail("ldmatrix lanes disagree on .trans");
+    const auto* row = static_cast<const unsigned char*>(op->row);
+    if (row < g_cta.smem || row + 16 > g_cta.smem + g_cta.smem_bytes) {
+      g_cta.current = &lanes[lane];
+      fail("ldmatrix row %p is outside the CTA's %zu bytes of shared memory", op->row,
+           g_cta.smem_bytes);
+    }
+    if (reinterpret_cast<uintptr_t>(row) % 16) {
+      g_cta.current = &lanes[lane];
+      fail("ldmatrix row %p is not 16-byte aligned", op->row);
+    }
+    memcpy(m[lane / 8][lane % 8], row, 16);
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    const auto* op = static_cast<const LdmatrixOperands*>(lanes[lane].payload);
+    const int r = lane / 4, c = 2 * (lane % 4);
+    for (int i = 0; i < 4; ++i) {
+      const uint16_t first = trans ? m[i][c][r] : m[i][r][c];
+      const uint16_t second = trans ? m[i][c + 1][r] : m[i][r][c + 1];
+      op->d[i] = static_cast<uint32_t>(first) | static_cast<uint32_t>(second) << 16;
     }
   }
 }
@@ -293,9 +337,9 @@ bool try_complete_warp(Thread* lead) {
     }
   }
   const unsigned int mask = lead->mask;
-  if (lead->op == WarpOp::kMma) {
-    if (mask != 0xffffffffu) fail("mma.sync needs the whole warp");
-    complete_mma(lanes);
+  if (lead->op == WarpOp::kMma || lead->op == WarpOp::kLdmatrix) {
+    if (mask != 0xffffffffu) fail("%s needs the whole warp", op_name(lead->op));
+    lead->op == WarpOp::kMma ? complete_mma(lanes) : complete_ldmatrix(lanes);
   }
   unsigned int ballot = 0;
   for (int lane = 0; lane < 32; ++lane) {
@@ -377,6 +421,48 @@ void describe_blocked() {
   }
 }
 
+// The threads that can run, by warp. Even seeds: the next thread is any of them, uniformly (the
+// warps advance nearly in step). Odd seeds: each CTA ranks its warps at random and the next
+// thread is one of the highest-ranked warp's (the warps drift as far apart as barriers and
+// warp operations allow: a race between a fast warp and a slow one shows up).
+struct ReadySet {
+  std::vector<std::vector<int>> by_warp;
+  std::vector<int> rank;  // warp -> its rank (higher first); empty: uniform
+  size_t count = 0;
+
+  ReadySet(int threads, bool ranked) : by_warp((threads + 31) / 32) {
+    if (ranked) {
+      rank.resize(by_warp.size());
+      for (size_t w = 0; w < rank.size(); ++w) rank[w] = static_cast<int>(w);
+      std::shuffle(rank.begin(), rank.end(), g_rng);
+    }
+  }
+  void push(int thread) {
+    by_warp[thread / 32].push_back(thread);
+    ++count;
+  }
+  int pop() {
+    size_t warp = 0;
+    if (rank.empty()) {
+      size_t pick = std::uniform_int_distribution<size_t>(0, count - 1)(g_rng);
+      while (pick >= by_warp[warp].size()) pick -= by_warp[warp++].size();
+    } else {
+      for (size_t w = 0; w < by_warp.size(); ++w) {
+        if (!by_warp[w].empty() && (by_warp[warp].empty() || rank[w] > rank[warp])) warp = w;
+      }
+    }
+    std::vector<int>& lanes = by_warp[warp];
+    const size_t pick = std::uniform_int_distribution<size_t>(0, lanes.size() - 1)(g_rng);
+    const int thread = lanes[pick];
+    lanes[pick] = lanes.back();
+    lanes.pop_back();
+    --count;
+    return thread;
+  }
+};
+
+static unsigned long long g_seed = 0;
+
 void run_cta(Body body, void* const* args, const dim3& block_idx) {
   Cta& c = g_cta;
   c.block_idx = block_idx;
@@ -403,11 +489,11 @@ void run_cta(Body body, void* const* args, const dim3& block_idx) {
     t.sp = &context;
 #endif
   }
-  std::vector<int> ready(n);
-  for (int i = 0; i < n; ++i) ready[i] = i;
+  ReadySet ready(n, g_seed % 2 == 1);
+  for (int i = 0; i < n; ++i) ready.push(i);
   int live = n;
   while (live > 0) {
-    if (ready.empty()) {
+    if (ready.count == 0) {
       // Everyone alive is blocked: only a barrier every live thread reached can release them.
       const void* site = nullptr;
       bool all_at_barrier = true;
@@ -426,14 +512,11 @@ void run_cta(Body body, void* const* args, const dim3& block_idx) {
       for (int i = 0; i < n; ++i) {
         if (!c.threads[i].done) {
           c.threads[i].wait = Wait::kNone;
-          ready.push_back(i);
+          ready.push(i);
         }
       }
     }
-    const size_t pick = std::uniform_int_distribution<size_t>(0, ready.size() - 1)(g_rng);
-    const int index = ready[pick];
-    ready[pick] = ready.back();
-    ready.pop_back();
+    const int index = ready.pop();
     Thread& t = c.threads[index];
     c.current = &t;
 #if defined(__x86_64__)
@@ -447,7 +530,7 @@ void run_cta(Body body, void* const* args, const dim3& block_idx) {
     } else if (t.wait == Wait::kWarp && try_complete_warp(&t)) {
       const int base = index & ~31;
       for (int lane = 0; lane < 32; ++lane) {
-        if (t.mask >> lane & 1u) ready.push_back(base + lane);
+        if (t.mask >> lane & 1u) ready.push(base + lane);
       }
     }
     c.current = nullptr;
@@ -455,40 +538,6 @@ void run_cta(Body body, void* const* args, const dim3& block_idx) {
 }
 
 // ---- launches ----------------------------------------------------------------------------------------
-struct Entry {
-  const char* name;
-  Body invoke;
-  std::string signature;  // one code per parameter: p (pointer), i4 i8 (integers), f4 f8
-};
-
-template <typename T>
-std::string code_of() {
-  if (std::is_pointer<T>::value) return "p";
-  return std::string(std::is_floating_point<T>::value ? "f" : "i") + std::to_string(sizeof(T));
-}
-
-template <typename... A, size_t... I>
-void invoke_with(void (*kernel)(A...), void* const* args, std::index_sequence<I...>) {
-  kernel(*static_cast<std::remove_cv_t<A>*>(args[I])...);
-}
-
-template <auto Kernel>
-struct EntryOf;
-template <typename... A, void (*Kernel)(A...)>
-struct EntryOf<Kernel> {
-  static void invoke(void* const* args) { invoke_with(Kernel, args, std::index_sequence_for<A...>{}); }
-  static std::string signature() {
-    std::string codes;
-    ((codes += code_of<std::remove_cv_t<A>>() + " "), ...);
-    return codes;
-  }
-};
-
-template <auto Kernel>
-Entry make_entry(const char* name) {
-  return Entry{name, &EntryOf<Kernel>::invoke, EntryOf<Kernel>::signature()};
-}
-
 std::string read_line(std::istream& in) {
   std::string line;
   if (!std::getline(in, line)) fail("launch file ends early");
@@ -583,6 +632,7 @@ int run_launch_file(const std::vector<Entry>& entries, const char* path, bool li
       t.stack = guarded_alloc("stack", kStackBytes, 16)->data;
     }
     g_rng.seed(seed);
+    g_seed = seed;
     std::vector<dim3> order;
     for (unsigned z = 0; z < grid.z; ++z)
       for (unsigned y = 0; y < grid.y; ++y)

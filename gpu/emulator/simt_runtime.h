@@ -3,13 +3,16 @@
 // A kernel's exact source (what NVRTC compiles) is compiled with g++ against this header
 // (force-included, with PAGEDKV_EMULATOR defined) and run one CTA at a time, one fiber per CUDA
 // thread. Between two synchronization points a fiber runs alone; the scheduler picks the next
-// fiber at random (seeded), so every interleaving the barriers allow can happen.
+// fiber at random (seeded), so every interleaving the barriers allow can happen: on even seeds
+// any ready fiber, on odd seeds one of a randomly ranked warp's first (warps drift apart).
 //
 //   __syncthreads()        every live thread of the CTA must arrive at the same call site
 //   __shfl_*_sync, votes   every lane named in the mask must arrive at the same call site
 //   cp.async (16 bytes)    the destination holds NaN bytes (0xff) from issue until a
 //                          cp.async.wait_group retires its group; the source is read then
 //   mma.sync m16n8k16      bf16/fp16 inputs, fp32 accumulators, the PTX ISA fragment layouts
+//   mma.sync m16n8k8 tf32  tf32 inputs (the low 13 bits of each .b32 ignored), fp32 accumulators
+//   ldmatrix x4 (.trans)   four 8x8 16-bit tiles, one 16-byte shared-memory row per lane
 //   shared memory          NaN bytes at CTA start; its end abuts a guard page
 //
 // Anything else a CTA does (deadlock, a divergent barrier or shuffle, a thread exiting with
@@ -27,7 +30,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 // ---- qualifiers --------------------------------------------------------------------------------
@@ -102,6 +107,7 @@ inline __nv_bfloat16 __float2bfloat16_rn(float x) {
   return b;
 }
 inline __half2 __floats2half2_rn(float a, float b) { return {__float2half_rn(a), __float2half_rn(b)}; }
+inline __half __ushort_as_half(unsigned short u) { return __half{u}; }
 inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
   return {__float2bfloat16_rn(a), __float2bfloat16_rn(b)};
 }
@@ -116,13 +122,25 @@ inline long long max(long long a, long long b) { return a > b ? a : b; }
 inline float min(float a, float b) { return fminf(a, b); }
 inline float max(float a, float b) { return fmaxf(a, b); }
 inline float __fdividef(float a, float b) { return a / b; }
+inline unsigned int __float_as_uint(float x) {
+  unsigned int u;
+  memcpy(&u, &x, 4);
+  return u;
+}
+inline float __uint_as_float(unsigned int u) {
+  float x;
+  memcpy(&x, &u, 4);
+  return x;
+}
 inline float __frcp_rn(float a) { return 1.f / a; }
 
 namespace simt {
 
 // ---- fibers and the CTA scheduler ----------------------------------------------------------------
 enum class Wait { kNone, kBarrier, kWarp };
-enum class WarpOp { kShflXor, kShflIdx, kShflDown, kShflUp, kBallot, kAny, kAll, kSync, kMma };
+enum class WarpOp {
+  kShflXor, kShflIdx, kShflDown, kShflUp, kBallot, kAny, kAll, kSync, kMma, kLdmatrix
+};
 
 struct CpAsync {
   unsigned char* dst;
@@ -145,7 +163,7 @@ struct Thread {
   int width = 32;
   uint64_t value = 0;
   uint64_t result = 0;
-  const void* payload = nullptr;  // kMma: this lane's MmaOperands (on its own stack)
+  const void* payload = nullptr;  // kMma / kLdmatrix: this lane's operands (on its own stack)
   std::vector<CpAsync> copies;
   long long committed = 0;  // cp.async groups committed so far
 };
@@ -165,14 +183,21 @@ void yield_to_scheduler();
 uint64_t warp_collective(WarpOp op, unsigned int mask, uint64_t value, int arg, int width,
                          const void* site);
 void barrier(const void* site);
+enum class MmaKind { kF16K16, kBf16K16, kTf32K8 };
 struct MmaOperands {
   float* d;
   const uint32_t* a;
   const uint32_t* b;
   const float* c;
-  bool bf16;
+  MmaKind kind;
 };
 void warp_mma(const MmaOperands& operands, const void* site);
+struct LdmatrixOperands {
+  uint32_t* d;
+  const void* row;
+  bool trans;
+};
+void warp_ldmatrix(const LdmatrixOperands& operands, const void* site);
 void cp_async(void* dst, const void* src, int src_bytes);
 void cp_async_commit();
 void cp_async_wait(int pending);
@@ -268,7 +293,69 @@ template <typename T>
 inline void mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4],
                          const void* site) {
   static_assert(sizeof(T) == 2, "bf16 or fp16 inputs");
-  warp_mma(MmaOperands{d, a, b, c, std::is_same<T, __nv_bfloat16>::value}, site);
+  const bool bf16 = std::is_same<T, __nv_bfloat16>::value;
+  warp_mma(MmaOperands{d, a, b, c, bf16 ? MmaKind::kBf16K16 : MmaKind::kF16K16}, site);
+}
+
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32: A 16x8 in 4 registers (rows {g, g + 8},
+// columns {tig, tig + 4}: a0 (g, tig), a1 (g + 8, tig), a2 (g, tig + 4), a3 (g + 8, tig + 4)),
+// B 8x8 in 2 (rows (k) {tig, tig + 4}, column g), C and D as m16n8k16's. Each .b32 register is
+// read as an fp32 bit pattern whose low 13 bits are ignored (tf32 keeps 10 fraction bits).
+inline void mma_m16n8k8_tf32(float d[4], const uint32_t a[4], const uint32_t b[2],
+                             const float c[4], const void* site) {
+  warp_mma(MmaOperands{d, a, b, c, MmaKind::kTf32K8}, site);
+}
+
+// ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16: lane l names row l % 8 of matrix l / 8 (16
+// bytes of shared memory, 16-byte aligned); register i of lane l gets matrix i's elements
+// (row l / 4, columns 2 (l % 4) + {0, 1}), or with .trans (rows 2 (l % 4) + {0, 1}, column l / 4),
+// the lower-numbered element in the low half.
+inline void ldmatrix_x4(uint32_t d[4], const void* row, bool trans, const void* site) {
+  warp_ldmatrix(LdmatrixOperands{d, row, trans}, site);
+}
+
+// ex2.approx.ftz.f32: 2^x; a subnormal result is flushed to +0 as the hardware does (its
+// approximation error, within 2 ulp, is not modelled: this is the correctly rounded exp2f).
+inline float exp2_approx(float x) {
+  const float y = exp2f(x);
+  return std::fpclassify(y) == FP_SUBNORMAL ? 0.f : y;
+}
+
+// ---- kernel entries: each kernel object lists its instantiations; the driver links them ----
+using Body = void (*)(void* const*);
+
+struct Entry {
+  const char* name;
+  Body invoke;
+  std::string signature;  // one code per parameter: p (pointer), i4 i8 (integers), f4 f8
+};
+
+template <typename T>
+std::string code_of() {
+  if (std::is_pointer<T>::value) return "p";
+  return std::string(std::is_floating_point<T>::value ? "f" : "i") + std::to_string(sizeof(T));
+}
+
+template <typename... A, size_t... I>
+void invoke_with(void (*kernel)(A...), void* const* args, std::index_sequence<I...>) {
+  kernel(*static_cast<std::remove_cv_t<A>*>(args[I])...);
+}
+
+template <auto Kernel>
+struct EntryOf;
+template <typename... A, void (*Kernel)(A...)>
+struct EntryOf<Kernel> {
+  static void invoke(void* const* args) { invoke_with(Kernel, args, std::index_sequence_for<A...>{}); }
+  static std::string signature() {
+    std::string codes;
+    ((codes += code_of<std::remove_cv_t<A>>() + " "), ...);
+    return codes;
+  }
+};
+
+template <auto Kernel>
+Entry make_entry(const char* name) {
+  return Entry{name, &EntryOf<Kernel>::invoke, EntryOf<Kernel>::signature()};
 }
 
 }  // namespace simt
