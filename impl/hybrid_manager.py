@@ -470,11 +470,7 @@ class HybridKVCacheManager:
         if held is not None and self._skipping_groups:
             self._drop_skipped_blocks(held, num_computed)
         num_new = num_new_blocks(num_required, num_held, num_hits)
-        if num_new > 0 and not fits(  # with nothing to allocate every step fits
-            num_new * self.num_groups,
-            pool.get_num_free_blocks(),
-            self._num_evictable_hits(hits) if num_hits else 0,
-        ):
+        if num_new > 0 and not self._fits(num_new, hits):  # nothing to allocate always fits
             if self.debug_invariants:
                 self._after_call()
             return None
@@ -538,6 +534,12 @@ class HybridKVCacheManager:
             shape_error = manager.hit_shape_error(group_hits, self.use_eagle)
             if shape_error is not None:
                 raise refusals.hit_shape(request_id, shape_error)
+
+    def _fits(self, num_new: int, hits: GroupBlocks) -> bool:
+        """Capacity, all groups together: every group takes `num_new` blocks, so
+        `num_new * num_groups` must fit in the free blocks the hits leave."""
+        num_evictable = self._num_evictable_hits(hits) if hits and hits[0] else 0
+        return fits(num_new * self.num_groups, self.block_pool.get_num_free_blocks(), num_evictable)
 
     def _num_evictable_hits(self, hits: GroupBlocks) -> int:
         """Distinct hits with ref_cnt 0, null blocks apart: touching takes them off the free

@@ -53,8 +53,8 @@ def canonical(root: object) -> object:
             return tuple([walk(item) for item in value])
         if isinstance(value, _REFERENCES):
             return ("ref", getattr(value, "__qualname__", repr(value)))
-        if _is_frozen_dataclass(kind):
-            return value  # immutable and hashed by value: the configuration, placeholders
+        if _is_frozen_dataclass(kind) and _hashable(value):
+            return value  # immutable and hashed by value: placeholders, specs
         key = id(value)
         if key in seen:
             return ("seen", seen[key])
@@ -78,6 +78,15 @@ def canonical(root: object) -> object:
         return (kind.__qualname__, tuple(walked))
 
     return walk(root)
+
+
+def _hashable(value: object) -> bool:
+    """A frozen dataclass may still hold a dict (a KV cache config's tensors): then it is walked."""
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 _FROZEN: dict[type, bool] = {}

@@ -33,10 +33,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import pagedkv
-from pagedkv import attention, block_counts, block_hash, block_pool, free_queue, manager
+from pagedkv import (
+    attention,
+    block_counts,
+    block_hash,
+    block_pool,
+    free_queue,
+    hybrid_manager,
+    manager,
+)
 from pagedkv.block import KVCacheBlock
 from pagedkv.vocab.errors import BlockStateError, FreeQueueError
-from pagedkv.vocab.hashes import BlockHashType, ExtraKey
+from pagedkv.vocab.hashes import BlockHashType, CacheKey, ExtraKey, key_group, key_hash
 from pagedkv.vocab.kv_events import BlockRemoved
 from pagedkv.vocab.request import PlaceholderRange, Request, TokenView
 from pagedkv.vocab.semantics import PAGEDKV
@@ -280,7 +288,7 @@ def _free_blocks_null_queued(
             self.free_block_queue.append(block)
 
 
-def _drop_from_index(pool: block_pool.BlockPool, block: KVCacheBlock) -> BlockHashType | None:
+def _drop_from_index(pool: block_pool.BlockPool, block: KVCacheBlock) -> CacheKey | None:
     """The eviction variants' common part: drop `block` from the index and clear its hash,
     announcing nothing; the hash it held, if any."""
     cached_hash = block.block_hash
@@ -299,7 +307,8 @@ def _evict_announcing_every_block(self: block_pool.BlockPool, block: KVCacheBloc
     vLLM does, even while another block still caches the hash: a duplicate removal."""
     evicted = _drop_from_index(self, block)
     if evicted is not None and self.enable_kv_cache_events:
-        self.kv_event_queue.append(BlockRemoved((evicted.hash_value,)))
+        removed = BlockRemoved((key_hash(evicted).hash_value,), key_group(evicted))
+        self.kv_event_queue.append(removed)
 
 
 def _evict_unannounced(self: block_pool.BlockPool, block: KVCacheBlock) -> None:
@@ -495,6 +504,54 @@ def _token_view_of_a_copy(self: TokenView, tokens: list[int]) -> None:
     self._tokens = list(tokens)
 
 
+# -- the hybrid manager's coordinator ----------------------------------------------------------
+
+
+def _hit_cut_not_found_again(
+    self: hybrid_manager.HybridKVCacheManager, block_hashes: list[BlockHashType]
+) -> tuple[list[KVCacheBlock], ...]:
+    """One pass over the groups, full attention first; each group's hit is then cut to the
+    final length instead of being found again at it (a windowed group's cut hit may not be a
+    hit: its last blocks before the cut were skipped as null)."""
+    managers = self.managers
+    hits: list[list[KVCacheBlock]] = [[] for _ in managers]
+    length = len(block_hashes)
+    for group in (*self._full_groups, *self._skipping_groups):
+        hits[group] = managers[group].find_longest_cache_hit(block_hashes[:length])
+        length = min(length, len(hits[group]))
+    for hit in hits:
+        del hit[length:]
+    return tuple(hits)
+
+
+def _fits_per_group(
+    self: hybrid_manager.HybridKVCacheManager,
+    num_new: int,
+    hits: tuple[list[KVCacheBlock], ...],
+) -> bool:
+    """Capacity checked for one group's blocks, as if each group had a pool of its own."""
+    num_evictable = self._num_evictable_hits(hits) if hits and hits[0] else 0
+    return block_counts.fits(num_new, self.block_pool.get_num_free_blocks(), num_evictable)
+
+
+def _free_last_group_first(self: hybrid_manager.HybridKVCacheManager, request: Request) -> None:
+    """free, with the groups released last first (each group's tail still first): the free
+    queue's order, and so which cached blocks are evicted first, changes."""
+    self._enter("HybridKVCacheManager.free")
+    try:
+        self._check_identity(request)
+        request_id = request.request_id
+        held = self.req_to_blocks.pop(request_id, None)
+        if held is not None:
+            tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
+            for blocks in reversed(held):
+                self.block_pool.free_blocks_locked(blocks[::-1] if tail_first else blocks)
+        self.num_cached_block.pop(request_id, None)
+        self._forget_if_done(request_id)
+    finally:
+        self._call_token.append(None)
+
+
 VARIANTS: tuple[Variant, ...] = (
     Variant(
         "free_to_head",
@@ -621,6 +678,30 @@ VARIANTS: tuple[Variant, ...] = (
         ),
     ),
     Variant(
+        "hybrid_hit_cut",
+        "a hybrid hit is cut to the length a later group allows, not found again at it",
+        (
+            MethodPatch(
+                hybrid_manager.HybridKVCacheManager,
+                "_longest_common_hit",
+                _hit_cut_not_found_again,
+            ),
+        ),
+        layer="hybrid",
+    ),
+    Variant(
+        "hybrid_capacity_per_group",
+        "a hybrid allocation's capacity is checked for one group's blocks, not every group's",
+        (MethodPatch(hybrid_manager.HybridKVCacheManager, "_fits", _fits_per_group),),
+        layer="hybrid",
+    ),
+    Variant(
+        "hybrid_free_last_group_first",
+        "a hybrid request's groups are freed last group first (each group's tail still first)",
+        (MethodPatch(hybrid_manager.HybridKVCacheManager, "free", _free_last_group_first),),
+        layer="hybrid",
+    ),
+    Variant(
         "request_append_first_only",
         "Request.append_output_token_ids keeps only the first token of a list (both sides see it)",
         (MethodPatch(Request, "append_output_token_ids", _append_first_token_only),),
@@ -641,8 +722,8 @@ VARIANTS: tuple[Variant, ...] = (
         (FieldPatch(PAGEDKV, "usage_excludes_null_block", True),),
     ),
 )
-"""Every planted bug, in the order the table lists them: pool, manager, window, hashing, then
-the vocabulary both sides share."""
+"""Every planted bug, in the order the table lists them: pool, manager, window, hashing, the
+hybrid coordinator, then the vocabulary both sides share."""
 
 VARIANTS_BY_NAME: dict[str, Variant] = {variant.name: variant for variant in VARIANTS}
 

@@ -44,6 +44,7 @@ from pagedkv.harness.coverage import CI_HYBRID_STEPS, CI_MANAGER_STEPS, CI_POOL_
 from pagedkv.harness.machines.manager import make_manager_machine
 from pagedkv.harness.machines.pool import make_pool_machine
 from pagedkv.harness.swarm import manager_layer, pool_layer, run_campaign
+from pagedkv.harness.swarm.engine import Layer
 from proofs.crosshair.contracts import Contract
 from proofs.crosshair.manager_contracts import CONTRACTS as MANAGER_CONTRACTS
 from proofs.crosshair.runner import Bounds, Check, run_check
@@ -115,7 +116,7 @@ def check_campaign(variant: Variant | None) -> Verdict:
     caught at the first failing run (KV cache events are on in about a third of its runs, so a
     mistake only in the event stream shows too)."""
     start = time.monotonic()
-    layers = {
+    layers: dict[str, tuple[Callable[[], Layer], int]] = {
         "manager": (lambda: manager_layer(pagedkv_manager), CI_MANAGER_STEPS),
         "hybrid": (lambda: manager_layer(pagedkv_manager, attention="hybrid"), CI_HYBRID_STEPS),
         "pool": (lambda: pool_layer(pagedkv_pool), CI_POOL_STEPS),
