@@ -1,9 +1,9 @@
-"""pagedkv vs vLLM 0.8.5, side by side: the serving trace, each operation, and O(1) at scale.
+"""pagedkv vs vLLM 0.8.5 and 0.33.0: the serving trace, each operation, O(1) at scale.
 
-vLLM 0.8.5's KV cache modules are fetched at run time (its wheel, no dependencies; nothing of it
-is committed). One worker process per pagedkv build (pure, and compiled when a build exists at
---compiled-site) drives vLLM's manager and pagedkv's with the same work, in CPU time
-(`time.process_time_ns`), alternating rounds, and reports paired medians
+vLLM's KV cache modules are fetched at run time (from its wheels, no dependencies; nothing of it
+is committed). One worker process per vLLM release and pagedkv build (pure, and compiled when a
+build exists at --compiled-site) drives vLLM's manager and pagedkv's with the same work, in CPU
+time (`time.process_time_ns`), alternating rounds, and reports paired medians
 (`paired_timing.py`). Ratios are pagedkv / vLLM: below 1, pagedkv is faster.
 
 - The serving trace (issue 11's shape: ~400 requests over 6 system prompts, 32 running, block
@@ -11,10 +11,17 @@ is committed). One worker process per pagedkv build (pure, and compiled when a b
   every manager call; each manager then replays the calls (`trace_replay.py`), first checked call
   by call against the recording (same block ids, same hits: the same decisions), then timed.
 - Each operation on prepared state (`op_timings.py`), with the builtin hash and with sha256.
-- decode and new-block steps at 1k vs 1M blocks (flat when O(1)), building a 1M-block manager,
-  and looking up a 131,072-token prompt with sha256 vs builtin.
+- decode and new-block steps at 1k vs 1M blocks (flat when O(1)), building a 1M-block manager
+  (with the garbage collector on, as a scheduler builds one; the rest of the process frozen, so
+  only the construction's own objects are scanned), and looking up a 131,072-token prompt.
 
-    ./dev bench vllm                       # both builds (./dev builds the compiled one first)
+Against vLLM 0.33.0, pagedkv runs under the `vllm-0.33` semantics (`pagedkv.vocab.semantics`),
+and so does the recording, so that both take the same decisions; vLLM 0.33.0 hashes blocks on
+the request as its tokens arrive, which `kv_sides.Vllm033Manager` does inside the timed calls,
+and has no builtin hash (`hash()` as 8 bytes stands in; `kv_sides.vllm_033_side`).
+
+    ./dev bench vllm                       # both builds against both releases
+    ./dev bench vllm --baseline vllm-0.8.5 # one release (or vllm-0.33)
     ./dev bench vllm --quick               # fewer calls and rounds, no 1M-block or 128k runs
     ./dev bench vllm --json results/vllm.json
 
@@ -27,6 +34,7 @@ on, so `--baseline pagedkv --kv-events` is the cost of events (off vs on, paired
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -41,7 +49,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # proofs.vllm_conformance (appended: never shadows pagedkv)
 
-from kv_sides import Side, fetch_vllm_modules, pagedkv_side, vllm_side  # noqa: E402
+from kv_sides import (  # noqa: E402
+    VLLM_033,
+    Side,
+    fetch_vllm_modules,
+    pagedkv_side,
+    vllm_033_side,
+    vllm_side,
+)
 from op_timings import (  # noqa: E402
     Operation,
     decode_inside_a_block,
@@ -63,6 +78,13 @@ from trace_replay import (  # noqa: E402
 HASHES = ("builtin", "sha256")
 LARGE = 1_000_000
 SMALL = 1_000
+BASELINES = {
+    # name: (vLLM release, pagedkv's semantics against it)
+    "vllm-0.8.5": ("0.8.5", "pagedkv"),
+    "vllm-0.33": (VLLM_033, "vllm-0.33"),
+    "pagedkv": (None, "pagedkv"),
+}
+"""Each baseline a worker pairs pagedkv with; `--baseline vllm` runs both vLLM releases."""
 
 
 def _paired_json(paired: Paired) -> dict[str, Any]:
@@ -86,8 +108,12 @@ def _operation(
     return paired_rounds(prepare(baseline), prepare(pagedkv), rounds, operation.ops)
 
 
-def _trace(baseline: Side, pagedkv: Side, rounds: int, conversations: int) -> dict[str, Any]:
-    recording = record_calls(replace(ISSUE_TRACE, num_conversations=conversations))
+def _trace(
+    baseline: Side, pagedkv: Side, rounds: int, conversations: int, semantics: str
+) -> dict[str, Any]:
+    recording = record_calls(
+        replace(ISSUE_TRACE, num_conversations=conversations), semantics=semantics
+    )
     result: dict[str, Any] = {
         "requests": len(recording.prompts),
         "calls": dict(recording.kinds()),
@@ -125,7 +151,7 @@ def _at_scale(baseline: Side, pagedkv: Side, rounds: int) -> dict[str, Any]:
             def keep(manager: object) -> None:
                 large[side.name] = manager
 
-            return lambda: side.make_manager(LARGE, "builtin"), keep
+            return lambda: _with_collector(lambda: side.make_manager(LARGE, "builtin")), keep
 
         return prepare
 
@@ -163,8 +189,20 @@ def _at_scale(baseline: Side, pagedkv: Side, rounds: int) -> dict[str, Any]:
     }
 
 
+def _with_collector(make: Callable[[], Any]) -> Any:
+    """`make()` with the garbage collector on (a timed run has it off), every object that
+    exists already frozen: collections scan only what `make` creates, as at a server's start."""
+    gc.freeze()
+    gc.enable()
+    try:
+        return make()
+    finally:
+        gc.disable()
+        gc.unfreeze()
+
+
 def run_worker(args: argparse.Namespace) -> dict[str, Any]:
-    """Everything, for the pagedkv build this process imports, against the baseline."""
+    """Everything, for the pagedkv build this process imports, against one baseline."""
     import pagedkv
 
     if pagedkv.COMPILED is not (args.worker == "compiled"):
@@ -172,12 +210,16 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
             f"worker for the {args.worker} build imported a build with COMPILED="
             f"{pagedkv.COMPILED} ({pagedkv.__file__})"
         )
-    contender = pagedkv_side(f"pagedkv ({args.worker})", kv_events=args.kv_events)
-    baseline = (
-        pagedkv_side("pagedkv (baseline)")
-        if args.baseline == "pagedkv"
-        else vllm_side(args.vllm_modules)
+    release, semantics = BASELINES[args.baseline]
+    contender = pagedkv_side(
+        f"pagedkv ({args.worker})", kv_events=args.kv_events, semantics=semantics
     )
+    if release is None:
+        baseline = pagedkv_side("pagedkv (baseline)")
+    elif release == VLLM_033:
+        baseline = vllm_033_side(args.vllm_modules)
+    else:
+        baseline = vllm_side(args.vllm_modules)
     scale = 10 if args.quick else 1
     rounds = 3 if args.quick else args.rounds
     report: dict[str, Any] = {
@@ -187,7 +229,8 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
         "compiled_modules": list(pagedkv.COMPILED_MODULES),
         "rounds": rounds,
         "trace_rounds": trace_rounds(rounds),
-        "trace": _trace(baseline, contender, trace_rounds(rounds), args.conversations),
+        "semantics": semantics,
+        "trace": _trace(baseline, contender, trace_rounds(rounds), args.conversations, semantics),
         "ops": {
             hash_algo: {
                 operation.name: _paired_json(
@@ -209,13 +252,15 @@ def trace_rounds(rounds: int) -> int:
     return 2 * rounds - 1
 
 
-def _spawn(build: str, site: Path | None, args: argparse.Namespace) -> dict[str, Any]:
+def _spawn(
+    build: str, site: Path | None, baseline: str, modules: Path | None, args: argparse.Namespace
+) -> dict[str, Any]:
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     env["PYTHONHASHSEED"] = "0"  # both sides derive NONE_HASH from it, as vLLM does
     if site is not None:
         env["PYTHONPATH"] = str(site)
-    command = [sys.executable, __file__, "--worker", build, "--baseline", args.baseline]
-    command += ["--rounds", str(args.rounds), "--vllm-modules", str(args.vllm_modules)]
+    command = [sys.executable, __file__, "--worker", build, "--baseline", baseline]
+    command += ["--rounds", str(args.rounds), "--vllm-modules", str(modules)]
     command += ["--conversations", str(args.conversations)]
     if args.quick:
         command.append("--quick")
@@ -223,7 +268,7 @@ def _spawn(build: str, site: Path | None, args: argparse.Namespace) -> dict[str,
         command.append("--kv-events")
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise SystemExit(f"the {build} worker failed:\n{done.stderr}")
+        raise SystemExit(f"the {build} worker against {baseline} failed:\n{done.stderr}")
     report: dict[str, Any] = json.loads(done.stdout)
     return report
 
@@ -264,6 +309,13 @@ def print_report(reports: dict[str, dict[str, Any]], missing: str | None) -> Non
     )
     if pure.get("kv_events"):
         print("pagedkv's managers queue KV cache events (--kv-events); the baseline's do not")
+    if pure.get("semantics", "pagedkv") != "pagedkv":
+        print(f"pagedkv runs, and the trace was recorded, under the {pure['semantics']} semantics")
+    if baseline.endswith(VLLM_033):
+        print(
+            f"vLLM {VLLM_033} hashes blocks on the request: inside its calls here (kv_sides.py);"
+            "\nits builtin hash is hash() as 8 bytes (it has none of its own)"
+        )
     if missing:
         print(f"compiled build: not measured: {missing}")
     else:
@@ -345,7 +397,12 @@ def main(argv: list[str] | None = None) -> int:
         default=ISSUE_TRACE.num_conversations,
         help="conversations in the trace (about 2.5 requests each)",
     )
-    parser.add_argument("--baseline", choices=("vllm", "pagedkv"), default="vllm")
+    parser.add_argument(
+        "--baseline",
+        choices=("vllm", *BASELINES),
+        default="vllm",
+        help="what pagedkv is paired with (vllm: both vLLM releases, one after the other)",
+    )
     parser.add_argument(
         "--kv-events", action="store_true", help="pagedkv's managers queue KV cache events"
     )
@@ -363,15 +420,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         json.dump(run_worker(args), sys.stdout)
         return 0
-    if args.baseline == "vllm":
-        args.vllm_modules = fetch_vllm_modules()  # cached; PAGEDKV_CACHE moves it
-    reports = {"pure": _spawn("pure", None, args)}
+    baselines = ["vllm-0.8.5", "vllm-0.33"] if args.baseline == "vllm" else [args.baseline]
     missing = None
     if not (args.compiled_site / "pagedkv").is_dir():
         missing = f"no build at {args.compiled_site} (./dev compiled builds it; needs a C compiler)"
-    else:
-        reports["compiled"] = _spawn("compiled", args.compiled_site, args)
-    print_report(reports, missing)
+    reports: dict[str, dict[str, dict[str, Any]]] = {}
+    for position, baseline in enumerate(baselines):
+        release = BASELINES[baseline][0]
+        # cached after the first fetch; PAGEDKV_CACHE moves it
+        modules = None if release is None else fetch_vllm_modules(release)
+        reports[baseline] = {"pure": _spawn("pure", None, baseline, modules, args)}
+        if missing is None:
+            reports[baseline]["compiled"] = _spawn(
+                "compiled", args.compiled_site, baseline, modules, args
+            )
+        if position:
+            print("\n")
+        print_report(reports[baseline], missing)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(reports, indent=2) + "\n")

@@ -22,6 +22,7 @@ from kv_sides import BLOCK_SIZE, Side
 from serving_trace import TraceConfig, make_trace
 
 from pagedkv import FullAttentionSpec, KVCacheManager, Request, uniform_kv_cache_config
+from pagedkv.vocab.semantics import SEMANTICS_BY_NAME
 
 LOOKUP, ALLOCATE, ALLOCATE_HITS, FREE, FREE_HASHES = range(5)
 
@@ -119,10 +120,18 @@ class _Recorder:
         return None
 
 
-def record_calls(config: TraceConfig = ISSUE_TRACE, num_blocks: int = NUM_BLOCKS) -> Recording:
-    """Run the trace through the scheduler loop on pagedkv and record every manager call."""
+def record_calls(
+    config: TraceConfig = ISSUE_TRACE, num_blocks: int = NUM_BLOCKS, semantics: str = "pagedkv"
+) -> Recording:
+    """Run the trace through the scheduler loop on pagedkv, under `semantics` (a name of
+    `SEMANTICS_BY_NAME`: "vllm-0.33" for a recording vLLM 0.33.0 replays alike), and record
+    every manager call."""
     spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=8, head_size=128, dtype="bf16")
-    manager = KVCacheManager(uniform_kv_cache_config(spec, num_blocks), 1 << 18)
+    manager = KVCacheManager(
+        uniform_kv_cache_config(spec, num_blocks),
+        1 << 18,
+        semantics=SEMANTICS_BY_NAME[semantics],
+    )
     recorder = _Recorder(manager)
     scheduler = TraceScheduler(recorder, max_running=MAX_RUNNING, token_budget=TOKEN_BUDGET)
     scheduler.replay(make_trace(config))
