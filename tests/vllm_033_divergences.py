@@ -2,7 +2,7 @@
 
     python tests/vllm_033_divergences.py
 
-docs/semantics.md lists four behaviours of vLLM 0.33.0 that no semantics of the spec has, and
+docs/semantics.md lists five behaviours of vLLM 0.33.0 that no semantics of the spec has, and
 `pagedkv verify --against vllm==0.33.0` leaves them out of its domain. This replays one
 shortest case of each on the spec and on vLLM's code and prints what each side did as one JSON
 line, so a test can pin that the difference is still there (and the docs still true).
@@ -20,10 +20,15 @@ from vllm_campaign import UNREACHABLE, _unreachable
 from pagedkv.harness.adapters import spec_manager, spec_pool
 from pagedkv.harness.protocol import ManagerConfig
 from pagedkv.harness.setup_check import SetupError
+from pagedkv.harness.swarm.runs import hybrid_kv_cache_config
 from pagedkv.harness.vllm.against import prepare
 from pagedkv.spec.block_hash import request_block_hashes
 from pagedkv.vocab.hashes import sha256
-from pagedkv.vocab.kv_cache_interface import SlidingWindowSpec, uniform_kv_cache_config
+from pagedkv.vocab.kv_cache_interface import (
+    FullAttentionSpec,
+    SlidingWindowSpec,
+    uniform_kv_cache_config,
+)
 from pagedkv.vocab.request import PlaceholderRange, Request
 from pagedkv.vocab.semantics import VLLM_0_33
 
@@ -67,6 +72,28 @@ def eagle_sliding_hit(target: Any) -> dict[str, object]:
         manager.get_computed_blocks(first)
         manager.allocate_slots(first, 3)
         seen[side] = manager.get_computed_blocks(Request("b", [0, 0, 0, 0]))
+    return seen
+
+
+def eagle_hybrid_hit(target: Any) -> dict[str, object]:
+    """An eagle lookup with a full-attention and a sliding-window group (block size 1), after
+    the same 3-token prompt was cached: how many tokens does the hit cover?"""
+    specs = [
+        FullAttentionSpec(block_size=1, num_kv_heads=1, head_size=1, dtype="float16"),
+        SlidingWindowSpec(
+            block_size=1, num_kv_heads=1, head_size=1, dtype="float16", sliding_window=2
+        ),
+    ]
+    config = ManagerConfig(
+        hybrid_kv_cache_config(specs, 9), 8, True, "sha256", True, False, VLLM_0_33
+    )
+    seen: dict[str, object] = {}
+    for side, manager in (("spec", spec_manager(config)), ("vllm", target.manager_factory(config))):
+        first = Request("a", [0, 0, 0])
+        manager.get_computed_blocks(first)
+        manager.allocate_slots(first, 3)
+        _, num_tokens = manager.get_computed_blocks(Request("b", [0, 0, 0]))
+        seen[side] = num_tokens
     return seen
 
 
@@ -118,5 +145,6 @@ if __name__ == "__main__":
         "eagle_sliding_hit": eagle_sliding_hit(against),
         "one_token_window": one_token_window(against),
         "stale_parent": stale_parent(against),
+        "eagle_hybrid_hit": eagle_hybrid_hit(against),
     }
     print(json.dumps(report))
