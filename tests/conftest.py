@@ -1,4 +1,9 @@
-"""Hypothesis profiles. `./dev test` (and so CI) loads `ci`; set HYPOTHESIS_PROFILE to choose.
+"""Hypothesis profiles and the full tier.
+
+Tests marked `full` run only with `--full` (`./dev test --full`): the whole planted-bug table,
+the longer campaigns. The default run (`./dev test`, CI) has every kind of check at gate size.
+
+Hypothesis profiles: `./dev test` (and so CI) loads `ci`; set HYPOTHESIS_PROFILE to choose.
 
 - ci: derandomized (the same examples every run: no flaky CI), no database, no explain phase.
 - dev: random, for local runs.
@@ -10,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 _COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
@@ -36,3 +42,18 @@ settings.register_profile(
     **_COMMON,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--full", action="store_true", help="also run the tests marked full (the full tier)"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--full"):
+        return
+    skip = pytest.mark.skip(reason="the full tier: ./dev test --full")
+    for item in items:
+        if "full" in item.keywords:
+            item.add_marker(skip)

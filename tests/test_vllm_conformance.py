@@ -44,9 +44,11 @@ def run(*args: str, what: str) -> subprocess.CompletedProcess[str]:
     return completed
 
 
-def campaign(against: str, steps: int, semantics: str | None = None) -> tuple[int, Any]:
+def campaign(
+    against: str, steps: int, semantics: str | None = None, layers: str | None = None
+) -> tuple[int, Any]:
     """Exit status and JSON report of `vllm_campaign.py` (see there)."""
-    extra = [semantics] if semantics else []
+    extra = [semantics or "-", *([layers] if layers else [])]
     completed = run(str(CAMPAIGN), against, str(steps), *extra, what=against)
     assert completed.stdout, completed.stderr
     return completed.returncode, json.loads(completed.stdout.splitlines()[-1])
@@ -100,26 +102,47 @@ def test_vllm_0_33_conforms_to_the_spec_under_its_semantics_and_domain() -> None
     status, report = campaign("vllm==0.33.0", steps=20_000)
     assert status == 0, json.dumps(report, indent=1)
     assert report["semantics"] == "vllm-0.33"
-    for layer in LAYERS:
+    for layer in (*LAYERS, "hybrid"):
         assert report[layer]["failure"] is None
         assert report[layer]["steps"] >= 20_000, report[layer]
     assert "allocate_slots: returned None" in report["manager"]["outcomes"]
     assert report["manager"]["counts"]["sliding-window hits with leading null blocks"] > 0
+    # vLLM's own hybrid coordinator: hits one group cut short, all-or-nothing refusals.
+    hybrid = report["hybrid"]["counts"]
+    assert hybrid["hybrid hits cut short by one group"] > 0
+    assert hybrid["hybrid refusals where each group alone would fit"] > 0
+    assert hybrid["hybrid hits with leading null blocks, chunked group"] > 0
+
+
+def _is_layer(report: dict[str, Any], name: str) -> bool:
+    return isinstance(report[name], dict) and "failure" in report[name]
+
+
+SWITCH_SHOWS_IN = {
+    "usage_excludes_null_block": ("usage",),
+    # The free queue's order shows when blocks are next handed out.
+    "free_uncached_to_head": ("free", "get_new_blocks", "allocate_slots"),
+    "free_tail_first_without_caching": ("free", "get_new_blocks", "allocate_slots"),
+    "lookup_hashes_every_full_block": ("get_computed_blocks",),
+}
+"""Where flipping each switch first shows: the call whose result or state differs."""
+
+SWITCH_STEPS = {"lookup_hashes_every_full_block": 150_000}
+"""Steps the campaign needs to reach each switch's difference (default 30,000): a preempted
+request whose newest full block was filled by a sampled token is rarer."""
 
 
 @pytest.mark.parametrize("switch", VLLM_0_33_SWITCHES)
 def test_each_vllm_0_33_switch_is_needed(switch: str) -> None:
     """Not vacuous: with any one switch of `vllm-0.33` flipped, vLLM 0.33.0 diverges."""
-    status, report = campaign("vllm==0.33.0", 30_000, f"vllm-0.33~{switch}")
+    steps = SWITCH_STEPS.get(switch, 30_000)
+    layers = "manager" if switch in SWITCH_STEPS else None  # a manager-only difference
+    status, report = campaign("vllm==0.33.0", steps, f"vllm-0.33~{switch}", layers)
     assert status == 1, report
-    failures = [report[layer]["failure"] for layer in LAYERS if report[layer]["failure"]]
-    expected = {
-        "usage_excludes_null_block": "usage",
-        "free_uncached_to_head": "free",
-        "free_tail_first_without_caching": "free",
-        "lookup_hashes_every_full_block": "get_computed_blocks",
-    }[switch]
-    assert any(expected in f["text"] for f in failures), failures
+    failures = [report[name]["failure"] for name in report if _is_layer(report, name)]
+    failures = [failure for failure in failures if failure]
+    expected = SWITCH_SHOWS_IN[switch]
+    assert any(call in f["text"] for f in failures for call in expected), failures
 
 
 def test_the_differences_outside_the_vllm_0_33_domain_are_still_there() -> None:

@@ -1,6 +1,6 @@
 """A short swarm campaign against a vllm release, run in a process of its own.
 
-    python tests/vllm_campaign.py vllm==0.8.5 STEPS [SEMANTICS]
+    python tests/vllm_campaign.py vllm==0.8.5 STEPS [SEMANTICS|-] [LAYER,...]
 
 Each vllm release is imported as the package `vllm`, so two releases cannot share a process:
 the tests run this script once per release. It runs the block pool's and the manager's swarm
@@ -8,7 +8,9 @@ campaigns (seed 1, STEPS steps each, valid calls only, the release's domain) exa
 `pagedkv verify --against` does, and prints one JSON line: per layer the steps, runs, distinct
 states, outcome counts and the failure, if any (its first line and signature). SEMANTICS (a
 `--semantics` name, or NAME~SWITCH: that semantics with one switch flipped) replaces the
-release's own, to show that the campaign tells them apart. Exit status: 0 no divergence, 1 a
+release's own, to show that the campaign tells them apart; LAYER,... (pool, manager,
+hybrid) runs only those layers. A release with a hybrid coordinator (0.33.0) also runs the
+hybrid layer. Exit status: 0 no divergence, 1 a
 divergence, 2 a setup error, 3 the package index is unreachable and nothing is cached (the test
 skips, saying so).
 """
@@ -42,7 +44,9 @@ def _unreachable(error: BaseException) -> bool:
     return False
 
 
-def run(against: str, steps: int, semantics_name: str | None) -> tuple[int, dict[str, object]]:
+def run(
+    against: str, steps: int, semantics_name: str | None, only: str | None = None
+) -> tuple[int, dict[str, object]]:
     try:
         target = prepare(against)
     except SetupError as error:
@@ -57,10 +61,22 @@ def run(against: str, steps: int, semantics_name: str | None) -> tuple[int, dict
         if flipped:
             semantics = replace(semantics, **{flipped: not getattr(semantics, flipped)})
     domain = target.adapter.domain
-    layers = (
+    layers = [
         pool_layer(target.pool_factory, semantics=semantics, misuse=False, domain=domain),
         manager_layer(target.manager_factory, semantics=semantics, misuse=False, domain=domain),
-    )
+    ]
+    if domain.max_groups > 1:  # the release has a hybrid coordinator
+        layers.append(
+            manager_layer(
+                target.manager_factory,
+                semantics=semantics,
+                misuse=False,
+                domain=domain,
+                attention="hybrid",
+            )
+        )
+    if only is not None:
+        layers = [layer for layer in layers if layer.name in only.split(",")]
     report: dict[str, object] = {"version": target.version, "semantics": semantics.name}
     status = 0
     for layer in layers:
@@ -89,6 +105,8 @@ def run(against: str, steps: int, semantics_name: str | None) -> tuple[int, dict
 
 
 if __name__ == "__main__":
-    status, report = run(sys.argv[1], int(sys.argv[2]), (sys.argv[3:] or [None])[0])
+    semantics_arg = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
+    only_arg = sys.argv[4] if len(sys.argv) > 4 else None
+    status, report = run(sys.argv[1], int(sys.argv[2]), semantics_arg, only_arg)
     print(json.dumps(report))
     sys.exit(status)

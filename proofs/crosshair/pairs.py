@@ -146,6 +146,46 @@ def spec_window_hit(
     return spec_attention.sliding_window_usable_prefix(cached, sliding_window, block_size)
 
 
+# -- chunked local attention -------------------------------------------------------------------
+
+
+def _chunk_domain(cached: list[bool], attention_chunk_size: int, block_size: int) -> bool:
+    return len(cached) <= MAX_BLOCKS and attention_chunk_size >= 1 and block_size >= 1
+
+
+def impl_chunk_hit(
+    cached: list[bool], attention_chunk_size: int, block_size: int
+) -> tuple[int, int] | None:
+    """(length, null positions) of `ChunkedLocalAttentionManager.find_longest_cache_hit` over
+    the hit pattern (`scan_chunk_hit`: a forward scan per chunk, from the top)."""
+    if not _chunk_domain(cached, attention_chunk_size, block_size):
+        return None
+    null = -1
+    hits = impl_window.scan_chunk_hit(
+        len(cached),
+        attention_chunk_size,
+        block_size,
+        lambda position: position if cached[position] else None,
+        null,
+    )
+    return len(hits), sum(1 for block in hits if block == null)
+
+
+def spec_chunk_hit(
+    cached: list[bool], attention_chunk_size: int, block_size: int
+) -> tuple[int, int] | None:
+    """(length, null positions) of the spec's brute force over every length, longest first."""
+    if not _chunk_domain(cached, attention_chunk_size, block_size):
+        return None
+    hits = spec_attention.chunked_local_hit(  # block ids from 1: 0 is the null block
+        lambda position: position + 1 if cached[position] else None,
+        list(range(len(cached))),
+        attention_chunk_size,
+        block_size,
+    )
+    return len(hits), sum(1 for block in hits if block == spec_attention.NULL_BLOCK_ID)
+
+
 def _mm_domain(ranges: list[tuple[int, int]], start: int, end: int) -> bool:
     """Placeholder ranges as `Request` accepts them, and a non-empty block at a position >= 0."""
     return (
@@ -210,6 +250,11 @@ PAIRS: tuple[Pair, ...] = (
     Pair(impl_allocation_step, spec_allocation_step, ((0, 2, 0, 3, 1, 4, 1, 4),)),
     Pair(impl_window_skipped, spec_window_skipped, ((10, 4, 2), (3, 8, 4))),
     Pair(impl_window_hit, spec_window_hit, (([True, False, True, True], 8, 4),)),
+    Pair(
+        impl_chunk_hit,
+        spec_chunk_hit,
+        (([False, True, True, False, True], 8, 4), ([True, False, True], 6, 4)),
+    ),
     Pair(impl_mm_inputs, spec_mm_inputs, (([(0, 3), (5, 2)], 2, 6),)),
     Pair(impl_vllm_mm_inputs, spec_vllm_mm_inputs, (([(0, 4)], 4, 8), ([(0, 4)], 5, 8))),
 )

@@ -100,6 +100,13 @@ MANAGER_SCOPES: dict[str, tuple[ManagerSearchConfig, ...]] = {
         ManagerSearchConfig(
             4, 2, 5, ((0, 1, 0), (0, 1, 0)), samples=(0,), keys=(_IMAGE_A, _IMAGE_B_SALTED)
         ),
+        # Hybrid: a full-attention and a sliding-window group over one pool (840 states), and
+        # a sliding window beside chunked local attention, where one group's hit is cut short
+        # by the other and must be found again (2,160 states).
+        ManagerSearchConfig(5, 1, 3, _B1_SHORT, samples=(0,), more_groups=(("window", 2),)),
+        ManagerSearchConfig(
+            6, 1, 4, _B1, sliding_window=2, samples=(0,), more_groups=(("chunk", 2),)
+        ),
     ),
     "large": (
         ManagerSearchConfig(5, 1, 5, _B1_THREE, samples=(0,)),
@@ -115,6 +122,9 @@ MANAGER_SCOPES: dict[str, tuple[ManagerSearchConfig, ...]] = {
         ),
         ManagerSearchConfig(4, 1, 5, (*_B1_TWINS, (0, 1)), samples=(0,), keys=(None, _LORA)),
         ManagerSearchConfig(5, 1, 6, _B1, drafts=(0, 1, 2), lookaheads=(0, 2)),
+        ManagerSearchConfig(
+            7, 1, 4, _B1, samples=(0,), more_groups=(("window", 2), ("chunk", 2))
+        ),  # three groups: 10,080 states
     ),
 }
 """Manager configurations per scope: `ci` runs in CI, `large` on demand."""

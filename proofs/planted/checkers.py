@@ -293,6 +293,7 @@ SCENARIO_MODULES = (
     "tests/test_block_hash.py",
     "tests/test_readme.py",
     "tests/test_kv_events.py",
+    "tests/test_hybrid_manager.py",
 )
 SCENARIO_TIMEOUT = 300.0
 
