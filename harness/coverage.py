@@ -270,8 +270,9 @@ HYBRID_TARGETS: tuple[Target, ...] = (
     ),
     _t(
         "hybrid hits found again after a later group shortened them",
-        10,
-        "a windowed group's hit, cut to a shorter length, may be no hit: it must be found again",
+        5,
+        "a windowed group's hit, cut to a shorter length, may be no hit: it must be found again "
+        "(rare: 10-23 per 100,000 steps over seeds)",
     ),
     _t(
         "hybrid hits with leading null blocks, windowed group",
