@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from typing import Any
 
 from vllm_campaign import UNREACHABLE, _unreachable
@@ -97,6 +98,38 @@ def eagle_hybrid_hit(target: Any) -> dict[str, object]:
     return seen
 
 
+def preempted_lookup(target: Any) -> dict[str, object]:
+    """`lookup_hashes_every_full_block`: a request preempted right after a step whose draft
+    token was accepted (its newest full block computed, not yet cached), looked up again once
+    another request cached that block: how many tokens does the hit cover?"""
+    spec = FullAttentionSpec(block_size=1, num_kv_heads=1, head_size=1, dtype="float16")
+    flipped = replace(VLLM_0_33, lookup_hashes_every_full_block=False)
+    seen: dict[str, object] = {}
+    sides = (("spec", VLLM_0_33), ("spec without the switch", flipped), ("vllm", VLLM_0_33))
+    for side, semantics in sides:
+        config = ManagerConfig(
+            uniform_kv_cache_config(spec, 12), 10, True, "sha256", False, False, semantics
+        )
+        manager = target.manager_factory(config) if side == "vllm" else spec_manager(config)
+        first = Request("a", [0, 0])
+        manager.get_computed_blocks(first)
+        manager.allocate_slots(first, 2)
+        first.num_computed_tokens = 2
+        first.append_output_token_ids(0)
+        first.spec_token_ids = [0]
+        manager.allocate_slots(first, 2)  # the sampled token and one draft
+        first.spec_token_ids = []
+        first.num_computed_tokens = 4  # the draft accepted
+        first.append_output_token_ids([0, 0])
+        manager.free(first)  # preempted
+        first.num_computed_tokens = 0
+        second = Request("b", [0, 0, 0, 0, 0, 1])
+        manager.get_computed_blocks(second)
+        manager.allocate_slots(second, 6)
+        seen[side] = manager.get_computed_blocks(first)[1]
+    return seen
+
+
 def stale_parent(target: Any) -> dict[str, object]:
     """A request's block freed while it still lists it, reused by another request, then the
     request's next block cached: does it chain to the request's own hashes?"""
@@ -146,5 +179,6 @@ if __name__ == "__main__":
         "one_token_window": one_token_window(against),
         "stale_parent": stale_parent(against),
         "eagle_hybrid_hit": eagle_hybrid_hit(against),
+        "preempted_lookup": preempted_lookup(against),
     }
     print(json.dumps(report))

@@ -64,13 +64,13 @@ STAND_INS = {
 }
 HASH_SEEDING = "vLLM's NONE_HASH set to pagedkv's"
 LOGGERS = ("vllm",)
-DOMAIN = Domain(min_window_over_block=4, cache_salts=False)
-"""Outside it vLLM 0.8.5 differs from every semantics of the spec (docs/semantics.md): it has no
-cache salt, and it fails an internal assert when a sliding window skips the parent of the next
-block to cache: the computed tokens may run ahead of the cached blocks by a block less one token
-plus the drafts a step accepts (the client accepts at most 3), so a window narrower than
-`block_size + 4` can skip that parent. Real windows are far wider than a block plus a few
-drafts."""
+DOMAIN = Domain(min_window_over_block=4, cache_salts=False, max_groups=1)
+"""Outside it vLLM 0.8.5 differs from every semantics of the spec (docs/semantics.md): it has one
+KV cache group only (no hybrid manager), no cache salt, and it fails an internal assert when a
+sliding window skips the parent of the next block to cache: the computed tokens may run ahead of
+the cached blocks by a block less one token plus the drafts a step accepts (the client accepts
+at most 3), so a window narrower than `block_size + 4` can skip that parent. Real windows are far
+wider than a block plus a few drafts."""
 """vLLM logs a warning for every refused prefix-cache reset: thousands in a campaign."""
 
 
