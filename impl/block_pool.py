@@ -615,8 +615,9 @@ class BlockPool:
         self, blocks: Sequence[KVCacheBlock], block_hashes: list[BlockHashType]
     ) -> None:
         """Store in `block_hashes[i]` the hash object `blocks[i]` is cached under, for each
-        block cached in KV cache group 0 (null blocks and other groups' blocks are passed
-        over), for a caller that holds the call token.
+        cached block (null blocks are passed over), for a caller that holds the call token and
+        whose blocks are KV cache group 0's (their key is their hash; a hybrid manager interns
+        group 0's hits only).
 
         `blocks` are a lookup's hits for `block_hashes`, so each stored hash equals its block's;
         storing the block's own object makes `check_hits_locked`'s test of a later allocation
@@ -626,8 +627,8 @@ class BlockPool:
         """
         for position, block in enumerate(blocks):
             cached_hash = block._block_hash
-            if type(cached_hash) is BlockHashType:  # not None, nor another group's key
-                block_hashes[position] = cached_hash
+            if cached_hash is not None:  # a hash: group 0's key (no test of it on this path)
+                block_hashes[position] = cached_hash  # type: ignore[assignment]
 
     def check_hits_locked(
         self,
