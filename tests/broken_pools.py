@@ -47,11 +47,11 @@ class ReleaseResetsRefCntPool(BlockPool):
     """free_blocks sets a released block's ref_cnt to 0 instead of taking one reference away:
     a block two requests share goes back to the free queue while one still holds it."""
 
-    def _free_blocks(self, blocks: list[KVCacheBlock]) -> None:
+    def free_blocks_locked(self, blocks: list[KVCacheBlock]) -> None:
         for block in blocks:
             if block is not self.null_block and block.ref_cnt > 1:
                 block.ref_cnt = 1
-        super()._free_blocks(blocks)
+        super().free_blocks_locked(blocks)
 
 
 class EvictionKeepsHashPool(BlockPool):
