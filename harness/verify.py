@@ -71,6 +71,7 @@ from pagedkv.harness.swarm.report import (
 )
 from pagedkv.harness.swarm.shrink import shrink
 from pagedkv.harness.vllm.against import Against, prepare
+from pagedkv.spec.arguments import VLLM_0_8_5_ONLY
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab.errors import InvalidArgumentError
 from pagedkv.vocab.semantics import VLLM_0_8_5, VLLM_0_33, Semantics
@@ -233,7 +234,7 @@ def plan(args: argparse.Namespace, against: Against | None) -> list[Campaign]:
         campaigns.append(
             _manager_campaign(args, manager_factory, name, semantics, misuse, domain, unbounded)
         )
-    domain = dataclasses.replace(domain, max_groups=_max_groups(args, domain))
+    domain = dataclasses.replace(domain, max_groups=_max_groups(args, domain, semantics))
     if args.layer == "hybrid" or (args.layer == "all" and domain.max_groups > 1):
         if domain.max_groups < 2:
             raise InvalidArgumentError(
@@ -281,13 +282,16 @@ def _manager_campaign(
     return Campaign(title, name, layer, semantics, misuse, domain, steps, targets, flags)
 
 
-def _max_groups(args: argparse.Namespace, domain: Domain) -> int:
-    """The hybrid layer's most groups: as given, else as the domain says for vLLM releases and
-    pagedkv's own managers, else 1 (a third-party manager may serve one group only).
+def _max_groups(args: argparse.Namespace, domain: Domain, semantics: Semantics) -> int:
+    """The hybrid layer's most groups: 1 under vLLM 0.8.5's semantics (it had no hybrid
+    manager); as given; else as the domain says for vLLM releases and pagedkv's own managers;
+    else 1 (a third-party manager may serve one group only).
 
     Raises:
         InvalidArgumentError: a number outside 1-MAX_GROUPS.
     """
+    if any(getattr(semantics, name) for name in VLLM_0_8_5_ONLY):
+        return 1  # vLLM 0.8.5's behaviour: it had no hybrid manager
     if args.max_groups is not None:
         if not 1 <= args.max_groups <= MAX_GROUPS:
             raise InvalidArgumentError(

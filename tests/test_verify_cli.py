@@ -24,7 +24,7 @@ def _steps(report: str) -> int:
     return int(match.group(1).replace(",", ""))
 
 
-def test_a_swarm_run_checks_both_layers_and_prints_the_coverage_table(
+def test_a_swarm_run_checks_every_layer_and_prints_the_coverage_table(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert main(["verify", "--quiet", "--steps", "20000", "--seed", "5"]) == 0
@@ -33,6 +33,7 @@ def test_a_swarm_run_checks_both_layers_and_prints_the_coverage_table(
     assert [c.splitlines()[0].split(":")[0] for c in campaigns] == [
         "block pool",
         "KV cache manager",
+        "KV cache manager, hybrid (2-4 KV cache groups)",
     ]
     for campaign in campaigns:
         assert "campaign seed          5 (--seed 5 reproduces it)" in campaign
@@ -44,6 +45,8 @@ def test_a_swarm_run_checks_both_layers_and_prints_the_coverage_table(
     assert "sliding-window hits with leading null blocks" in campaigns[1]
     assert "refusals of allocate_slots" in campaigns[1]
     assert "attention  full" in campaigns[1]
+    assert "hybrid hits cut short by one group" in campaigns[2]
+    assert "attention  hybrid, 2 groups" in campaigns[2]
 
 
 def test_an_unmet_coverage_target_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
@@ -243,4 +246,4 @@ def test_verify_needs_no_hypothesis() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    assert completed.stdout.count("OK: no divergence") == 2
+    assert completed.stdout.count("OK: no divergence") == 3  # pool, manager, hybrid

@@ -175,4 +175,5 @@ def test_against_needs_no_torch(against: str) -> None:
     )
     completed = run("-c", program, what=against)
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    assert completed.stdout.count("OK: no divergence") == 2
+    layers = 3 if against == "vllm==0.33.0" else 2  # 0.33.0's hybrid coordinator too
+    assert completed.stdout.count("OK: no divergence") == layers
