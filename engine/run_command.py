@@ -5,7 +5,8 @@
     pagedkv run --prompts prompts.jsonl --model ./my-llama --device cuda
 
 Exit status: 0 done (and, with --check-dense, every request equal); 1 the dense check failed;
-2 bad arguments or input, a missing dependency, or no device.
+2 bad arguments or input, a missing dependency, or no device. Arguments are checked, and errors
+name the option, before torch is imported.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from pagedkv.engine.dependencies import MissingDependencyError, require
-from pagedkv.vocab.errors import PagedKVError
+from pagedkv.engine.presets import PRESETS, max_positions
+from pagedkv.vocab.errors import InvalidArgumentError, PagedKVError
 
 if TYPE_CHECKING:
     from pagedkv.engine.dense_check import DenseCheck
@@ -26,6 +28,19 @@ if TYPE_CHECKING:
     from pagedkv.engine.llm_engine import RunResult
 
 DTYPES = ("float32", "float16", "bfloat16")
+MINIMUMS = {
+    "requests": 1,
+    "prompt_tokens": 8,
+    "max_tokens": 1,
+    "num_blocks": 2,
+    "block_size": 1,
+    "max_num_seqs": 1,
+    "max_num_batched_tokens": 1,
+    "max_model_len": 1,
+    "runtime_checks": 0,
+    "threads": 1,
+}
+"""Each integer option's least value (None, where an option may be left out, is not checked)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model")
     model.add_argument("--model", type=Path, metavar="PATH", help="a local Llama checkpoint")
     model.add_argument(
-        "--preset", default="small", help="the synthetic Llama without --model: tiny or small"
+        "--preset",
+        default="small",
+        choices=PRESETS,
+        help="the synthetic Llama without --model (small)",
     )
     model.add_argument("--dtype", choices=DTYPES, default="float32")
     model.add_argument(
@@ -109,14 +127,58 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every check that needs no model: done before torch is imported.
+
+    Raises:
+        InvalidArgumentError: names the option (`--block-size must be ...`).
+    """
+    for name, minimum in MINIMUMS.items():
+        value = getattr(args, name)
+        if value is not None and value < minimum:
+            raise InvalidArgumentError(f"{_option(name)} must be >= {minimum}, got {value}")
+    if args.block_size & (args.block_size - 1):
+        raise InvalidArgumentError(
+            f"--block-size must be a power of two (the kernels shift by it), got {args.block_size}"
+        )
+    if args.executor == "cupy" and args.device != "cuda":
+        raise InvalidArgumentError("--executor cupy launches CUDA kernels: add --device cuda")
+    if args.model is not None:
+        if not (args.model / "config.json").is_file():
+            raise InvalidArgumentError(
+                f"--model {args.model}: no config.json there (a local directory)"
+            )
+    elif args.max_model_len is not None and args.max_model_len > max_positions(args.preset):
+        raise InvalidArgumentError(
+            f"--max-model-len {args.max_model_len} exceeds the {args.preset!r} model's "
+            f"{max_positions(args.preset)} positions"
+        )
+    if args.prompts is not None and not args.prompts.is_file():
+        raise InvalidArgumentError(f"--prompts {args.prompts}: no such file")
+    for name in ("plot", "json"):
+        path = getattr(args, name)
+        if path is not None and not path.resolve().parent.is_dir():
+            raise InvalidArgumentError(
+                f"--{name} {path}: the directory {path.resolve().parent} does not exist"
+            )
+
+
+def _option(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run `pagedkv run` with parsed `args`; return the exit status."""
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     try:
+        check_arguments(args)
         require("torch", "transformers", "tqdm", *(["matplotlib"] if args.plot else []))
     except MissingDependencyError as error:
         print(f"pagedkv run: {error}", file=err)
+        return 2
+    except PagedKVError as error:
+        print(f"pagedkv run: error: {error}", file=err)
         return 2
     try:
         session = _Session(args, err)
@@ -157,7 +219,6 @@ class _Session:
 
         from pagedkv.engine.config import EngineConfig
         from pagedkv.engine.report import RunDescription
-        from pagedkv.vocab.errors import InvalidArgumentError
 
         self.args = args
         self.err = err
@@ -167,15 +228,17 @@ class _Session:
             executor = "cupy" if args.device == "cuda" else "reference"
         if args.device == "cuda" and not torch.cuda.is_available():
             raise InvalidArgumentError("--device cuda: torch sees no CUDA device")
-        if executor == "cupy" and args.device != "cuda":
-            raise InvalidArgumentError("--executor cupy launches CUDA kernels: add --device cuda")
         self.executor = executor
-        if args.threads is not None:
-            if args.threads < 1:
-                raise InvalidArgumentError(f"--threads must be >= 1, got {args.threads}")
-            torch.set_num_threads(args.threads)
         self.model, model_text = self._load_model(getattr(torch, args.dtype))
         model_config = self.model.config
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
+        positions = model_config.max_position_embeddings
+        if args.max_model_len is not None and args.max_model_len > positions:
+            raise InvalidArgumentError(
+                f"--max-model-len {args.max_model_len} exceeds the model's "
+                f"max_position_embeddings {positions}"
+            )
         self.config = EngineConfig(
             num_blocks=args.num_blocks,
             block_size=args.block_size,
@@ -187,7 +250,10 @@ class _Session:
         )
         self.requests, workload = self._load_requests(model_config.vocab_size)
         self.description = RunDescription(
-            model=model_text, device=args.device, executor=executor, workload=workload
+            model=model_text,
+            device=args.device,
+            executor=executor,
+            workload=workload,
         )
 
     def _load_model(self, dtype: Any) -> tuple[Any, str]:
@@ -217,12 +283,9 @@ class _Session:
             load_prompts_jsonl,
             synthetic_chat_trace,
         )
-        from pagedkv.vocab.errors import InvalidArgumentError
 
         args = self.args
         stops = stop_token_ids(self.model)
-        if args.max_tokens < 1:
-            raise InvalidArgumentError(f"--max-tokens must be >= 1, got {args.max_tokens}")
         if args.prompts is not None:
             requests = load_prompts_jsonl(
                 args.prompts,
@@ -232,8 +295,6 @@ class _Session:
                 tokenize=self._tokenizer(),
             )
             return requests, f"{len(requests)} requests from {args.prompts}"
-        if args.requests < 1:
-            raise InvalidArgumentError(f"--requests must be >= 1, got {args.requests}")
         trace = ChatTraceConfig.scaled(
             num_requests=args.requests,
             max_prompt_tokens=args.prompt_tokens,

@@ -1,5 +1,6 @@
 """`pagedkv run`: the dense check passes with evictions and preemptions in the report, a wrong
-executor exits 1, bad input and missing dependencies exit 2 with a message naming the cause."""
+executor exits 1, bad input and missing dependencies exit 2 with a message naming the option or
+the cause, argument errors before torch is imported."""
 
 from __future__ import annotations
 
@@ -143,51 +144,70 @@ def test_prompts_from_a_jsonl_file_are_served(
     assert _field(report, "tokens").startswith("14 prompt, 21 generated")  # 5 + 16 (default)
 
 
+BAD_ARGUMENTS = [
+    (["--executor", "cupy"], "--executor cupy launches CUDA kernels: add --device cuda"),
+    (["--block-size", "6"], "--block-size must be a power of two (the kernels shift by it), got 6"),
+    (["--num-blocks", "1"], "--num-blocks must be >= 2, got 1"),
+    (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1, got 0"),
+    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be >= 1, got 0"),
+    (["--max-model-len", "0"], "--max-model-len must be >= 1, got 0"),
+    (["--max-model-len", "5000"], "--max-model-len 5000 exceeds the 'tiny' model's 1024 positions"),
+    (["--runtime-checks", "-1"], "--runtime-checks must be >= 0, got -1"),
+    (["--requests", "0"], "--requests must be >= 1, got 0"),
+    (["--prompt-tokens", "4"], "--prompt-tokens must be >= 8, got 4"),
+    (["--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
+    (["--model", "/nonexistent"], "--model /nonexistent: no config.json there"),
+    (["--prompts", "/nonexistent.jsonl"], "--prompts /nonexistent.jsonl: no such file"),
+    (["--plot", "/nonexistent/run.png"], "--plot /nonexistent/run.png: the directory /nonexistent"),
+    (["--json", "/nonexistent/run.json"], "--json /nonexistent/run.json: the directory"),
+]
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--executor", "cupy"], "--executor cupy launches CUDA kernels: add --device cuda"),
+        *BAD_ARGUMENTS,
         pytest.param(
             ["--device", "cuda"],
             "--device cuda: torch sees no CUDA device",
             marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here"),
         ),
         (["--num-blocks", "8"], "'chat-000': a request must fit in the pool on its own"),
-        (["--block-size", "6"], "block_size must be a power of two"),
-        (["--preset", "huge"], "unknown synthetic model 'huge'"),
-        (["--model", "/nonexistent"], "--model /nonexistent: no config.json there"),
-        (["--threads", "0"], "--threads must be >= 1"),
     ],
 )
-def test_bad_arguments_exit_2_with_the_reason(
+def test_bad_arguments_exit_2_naming_the_option(
     capsys: pytest.CaptureFixture[str], extra: list[str], message: str
 ) -> None:
     assert main([*TINY, *extra]) == 2
     assert message in capsys.readouterr().err
 
 
-def test_a_missing_dependency_names_the_extra_to_install(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import importlib.util
-
-    find_spec = importlib.util.find_spec
-
-    def without_transformers(name: str, *args: object) -> object:
-        return None if name == "transformers" else find_spec(name, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(importlib.util, "find_spec", without_transformers)
-    assert main(TINY) == 2
-    err = capsys.readouterr().err
-    assert "needs transformers, which is not installed: pip install 'pagedkv[engine]'" in err
-
-
-def test_the_run_command_imports_no_optional_dependency_until_it_runs() -> None:
-    """So that a missing extra is reported as such, not as an ImportError traceback."""
+def test_argument_errors_come_before_torch_is_imported() -> None:
+    """Each refused at once, in a process that never imports torch (nor transformers)."""
     code = (
-        "import sys, pagedkv.cli, pagedkv.engine, pagedkv.engine.run_command;"
-        "print(sorted({m.split('.')[0] for m in sys.modules} & "
-        "{'torch', 'transformers', 'tqdm', 'matplotlib', 'numpy'}))"
+        "import contextlib, io, json, sys\n"
+        "from pagedkv.cli import main\n"
+        "statuses = []\n"
+        "for extra in json.loads(sys.argv[1]):\n"
+        "    with contextlib.redirect_stderr(io.StringIO()):\n"
+        "        statuses.append(main([*json.loads(sys.argv[2]), *extra]))\n"
+        "print(json.dumps([statuses, 'torch' in sys.modules, 'transformers' in sys.modules]))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    cases = [extra for extra, _ in BAD_ARGUMENTS]
+    completed = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(cases), json.dumps(TINY)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    statuses, torch_imported, transformers_imported = json.loads(completed.stdout)
+    assert statuses == [2] * len(cases)
+    assert not torch_imported and not transformers_imported
+
+
+def test_an_unknown_preset_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*TINY, "--preset", "huge"])
+    assert exited.value.code == 2
+    assert "argument --preset: invalid choice: 'huge'" in capsys.readouterr().err
