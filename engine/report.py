@@ -11,12 +11,14 @@ from pagedkv.engine.metrics import RunSummary
 
 @dataclass(frozen=True)
 class RunDescription:
-    """What ran: the model, where, with which executor, on which workload."""
+    """What ran: the model, where, with which executor, on which workload; `threads`: torch's
+    CPU threads (None: not on CPU)."""
 
     model: str
     device: str
     executor: str
     workload: str
+    threads: int | None = None
 
 
 def _line(name: str, value: str) -> str:
@@ -37,7 +39,7 @@ def format_report(
     lines = [
         f"pagedkv run — {description.workload}",
         _line("model", description.model),
-        _line("executor", f"{description.executor} on {description.device}"),
+        _line("executor", _executor_text(description)),
         _line(
             "pool",
             f"{config.num_blocks:,} blocks x {config.block_size} tokens ({pool_tokens:,} tokens "
@@ -77,6 +79,13 @@ def format_report(
     if check is not None:
         lines.append(_line("dense check", _check_line(check)))
     return "\n".join(lines)
+
+
+def _executor_text(description: RunDescription) -> str:
+    text = f"{description.executor} on {description.device}"
+    if description.threads is not None:
+        text += f", {description.threads} torch thread{'' if description.threads == 1 else 's'}"
+    return text
 
 
 def _check_line(check: DenseCheck) -> str:

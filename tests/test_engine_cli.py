@@ -1,6 +1,7 @@
 """`pagedkv run`: the dense check passes with evictions and preemptions in the report, a wrong
 executor exits 1, bad input and missing dependencies exit 2 with a message naming the option or
-the cause, argument errors before torch is imported."""
+the cause, argument errors before torch is imported, one torch thread by default for a small
+model."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def test_check_dense_passes_and_the_report_shows_evictions_and_preemptions(
 def test_the_kernels_dry_run_passes_the_same_check(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*TINY, "--executor", "cupy-dry-run", "--check-dense"]) == 0
     report = capsys.readouterr().out
-    assert _field(report, "executor") == "cupy-dry-run on cpu"
+    assert _field(report, "executor") == "cupy-dry-run on cpu, 1 torch thread"
     assert _field(report, "dense check").startswith("OK")
 
 
@@ -211,3 +212,42 @@ def test_an_unknown_preset_is_refused_by_the_parser(capsys: pytest.CaptureFixtur
         main([*TINY, "--preset", "huge"])
     assert exited.value.code == 2
     assert "argument --preset: invalid choice: 'huge'" in capsys.readouterr().err
+
+
+def test_a_small_model_runs_on_one_torch_thread_by_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    torch.set_num_threads(2)
+    default = [arg for arg in TINY if arg not in ("--threads", "1")]
+    assert main([*default, "--requests", "2"]) == 0
+    assert _field(capsys.readouterr().out, "executor") == "reference on cpu, 1 torch thread"
+    assert torch.get_num_threads() == 1
+    assert main([*default, "--requests", "2", "--threads", "2"]) == 0  # a choice is kept
+    assert _field(capsys.readouterr().out, "executor") == "reference on cpu, 2 torch threads"
+
+
+def test_a_missing_dependency_names_the_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+
+    def without_transformers(name: str, *args: object) -> object:
+        return None if name == "transformers" else find_spec(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_transformers)
+    assert main(TINY) == 2
+    err = capsys.readouterr().err
+    assert "needs transformers, which is not installed: pip install 'pagedkv[engine]'" in err
+
+
+def test_the_run_command_imports_no_optional_dependency_until_it_runs() -> None:
+    """So that a missing extra is reported as such, not as an ImportError traceback."""
+    code = (
+        "import sys, pagedkv.cli, pagedkv.engine, pagedkv.engine.run_command;"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'torch', 'transformers', 'tqdm', 'matplotlib', 'numpy'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
