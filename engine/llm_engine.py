@@ -23,7 +23,7 @@ import torch
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.engine_request import EngineRequest
 from pagedkv.engine.executor import ExecutorFactory, ExecutorName, make_executor
-from pagedkv.engine.metrics import RunSummary, StepRecord
+from pagedkv.engine.metrics import RunSummary, StepRecord, percentile
 from pagedkv.engine.model import check_llama
 from pagedkv.engine.paged_llama import PagedLlamaRunner
 from pagedkv.engine.scheduler import Scheduler, SchedulerOutput
@@ -165,13 +165,22 @@ class LLMEngine:
                 wait (cannot happen for requests `check_request` accepted), or a runtime check
                 failed.
         """
+        began = time.perf_counter()
         while self.pending and self.pending[0].arrival_step <= self.step_index:
-            self.scheduler.add_request(self.pending.pop(0))
+            item = self.pending.pop(0)
+            item.arrival_time = began
+            self.scheduler.add_request(item)
         output = self.scheduler.schedule()
         finished: list[EngineRequest] = []
         if output.scheduled:
             sampled = self._execute(output)
             finished = self.scheduler.update_from_output(output, sampled)
+            sampled_at = time.perf_counter()
+            for chunk in output.scheduled:
+                if chunk.samples:
+                    if chunk.item.first_token_time is None:
+                        chunk.item.first_token_time = sampled_at
+                    chunk.item.last_token_time = sampled_at
         elif self.scheduler.waiting and not self.scheduler.running:
             raise InvariantViolation(
                 "a step with waiting requests and an idle pool schedules something",
@@ -217,6 +226,10 @@ class LLMEngine:
         items = list(self.requests)
         summary.num_requests = len(items)
         summary.num_generated_tokens = sum(len(item.output_token_ids) for item in items)
+        ttfts = [item.ttft for item in items if item.ttft is not None]
+        tpots = [item.tpot for item in items if item.tpot is not None]
+        summary.ttft_median, summary.ttft_p90 = percentile(ttfts, 0.5), percentile(ttfts, 0.9)
+        summary.tpot_median, summary.tpot_p90 = percentile(tpots, 0.5), percentile(tpots, 0.9)
         logits = {}
         if self.keep_logits:
             logits = {

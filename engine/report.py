@@ -58,6 +58,7 @@ def format_report(
             f"{summary.computed_tokens_per_second:,.1f} computed tokens/s "
             f"({summary.seconds:.2f} s wall clock, {summary.cpu_seconds:.2f} s CPU)",
         ),
+        _line("latency", _latency_text(summary)),
         _line(
             "attention share",
             f"{100 * summary.attention_share:.1f}% of the time (K/V writes "
@@ -86,6 +87,21 @@ def _executor_text(description: RunDescription) -> str:
     if description.threads is not None:
         text += f", {description.threads} torch thread{'' if description.threads == 1 else 's'}"
     return text
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value * 1000:,.1f} ms" if value < 1 else f"{value:,.2f} s"
+
+
+def _latency_text(summary: RunSummary) -> str:
+    """TTFT and TPOT, median and p90 over the requests (wall clock)."""
+    return (
+        f"TTFT median {_seconds(summary.ttft_median)}, p90 {_seconds(summary.ttft_p90)}; "
+        f"TPOT median {_seconds(summary.tpot_median)}, p90 {_seconds(summary.tpot_p90)} "
+        f"(wall clock; TTFT from arrival, queueing included)"
+    )
 
 
 def _check_line(check: DenseCheck) -> str:

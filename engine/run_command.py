@@ -400,6 +400,17 @@ def _write_json(path: Path, session: _Session, result: RunResult, check: DenseCh
             "computed_tokens_per_second": summary.computed_tokens_per_second,
             "attention_share": summary.attention_share,
         },
+        "requests": [
+            {
+                "id": item.request_id,
+                "num_prompt_tokens": len(item.prompt_token_ids),
+                "num_output_tokens": len(item.output_token_ids),
+                "num_preemptions": item.num_preemptions,
+                "ttft": item.ttft,
+                "tpot": item.tpot,
+            }
+            for item in result.requests
+        ],
         "steps": [asdict(record) for record in result.steps],
         "dense_check": None
         if check is None

@@ -1,7 +1,7 @@
-"""`pagedkv run`: the dense check passes with evictions and preemptions in the report, a wrong
-executor exits 1, bad input and missing dependencies exit 2 with a message naming the option or
-the cause, argument errors before torch is imported, one torch thread by default for a small
-model."""
+"""`pagedkv run`: the dense check passes with evictions and preemptions in the report, TTFT and
+TPOT in the report and the JSON, a wrong executor exits 1, bad input and missing dependencies
+exit 2 with a message naming the option or the cause, argument errors before torch is imported,
+one torch thread by default for a small model."""
 
 from __future__ import annotations
 
@@ -80,12 +80,23 @@ def test_check_dense_passes_and_the_report_shows_evictions_and_preemptions(
     assert re.match(r"[1-9][\d.]*% \(", _field(report, "prefix-cache hits"))
     assert re.match(r"[\d,.]+ generated tokens/s", _field(report, "throughput"))
     assert re.match(r"[\d.]+% of the time", _field(report, "attention share"))
+    assert re.match(
+        r"TTFT median [\d.,]+ m?s, p90 [\d.,]+ m?s; TPOT median [\d.,]+ m?s, p90 [\d.,]+ m?s ",
+        _field(report, "latency"),
+    )
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and figure.stat().st_size > 10_000
     document = json.loads(numbers.read_text())
     assert document["dense_check"]["passed"] is True
     assert document["summary"]["num_preemptions"] == _count(report, "preemptions")
     assert len(document["steps"]) == _count(report, "steps")
     assert document["config"]["runtime_checks"] == 1
+    summary, requests = document["summary"], document["requests"]
+    assert len(requests) == 20 and all(r["ttft"] > 0 for r in requests)
+    ttfts = sorted(r["ttft"] for r in requests)
+    assert summary["ttft_median"] == (ttfts[9] + ttfts[10]) / 2  # interpolated, as numpy's
+    assert ttfts[0] <= summary["ttft_p90"] <= ttfts[-1]
+    tpots = [r["tpot"] for r in requests if r["num_output_tokens"] >= 2]
+    assert tpots and all(t > 0 for t in tpots) and summary["tpot_median"] > 0
 
 
 def test_the_kernels_dry_run_passes_the_same_check(capsys: pytest.CaptureFixture[str]) -> None:
@@ -251,3 +262,12 @@ def test_the_run_command_imports_no_optional_dependency_until_it_runs() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_percentiles_interpolate_between_the_nearest_ranks() -> None:
+    from pagedkv.engine.metrics import percentile
+
+    assert percentile([], 0.5) is None
+    assert percentile([3.0], 0.9) == 3.0
+    assert percentile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5  # unsorted input
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.9) == pytest.approx(3.7)
