@@ -16,7 +16,7 @@ import bisect
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,6 +33,9 @@ from pagedkv.gpu.step_metadata import build_step_metadata, scheduled_from_manage
 from pagedkv.manager import KVCacheManager
 from pagedkv.vocab.errors import InvalidArgumentError, InvariantViolation, RequestError
 from pagedkv.vocab.kv_cache_interface import FullAttentionSpec, uniform_kv_cache_config
+
+if TYPE_CHECKING:
+    from pagedkv.events.metrics import KVCacheMetrics
 
 
 @dataclass
@@ -69,6 +72,9 @@ class LLMEngine:
             "cupy-dry-run" (the kernels' glue and checks, computing with the reference), or a
             factory making an executor from the per-layer caches.
         keep_logits: keep every sampled token's logits row (for the dense check).
+        metrics: a Prometheus exporter fed after every step (usage, the manager's prefix-cache
+            stats, evictions from its KV cache events, the step's preemptions); the manager
+            gathers stats and events only then.
 
     Raises:
         InvalidArgumentError: max_model_len beyond the model's positions, or a bad executor.
@@ -81,6 +87,7 @@ class LLMEngine:
         *,
         executor: ExecutorName | ExecutorFactory = "reference",
         keep_logits: bool = False,
+        metrics: KVCacheMetrics | None = None,
     ) -> None:
         check_llama(model)
         model_config = model.config
@@ -104,8 +111,11 @@ class LLMEngine:
             kv_cache_config,
             config.max_model_len,
             enable_caching=config.enable_prefix_caching,
+            log_stats=metrics is not None,
+            enable_kv_cache_events=metrics is not None,
             debug_invariants=config.runtime_checks,
         )
+        self.metrics = metrics
         caches = allocate_kv_caches(kv_cache_config, backend="torch", device=str(self.device))
         layer_names = kv_cache_config.kv_cache_groups[0].layer_names
         layer_caches = [caches[name] for name in layer_names]
@@ -188,6 +198,14 @@ class LLMEngine:
                 f"{self.manager.block_pool.get_num_free_blocks()} free blocks",
             )
         self._record(output)
+        if self.metrics is not None:
+            manager = self.manager
+            self.metrics.observe(
+                usage=manager.usage,
+                stats=manager.make_prefix_cache_stats(),
+                events=manager.take_events(),
+                num_preempted=len(output.preempted),
+            )
         checks = self.config.runtime_checks
         if checks and self.step_index % checks == 0:
             self.scheduler.check_invariants()

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from pagedkv.engine.dense_check import DenseCheck
     from pagedkv.engine.engine_request import EngineRequest
     from pagedkv.engine.llm_engine import RunResult
+    from pagedkv.events.metrics import KVCacheMetrics, MetricsServer
 
 DTYPES = ("float32", "float16", "bfloat16")
 SMALL_MODEL_PARAMETERS = 100_000_000
@@ -44,6 +45,7 @@ MINIMUMS = {
     "max_model_len": 1,
     "runtime_checks": 0,
     "threads": 1,
+    "metrics_port": 0,
 }
 """Each integer option's least value (None, where an option may be left out, is not checked)."""
 
@@ -125,6 +127,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     checks.add_argument("--plot", type=Path, metavar="OUT.png", help="write the run's figure")
     checks.add_argument("--json", type=Path, metavar="OUT.json", help="write the run's numbers")
+    served = parser.add_argument_group("metrics (the metrics extra: prometheus_client)")
+    served.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics under vLLM's names at http://HOST:PORT/metrics during "
+        "the run (0: any free port)",
+    )
+    served.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="the address --metrics-port listens on (127.0.0.1; 0.0.0.0 for every interface)",
+    )
+    served.add_argument(
+        "--served-model-name",
+        metavar="NAME",
+        help="the metrics' model_name label (default: --model as given, or synthetic-PRESET)",
+    )
     checks.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -147,6 +168,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise InvalidArgumentError(
             f"--block-size must be a power of two (the kernels shift by it), got {args.block_size}"
         )
+    if args.metrics_port is not None and args.metrics_port > 65535:
+        raise InvalidArgumentError(f"--metrics-port must be <= 65535, got {args.metrics_port}")
     if args.executor == "cupy" and args.device != "cuda":
         raise InvalidArgumentError("--executor cupy launches CUDA kernels: add --device cuda")
     if args.model is not None:
@@ -167,6 +190,8 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise InvalidArgumentError(
                 f"--{name} {path}: the directory {path.resolve().parent} does not exist"
             )
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise InvalidArgumentError("--served-model-name must not be empty")
 
 
 def _option(name: str) -> str:
@@ -180,6 +205,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     try:
         check_arguments(args)
         require("torch", "transformers", "tqdm", *(["matplotlib"] if args.plot else []))
+        if args.metrics_port is not None:
+            require("prometheus_client", purpose="pagedkv run --metrics-port", extra="metrics")
     except MissingDependencyError as error:
         print(f"pagedkv run: {error}", file=err)
         return 2
@@ -189,13 +216,19 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     # Threads that wait for a busy core sleep instead of spinning on it (libgomp reads this
     # when torch is first imported; a user's own setting wins).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    metrics, server = None, None
     try:
-        session = _Session(args, err)
+        if args.metrics_port is not None:
+            metrics, server = _serve_metrics(args)
+        session = _Session(args, err, metrics)
         result = session.serve()
         check = session.check_dense(result) if args.check_dense else None
     except PagedKVError as error:
         print(f"pagedkv run: error: {error}", file=err)
         return 2
+    finally:
+        if server is not None:
+            server.close()
     from pagedkv.engine.report import format_report
 
     preempted = sum(1 for item in result.requests if item.num_preemptions)
@@ -210,6 +243,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         file=out,
         flush=True,
     )
+    if server is not None and metrics is not None:
+        name, engine = metrics.labels
+        print(
+            f"  {'metrics':<22} served at {server.url} during the run "
+            f"(model_name={name!r}, engine={engine!r})",
+            file=out,
+        )
     if args.plot:
         from pagedkv.engine.plot import plot_steps
 
@@ -220,10 +260,35 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     return 0 if check is None or check.passed else 1
 
 
+def served_model_name(args: argparse.Namespace) -> str:
+    """The metrics' `model_name`: --served-model-name, else --model as given (vLLM's default),
+    else `synthetic-PRESET`."""
+    if args.served_model_name is not None:
+        return str(args.served_model_name)
+    return str(args.model) if args.model is not None else f"synthetic-{args.preset}"
+
+
+def _serve_metrics(args: argparse.Namespace) -> tuple[KVCacheMetrics, MetricsServer]:
+    """The run's exporter (prometheus_client's default registry) and its HTTP endpoint."""
+    from pagedkv.events.metrics import KVCacheMetrics, serve_metrics
+
+    metrics = KVCacheMetrics(model_name=served_model_name(args), engine=0)
+    try:
+        server = serve_metrics(args.metrics_port, args.metrics_host)
+    except InvalidArgumentError as error:
+        metrics.close()
+        raise InvalidArgumentError(
+            f"--metrics-port {args.metrics_port} --metrics-host {args.metrics_host}: {error}"
+        ) from None
+    return metrics, server
+
+
 class _Session:
     """One invocation: the model, the config, the requests, the engine."""
 
-    def __init__(self, args: argparse.Namespace, err: TextIO) -> None:
+    def __init__(
+        self, args: argparse.Namespace, err: TextIO, metrics: KVCacheMetrics | None = None
+    ) -> None:
         import torch
 
         from pagedkv.engine.config import EngineConfig
@@ -231,6 +296,7 @@ class _Session:
 
         self.args = args
         self.err = err
+        self.metrics = metrics
         self.progress = err.isatty() if args.progress is None else args.progress
         executor = args.executor
         if executor == "auto":
@@ -347,6 +413,7 @@ class _Session:
             self.config,
             executor=self.executor,
             keep_logits=self.args.check_dense,
+            metrics=self.metrics,
         )
         for item in self.requests:
             engine.add_request(item)  # every request is checked before the first step

@@ -1,7 +1,7 @@
 """`pagedkv run`: the dense check passes with evictions and preemptions in the report, TTFT and
-TPOT in the report and the JSON, a wrong executor exits 1, bad input and missing dependencies
-exit 2 with a message naming the option or the cause, argument errors before torch is imported,
-one torch thread by default for a small model."""
+TPOT in the report and the JSON, Prometheus metrics served during the run, a wrong executor
+exits 1, bad input and missing dependencies exit 2 with a message naming the option or the cause,
+argument errors before torch is imported, one torch thread by default for a small model."""
 
 from __future__ import annotations
 
@@ -173,6 +173,8 @@ BAD_ARGUMENTS = [
     (["--prompts", "/nonexistent.jsonl"], "--prompts /nonexistent.jsonl: no such file"),
     (["--plot", "/nonexistent/run.png"], "--plot /nonexistent/run.png: the directory /nonexistent"),
     (["--json", "/nonexistent/run.json"], "--json /nonexistent/run.json: the directory"),
+    (["--metrics-port", "70000"], "--metrics-port must be <= 65535, got 70000"),
+    (["--metrics-port", "-1"], "--metrics-port must be >= 0, got -1"),
 ]
 
 
@@ -262,6 +264,77 @@ def test_the_run_command_imports_no_optional_dependency_until_it_runs() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_metrics_are_served_under_vllms_names_during_the_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a Prometheus server scraping the run's endpoint reads at the end of the run."""
+    prometheus_client = pytest.importorskip("prometheus_client")
+    import urllib.request
+
+    from pagedkv.events import metrics as metrics_module
+
+    scraped: list[str] = []
+    serve = metrics_module.serve_metrics
+
+    def serve_and_scrape_before_closing(
+        port: int, host: str = "127.0.0.1", registry: object = None
+    ) -> metrics_module.MetricsServer:
+        server = serve(port, host, registry)
+        close = server.close
+
+        def scrape_then_close() -> None:
+            with urllib.request.urlopen(server.url, timeout=10) as response:
+                scraped.append(response.read().decode())
+            close()
+
+        monkeypatch.setattr(server, "close", scrape_then_close)
+        return server
+
+    monkeypatch.setattr(metrics_module, "serve_metrics", serve_and_scrape_before_closing)
+    name = "cli-metrics-test"
+    args = [*TINY, "--metrics-port", "0", "--served-model-name", name]
+    assert main(args) == 0
+    report = capsys.readouterr().out
+    assert re.match(
+        rf"served at http://127\.0\.0\.1:\d+/metrics during the run \(model_name='{name}', "
+        r"engine='0'\)",
+        _field(report, "metrics"),
+    )
+    labels = f'{{engine="0",model_name="{name}"}}'
+    text = scraped[0]
+    assert f"vllm:num_preemptions_total{labels} {float(_count(report, 'preemptions'))}" in text
+    assert f"vllm:kv_cache_usage_perc{labels}" in text
+    queries = prometheus_client.REGISTRY.get_sample_value(
+        "vllm:prefix_cache_queries_total", {"model_name": name, "engine": "0"}
+    )
+    hits = prometheus_client.REGISTRY.get_sample_value(
+        "vllm:prefix_cache_hits_total", {"model_name": name, "engine": "0"}
+    )
+    assert queries is not None and hits is not None and 0 < hits < queries
+    evictions = prometheus_client.REGISTRY.get_sample_value(
+        "pagedkv_kv_cache_evictions_total", {"model_name": name, "engine": "0"}
+    )
+    assert evictions is not None and evictions > 0
+
+
+def test_metrics_without_prometheus_client_name_the_extra(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+
+    def without_prometheus(name: str, *args: object) -> object:
+        return None if name == "prometheus_client" else find_spec(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_prometheus)
+    assert main([*TINY, "--metrics-port", "0"]) == 2
+    assert (
+        "pagedkv run --metrics-port needs prometheus_client, which is not installed: "
+        "pip install 'pagedkv[metrics]'"
+    ) in capsys.readouterr().err
 
 
 def test_percentiles_interpolate_between_the_nearest_ranks() -> None:
