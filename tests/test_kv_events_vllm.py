@@ -12,6 +12,7 @@ with nothing cached skips, with the reason in the test report (`-ra`).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -83,3 +84,23 @@ def test_vllm_0_9_reads_the_array_layout_skipping_the_fields_it_predates() -> No
     assert ours["batches"] >= 4  # the builtin hash's batches (and a reset)
     assert ours["refuses_hash_bytes"] is True  # its list[int] takes no sha256 hash bytes
     assert refused_every_batch(report["map"])
+
+
+def test_an_unreachable_index_with_nothing_cached_is_the_only_skip(tmp_path: Path) -> None:
+    """The script tells an unreachable index (exit 3: the tests above skip, saying so) from a
+    failure; nothing else makes them skip."""
+    env = {
+        **os.environ,
+        "PAGEDKV_CACHE": str(tmp_path),  # nothing cached
+        "PAGEDKV_PYPI_INDEX": "http://127.0.0.1:9/simple",  # nothing listens on port 9
+    }
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPT), "0.33.0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+    assert completed.returncode == UNREACHABLE, completed.stdout + completed.stderr
+    assert "cannot fetch vllm==0.33.0" in completed.stdout
