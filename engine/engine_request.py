@@ -41,6 +41,10 @@ class EngineRequest:
         status: where the request is in its life (module docstring).
         num_preemptions: times its blocks were taken back.
         finish_reason: why it finished, once it has.
+        arrival_time: when it joined the waiting queue (`time.perf_counter()`, set by the
+            engine at the start of its arrival step).
+        first_token_time: when its first output token was sampled.
+        last_token_time: when its latest output token was sampled.
     """
 
     request: Request
@@ -50,6 +54,9 @@ class EngineRequest:
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
+    arrival_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
 
     def __post_init__(self) -> None:
         rid = self.request.request_id
@@ -106,6 +113,22 @@ class EngineRequest:
     def num_tokens_to_compute(self) -> int:
         """Tokens not yet in the cache: the rest of the prompt, or the last sampled token."""
         return self.request.num_tokens - self.request.num_computed_tokens
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token: arrival to the first output token, in seconds (None before)."""
+        if self.arrival_time is None or self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first: (last - first) / (outputs - 1), in seconds
+        (vLLM's benchmark's TPOT); None before a second token."""
+        num_outputs = len(self.request.output_token_ids)
+        if num_outputs < 2 or self.first_token_time is None or self.last_token_time is None:
+            return None
+        return (self.last_token_time - self.first_token_time) / (num_outputs - 1)
 
     def append_token(self, token_id: int) -> bool:
         """Record a sampled token; True when the request is now finished."""

@@ -16,14 +16,14 @@ import bisect
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.engine_request import EngineRequest
 from pagedkv.engine.executor import ExecutorFactory, ExecutorName, make_executor
-from pagedkv.engine.metrics import RunSummary, StepRecord
+from pagedkv.engine.metrics import RunSummary, StepRecord, percentile
 from pagedkv.engine.model import check_llama
 from pagedkv.engine.paged_llama import PagedLlamaRunner
 from pagedkv.engine.scheduler import Scheduler, SchedulerOutput
@@ -33,6 +33,9 @@ from pagedkv.gpu.step_metadata import build_step_metadata, scheduled_from_manage
 from pagedkv.manager import KVCacheManager
 from pagedkv.vocab.errors import InvalidArgumentError, InvariantViolation, RequestError
 from pagedkv.vocab.kv_cache_interface import FullAttentionSpec, uniform_kv_cache_config
+
+if TYPE_CHECKING:
+    from pagedkv.events.metrics import KVCacheMetrics
 
 
 @dataclass
@@ -69,6 +72,9 @@ class LLMEngine:
             "cupy-dry-run" (the kernels' glue and checks, computing with the reference), or a
             factory making an executor from the per-layer caches.
         keep_logits: keep every sampled token's logits row (for the dense check).
+        metrics: a Prometheus exporter fed after every step (usage, the manager's prefix-cache
+            stats, evictions from its KV cache events, the step's preemptions); the manager
+            gathers stats and events only then.
 
     Raises:
         InvalidArgumentError: max_model_len beyond the model's positions, or a bad executor.
@@ -81,6 +87,7 @@ class LLMEngine:
         *,
         executor: ExecutorName | ExecutorFactory = "reference",
         keep_logits: bool = False,
+        metrics: KVCacheMetrics | None = None,
     ) -> None:
         check_llama(model)
         model_config = model.config
@@ -104,8 +111,11 @@ class LLMEngine:
             kv_cache_config,
             config.max_model_len,
             enable_caching=config.enable_prefix_caching,
+            log_stats=metrics is not None,
+            enable_kv_cache_events=metrics is not None,
             debug_invariants=config.runtime_checks,
         )
+        self.metrics = metrics
         caches = allocate_kv_caches(kv_cache_config, backend="torch", device=str(self.device))
         layer_names = kv_cache_config.kv_cache_groups[0].layer_names
         layer_caches = [caches[name] for name in layer_names]
@@ -165,13 +175,22 @@ class LLMEngine:
                 wait (cannot happen for requests `check_request` accepted), or a runtime check
                 failed.
         """
+        began = time.perf_counter()
         while self.pending and self.pending[0].arrival_step <= self.step_index:
-            self.scheduler.add_request(self.pending.pop(0))
+            item = self.pending.pop(0)
+            item.arrival_time = began
+            self.scheduler.add_request(item)
         output = self.scheduler.schedule()
         finished: list[EngineRequest] = []
         if output.scheduled:
             sampled = self._execute(output)
             finished = self.scheduler.update_from_output(output, sampled)
+            sampled_at = time.perf_counter()
+            for chunk in output.scheduled:
+                if chunk.samples:
+                    if chunk.item.first_token_time is None:
+                        chunk.item.first_token_time = sampled_at
+                    chunk.item.last_token_time = sampled_at
         elif self.scheduler.waiting and not self.scheduler.running:
             raise InvariantViolation(
                 "a step with waiting requests and an idle pool schedules something",
@@ -179,6 +198,14 @@ class LLMEngine:
                 f"{self.manager.block_pool.get_num_free_blocks()} free blocks",
             )
         self._record(output)
+        if self.metrics is not None:
+            manager = self.manager
+            self.metrics.observe(
+                usage=manager.usage,
+                stats=manager.make_prefix_cache_stats(),
+                events=manager.take_events(),
+                num_preempted=len(output.preempted),
+            )
         checks = self.config.runtime_checks
         if checks and self.step_index % checks == 0:
             self.scheduler.check_invariants()
@@ -217,6 +244,10 @@ class LLMEngine:
         items = list(self.requests)
         summary.num_requests = len(items)
         summary.num_generated_tokens = sum(len(item.output_token_ids) for item in items)
+        ttfts = [item.ttft for item in items if item.ttft is not None]
+        tpots = [item.tpot for item in items if item.tpot is not None]
+        summary.ttft_median, summary.ttft_p90 = percentile(ttfts, 0.5), percentile(ttfts, 0.9)
+        summary.tpot_median, summary.tpot_p90 = percentile(tpots, 0.5), percentile(tpots, 0.9)
         logits = {}
         if self.keep_logits:
             logits = {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -77,6 +79,10 @@ class RunSummary(SchedulerStats):
         stage_seconds: time in the executor, by stage ("kv_write", "attention").
         num_evictions: cached blocks evicted (`EvictionCounter`).
         peak_pool_usage: the highest `pool_usage` after any step.
+        ttft_median, ttft_p90: time to first token over the requests, in seconds (wall clock,
+            from arrival, queueing included); None without a request.
+        tpot_median, tpot_p90: time per output token after the first, in seconds, over the
+            requests that generated two tokens or more; None without one.
     """
 
     num_requests: int = 0
@@ -89,6 +95,10 @@ class RunSummary(SchedulerStats):
     stage_seconds: dict[str, float] = field(default_factory=dict)
     num_evictions: int = 0
     peak_pool_usage: float = 0.0
+    ttft_median: float | None = None
+    ttft_p90: float | None = None
+    tpot_median: float | None = None
+    tpot_p90: float | None = None
 
     @property
     def generated_tokens_per_second(self) -> float:
@@ -105,3 +115,15 @@ class RunSummary(SchedulerStats):
             "attention", 0.0
         )
         return executor / self.seconds if self.seconds else 0.0
+
+
+def percentile(values: Sequence[float], fraction: float) -> float | None:
+    """The `fraction` quantile of `values`, interpolated between the two nearest ranks (numpy's
+    default, so the median of an even count is the mean of the middle two); None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = fraction * (len(ordered) - 1)
+    below = math.floor(position)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)

@@ -11,36 +11,15 @@ page in a block table changes what is generated.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from pagedkv.engine.presets import SYNTHETIC_PRESETS
 from pagedkv.vocab.errors import InvalidArgumentError
 
 SYNTHETIC_INIT_STD = 0.2
-
-
-@dataclass(frozen=True)
-class LlamaShape:
-    """The sizes of a synthetic Llama (head size = hidden_size / num_heads)."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    max_position_embeddings: int
-
-
-SYNTHETIC_PRESETS: dict[str, LlamaShape] = {
-    # 2 layers, GQA 4:2, head size 64: the CI model.
-    "tiny": LlamaShape(512, 256, 512, 2, 4, 2, 1024),
-    # 4 layers, GQA 8:4, head size 64: `pagedkv run`'s default.
-    "small": LlamaShape(2048, 512, 1024, 4, 8, 4, 4096),
-}
 
 
 def synthetic_llama(

@@ -11,12 +11,14 @@ from pagedkv.engine.metrics import RunSummary
 
 @dataclass(frozen=True)
 class RunDescription:
-    """What ran: the model, where, with which executor, on which workload."""
+    """What ran: the model, where, with which executor, on which workload; `threads`: torch's
+    CPU threads (None: not on CPU)."""
 
     model: str
     device: str
     executor: str
     workload: str
+    threads: int | None = None
 
 
 def _line(name: str, value: str) -> str:
@@ -37,7 +39,7 @@ def format_report(
     lines = [
         f"pagedkv run — {description.workload}",
         _line("model", description.model),
-        _line("executor", f"{description.executor} on {description.device}"),
+        _line("executor", _executor_text(description)),
         _line(
             "pool",
             f"{config.num_blocks:,} blocks x {config.block_size} tokens ({pool_tokens:,} tokens "
@@ -56,6 +58,7 @@ def format_report(
             f"{summary.computed_tokens_per_second:,.1f} computed tokens/s "
             f"({summary.seconds:.2f} s wall clock, {summary.cpu_seconds:.2f} s CPU)",
         ),
+        _line("latency", _latency_text(summary)),
         _line(
             "attention share",
             f"{100 * summary.attention_share:.1f}% of the time (K/V writes "
@@ -77,6 +80,28 @@ def format_report(
     if check is not None:
         lines.append(_line("dense check", _check_line(check)))
     return "\n".join(lines)
+
+
+def _executor_text(description: RunDescription) -> str:
+    text = f"{description.executor} on {description.device}"
+    if description.threads is not None:
+        text += f", {description.threads} torch thread{'' if description.threads == 1 else 's'}"
+    return text
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value * 1000:,.1f} ms" if value < 1 else f"{value:,.2f} s"
+
+
+def _latency_text(summary: RunSummary) -> str:
+    """TTFT and TPOT, median and p90 over the requests (wall clock)."""
+    return (
+        f"TTFT median {_seconds(summary.ttft_median)}, p90 {_seconds(summary.ttft_p90)}; "
+        f"TPOT median {_seconds(summary.tpot_median)}, p90 {_seconds(summary.tpot_p90)} "
+        f"(wall clock; TTFT from arrival, queueing included)"
+    )
 
 
 def _check_line(check: DenseCheck) -> str:

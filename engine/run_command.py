@@ -5,27 +5,49 @@
     pagedkv run --prompts prompts.jsonl --model ./my-llama --device cuda
 
 Exit status: 0 done (and, with --check-dense, every request equal); 1 the dense check failed;
-2 bad arguments or input, a missing dependency, or no device.
+2 bad arguments or input, a missing dependency, or no device. Arguments are checked, and errors
+name the option, before torch is imported.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from pagedkv.engine.dependencies import MissingDependencyError, require
-from pagedkv.vocab.errors import PagedKVError
+from pagedkv.engine.presets import PRESETS, max_positions
+from pagedkv.vocab.errors import InvalidArgumentError, PagedKVError
 
 if TYPE_CHECKING:
     from pagedkv.engine.dense_check import DenseCheck
     from pagedkv.engine.engine_request import EngineRequest
     from pagedkv.engine.llm_engine import RunResult
+    from pagedkv.events.metrics import KVCacheMetrics, MetricsServer
 
 DTYPES = ("float32", "float16", "bfloat16")
+SMALL_MODEL_PARAMETERS = 100_000_000
+"""On CPU, a model with fewer parameters runs on one torch thread unless --threads says
+otherwise: its matrices are too small to split, and on a busy small machine each extra thread
+waits for a core at every parallel region (19x the CPU time of one thread on the default run)."""
+MINIMUMS = {
+    "requests": 1,
+    "prompt_tokens": 8,
+    "max_tokens": 1,
+    "num_blocks": 2,
+    "block_size": 1,
+    "max_num_seqs": 1,
+    "max_num_batched_tokens": 1,
+    "max_model_len": 1,
+    "runtime_checks": 0,
+    "threads": 1,
+    "metrics_port": 0,
+}
+"""Each integer option's least value (None, where an option may be left out, is not checked)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model")
     model.add_argument("--model", type=Path, metavar="PATH", help="a local Llama checkpoint")
     model.add_argument(
-        "--preset", default="small", help="the synthetic Llama without --model: tiny or small"
+        "--preset",
+        default="small",
+        choices=PRESETS,
+        help="the synthetic Llama without --model (small)",
     )
     model.add_argument("--dtype", choices=DTYPES, default="float32")
     model.add_argument(
@@ -78,7 +103,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         metavar="N",
-        help="CPU threads for torch (default: torch's choice; small models run faster on 1)",
+        help="CPU threads for torch (default on cpu: 1 for a model under 100M parameters, "
+        "such as the synthetic ones, else torch's choice)",
     )
     execution.add_argument(
         "--executor",
@@ -101,6 +127,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     checks.add_argument("--plot", type=Path, metavar="OUT.png", help="write the run's figure")
     checks.add_argument("--json", type=Path, metavar="OUT.json", help="write the run's numbers")
+    served = parser.add_argument_group("metrics (the metrics extra: prometheus_client)")
+    served.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics under vLLM's names at http://HOST:PORT/metrics during "
+        "the run (0: any free port)",
+    )
+    served.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="the address --metrics-port listens on (127.0.0.1; 0.0.0.0 for every interface)",
+    )
+    served.add_argument(
+        "--served-model-name",
+        metavar="NAME",
+        help="the metrics' model_name label (default: --model as given, or synthetic-PRESET)",
+    )
     checks.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -109,22 +154,81 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every check that needs no model: done before torch is imported.
+
+    Raises:
+        InvalidArgumentError: names the option (`--block-size must be ...`).
+    """
+    for name, minimum in MINIMUMS.items():
+        value = getattr(args, name)
+        if value is not None and value < minimum:
+            raise InvalidArgumentError(f"{_option(name)} must be >= {minimum}, got {value}")
+    if args.block_size & (args.block_size - 1):
+        raise InvalidArgumentError(
+            f"--block-size must be a power of two (the kernels shift by it), got {args.block_size}"
+        )
+    if args.metrics_port is not None and args.metrics_port > 65535:
+        raise InvalidArgumentError(f"--metrics-port must be <= 65535, got {args.metrics_port}")
+    if args.executor == "cupy" and args.device != "cuda":
+        raise InvalidArgumentError("--executor cupy launches CUDA kernels: add --device cuda")
+    if args.model is not None:
+        if not (args.model / "config.json").is_file():
+            raise InvalidArgumentError(
+                f"--model {args.model}: no config.json there (a local directory)"
+            )
+    elif args.max_model_len is not None and args.max_model_len > max_positions(args.preset):
+        raise InvalidArgumentError(
+            f"--max-model-len {args.max_model_len} exceeds the {args.preset!r} model's "
+            f"{max_positions(args.preset)} positions"
+        )
+    if args.prompts is not None and not args.prompts.is_file():
+        raise InvalidArgumentError(f"--prompts {args.prompts}: no such file")
+    for name in ("plot", "json"):
+        path = getattr(args, name)
+        if path is not None and not path.resolve().parent.is_dir():
+            raise InvalidArgumentError(
+                f"--{name} {path}: the directory {path.resolve().parent} does not exist"
+            )
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise InvalidArgumentError("--served-model-name must not be empty")
+
+
+def _option(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run `pagedkv run` with parsed `args`; return the exit status."""
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     try:
+        check_arguments(args)
         require("torch", "transformers", "tqdm", *(["matplotlib"] if args.plot else []))
+        if args.metrics_port is not None:
+            require("prometheus_client", purpose="pagedkv run --metrics-port", extra="metrics")
     except MissingDependencyError as error:
         print(f"pagedkv run: {error}", file=err)
         return 2
+    except PagedKVError as error:
+        print(f"pagedkv run: error: {error}", file=err)
+        return 2
+    # Threads that wait for a busy core sleep instead of spinning on it (libgomp reads this
+    # when torch is first imported; a user's own setting wins).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    metrics, server = None, None
     try:
-        session = _Session(args, err)
+        if args.metrics_port is not None:
+            metrics, server = _serve_metrics(args)
+        session = _Session(args, err, metrics)
         result = session.serve()
         check = session.check_dense(result) if args.check_dense else None
     except PagedKVError as error:
         print(f"pagedkv run: error: {error}", file=err)
         return 2
+    finally:
+        if server is not None:
+            server.close()
     from pagedkv.engine.report import format_report
 
     preempted = sum(1 for item in result.requests if item.num_preemptions)
@@ -139,6 +243,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         file=out,
         flush=True,
     )
+    if server is not None and metrics is not None:
+        name, engine = metrics.labels
+        print(
+            f"  {'metrics':<22} served at {server.url} during the run "
+            f"(model_name={name!r}, engine={engine!r})",
+            file=out,
+        )
     if args.plot:
         from pagedkv.engine.plot import plot_steps
 
@@ -149,33 +260,64 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     return 0 if check is None or check.passed else 1
 
 
+def served_model_name(args: argparse.Namespace) -> str:
+    """The metrics' `model_name`: --served-model-name, else --model as given (vLLM's default),
+    else `synthetic-PRESET`."""
+    if args.served_model_name is not None:
+        return str(args.served_model_name)
+    return str(args.model) if args.model is not None else f"synthetic-{args.preset}"
+
+
+def _serve_metrics(args: argparse.Namespace) -> tuple[KVCacheMetrics, MetricsServer]:
+    """The run's exporter (prometheus_client's default registry) and its HTTP endpoint."""
+    from pagedkv.events.metrics import KVCacheMetrics, serve_metrics
+
+    metrics = KVCacheMetrics(model_name=served_model_name(args), engine=0)
+    try:
+        server = serve_metrics(args.metrics_port, args.metrics_host)
+    except InvalidArgumentError as error:
+        metrics.close()
+        raise InvalidArgumentError(
+            f"--metrics-port {args.metrics_port} --metrics-host {args.metrics_host}: {error}"
+        ) from None
+    return metrics, server
+
+
 class _Session:
     """One invocation: the model, the config, the requests, the engine."""
 
-    def __init__(self, args: argparse.Namespace, err: TextIO) -> None:
+    def __init__(
+        self, args: argparse.Namespace, err: TextIO, metrics: KVCacheMetrics | None = None
+    ) -> None:
         import torch
 
         from pagedkv.engine.config import EngineConfig
         from pagedkv.engine.report import RunDescription
-        from pagedkv.vocab.errors import InvalidArgumentError
 
         self.args = args
         self.err = err
+        self.metrics = metrics
         self.progress = err.isatty() if args.progress is None else args.progress
         executor = args.executor
         if executor == "auto":
             executor = "cupy" if args.device == "cuda" else "reference"
         if args.device == "cuda" and not torch.cuda.is_available():
             raise InvalidArgumentError("--device cuda: torch sees no CUDA device")
-        if executor == "cupy" and args.device != "cuda":
-            raise InvalidArgumentError("--executor cupy launches CUDA kernels: add --device cuda")
         self.executor = executor
-        if args.threads is not None:
-            if args.threads < 1:
-                raise InvalidArgumentError(f"--threads must be >= 1, got {args.threads}")
-            torch.set_num_threads(args.threads)
         self.model, model_text = self._load_model(getattr(torch, args.dtype))
         model_config = self.model.config
+        threads = args.threads
+        if threads is None and args.device == "cpu":
+            num_parameters = sum(weight.numel() for weight in self.model.parameters())
+            threads = 1 if num_parameters < SMALL_MODEL_PARAMETERS else None
+        if threads is not None:
+            torch.set_num_threads(threads)
+        positions = model_config.max_position_embeddings
+        if args.max_model_len is not None and args.max_model_len > positions:
+            raise InvalidArgumentError(
+                f"--max-model-len {args.max_model_len} exceeds the model's "
+                f"max_position_embeddings {positions}"
+            )
         self.config = EngineConfig(
             num_blocks=args.num_blocks,
             block_size=args.block_size,
@@ -187,7 +329,11 @@ class _Session:
         )
         self.requests, workload = self._load_requests(model_config.vocab_size)
         self.description = RunDescription(
-            model=model_text, device=args.device, executor=executor, workload=workload
+            model=model_text,
+            device=args.device,
+            executor=executor,
+            workload=workload,
+            threads=torch.get_num_threads() if args.device == "cpu" else None,
         )
 
     def _load_model(self, dtype: Any) -> tuple[Any, str]:
@@ -217,12 +363,9 @@ class _Session:
             load_prompts_jsonl,
             synthetic_chat_trace,
         )
-        from pagedkv.vocab.errors import InvalidArgumentError
 
         args = self.args
         stops = stop_token_ids(self.model)
-        if args.max_tokens < 1:
-            raise InvalidArgumentError(f"--max-tokens must be >= 1, got {args.max_tokens}")
         if args.prompts is not None:
             requests = load_prompts_jsonl(
                 args.prompts,
@@ -232,8 +375,6 @@ class _Session:
                 tokenize=self._tokenizer(),
             )
             return requests, f"{len(requests)} requests from {args.prompts}"
-        if args.requests < 1:
-            raise InvalidArgumentError(f"--requests must be >= 1, got {args.requests}")
         trace = ChatTraceConfig.scaled(
             num_requests=args.requests,
             max_prompt_tokens=args.prompt_tokens,
@@ -272,6 +413,7 @@ class _Session:
             self.config,
             executor=self.executor,
             keep_logits=self.args.check_dense,
+            metrics=self.metrics,
         )
         for item in self.requests:
             engine.add_request(item)  # every request is checked before the first step
@@ -325,6 +467,17 @@ def _write_json(path: Path, session: _Session, result: RunResult, check: DenseCh
             "computed_tokens_per_second": summary.computed_tokens_per_second,
             "attention_share": summary.attention_share,
         },
+        "requests": [
+            {
+                "id": item.request_id,
+                "num_prompt_tokens": len(item.prompt_token_ids),
+                "num_output_tokens": len(item.output_token_ids),
+                "num_preemptions": item.num_preemptions,
+                "ttft": item.ttft,
+                "tpot": item.tpot,
+            }
+            for item in result.requests
+        ],
         "steps": [asdict(record) for record in result.steps],
         "dense_check": None
         if check is None

@@ -5,6 +5,7 @@ error, and the in-process and ZeroMQ publishers deliver every batch in order."""
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -15,11 +16,13 @@ from pagedkv import InvalidArgumentError, Request
 from pagedkv.events.publisher import CallbackPublisher, ZmqPublisher, publish_step_events
 from pagedkv.events.wire import (
     JSON_SCHEMA,
+    MSGPACK_LAYOUTS,
     batch_from_json,
     batch_from_msgpack,
     batch_to_json,
     batch_to_msgpack,
 )
+from pagedkv.extras import MissingExtraError
 from pagedkv.harness.adapters import pagedkv_manager
 from pagedkv.vocab.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
@@ -82,10 +85,10 @@ def test_the_json_form_round_trips(batch: KVEventBatch) -> None:
     assert batch_from_json(batch_to_json(batch)) == batch
 
 
-@given(batches)
-def test_the_msgpack_form_round_trips(batch: KVEventBatch) -> None:
+@given(batches, st.sampled_from(MSGPACK_LAYOUTS))
+def test_the_msgpack_form_round_trips_in_both_layouts(batch: KVEventBatch, layout: str) -> None:
     pytest.importorskip("msgspec")
-    assert batch_from_msgpack(batch_to_msgpack(batch)) == batch
+    assert batch_from_msgpack(batch_to_msgpack(batch, layout)) == batch  # type: ignore[arg-type]
 
 
 EXAMPLE = KVEventBatch(
@@ -122,8 +125,9 @@ def test_the_json_layout() -> None:
 
 
 def test_the_msgpack_layout_is_vllms_batch() -> None:
-    """An array [ts, events] of tagged maps with vLLM's field names; sha256-sized hashes as 32
-    big-endian bytes; vLLM's required `medium` and `lora_name`; a rank appended when set."""
+    """An array [ts, events, rank] of tagged maps with vLLM's field names; sha256-sized hashes as
+    32 big-endian bytes; vLLM's required `medium` and `lora_name`; `group_idx` always, 0
+    included, as vLLM 0.33 writes it; the rank null when unset, as vLLM writes it."""
     msgspec = pytest.importorskip("msgspec")
     decoded = msgspec.msgpack.decode(batch_to_msgpack(EXAMPLE))
     assert decoded == [
@@ -137,16 +141,90 @@ def test_the_msgpack_layout_is_vllms_batch() -> None:
                 "block_size": 2,
                 "lora_id": 7,
                 "extra_keys": [[7], [7, "image"]],
+                "group_idx": 0,
                 "medium": "GPU",
                 "lora_name": None,
             },
-            {"type": "BlockRemoved", "block_hashes": [11], "medium": "GPU"},
+            {"type": "BlockRemoved", "block_hashes": [11], "group_idx": 0, "medium": "GPU"},
             {"type": "BlockRemoved", "block_hashes": [12], "group_idx": 2, "medium": "GPU"},
             {"type": "AllBlocksCleared"},
         ],
+        None,
     ]
     ranked = KVEventBatch(2.0, (), data_parallel_rank=3)
     assert msgspec.msgpack.decode(batch_to_msgpack(ranked)) == [2.0, [], 3]
+
+
+def test_the_array_layout_is_vllm_0_9_to_0_23s() -> None:
+    """Each event an array, its tag first, then vLLM 0.23's fields in their declaration order,
+    the two pagedkv leaves unset null."""
+    msgspec = pytest.importorskip("msgspec")
+    decoded = msgspec.msgpack.decode(batch_to_msgpack(EXAMPLE, "array"))
+    assert decoded == [
+        1.5,
+        [
+            [
+                "BlockStored",
+                [11, (1 << 200).to_bytes(32, "big")],
+                None,
+                [1, 2, 3, 4],
+                2,
+                7,
+                "GPU",
+                None,
+                [[7], [7, "image"]],
+                0,
+                None,
+                None,
+            ],
+            ["BlockRemoved", [11], "GPU", 0],
+            ["BlockRemoved", [12], "GPU", 2],
+            ["AllBlocksCleared"],
+        ],
+        None,
+    ]
+
+
+def test_msgpack_reads_vllms_unspecified_group_as_group_0() -> None:
+    msgspec = pytest.importorskip("msgspec")
+    payload = msgspec.msgpack.encode(
+        [1.0, [{"type": "BlockRemoved", "block_hashes": [5], "medium": "GPU", "group_idx": None}]]
+    )
+    assert batch_from_msgpack(payload) == KVEventBatch(1.0, (BlockRemoved((5,)),))
+
+
+@pytest.mark.parametrize(
+    ("events", "message"),
+    [
+        ([["Nope", [1]]], "unknown KV cache event type 'Nope'"),
+        ([["BlockRemoved", [1], "GPU", 0, "extra"]], "BlockRemoved event has at most 3 fields"),
+    ],
+)
+def test_a_malformed_array_event_is_refused(events: list[object], message: str) -> None:
+    msgspec = pytest.importorskip("msgspec")
+    with pytest.raises(InvalidArgumentError, match=message):
+        batch_from_msgpack(msgspec.msgpack.encode([1.0, events]))
+
+
+def test_an_unknown_layout_is_refused() -> None:
+    pytest.importorskip("msgspec")
+    with pytest.raises(InvalidArgumentError, match="layout must be 'map' or 'array'"):
+        batch_to_msgpack(EXAMPLE, "tuple")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("module", ["msgspec", "zmq"])
+def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # what an uninstalled module looks like
+    with pytest.raises(MissingExtraError) as raised:
+        if module == "msgspec":
+            batch_to_msgpack(EXAMPLE)
+        else:
+            ZmqPublisher("inproc://never")
+    assert str(raised.value) == (
+        f"{'batch_to_msgpack' if module == 'msgspec' else 'ZmqPublisher'} needs {module}, which "
+        f"is not installed: pip install 'pagedkv[events]'"
+    )
+    assert isinstance(raised.value, ImportError)
 
 
 @pytest.mark.parametrize(
@@ -215,14 +293,22 @@ def test_a_step_publishes_one_batch_and_an_idle_step_none() -> None:
         publisher.publish(batch)
 
 
-@pytest.mark.parametrize("encoding", ["msgpack", "json"])
-def test_the_zmq_publisher_sends_topic_sequence_and_payload(encoding: str) -> None:
+@pytest.mark.parametrize(
+    ("encoding", "layout"), [("msgpack", "map"), ("msgpack", "array"), ("json", "map")]
+)
+def test_the_zmq_publisher_sends_topic_sequence_and_payload(encoding: str, layout: str) -> None:
     zmq = pytest.importorskip("zmq")
     if encoding == "msgpack":
         pytest.importorskip("msgspec")
     context = zmq.Context()
-    endpoint = f"inproc://kv-events-{encoding}"
-    publisher = ZmqPublisher(endpoint, topic="kv", encoding=encoding, context=context)  # type: ignore[arg-type]
+    endpoint = f"inproc://kv-events-{encoding}-{layout}"
+    publisher = ZmqPublisher(
+        endpoint,
+        topic="kv",
+        encoding=encoding,  # type: ignore[arg-type]
+        layout=layout,  # type: ignore[arg-type]
+        context=context,
+    )
     subscriber = context.socket(zmq.SUB)
     subscriber.connect(endpoint)
     subscriber.setsockopt(zmq.SUBSCRIBE, b"kv")

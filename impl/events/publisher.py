@@ -7,9 +7,10 @@ A scheduler drains the manager once a step and hands the batch to a publisher:
     publish_step_events(manager, publisher)            # after the step's allocate/free calls
 
 `KVEventPublisher` is the whole interface (`publish`, `close`); anything with those two methods
-will do. `ZmqPublisher` needs pyzmq (and msgspec for vLLM's msgpack payload: the `events`
-extra); it sends from the calling thread (a PUB socket never blocks: past its high-water mark it
-drops messages, and a subscriber sees the gap in the sequence numbers).
+will do. `ZmqPublisher` needs pyzmq (and msgspec for vLLM's msgpack payload): the `events`
+extra, which a `MissingExtraError` names when they are missing. It sends from the calling thread
+(a PUB socket never blocks: past its high-water mark it drops messages, and a subscriber sees
+the gap in the sequence numbers).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
-from pagedkv.events.wire import batch_to_json, batch_to_msgpack
+from pagedkv.events.wire import MSGPACK_LAYOUTS, MsgpackLayout, batch_to_json, batch_to_msgpack
+from pagedkv.extras import import_extra
 from pagedkv.vocab.errors import InvalidArgumentError
 from pagedkv.vocab.kv_events import KVCacheEvent, KVEventBatch
 
@@ -92,17 +94,23 @@ class ZmqPublisher:
     """Sends each batch on a ZeroMQ PUB socket as vLLM's `ZmqEventPublisher` does.
 
     One multipart message per batch: the topic, the batch's sequence number (8 bytes, big-endian,
-    from 0), and the payload: vLLM's msgpack form (`encoding="msgpack"`, the default) or pagedkv's
-    JSON form (`"json"`, UTF-8) (`pagedkv.events.wire`).
+    from 0), and the payload: vLLM's msgpack form (`encoding="msgpack"`, the default; events as
+    maps, vLLM >= 0.24's layout, or as arrays with `layout="array"`, vLLM 0.9-0.23's) or
+    pagedkv's JSON form (`"json"`, UTF-8) (`pagedkv.events.wire`).
 
     Args:
         endpoint: where to bind (`tcp://*:5557`, `ipc://...`, `inproc://...`), or to connect to
             (`tcp://host:port`, as vLLM: an endpoint without `*` and not ipc/inproc).
         topic: the first frame of every message (subscribers filter on its prefix).
         encoding: the payload's form.
+        layout: how msgpack lays out each event ("map" or "array"; unused for JSON).
         context: the ZeroMQ context (default: the process's shared one; inproc endpoints need
             the subscriber's).
         hwm: the socket's send high-water mark, in messages.
+
+    Raises:
+        InvalidArgumentError: an unknown encoding or layout.
+        MissingExtraError: pyzmq, or msgspec for msgpack, is not installed (the `events` extra).
     """
 
     def __init__(
@@ -111,15 +119,21 @@ class ZmqPublisher:
         *,
         topic: str = "",
         encoding: Encoding = "msgpack",
+        layout: MsgpackLayout = "map",
         context: Any = None,
         hwm: int = 100_000,
     ) -> None:
-        import zmq
-
         if encoding not in ("msgpack", "json"):
             raise InvalidArgumentError(f"encoding must be 'msgpack' or 'json', got {encoding!r}")
+        if layout not in MSGPACK_LAYOUTS:
+            raise InvalidArgumentError(f"layout must be 'map' or 'array', got {layout!r}")
+        zmq = import_extra("zmq", extra="events", purpose="ZmqPublisher")
+        if encoding == "msgpack":
+            import_extra("msgspec", extra="events", purpose="ZmqPublisher")
         self.encode: Callable[[KVEventBatch], bytes] = (
-            batch_to_msgpack if encoding == "msgpack" else _json_bytes
+            (lambda batch: batch_to_msgpack(batch, layout))
+            if encoding == "msgpack"
+            else _json_bytes
         )
         self.topic = topic.encode()
         self.sequence = 0

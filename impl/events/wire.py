@@ -23,11 +23,30 @@ model's events are unchanged) and read as 0 when absent. The schema name changes
 changes meaning; fields may be added.
 
 **msgpack** (`batch_to_msgpack`, needs msgspec: the `events` extra): vLLM's `KVEventBatch` as
-its `ZmqEventPublisher` sends it: an array `[ts, events]` (`data_parallel_rank` appended when
-set), each event a map with its `type` tag and vLLM's field names, plus the two fields vLLM
-requires that pagedkv does not track: `medium` ("GPU": the blocks a KV cache manager pools) and
-`lora_name` (null). A hash value that fits msgpack's 64-bit integers is an integer; a larger one
-(sha256) is its 32 big-endian bytes, as vLLM publishes sha256 block hashes.
+its `ZmqEventPublisher` sends it, byte for byte: an array `[ts, events, data_parallel_rank]`
+(the rank null when unset: vLLM's array-like batch writes it either way), each event in one of
+two layouts (`MSGPACK_LAYOUTS`):
+
+- `"map"` (the default), vLLM 0.24 and later (0.33.0 included): each event a map with its `type`
+  tag and vLLM's field names, in vLLM's order;
+- `"array"`, vLLM 0.9 to 0.23, the layout that consumers written against those releases (routers'
+  msgpack decoders) read by position, exactly as vLLM 0.23 writes it: `["BlockStored",
+  block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name, extra_keys,
+  group_idx, null, null]` (the last two are 0.23's `kv_cache_spec_kind` and
+  `kv_cache_spec_sliding_window`), `["BlockRemoved", block_hashes, medium, group_idx]`,
+  `["AllBlocksCleared"]`. A decoder of an older release, with fewer fields, reads the ones it
+  knows and skips the rest (msgspec ignores trailing array items).
+
+Both carry the fields vLLM requires that pagedkv does not track: `medium` ("GPU": the blocks a KV
+cache manager pools) and `lora_name` (null). `group_idx` is always written, 0 included, as vLLM
+0.33 writes it (its decoder reads an absent `group_idx` as None, not 0). vLLM 0.33's manager also
+labels each `BlockStored` with its group's `kv_cache_spec_kind` and `kv_cache_spec_sliding_window`;
+pagedkv does not send them (optional fields, which vLLM's decoder reads as None). A hash value that
+fits msgpack's 64-bit integers is an integer; a larger one (sha256) is its 32 big-endian bytes, as
+vLLM publishes sha256 block hashes (vLLM 0.9's decoder takes integers only: use
+`caching_hash_algo="builtin"` for it). `tests/test_kv_events_vllm.py` decodes both layouts with
+vLLM's own structs (0.33.0, 0.23.0 and 0.9.0) and compares the bytes with what msgspec makes of
+vLLM's structs holding the same events.
 """
 
 from __future__ import annotations
@@ -35,8 +54,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
+from pagedkv.extras import import_extra
 from pagedkv.vocab.errors import InvalidArgumentError
 from pagedkv.vocab.kv_events import (
     AllBlocksCleared,
@@ -48,7 +68,31 @@ from pagedkv.vocab.kv_events import (
 )
 
 JSON_SCHEMA = "pagedkv-kv-events/1"
+MsgpackLayout = Literal["map", "array"]
+MSGPACK_LAYOUTS: tuple[MsgpackLayout, ...] = ("map", "array")
+"""How msgpack carries each event: vLLM >= 0.24's tagged maps, or vLLM 0.9-0.23's arrays."""
 MEDIUM_GPU = "GPU"
+EVENT_FIELDS = {
+    "BlockStored": (
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        "lora_name",
+        "extra_keys",
+        "group_idx",
+    ),
+    "BlockRemoved": ("block_hashes", "medium", "group_idx"),
+    "AllBlocksCleared": (),
+}
+"""vLLM's fields of each event that pagedkv sends, in vLLM's declaration order: the map layout's
+order and the array layout's (after the tag), so that pagedkv's payload is byte for byte what
+msgspec makes of vLLM's own structs holding the same values."""
+_ARRAY_UNSET = {"BlockStored": ("kv_cache_spec_kind", "kv_cache_spec_sliding_window")}
+"""vLLM 0.23's trailing fields that pagedkv leaves unset: null in the array layout (an array-like
+struct writes every field), absent from maps (vLLM omits a field holding its default)."""
 _HASH_BYTES = 32  # a sha256 hash value as bytes
 _INT64_MIN, _UINT64_LIMIT = -(1 << 63), 1 << 64
 
@@ -146,41 +190,48 @@ def batch_from_json(text: str | bytes) -> KVEventBatch:
     return _batch(fields.get("ts"), fields.get("events"), fields.get("data_parallel_rank"))
 
 
-def batch_to_msgpack(batch: KVEventBatch) -> bytes:
-    """The batch in vLLM's msgpack form (the module docstring describes it).
+def batch_to_msgpack(batch: KVEventBatch, layout: MsgpackLayout = "map") -> bytes:
+    """The batch in vLLM's msgpack form, events in `layout` (the module docstring shows both).
 
     Raises:
-        ImportError: msgspec is not installed (`pip install 'pagedkv[events]'`).
-        InvalidArgumentError: a hash value beyond 256 bits (none that pagedkv computes).
+        MissingExtraError: msgspec is not installed (`pip install 'pagedkv[events]'`).
+        InvalidArgumentError: an unknown layout, or a hash value beyond 256 bits (none that
+            pagedkv computes).
     """
-    import msgspec
-
-    events = []
+    msgspec = _msgspec("batch_to_msgpack")
+    if layout not in MSGPACK_LAYOUTS:
+        raise InvalidArgumentError(f"layout must be 'map' or 'array', got {layout!r}")
+    events: list[Any] = []
     for event in batch.events:
         obj = event_to_dict(event)
-        if "block_hashes" in obj:
+        if not isinstance(event, AllBlocksCleared):
             obj["block_hashes"] = [_wire_hash(value) for value in obj["block_hashes"]]
             obj["medium"] = MEDIUM_GPU
+            obj["group_idx"] = event.group_idx
         if isinstance(event, BlockStored):
             parent = obj["parent_block_hash"]
             obj["parent_block_hash"] = None if parent is None else _wire_hash(parent)
             obj["lora_name"] = None
-        events.append(obj)
-    array: list[Any] = [batch.ts, events]
-    if batch.data_parallel_rank is not None:
-        array.append(batch.data_parallel_rank)
-    return msgspec.msgpack.encode(array)
+        kind = obj["type"]
+        values = [obj[name] for name in EVENT_FIELDS[kind]]  # vLLM's order, in both layouts
+        if layout == "array":
+            events.append([kind, *values, *(None for _ in _ARRAY_UNSET.get(kind, ()))])
+        else:
+            events.append({"type": kind, **dict(zip(EVENT_FIELDS[kind], values, strict=True))})
+    encoded: bytes = msgspec.msgpack.encode([batch.ts, events, batch.data_parallel_rank])
+    return encoded
 
 
 def batch_from_msgpack(payload: bytes) -> KVEventBatch:
-    """The batch `batch_to_msgpack` wrote (vLLM's extra fields, such as `medium`, are read over).
+    """The batch `batch_to_msgpack` wrote, in either layout, or vLLM's own encoding of it (the
+    rank may be left out; vLLM's extra fields, such as `medium`, are read over; a `group_idx` of
+    None or absent is 0).
 
     Raises:
-        ImportError: msgspec is not installed.
+        MissingExtraError: msgspec is not installed.
         InvalidArgumentError: not msgpack, or a malformed batch or event.
     """
-    import msgspec
-
+    msgspec = _msgspec("batch_from_msgpack")
     try:
         array = msgspec.msgpack.decode(payload)
     except msgspec.DecodeError as error:
@@ -189,7 +240,7 @@ def batch_from_msgpack(payload: bytes) -> KVEventBatch:
         raise InvalidArgumentError("a msgpack KV event batch is an array [ts, events, rank?]")
     events = array[1]
     if isinstance(events, list):
-        events = [_hashes_from_wire(event) for event in events]
+        events = [_event_from_wire(event) for event in events]
     return _batch(array[0], events, array[2] if len(array) == 3 else None)
 
 
@@ -264,8 +315,18 @@ def _wire_hash(value: int) -> int | bytes:
     raise InvalidArgumentError(f"hash value {value} does not fit 256 bits")
 
 
-def _hashes_from_wire(event: object) -> object:
-    """An event map with its bytes hash values turned back into integers."""
+def _event_from_wire(event: object) -> object:
+    """An event of either msgpack layout as `event_to_dict`'s map, hash bytes back to ints."""
+    if isinstance(event, list) and event and isinstance(event[0], str):
+        if event[0] not in EVENT_FIELDS:
+            raise InvalidArgumentError(f"unknown KV cache event type {event[0]!r}")
+        fields = EVENT_FIELDS[event[0]] + _ARRAY_UNSET.get(event[0], ())
+        if len(event) - 1 > len(fields):
+            raise InvalidArgumentError(
+                f"an array-layout {event[0]} event has at most {len(fields)} fields, got "
+                f"{len(event) - 1}"
+            )
+        event = {"type": event[0], **dict(zip(fields, event[1:], strict=False))}
     if not isinstance(event, dict):
         return event
     decoded = dict(event)
@@ -273,8 +334,14 @@ def _hashes_from_wire(event: object) -> object:
         decoded["block_hashes"] = [_int_hash(item) for item in decoded["block_hashes"]]
     if "parent_block_hash" in decoded:
         decoded["parent_block_hash"] = _int_hash(decoded["parent_block_hash"])
+    if decoded.get("group_idx", 0) is None:
+        del decoded["group_idx"]  # vLLM's "unspecified": the only group
     return decoded
 
 
 def _int_hash(value: object) -> object:
     return int.from_bytes(value, "big") if isinstance(value, bytes) else value
+
+
+def _msgspec(purpose: str) -> Any:
+    return import_extra("msgspec", extra="events", purpose=purpose)
