@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pagedkv import attention as impl_window
 from pagedkv import block_counts as impl_counts
@@ -20,6 +21,7 @@ from pagedkv import block_hash as impl_hash
 from pagedkv.spec import attention as spec_attention
 from pagedkv.spec import block_counts as spec_counts
 from pagedkv.spec import block_hash as spec_hash
+from pagedkv.spec.block_pool import NULL_BLOCK_ID
 from proofs.crosshair.contracts import MAX_BLOCKS, MAX_INPUTS
 
 StepCounts = tuple[int, int, int, bool]
@@ -177,13 +179,13 @@ def spec_chunk_hit(
     """(length, null positions) of the spec's brute force over every length, longest first."""
     if not _chunk_domain(cached, attention_chunk_size, block_size):
         return None
-    hits = spec_attention.chunked_local_hit(  # block ids from 1: 0 is the null block
-        lambda position: position + 1 if cached[position] else None,
-        list(range(len(cached))),
-        attention_chunk_size,
-        block_size,
-    )
-    return len(hits), sum(1 for block in hits if block == spec_attention.NULL_BLOCK_ID)
+    positions: list[Any] = list(range(len(cached)))  # the hashes: each position its own
+
+    def lookup(position: Any) -> int | None:
+        return position + 1 if cached[position] else None  # block ids from 1: 0 is the null
+
+    hits = spec_attention.chunked_local_hit(lookup, positions, attention_chunk_size, block_size)
+    return len(hits), sum(1 for block in hits if block == NULL_BLOCK_ID)
 
 
 def _mm_domain(ranges: list[tuple[int, int]], start: int, end: int) -> bool:
