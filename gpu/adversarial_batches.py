@@ -24,8 +24,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.synthetic_batch import BatchShape, SyntheticBatch, lay_out_batch
+from pagedkv.vocab.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     import torch

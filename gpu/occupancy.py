@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagedkv.errors import InvalidArgumentError
+from pagedkv.vocab.errors import InvalidArgumentError
 
 
 @dataclass(frozen=True)

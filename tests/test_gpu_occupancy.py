@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.gpu.attention_plan import H200, DeviceLimits
 from pagedkv.gpu.occupancy import SM80, SM90, ctas_per_sm
+from pagedkv.vocab.errors import InvalidArgumentError
 
 
 def test_the_per_cta_reservation_decides_four_or_three_ctas() -> None:
