@@ -1,12 +1,17 @@
-"""The model the engine serves: a `transformers` Llama, seeded and random, or a local checkpoint.
+"""The model the engine serves: a `transformers` Llama or Gemma-3 text model, seeded and random,
+or a local checkpoint.
 
-Nothing is downloaded. A synthetic model is `LlamaForCausalLM` built from a small `LlamaConfig`
-with weights drawn under a fixed seed. Its weights are drawn wider than transformers' training
+Nothing is downloaded. A synthetic model is `LlamaForCausalLM` built from a small `LlamaConfig`,
+or `Gemma3ForCausalLM` from a small `Gemma3TextConfig` (sliding-window and full-attention
+layers: a hybrid model, whose KV cache has several groups), with weights drawn under a fixed
+seed. Its weights are drawn wider than transformers' training
 init (std `SYNTHETIC_INIT_STD` instead of 0.02): with 0.02 a random Llama's greedy output falls
 into a two- or three-token loop within a few tokens and hardly depends on the context, so it
 would prove little; at 0.2 every output token depends on the whole prompt (changing the first
 prompt token changes the first output token), so a K/V row written to the wrong slot or a wrong
-page in a block table changes what is generated.
+page in a block table changes what is generated. The synthetic Gemma-3 models draw theirs the
+same way and do not tie the output head to the embedding: Gemma-3 scales its embedding by
+sqrt(hidden_size), and with tied random weights every prompt then yields one constant token.
 """
 
 from __future__ import annotations
@@ -41,6 +46,116 @@ SYNTHETIC_PRESETS: dict[str, LlamaShape] = {
     # 4 layers, GQA 8:4, head size 64: `pagedkv run`'s default.
     "small": LlamaShape(2048, 512, 1024, 4, 8, 4, 4096),
 }
+
+
+@dataclass(frozen=True)
+class Gemma3Shape:
+    """The sizes and layer pattern of a synthetic Gemma-3 text model.
+
+    Attributes:
+        layer_types: one "sliding_attention" or "full_attention" per layer (Gemma-3's own
+            pattern is five sliding layers to each full one; these are shorter).
+        sliding_window: tokens a sliding layer's query sees, itself included.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    sliding_window: int
+    layer_types: tuple[str, ...]
+
+
+_SLIDING, _FULL = "sliding_attention", "full_attention"
+
+GEMMA3_PRESETS: dict[str, Gemma3Shape] = {
+    # 4 layers, one sliding to one full (gpt-oss's ratio): vLLM 0.33 makes two KV cache
+    # groups of two layers each, a sliding-window group and a full-attention group.
+    "gemma3-2group": Gemma3Shape(512, 256, 512, 4, 2, 64, 1024, 16, (_SLIDING, _FULL) * 2),
+    # 6 layers, two sliding to one full: 4 sliding layers against 2 full ones is more than
+    # vLLM 0.33's 1.5x slack, so the sliding layers split into two groups of two (layers 0, 3
+    # and 1, 4) beside the full group (2, 5): three groups, one block id a page of each.
+    "gemma3-3group": Gemma3Shape(
+        512, 256, 512, 4, 2, 64, 1024, 16, (_SLIDING, _SLIDING, _FULL) * 2
+    ),
+}
+
+PRESETS: tuple[str, ...] = (*SYNTHETIC_PRESETS, *GEMMA3_PRESETS)
+"""Every synthetic model's name: the Llamas' and the Gemma-3s'."""
+
+
+def synthetic_model(
+    preset: str = "small",
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> Any:
+    """The synthetic model called `preset`: a Llama (`synthetic_llama`) or a Gemma-3
+    (`synthetic_gemma3`).
+
+    Raises:
+        InvalidArgumentError: an unknown preset.
+    """
+    if preset in GEMMA3_PRESETS:
+        return synthetic_gemma3(preset, seed=seed, dtype=dtype, device=device)
+    if preset not in SYNTHETIC_PRESETS:
+        raise InvalidArgumentError(
+            f"unknown synthetic model {preset!r}; presets: {', '.join(PRESETS)}"
+        )
+    return synthetic_llama(preset, seed=seed, dtype=dtype, device=device)
+
+
+def synthetic_gemma3(
+    preset: str = "gemma3-2group",
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> Any:
+    """A `Gemma3ForCausalLM` with seeded random weights, in eval mode, no stop token.
+
+    Args:
+        preset: a key of `GEMMA3_PRESETS`.
+        seed: the weights' seed (the global torch RNG is left as it was).
+        dtype: the weights' dtype.
+        device: where the weights live.
+
+    Raises:
+        InvalidArgumentError: an unknown preset.
+    """
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    shape = GEMMA3_PRESETS.get(preset)
+    if shape is None:
+        raise InvalidArgumentError(
+            f"unknown synthetic Gemma-3 model {preset!r}; presets: {', '.join(GEMMA3_PRESETS)}"
+        )
+    config = Gemma3TextConfig(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=len(shape.layer_types),
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        query_pre_attn_scalar=shape.head_dim,
+        max_position_embeddings=shape.max_position_embeddings,
+        sliding_window=shape.sliding_window,
+        layer_types=list(shape.layer_types),
+        initializer_range=SYNTHETIC_INIT_STD,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Gemma3ForCausalLM(config)
+    return model.to(device=device, dtype=dtype).eval()
 
 
 def synthetic_llama(
@@ -90,11 +205,11 @@ def synthetic_llama(
 def load_local_model(
     path: str | Path, *, dtype: torch.dtype, device: str | torch.device = "cpu"
 ) -> Any:
-    """A Llama-architecture checkpoint from a local directory (never the network).
+    """A Llama or Gemma-3 text checkpoint from a local directory (never the network).
 
     Raises:
         InvalidArgumentError: no such directory, it holds no loadable model, or the model is
-            not a Llama (see `check_llama`).
+            neither (see `check_model`).
     """
     from transformers import AutoModelForCausalLM
 
@@ -105,8 +220,76 @@ def load_local_model(
         model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=dtype)
     except (OSError, ValueError) as error:
         raise InvalidArgumentError(f"--model {path}: cannot load it: {error}") from error
-    check_llama(model)
+    check_model(model)
     return model.to(device=device).eval()
+
+
+MODEL_TYPES = ("llama", "gemma3_text")
+"""The `config.model_type`s the engine runs: `LlamaForCausalLM` and `Gemma3ForCausalLM`."""
+
+
+def check_model(model: Any) -> str:
+    """The engine runs the model's modules itself: a Llama (`check_llama`) or a Gemma-3 text
+    model (`check_gemma3`). Returns its model type.
+
+    Raises:
+        InvalidArgumentError: another model type, or a layout or option the engine cannot run.
+    """
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type == "gemma3_text":
+        check_gemma3(model)
+        return "gemma3_text"
+    if model_type != "llama":
+        raise InvalidArgumentError(
+            f"the engine runs models of type {' or '.join(map(repr, MODEL_TYPES))} (a Llama or "
+            f"a Gemma-3 text model), got {model_type!r}"
+        )
+    check_llama(model)
+    return "llama"
+
+
+def check_gemma3(model: Any) -> None:
+    """A `Gemma3ForCausalLM` the paged attention computes exactly: causal, no attention logit
+    softcapping, each layer sliding-window or full attention.
+
+    Raises:
+        InvalidArgumentError: names what is missing or which option is not supported.
+    """
+    config: Any = getattr(model, "config", None)
+    if getattr(config, "model_type", None) != "gemma3_text":
+        raise InvalidArgumentError(
+            f"not a Gemma-3 text model: model_type {getattr(config, 'model_type', None)!r}"
+        )
+    inner = getattr(model, "model", None)
+    needed = ("embed_tokens", "layers", "norm", "rotary_emb")
+    missing = [name for name in needed if not hasattr(inner, name)]
+    if missing or not hasattr(model, "lm_head"):
+        raise InvalidArgumentError(
+            f"not a Gemma3ForCausalLM layout: missing {missing or ['lm_head']}"
+        )
+    if getattr(config, "use_bidirectional_attention", False):
+        raise InvalidArgumentError("use_bidirectional_attention: the engine is causal only")
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        raise InvalidArgumentError(
+            "attn_logit_softcapping: the paged attention has no logit softcapping"
+        )
+    unknown = sorted(set(config.layer_types) - {_SLIDING, _FULL})
+    if unknown:
+        raise InvalidArgumentError(f"layer types {unknown}: the engine runs {_SLIDING} and {_FULL}")
+
+
+def layer_sliding_windows(model: Any) -> tuple[int | None, ...]:
+    """Each decoder layer's sliding window (tokens a query sees, itself included), or None for
+    full attention: a Llama's are all None, a Gemma-3's follow its `layer_types`.
+
+    Raises:
+        InvalidArgumentError: as `check_model`.
+    """
+    config = model.config
+    if check_model(model) == "llama":
+        return (None,) * int(config.num_hidden_layers)
+    window = int(config.sliding_window)
+    return tuple(window if kind == _SLIDING else None for kind in config.layer_types)
 
 
 def check_llama(model: Any) -> None:

@@ -3,6 +3,7 @@
     pagedkv run                                   # synthetic Llama, synthetic chat trace, CPU
     pagedkv run --check-dense --plot run.png      # + transformers' generate for every request
     pagedkv run --prompts prompts.jsonl --model ./my-llama --device cuda
+    pagedkv run --preset gemma3-3group --check-dense  # a hybrid model: 3 KV cache groups
 
 Exit status: 0 done (and, with --check-dense, every request equal); 1 the dense check failed;
 2 bad arguments or input, a missing dependency, or no device.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -53,9 +54,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default for lines without max_tokens) (48)",
     )
     model = parser.add_argument_group("model")
-    model.add_argument("--model", type=Path, metavar="PATH", help="a local Llama checkpoint")
     model.add_argument(
-        "--preset", default="small", help="the synthetic Llama without --model: tiny or small"
+        "--model", type=Path, metavar="PATH", help="a local Llama or Gemma-3 text checkpoint"
+    )
+    model.add_argument(
+        "--preset",
+        default="small",
+        help="the synthetic model without --model: tiny or small (Llama); gemma3-2group or "
+        "gemma3-3group (Gemma-3, sliding-window and full-attention layers: a hybrid KV cache "
+        "of 2 or 3 groups)",
     )
     model.add_argument("--dtype", choices=DTYPES, default="float32")
     model.add_argument(
@@ -191,20 +198,32 @@ class _Session:
         )
 
     def _load_model(self, dtype: Any) -> tuple[Any, str]:
-        from pagedkv.engine.model import load_local_model, synthetic_llama
+        from pagedkv.engine.model import layer_sliding_windows, load_local_model, synthetic_model
 
         args = self.args
         device = args.device
         if args.model is not None:
             model = load_local_model(args.model, dtype=dtype, device=device)
-            origin = f"Llama from {args.model}"
         else:
-            model = synthetic_llama(args.preset, seed=args.seed, dtype=dtype, device=device)
-            origin = f"synthetic Llama {args.preset!r} (seeded random weights, seed {args.seed})"
+            model = synthetic_model(args.preset, seed=args.seed, dtype=dtype, device=device)
         config = model.config
+        kind = "Gemma-3" if config.model_type == "gemma3_text" else "Llama"
+        origin = (
+            f"{kind} from {args.model}"
+            if args.model is not None
+            else f"synthetic {kind} {args.preset!r} (seeded random weights, seed {args.seed})"
+        )
+        windows = layer_sliding_windows(model)
+        sliding = [window for window in windows if window is not None]
+        layers = f"{config.num_hidden_layers} layers"
+        if sliding:
+            layers += (
+                f" ({len(sliding)} sliding window {'/'.join(map(str, sorted(set(sliding))))}, "
+                f"{len(windows) - len(sliding)} full attention)"
+            )
         head_size = model.model.layers[0].self_attn.head_dim
         text = (
-            f"{origin}: {config.num_hidden_layers} layers, {config.num_attention_heads} query / "
+            f"{origin}: {layers}, {config.num_attention_heads} query / "
             f"{config.num_key_value_heads} KV heads x {head_size}, vocab {config.vocab_size:,}, "
             f"{args.dtype}"
         )
@@ -273,6 +292,8 @@ class _Session:
             executor=self.executor,
             keep_logits=self.args.check_dense,
         )
+        if engine.layout.num_groups > 1:
+            self.description = replace(self.description, kv_cache_groups=engine.layout.describe())
         for item in self.requests:
             engine.add_request(item)  # every request is checked before the first step
         bar = tqdm(
