@@ -33,6 +33,8 @@ class KVCacheLayout:
         num_kv_heads: KV heads.
         head_size: elements per head.
         sliding_window: the layer's window, or None.
+        attention_chunk_size: the layer's chunk (chunked local attention, which the kernels
+            do not serve; the torch reference does), or None.
     """
 
     layer_name: str
@@ -42,6 +44,7 @@ class KVCacheLayout:
     num_kv_heads: int
     head_size: int
     sliding_window: int | None
+    attention_chunk_size: int | None = None
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -83,6 +86,7 @@ def kv_cache_layouts(config: KVCacheConfig) -> dict[str, KVCacheLayout]:
                 num_kv_heads=spec.num_kv_heads,
                 head_size=spec.head_size,
                 sliding_window=getattr(spec, "sliding_window", None),
+                attention_chunk_size=getattr(spec, "attention_chunk_size", None),
             )
     return layouts
 
