@@ -1,5 +1,6 @@
-"""pagedkv's end-to-end engine: continuous batching of a `transformers` Llama or Gemma-3 text
-model on a paged KV cache (one KV cache group, or a hybrid model's several over one pool).
+"""pagedkv's end-to-end engine: continuous batching of a `transformers` Llama, Gemma-3 or
+Llama-4 text model on a paged KV cache (one KV cache group, or a hybrid model's several over one
+pool).
 
 Needs the `engine` extra (`pip install 'pagedkv[engine]'`: torch, transformers, tqdm,
 matplotlib). Importing this package imports none of them; each name below loads its module on
@@ -16,10 +17,11 @@ first use. Modules:
                     group: GroupedStepMetadata)
     torch_executor  the torch reference executor (CPU or GPU)
     kernel_executor the CuPy kernels' executor, and its dry run
-    model           the synthetic Llama and Gemma-3 models (seeded, no downloads) and local
-                    checkpoints
+    model           the synthetic Llama, Gemma-3 and Llama-4 models (seeded, no downloads) and
+                    local checkpoints
     paged_llama     a Llama's modules run token-packed through an executor
     paged_gemma3    a Gemma-3's modules likewise, each layer through its group and window
+    paged_llama4    a Llama-4's modules likewise, each layer through its group and chunk
     stage_timer     time in K/V writes and attention (CUDA events on a GPU)
     llm_engine      LLMEngine: the step loop, RunResult
     metrics         StepRecord, RunSummary
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
         load_local_model,
         synthetic_gemma3,
         synthetic_llama,
+        synthetic_llama4,
         synthetic_model,
     )
     from pagedkv.engine.scheduler import Scheduler, SchedulerOutput
@@ -69,6 +72,7 @@ _EXPORTS = {
     "load_local_model": "model",
     "synthetic_gemma3": "model",
     "synthetic_llama": "model",
+    "synthetic_llama4": "model",
     "synthetic_model": "model",
     "Scheduler": "scheduler",
     "SchedulerOutput": "scheduler",
@@ -99,6 +103,7 @@ __all__ = [
     "synthetic_chat_trace",
     "synthetic_gemma3",
     "synthetic_llama",
+    "synthetic_llama4",
     "synthetic_model",
 ]
 

@@ -4,6 +4,7 @@ Per step and KV cache group: the slots are checked on the host once (the group's
 write; every layer of a group writes the same slots), and one `plan_step` is made from the
 group's host metadata and window (no device-to-host copy) and reused by every layer of the
 group's `paged_attention`. A model of one group (a Llama) makes one check and one plan a step.
+The kernels have no chunked local attention: an executor over such a layer is refused.
 `KernelExecutor` holds that glue; a `KernelLaunches` object does the launching:
 
     CupyLaunches    `write_kv`, `plan_step`, `paged_attention` on CUDA tensors
@@ -249,7 +250,17 @@ class KernelExecutor(LayerCaches):
     """The executor glue around a `KernelLaunches` (module docstring)."""
 
     def __init__(self, caches: Sequence[LayerKVCache], launches: KernelLaunches) -> None:
+        """Raises:
+        InvalidArgumentError: no caches, caches of different shapes, or a layer of chunked
+            local attention (the kernels mask by window only).
+        """
         super().__init__(caches)
+        chunked = [i for i, cache in enumerate(caches) if cache.layout.attention_chunk_size]
+        if chunked:
+            raise InvalidArgumentError(
+                f"layers {chunked} use chunked local attention, which the CUDA kernels do not "
+                f"implement: use the reference executor"
+            )
         self.launches = launches
         self.name = launches.name
         self._plans: dict[int, AttentionPlan] = {}  # by KV cache group, for the current step

@@ -2,10 +2,11 @@
 
 A model whose layers all share one spec (a Llama: full attention everywhere) has one KV cache
 group, laid out by `uniform_kv_cache_config` and served by `KVCacheManager`, as before hybrid
-models. A model whose layers differ (Gemma-3: sliding-window and full-attention layers) has the
-groups `pagedkv.planning.kv_cache_groups` builds as vLLM 0.33 does (layers bucketed by spec,
-buckets split into groups of one size, the j-th layer of every group sharing one tensor), served
-by `HybridKVCacheManager`: one block table per group over one pool of `num_blocks` blocks.
+models. A model whose layers differ (Gemma-3: sliding-window and full-attention layers;
+Llama-4: chunked local and full attention) has the groups `pagedkv.planning.kv_cache_groups`
+builds as vLLM 0.33 does (layers bucketed by spec, buckets split into groups of one size, the
+j-th layer of every group sharing one tensor), served by `HybridKVCacheManager`: one block
+table per group over one pool of `num_blocks` blocks.
 
     Gemma-3 style, layers (sliding, sliding, full) x 2, window 16:
         group 0  sliding window 16   layers 0, 3
@@ -23,6 +24,7 @@ from pagedkv.block_counts import cdiv
 from pagedkv.planning.kv_cache_groups import get_kv_cache_config_from_groups, get_kv_cache_groups
 from pagedkv.vocab.errors import InvalidArgumentError
 from pagedkv.vocab.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
     DTypeLike,
     FullAttentionSpec,
     KVCacheConfig,
@@ -30,6 +32,15 @@ from pagedkv.vocab.kv_cache_interface import (
     SlidingWindowSpec,
     uniform_kv_cache_config,
 )
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """What one decoder layer's query sees, itself included: every earlier token, the last
+    `sliding_window` tokens, or the tokens of its own chunk of `attention_chunk_size`."""
+
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
 
 
 def layer_name(index: int) -> str:
@@ -60,9 +71,17 @@ class KVLayout:
 
     @property
     def group_windows(self) -> tuple[int | None, ...]:
-        """Each group's sliding window, or None (full attention)."""
+        """Each group's sliding window, or None (full or chunked local attention)."""
         return tuple(
             getattr(group.kv_cache_spec, "sliding_window", None)
+            for group in self.kv_cache_config.kv_cache_groups
+        )
+
+    @property
+    def group_chunks(self) -> tuple[int | None, ...]:
+        """Each group's attention chunk size, or None (full or sliding-window attention)."""
+        return tuple(
+            getattr(group.kv_cache_spec, "attention_chunk_size", None)
             for group in self.kv_cache_config.kv_cache_groups
         )
 
@@ -74,9 +93,13 @@ class KVLayout:
         """One line: the groups, their attention and their layers."""
         parts = []
         groups = self.kv_cache_config.kv_cache_groups
-        for group, window in zip(groups, self.group_windows, strict=True):
+        for group, window, chunk in zip(groups, self.group_windows, self.group_chunks, strict=True):
             layers = ", ".join(name.removeprefix("layers.") for name in group.layer_names)
-            kind = "full attention" if window is None else f"sliding window {window}"
+            kind = "full attention"
+            if window is not None:
+                kind = f"sliding window {window}"
+            elif chunk is not None:
+                kind = f"chunked local attention {chunk}"
             parts.append(f"{kind} (layers {layers})")
         count = self.num_groups
         return f"{count} {'group' if count == 1 else 'groups'}: " + "; ".join(parts)
@@ -90,7 +113,9 @@ def max_blocks_per_request(
     cdiv(num_tokens, B) in a full-attention group; in a sliding-window group at most that, and
     at most the window's W - 1 earlier tokens and the step's tokens, whose first block may start
     mid-block, `cdiv(W - 1 + max_num_batched_tokens, B) + 1` (`sliding_window_max_blocks`,
-    capped). A request must fit in the pool with that many, or it could never be scheduled.
+    capped); in a chunked local group likewise with the C - 1 earlier tokens of the first
+    token's chunk. A request must fit in the pool with that many, or it could never be
+    scheduled.
 
     Complexity: O(groups).
     """
@@ -98,47 +123,56 @@ def max_blocks_per_request(
     for group in config.kv_cache_groups:
         spec = group.kv_cache_spec
         blocks = cdiv(num_tokens, spec.block_size)
+        reach = None
         if isinstance(spec, SlidingWindowSpec):
-            window = spec.sliding_window - 1 + max_num_batched_tokens
-            blocks = min(blocks, cdiv(window, spec.block_size) + 1)
+            reach = spec.sliding_window - 1 + max_num_batched_tokens
+        elif isinstance(spec, ChunkedLocalAttentionSpec):
+            reach = spec.attention_chunk_size - 1 + max_num_batched_tokens
+        if reach is not None:
+            blocks = min(blocks, cdiv(reach, spec.block_size) + 1)
         total += blocks
     return total
 
 
 def layer_specs(
-    windows: Sequence[int | None],
+    attention: Sequence[LayerAttention],
     *,
     block_size: int,
     num_kv_heads: int,
     head_size: int,
     dtype: DTypeLike,
 ) -> list[KVCacheSpec]:
-    """One spec per decoder layer: sliding window W where `windows[i]` is W, else full.
+    """One spec per decoder layer: `SlidingWindowSpec`, `ChunkedLocalAttentionSpec` or
+    `FullAttentionSpec`, as `attention[i]` says.
 
     Raises:
         InvalidArgumentError, KVCacheConfigError: as the specs on construction.
     """
+    heads, size = num_kv_heads, head_size
     specs: list[KVCacheSpec] = []
-    for window in windows:
-        if window is None:
-            specs.append(
-                FullAttentionSpec(
-                    block_size=block_size,
-                    num_kv_heads=num_kv_heads,
-                    head_size=head_size,
-                    dtype=dtype,
-                )
+    for layer in attention:
+        spec: KVCacheSpec
+        if layer.sliding_window is not None:
+            spec = SlidingWindowSpec(
+                block_size=block_size,
+                num_kv_heads=heads,
+                head_size=size,
+                dtype=dtype,
+                sliding_window=layer.sliding_window,
+            )
+        elif layer.attention_chunk_size is not None:
+            spec = ChunkedLocalAttentionSpec(
+                block_size=block_size,
+                num_kv_heads=heads,
+                head_size=size,
+                dtype=dtype,
+                attention_chunk_size=layer.attention_chunk_size,
             )
         else:
-            specs.append(
-                SlidingWindowSpec(
-                    block_size=block_size,
-                    num_kv_heads=num_kv_heads,
-                    head_size=head_size,
-                    dtype=dtype,
-                    sliding_window=window,
-                )
+            spec = FullAttentionSpec(
+                block_size=block_size, num_kv_heads=heads, head_size=size, dtype=dtype
             )
+        specs.append(spec)
     return specs
 
 

@@ -56,8 +56,8 @@ class LayerCaches:
     """Per-layer K/V caches (all of one shape) and the step they are being used for.
 
     A step is a `StepMetadata` (one KV cache group: every layer reads it) or a
-    `GroupedStepMetadata` (each layer reads its group's). Each layer's sliding window is its
-    cache's (`KVCacheLayout.sliding_window`).
+    `GroupedStepMetadata` (each layer reads its group's). Each layer's sliding window and
+    attention chunk are its cache's (`KVCacheLayout.sliding_window`, `.attention_chunk_size`).
     """
 
     def __init__(self, caches: Sequence[LayerKVCache]) -> None:
@@ -121,8 +121,12 @@ class LayerCaches:
         return self._steps[self.group_of(layer)]
 
     def window_of(self, layer: int) -> int | None:
-        """Layer `layer`'s sliding window, or None (full attention)."""
+        """Layer `layer`'s sliding window, or None (full or chunked local attention)."""
         return self.layer(layer).layout.sliding_window
+
+    def chunk_of(self, layer: int) -> int | None:
+        """Layer `layer`'s attention chunk size, or None (full or sliding-window attention)."""
+        return self.layer(layer).layout.attention_chunk_size
 
     def layer(self, layer: int) -> LayerKVCache:
         """Layer `layer`'s caches.

@@ -11,9 +11,10 @@ through the executor, argmax, `Scheduler.update_from_output`. Sampling is greedy
 
 The model's layers decide the KV cache (`pagedkv.engine.kv_layout`): one spec for every layer
 (a Llama) is one group on `KVCacheManager`; sliding-window beside full-attention layers (a
-Gemma-3) are vLLM 0.33's groups on `HybridKVCacheManager`, and each step then has one block
-table and slot mapping per group (`GroupedStepMetadata`), sliding-window groups' tables holding
-the null block where the window moved on (checked never to be read).
+Gemma-3), or chunked local beside full (a Llama-4), are vLLM 0.33's groups on
+`HybridKVCacheManager`, and each step then has one block table and slot mapping per group
+(`GroupedStepMetadata`), sliding-window and chunked groups' tables holding the null block where
+the window or chunk moved on (checked never to be read).
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from pagedkv.engine.executor import AttentionExecutor, ExecutorFactory, Executor
 from pagedkv.engine.kv_layout import KVLayout, kv_layout, layer_specs
 from pagedkv.engine.layer_caches import GroupedStepMetadata
 from pagedkv.engine.metrics import RunSummary, StepRecord
-from pagedkv.engine.model import check_model, layer_sliding_windows
+from pagedkv.engine.model import check_model, layer_attention
 from pagedkv.engine.paged_gemma3 import PagedGemma3Runner
 from pagedkv.engine.paged_llama import PagedLlamaRunner
+from pagedkv.engine.paged_llama4 import PagedLlama4Runner
 from pagedkv.engine.scheduler import Scheduler, SchedulerOutput
 from pagedkv.engine.stage_timer import StageTimer
 from pagedkv.gpu.kv_cache_tensors import allocate_kv_caches
@@ -78,8 +80,8 @@ class LLMEngine:
     `HybridKVCacheManager` for a model of several KV cache groups.
 
     Args:
-        model: a Llama or Gemma-3 text causal LM (`pagedkv.engine.model.check_model`), in eval
-            mode; its device and dtype are the caches'.
+        model: a Llama, Gemma-3 or Llama-4 text causal LM (`pagedkv.engine.model.check_model`),
+            in eval mode; its device and dtype are the caches'.
         config: pool and scheduling limits.
         executor: "reference" (torch, any device), "cupy" (the CUDA kernels),
             "cupy-dry-run" (the kernels' glue and checks, computing with the reference), or a
@@ -91,7 +93,8 @@ class LLMEngine:
         manager: `KVCacheManager` for one group, `HybridKVCacheManager` for several.
 
     Raises:
-        InvalidArgumentError: max_model_len beyond the model's positions, or a bad executor.
+        InvalidArgumentError: max_model_len beyond the model's positions, a bad executor, or the
+            CUDA kernels for a model with chunked local attention.
         KVCacheConfigError: layers whose groups no manager serves.
     """
 
@@ -113,7 +116,7 @@ class LLMEngine:
         weight = next(model.parameters())
         layers = model.model.layers
         specs = layer_specs(
-            layer_sliding_windows(model),
+            layer_attention(model),
             block_size=config.block_size,
             num_kv_heads=model_config.num_key_value_heads,
             head_size=layers[0].self_attn.head_dim,
@@ -138,11 +141,13 @@ class LLMEngine:
             else executor(layer_caches)
         )
         self.timer = StageTimer(self.device)
-        self.runner: PagedLlamaRunner | PagedGemma3Runner = (
-            PagedGemma3Runner(model, self.executor, self.timer)
-            if model_type == "gemma3_text"
-            else PagedLlamaRunner(model, self.executor, self.timer)
-        )
+        self.runner: PagedLlamaRunner | PagedGemma3Runner | PagedLlama4Runner
+        if model_type == "gemma3_text":
+            self.runner = PagedGemma3Runner(model, self.executor, self.timer)
+        elif model_type == "llama4_text":
+            self.runner = PagedLlama4Runner(model, self.executor, self.timer)
+        else:
+            self.runner = PagedLlamaRunner(model, self.executor, self.timer)
         self.summary = RunSummary()
         self.scheduler = Scheduler(config, self.manager, self.summary)
         self.keep_logits = keep_logits
@@ -285,18 +290,21 @@ class LLMEngine:
         self, requests: list[Request], num_scheduled: dict[str, int]
     ) -> StepMetadata | GroupedStepMetadata:
         """The step's metadata: one `StepMetadata` for one group, else one per group (each from
-        the group's block lists, its null blocks checked against the group's window)."""
+        the group's block lists, its null blocks checked against the group's window or
+        chunk)."""
         manager = self.manager
         block_size = self.config.block_size
+        windows, chunks = self.layout.group_windows, self.layout.group_chunks
         if not isinstance(manager, HybridKVCacheManager):
             return build_step_metadata(
                 scheduled_from_manager(manager, requests, num_scheduled),
                 block_size,
-                sliding_window=self.layout.group_windows[0],
+                sliding_window=windows[0],
+                attention_chunk_size=chunks[0],
             )
         held = [manager.req_to_blocks[request.request_id] for request in requests]
         groups = []
-        for group, window in enumerate(self.layout.group_windows):
+        for group, (window, chunk) in enumerate(zip(windows, chunks, strict=True)):
             scheduled = [
                 ScheduledRequest(
                     block_ids=tuple(block.block_id for block in blocks[group]),
@@ -305,7 +313,11 @@ class LLMEngine:
                 )
                 for request, blocks in zip(requests, held, strict=True)
             ]
-            groups.append(build_step_metadata(scheduled, block_size, sliding_window=window))
+            groups.append(
+                build_step_metadata(
+                    scheduled, block_size, sliding_window=window, attention_chunk_size=chunk
+                )
+            )
         return GroupedStepMetadata(tuple(groups), self.layout.layer_groups)
 
     def _record(self, output: SchedulerOutput) -> None:

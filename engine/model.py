@@ -1,10 +1,11 @@
-"""The model the engine serves: a `transformers` Llama or Gemma-3 text model, seeded and random,
-or a local checkpoint.
+"""The model the engine serves: a `transformers` Llama, Gemma-3 or Llama-4 text model, seeded
+and random, or a local checkpoint.
 
 Nothing is downloaded. A synthetic model is `LlamaForCausalLM` built from a small `LlamaConfig`,
-or `Gemma3ForCausalLM` from a small `Gemma3TextConfig` (sliding-window and full-attention
-layers: a hybrid model, whose KV cache has several groups), with weights drawn under a fixed
-seed. Its weights are drawn wider than transformers' training
+`Gemma3ForCausalLM` from a small `Gemma3TextConfig` (sliding-window and full-attention layers:
+a hybrid model, whose KV cache has several groups), or `Llama4ForCausalLM` from a small
+`Llama4TextConfig` (chunked local attention beside full attention, mixture-of-experts layers),
+with weights drawn under a fixed seed. Its weights are drawn wider than transformers' training
 init (std `SYNTHETIC_INIT_STD` instead of 0.02): with 0.02 a random Llama's greedy output falls
 into a two- or three-token loop within a few tokens and hardly depends on the context, so it
 would prove little; at 0.2 every output token depends on the whole prompt (changing the first
@@ -22,6 +23,7 @@ from typing import Any
 
 import torch
 
+from pagedkv.engine.kv_layout import LayerAttention
 from pagedkv.vocab.errors import InvalidArgumentError
 
 SYNTHETIC_INIT_STD = 0.2
@@ -83,8 +85,47 @@ GEMMA3_PRESETS: dict[str, Gemma3Shape] = {
     ),
 }
 
-PRESETS: tuple[str, ...] = (*SYNTHETIC_PRESETS, *GEMMA3_PRESETS)
-"""Every synthetic model's name: the Llamas' and the Gemma-3s'."""
+
+@dataclass(frozen=True)
+class Llama4Shape:
+    """The sizes and layer pattern of a synthetic Llama-4 text model.
+
+    Attributes:
+        layer_types: one "chunked_attention" or "full_attention" per layer; chunked layers use
+            RoPE, full ones none (Llama-4's NoPE layers, with attention temperature tuning).
+        attention_chunk_size: tokens per chunk of a chunked layer.
+        floor_scale: the temperature tuning's step in positions (Llama-4 uses 8192; a small
+            one makes the query scale change within these short sequences).
+        moe_layers: the layers whose feed-forward is a mixture of experts (with a shared one).
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    attention_chunk_size: int
+    floor_scale: int
+    num_experts: int
+    layer_types: tuple[str, ...]
+    moe_layers: tuple[int, ...]
+
+
+_CHUNKED = "chunked_attention"
+
+LLAMA4_PRESETS: dict[str, Llama4Shape] = {
+    # 4 layers, chunked local attention (chunks of 16 tokens) then full, twice, as Llama-4
+    # interleaves them (3:1 there); layers 1 and 3 are mixtures of 2 experts. Two KV cache
+    # groups: chunked local attention and full attention.
+    "llama4-2group": Llama4Shape(
+        512, 256, 512, 4, 2, 64, 1024, 16, 8, 2, (_CHUNKED, _FULL) * 2, (1, 3)
+    ),
+}
+
+PRESETS: tuple[str, ...] = (*SYNTHETIC_PRESETS, *GEMMA3_PRESETS, *LLAMA4_PRESETS)
+"""Every synthetic model's name: the Llamas', the Gemma-3s' and the Llama-4s'."""
 
 
 def synthetic_model(
@@ -94,14 +135,16 @@ def synthetic_model(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
 ) -> Any:
-    """The synthetic model called `preset`: a Llama (`synthetic_llama`) or a Gemma-3
-    (`synthetic_gemma3`).
+    """The synthetic model called `preset`: a Llama (`synthetic_llama`), a Gemma-3
+    (`synthetic_gemma3`) or a Llama-4 (`synthetic_llama4`).
 
     Raises:
         InvalidArgumentError: an unknown preset.
     """
     if preset in GEMMA3_PRESETS:
         return synthetic_gemma3(preset, seed=seed, dtype=dtype, device=device)
+    if preset in LLAMA4_PRESETS:
+        return synthetic_llama4(preset, seed=seed, dtype=dtype, device=device)
     if preset not in SYNTHETIC_PRESETS:
         raise InvalidArgumentError(
             f"unknown synthetic model {preset!r}; presets: {', '.join(PRESETS)}"
@@ -158,6 +201,60 @@ def synthetic_gemma3(
     return model.to(device=device, dtype=dtype).eval()
 
 
+def synthetic_llama4(
+    preset: str = "llama4-2group",
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> Any:
+    """A `Llama4ForCausalLM` (text only) with seeded random weights, in eval mode, no stop
+    token.
+
+    Args:
+        preset: a key of `LLAMA4_PRESETS`.
+        seed: the weights' seed (the global torch RNG is left as it was).
+        dtype: the weights' dtype.
+        device: where the weights live.
+
+    Raises:
+        InvalidArgumentError: an unknown preset.
+    """
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    shape = LLAMA4_PRESETS.get(preset)
+    if shape is None:
+        raise InvalidArgumentError(
+            f"unknown synthetic Llama-4 model {preset!r}; presets: {', '.join(LLAMA4_PRESETS)}"
+        )
+    config = Llama4TextConfig(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        intermediate_size_mlp=shape.intermediate_size,
+        num_hidden_layers=len(shape.layer_types),
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        max_position_embeddings=shape.max_position_embeddings,
+        attention_chunk_size=shape.attention_chunk_size,
+        layer_types=list(shape.layer_types),
+        no_rope_layers=[int(kind == _CHUNKED) for kind in shape.layer_types],
+        moe_layers=list(shape.moe_layers),
+        num_local_experts=shape.num_experts,
+        num_experts_per_tok=1,
+        floor_scale=shape.floor_scale,
+        initializer_range=SYNTHETIC_INIT_STD,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Llama4ForCausalLM(config)
+    return model.to(device=device, dtype=dtype).eval()
+
+
 def synthetic_llama(
     preset: str = "small",
     *,
@@ -205,7 +302,7 @@ def synthetic_llama(
 def load_local_model(
     path: str | Path, *, dtype: torch.dtype, device: str | torch.device = "cpu"
 ) -> Any:
-    """A Llama or Gemma-3 text checkpoint from a local directory (never the network).
+    """A Llama, Gemma-3 or Llama-4 text checkpoint from a local directory (never the network).
 
     Raises:
         InvalidArgumentError: no such directory, it holds no loadable model, or the model is
@@ -224,13 +321,14 @@ def load_local_model(
     return model.to(device=device).eval()
 
 
-MODEL_TYPES = ("llama", "gemma3_text")
-"""The `config.model_type`s the engine runs: `LlamaForCausalLM` and `Gemma3ForCausalLM`."""
+MODEL_TYPES = ("llama", "gemma3_text", "llama4_text")
+"""The `config.model_type`s the engine runs: `LlamaForCausalLM`, `Gemma3ForCausalLM` and
+`Llama4ForCausalLM`."""
 
 
 def check_model(model: Any) -> str:
-    """The engine runs the model's modules itself: a Llama (`check_llama`) or a Gemma-3 text
-    model (`check_gemma3`). Returns its model type.
+    """The engine runs the model's modules itself: a Llama (`check_llama`), a Gemma-3 text
+    model (`check_gemma3`) or a Llama-4 text model (`check_llama4`). Returns its model type.
 
     Raises:
         InvalidArgumentError: another model type, or a layout or option the engine cannot run.
@@ -239,10 +337,13 @@ def check_model(model: Any) -> str:
     if model_type == "gemma3_text":
         check_gemma3(model)
         return "gemma3_text"
+    if model_type == "llama4_text":
+        check_llama4(model)
+        return "llama4_text"
     if model_type != "llama":
         raise InvalidArgumentError(
-            f"the engine runs models of type {' or '.join(map(repr, MODEL_TYPES))} (a Llama or "
-            f"a Gemma-3 text model), got {model_type!r}"
+            f"the engine runs models of type {', '.join(map(repr, MODEL_TYPES))} (a Llama, a "
+            f"Gemma-3 or a Llama-4 text model), got {model_type!r}"
         )
     check_llama(model)
     return "llama"
@@ -278,18 +379,48 @@ def check_gemma3(model: Any) -> None:
         raise InvalidArgumentError(f"layer types {unknown}: the engine runs {_SLIDING} and {_FULL}")
 
 
-def layer_sliding_windows(model: Any) -> tuple[int | None, ...]:
-    """Each decoder layer's sliding window (tokens a query sees, itself included), or None for
-    full attention: a Llama's are all None, a Gemma-3's follow its `layer_types`.
+def check_llama4(model: Any) -> None:
+    """A `Llama4ForCausalLM` (text only) whose layers are chunked local or full attention.
+
+    Raises:
+        InvalidArgumentError: names what is missing or which option is not supported.
+    """
+    config: Any = getattr(model, "config", None)
+    if getattr(config, "model_type", None) != "llama4_text":
+        raise InvalidArgumentError(
+            f"not a Llama-4 text model: model_type {getattr(config, 'model_type', None)!r}"
+        )
+    inner = getattr(model, "model", None)
+    needed = ("embed_tokens", "layers", "norm", "rotary_emb")
+    missing = [name for name in needed if not hasattr(inner, name)]
+    if missing or not hasattr(model, "lm_head"):
+        raise InvalidArgumentError(
+            f"not a Llama4ForCausalLM layout: missing {missing or ['lm_head']}"
+        )
+    unknown = sorted(set(config.layer_types) - {_CHUNKED, _FULL})
+    if unknown:
+        raise InvalidArgumentError(f"layer types {unknown}: the engine runs {_CHUNKED} and {_FULL}")
+
+
+def layer_attention(model: Any) -> tuple[LayerAttention, ...]:
+    """What each decoder layer attends to: a Llama's layers all to every earlier token, a
+    Gemma-3's and a Llama-4's as their `layer_types` say (sliding window, chunked local
+    attention, or full).
 
     Raises:
         InvalidArgumentError: as `check_model`.
     """
     config = model.config
-    if check_model(model) == "llama":
-        return (None,) * int(config.num_hidden_layers)
-    window = int(config.sliding_window)
-    return tuple(window if kind == _SLIDING else None for kind in config.layer_types)
+    model_type = check_model(model)
+    if model_type == "llama":
+        return (LayerAttention(),) * int(config.num_hidden_layers)
+    if model_type == "gemma3_text":
+        window = LayerAttention(sliding_window=int(config.sliding_window))
+        return tuple(
+            window if kind == _SLIDING else LayerAttention() for kind in config.layer_types
+        )
+    chunk = LayerAttention(attention_chunk_size=int(config.attention_chunk_size))
+    return tuple(chunk if kind == _CHUNKED else LayerAttention() for kind in config.layer_types)
 
 
 def check_llama(model: Any) -> None:

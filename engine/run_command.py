@@ -55,14 +55,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     model = parser.add_argument_group("model")
     model.add_argument(
-        "--model", type=Path, metavar="PATH", help="a local Llama or Gemma-3 text checkpoint"
+        "--model",
+        type=Path,
+        metavar="PATH",
+        help="a local Llama, Gemma-3 or Llama-4 text checkpoint",
     )
     model.add_argument(
         "--preset",
         default="small",
         help="the synthetic model without --model: tiny or small (Llama); gemma3-2group or "
         "gemma3-3group (Gemma-3, sliding-window and full-attention layers: a hybrid KV cache "
-        "of 2 or 3 groups)",
+        "of 2 or 3 groups); llama4-2group (Llama-4, chunked local and full attention)",
     )
     model.add_argument("--dtype", choices=DTYPES, default="float32")
     model.add_argument(
@@ -198,7 +201,7 @@ class _Session:
         )
 
     def _load_model(self, dtype: Any) -> tuple[Any, str]:
-        from pagedkv.engine.model import layer_sliding_windows, load_local_model, synthetic_model
+        from pagedkv.engine.model import layer_attention, load_local_model, synthetic_model
 
         args = self.args
         device = args.device
@@ -207,20 +210,26 @@ class _Session:
         else:
             model = synthetic_model(args.preset, seed=args.seed, dtype=dtype, device=device)
         config = model.config
-        kind = "Gemma-3" if config.model_type == "gemma3_text" else "Llama"
+        kind = {"gemma3_text": "Gemma-3", "llama4_text": "Llama-4"}.get(config.model_type, "Llama")
         origin = (
             f"{kind} from {args.model}"
             if args.model is not None
             else f"synthetic {kind} {args.preset!r} (seeded random weights, seed {args.seed})"
         )
-        windows = layer_sliding_windows(model)
-        sliding = [window for window in windows if window is not None]
-        layers = f"{config.num_hidden_layers} layers"
+        attention = layer_attention(model)
+        sliding = sorted({a.sliding_window for a in attention if a.sliding_window})
+        chunks = sorted({a.attention_chunk_size for a in attention if a.attention_chunk_size})
+        num_full = sum(1 for a in attention if not a.sliding_window and not a.attention_chunk_size)
+        kinds = []
         if sliding:
-            layers += (
-                f" ({len(sliding)} sliding window {'/'.join(map(str, sorted(set(sliding))))}, "
-                f"{len(windows) - len(sliding)} full attention)"
-            )
+            count = sum(1 for a in attention if a.sliding_window)
+            kinds.append(f"{count} sliding window {'/'.join(map(str, sliding))}")
+        if chunks:
+            count = sum(1 for a in attention if a.attention_chunk_size)
+            kinds.append(f"{count} chunked local attention {'/'.join(map(str, chunks))}")
+        layers = f"{config.num_hidden_layers} layers"
+        if kinds:
+            layers += f" ({', '.join(kinds)}, {num_full} full attention)"
         head_size = model.model.layers[0].self_attn.head_dim
         text = (
             f"{origin}: {layers}, {config.num_attention_heads} query / "

@@ -12,7 +12,7 @@ class TorchReferenceExecutor(LayerCaches):
     """Plain indexing and a masked softmax (`pagedkv.gpu.reference`): slow, obviously right.
 
     Each layer writes through its group's slot mapping and reads through its group's block
-    table, within its window."""
+    table, within its window or its chunk."""
 
     name = "torch reference"
 
@@ -32,4 +32,5 @@ class TorchReferenceExecutor(LayerCaches):
             step.block_table,
             scale=scale,
             sliding_window=self.window_of(layer),
+            attention_chunk_size=self.chunk_of(layer),
         )

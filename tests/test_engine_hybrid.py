@@ -1,15 +1,18 @@
 """End to end on the paged hybrid cache (issue 20 item 6): a Gemma-3 text model of sliding-window
-and full-attention layers, served by the engine over `HybridKVCacheManager`, equals
-transformers' dense `generate` token for token.
+and full-attention layers, and a Llama-4 text model of chunked local and full-attention layers,
+served by the engine over `HybridKVCacheManager`, equal transformers' dense `generate` token for
+token.
 
 Two tiny seeded Gemma-3s (`pagedkv.engine.model.GEMMA3_PRESETS`): layers (sliding, full) x 2,
 which vLLM 0.33 lays out as two KV cache groups, and (sliding, sliding, full) x 2, which it lays
-out as three (the four sliding layers split into two groups beside the full one). Each serves a
-chat trace with shared prefixes through a pool small enough that sliding-window groups drop the
-blocks their window left (null blocks in their tables), prefix hits start with null blocks in
-the sliding groups, and chunked prefills, evictions and preemptions happen (asserted), every
-invariant checked after every call. Executors with plausible hybrid bugs (the window ignored; a
-sliding layer reading the full group's block table) fail the check, so the check can fail.
+out as three (the four sliding layers split into two groups beside the full one); and a tiny
+Llama-4 (`LLAMA4_PRESETS`), layers (chunked, full) x 2 with two mixture-of-experts layers: two
+groups. Each serves a chat trace with shared prefixes through a pool small enough that the
+sliding-window and chunked groups drop the blocks their window or chunk left (null blocks in
+their tables), prefix hits start with null blocks in those groups, and chunked prefills,
+evictions and preemptions happen (asserted), every invariant checked after every call.
+Executors with plausible hybrid bugs (the window or chunk ignored; a local layer reading the
+full group's block table) fail the check, so the check can fail.
 """
 
 from __future__ import annotations
@@ -34,20 +37,20 @@ from pagedkv.engine.engine_request import EngineRequest, RequestStatus  # noqa: 
 from pagedkv.engine.kernel_executor import DryRunLaunches, KernelExecutor  # noqa: E402
 from pagedkv.engine.layer_caches import GroupedStepMetadata  # noqa: E402
 from pagedkv.engine.llm_engine import LLMEngine, RunResult  # noqa: E402
-from pagedkv.engine.model import synthetic_gemma3, synthetic_llama  # noqa: E402
+from pagedkv.engine.model import synthetic_gemma3, synthetic_llama, synthetic_model  # noqa: E402
 from pagedkv.engine.torch_executor import TorchReferenceExecutor  # noqa: E402
 from pagedkv.engine.workload import ChatTraceConfig, synthetic_chat_trace  # noqa: E402
 from pagedkv.gpu.step_metadata import StepMetadata  # noqa: E402
 from pagedkv.hybrid_manager import HybridKVCacheManager  # noqa: E402
 from pagedkv.manager import KVCacheManager  # noqa: E402
-from pagedkv.vocab.errors import RequestError  # noqa: E402
+from pagedkv.vocab.errors import InvalidArgumentError, RequestError  # noqa: E402
 
-PRESETS = ("gemma3-2group", "gemma3-3group")
-WINDOW = 16  # both presets' sliding window; 4 blocks of 4 tokens
+PRESETS = ("gemma3-2group", "gemma3-3group", "llama4-2group")
+WINDOW = 16  # the Gemma-3 presets' sliding window and the Llama-4 preset's chunk: 4 blocks
 
 # The longest request (80 prompt + 24 generated tokens) holds 26 blocks in a full-attention
-# group and at most cdiv(15 + 32, 4) + 1 = 13 in a sliding one: 39 of 47 usable blocks with two
-# groups, 52 of 63 with three.
+# group and at most cdiv(15 + 32, 4) + 1 = 13 in a sliding or chunked one: 39 of 47 usable
+# blocks with two groups, 52 of 63 with three.
 CONFIGS = {
     "gemma3-2group": EngineConfig(
         num_blocks=48,
@@ -59,6 +62,14 @@ CONFIGS = {
     ),
     "gemma3-3group": EngineConfig(
         num_blocks=64,
+        block_size=4,
+        max_num_batched_tokens=32,
+        max_num_seqs=8,
+        max_model_len=128,
+        runtime_checks=1,
+    ),
+    "llama4-2group": EngineConfig(
+        num_blocks=48,
         block_size=4,
         max_num_batched_tokens=32,
         max_num_seqs=8,
@@ -96,7 +107,7 @@ def preset(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="module")
 def model(preset: str) -> Any:
-    return synthetic_gemma3(preset, seed=0)
+    return synthetic_model(preset, seed=0)
 
 
 def trace(model: Any) -> list[EngineRequest]:
@@ -162,6 +173,11 @@ def test_the_layouts_are_vllm_033s_groups_over_shared_tensors(preset: str, model
         assert groups == [["layers.0", "layers.2"], ["layers.1", "layers.3"]]
         assert engine.layout.group_windows == (WINDOW, None)
         assert engine.layout.layer_groups == (0, 1, 0, 1)
+    elif preset == "llama4-2group":
+        assert groups == [["layers.0", "layers.2"], ["layers.1", "layers.3"]]
+        assert engine.layout.group_windows == (None, None)
+        assert engine.layout.group_chunks == (WINDOW, None)
+        assert engine.layout.layer_groups == (0, 1, 0, 1)
     else:
         assert groups == [
             ["layers.0", "layers.3"],
@@ -177,6 +193,9 @@ def test_the_layouts_are_vllm_033s_groups_over_shared_tensors(preset: str, model
     assert caches[0].key.data_ptr() != caches[len(groups)].key.data_ptr()
     assert [cache.layout.sliding_window for cache in caches] == [
         WINDOW if kind == "sliding_attention" else None for kind in model.config.layer_types
+    ]
+    assert [cache.layout.attention_chunk_size for cache in caches] == [
+        WINDOW if kind == "chunked_attention" else None for kind in model.config.layer_types
     ]
 
 
@@ -220,6 +239,10 @@ def test_engine_tokens_equal_transformers_generate(
 
 def test_the_kernels_dry_run_plans_each_group_with_its_window(model: Any, preset: str) -> None:
     config = CONFIGS[preset]
+    if preset.startswith("llama4"):
+        with pytest.raises(InvalidArgumentError, match=r"layers \[0, 2\] use chunked local"):
+            LLMEngine(model, config, executor="cupy-dry-run")
+        return
     reference = LLMEngine(model, config, keep_logits=True).run(trace(model)[:8])
     engine = LLMEngine(model, config, executor="cupy-dry-run", keep_logits=True)
     assert isinstance(engine.executor, KernelExecutor)
@@ -238,11 +261,15 @@ def test_the_kernels_dry_run_plans_each_group_with_its_window(model: Any, preset
     assert sum(r.slots_checked_on_host for r in writes) == num_groups * len(busy)
 
 
-class WindowIgnoredExecutor(TorchReferenceExecutor):
-    """A plausible bug: every layer attends to the whole sequence, sliding ones included (so
-    they read the null pages their window left, and keys the dense model masks)."""
+class LocalMaskIgnoredExecutor(TorchReferenceExecutor):
+    """A plausible bug: every layer attends to the whole sequence, sliding and chunked ones
+    included (so they read the null pages their window or chunk left, and keys the dense model
+    masks)."""
 
     def window_of(self, layer: int) -> int | None:
+        return None
+
+    def chunk_of(self, layer: int) -> int | None:
         return None
 
 
@@ -264,10 +291,11 @@ class FullTableExecutor(TorchReferenceExecutor):
             step.block_table,
             scale=scale,
             sliding_window=self.window_of(layer),
+            attention_chunk_size=self.chunk_of(layer),
         )
 
 
-@pytest.mark.parametrize("executor", [WindowIgnoredExecutor, FullTableExecutor])
+@pytest.mark.parametrize("executor", [LocalMaskIgnoredExecutor, FullTableExecutor])
 def test_the_check_fails_on_an_executor_with_a_hybrid_bug(
     model: Any, preset: str, executor: type[TorchReferenceExecutor]
 ) -> None:
@@ -283,8 +311,8 @@ def test_a_request_must_fit_with_every_groups_blocks(model: Any, preset: str) ->
     refused when added, not left waiting forever."""
     config = CONFIGS[preset]
     engine = LLMEngine(model, config)
-    # 120 tokens: 30 blocks in the full group, 13 in each sliding group.
-    needed = {"gemma3-2group": 43, "gemma3-3group": 56}[preset]
+    # 120 tokens: 30 blocks in the full group, 13 in each sliding or chunked group.
+    needed = {"gemma3-2group": 43, "gemma3-3group": 56, "llama4-2group": 43}[preset]
     assert engine.layout.max_blocks_per_request(120, config.max_num_batched_tokens) == needed
     assert needed > 30 and needed < config.num_usable_blocks
     engine.add_request(EngineRequest.from_prompt("fits", list(range(100)), 20))
@@ -387,3 +415,21 @@ def test_pagedkv_run_refuses_a_pool_too_small_for_the_groups_together(
         "request 'chat-000': a request must fit in the pool on its own (40 tokens need 30 "
         "blocks of 4 in its 3 KV cache groups together, the pool has 23)"
     ) in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("restore_threads")
+def test_pagedkv_run_check_dense_passes_on_the_chunked_preset(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main([*RUN, "--preset", "llama4-2group", "--num-blocks", "48"]) == 0
+    report = capsys.readouterr().out
+    assert _field(report, "model").startswith(
+        "synthetic Llama-4 'llama4-2group' (seeded random weights, seed 0): 4 layers "
+        "(2 chunked local attention 16, 2 full attention)"
+    )
+    assert _field(report, "KV cache groups").startswith(
+        "2 groups: chunked local attention 16 (layers 0, 2); full attention (layers 1, 3)"
+    )
+    assert _field(report, "dense check").startswith("OK: 12 of 12 requests equal")
+    assert main([*RUN, "--preset", "llama4-2group", "--executor", "cupy-dry-run"]) == 2
+    assert "use chunked local attention, which the CUDA kernels do not" in capsys.readouterr().err
