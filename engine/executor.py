@@ -1,9 +1,11 @@
 """The attention executor: what the model runner asks of the paged KV cache, layer by layer.
 
 Per step the runner calls `begin_step` once with the step's metadata (slot mapping, block
-table, sequence lengths, query offsets: `pagedkv.gpu.build_step_metadata`), then for each
-layer `write_kv` (the step's new K/V rows into their slots) and `attention` (each new token's
-query over its sequence's cached keys, through the block table). Two implementations:
+table, sequence lengths, query offsets: `pagedkv.gpu.build_step_metadata`; for a model of
+several KV cache groups, one such metadata per group and each layer's group:
+`GroupedStepMetadata`), then for each layer `write_kv` (the step's new K/V rows into their
+slots) and `attention` (each new token's query over its sequence's cached keys, through the
+block table, within the layer's sliding window if it has one). Two implementations:
 
     TorchReferenceExecutor   `pagedkv.gpu.reference_*` on torch tensors, CPU or GPU
     KernelExecutor           the CuPy kernels (`write_kv`, `plan_step`, `paged_attention`) on
@@ -21,6 +23,7 @@ from pagedkv.vocab.errors import InvalidArgumentError
 if TYPE_CHECKING:
     import torch
 
+    from pagedkv.engine.layer_caches import GroupedStepMetadata
     from pagedkv.gpu.kv_cache_tensors import LayerKVCache
     from pagedkv.gpu.step_metadata import StepMetadata
 
@@ -34,8 +37,9 @@ class AttentionExecutor(Protocol):
     @property
     def name(self) -> str: ...
 
-    def begin_step(self, metadata: StepMetadata) -> None:
-        """Take this step's metadata (host arrays); every layer of the step uses it."""
+    def begin_step(self, metadata: StepMetadata | GroupedStepMetadata) -> None:
+        """Take this step's metadata (host arrays); every layer of the step uses it (or, for
+        grouped metadata, its group's)."""
         ...
 
     def write_kv(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:

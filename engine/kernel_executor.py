@@ -1,9 +1,11 @@
 """The CUDA executor: `pagedkv.gpu`'s CuPy kernels, driven thinly, or a dry run of them.
 
-Per step: the slots are checked on the host once (the first layer's write; every layer writes
-the same slots), and one `plan_step` is made from the host metadata (no device-to-host copy)
-and reused by every layer's `paged_attention`. `KernelExecutor` holds that glue; a
-`KernelLaunches` object does the launching:
+Per step and KV cache group: the slots are checked on the host once (the group's first layer's
+write; every layer of a group writes the same slots), and one `plan_step` is made from the
+group's host metadata and window (no device-to-host copy) and reused by every layer of the
+group's `paged_attention`. A model of one group (a Llama) makes one check and one plan a step.
+The kernels have no chunked local attention: an executor over such a layer is refused.
+`KernelExecutor` holds that glue; a `KernelLaunches` object does the launching:
 
     CupyLaunches    `write_kv`, `plan_step`, `paged_attention` on CUDA tensors
     DryRunLaunches  the same `plan_step`; instead of each launch, the checks the kernels' host
@@ -19,7 +21,7 @@ from typing import Literal, Protocol
 
 import torch
 
-from pagedkv.engine.layer_caches import LayerCaches
+from pagedkv.engine.layer_caches import GroupedStepMetadata, LayerCaches
 from pagedkv.gpu.attention import paged_attention, plan_step
 from pagedkv.gpu.attention_plan import AttentionPlan
 from pagedkv.gpu.kv_cache_tensors import LayerKVCache
@@ -46,7 +48,12 @@ class KernelLaunches(Protocol):
     ) -> None: ...
 
     def plan(
-        self, query: torch.Tensor, key_cache: torch.Tensor, metadata: StepMetadata
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        metadata: StepMetadata,
+        *,
+        sliding_window: int | None = None,
     ) -> AttentionPlan: ...
 
     def attention(
@@ -60,9 +67,19 @@ class KernelLaunches(Protocol):
     ) -> torch.Tensor: ...
 
 
-def _plan(query: torch.Tensor, key_cache: torch.Tensor, metadata: StepMetadata) -> AttentionPlan:
+def _plan(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    metadata: StepMetadata,
+    sliding_window: int | None,
+) -> AttentionPlan:
     return plan_step(
-        query, key_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_table
+        query,
+        key_cache,
+        metadata.query_start_loc,
+        metadata.seq_lens,
+        metadata.block_table,
+        sliding_window=sliding_window,
     )
 
 
@@ -91,9 +108,14 @@ class CupyLaunches:
         )
 
     def plan(
-        self, query: torch.Tensor, key_cache: torch.Tensor, metadata: StepMetadata
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        metadata: StepMetadata,
+        *,
+        sliding_window: int | None = None,
     ) -> AttentionPlan:
-        return _plan(query, key_cache, metadata)
+        return _plan(query, key_cache, metadata, sliding_window)
 
     def attention(
         self,
@@ -156,9 +178,14 @@ class DryRunLaunches:
         )
 
     def plan(
-        self, query: torch.Tensor, key_cache: torch.Tensor, metadata: StepMetadata
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        metadata: StepMetadata,
+        *,
+        sliding_window: int | None = None,
     ) -> AttentionPlan:
-        plan = _plan(query, key_cache, metadata)
+        plan = _plan(query, key_cache, metadata, sliding_window)
         self.plans.append(plan)
         return plan
 
@@ -182,6 +209,7 @@ class DryRunLaunches:
             torch.from_numpy(metadata.seq_lens),
             torch.from_numpy(metadata.block_table),
             scale=scale,
+            sliding_window=metadata.sliding_window,
         )
         self.records.append(LaunchRecord("paged_attention", metadata.num_query_tokens, plan=plan))
         return out
@@ -222,31 +250,47 @@ class KernelExecutor(LayerCaches):
     """The executor glue around a `KernelLaunches` (module docstring)."""
 
     def __init__(self, caches: Sequence[LayerKVCache], launches: KernelLaunches) -> None:
+        """Raises:
+        InvalidArgumentError: no caches, caches of different shapes, or a layer of chunked
+            local attention (the kernels mask by window only).
+        """
         super().__init__(caches)
+        chunked = [i for i, cache in enumerate(caches) if cache.layout.attention_chunk_size]
+        if chunked:
+            raise InvalidArgumentError(
+                f"layers {chunked} use chunked local attention, which the CUDA kernels do not "
+                f"implement: use the reference executor"
+            )
         self.launches = launches
         self.name = launches.name
-        self._plan: AttentionPlan | None = None
-        self._slots_checked = False
+        self._plans: dict[int, AttentionPlan] = {}  # by KV cache group, for the current step
+        self._slots_checked: set[int] = set()  # the groups whose slots were checked this step
 
-    def begin_step(self, metadata: StepMetadata) -> None:
+    def begin_step(self, metadata: StepMetadata | GroupedStepMetadata) -> None:
         super().begin_step(metadata)
-        self._plan = None
-        self._slots_checked = False
+        self._plans = {}
+        self._slots_checked = set()
 
     def write_kv(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
         cache = self.layer(layer)
+        group = self.group_of(layer)
         self.launches.write_kv(
             key,
             value,
             cache.key,
             cache.value,
-            self.step.slot_mapping,
-            check_slots_on_host=not self._slots_checked,
+            self.step_of(layer).slot_mapping,
+            check_slots_on_host=group not in self._slots_checked,
         )
-        self._slots_checked = True
+        self._slots_checked.add(group)
 
     def attention(self, layer: int, query: torch.Tensor, scale: float) -> torch.Tensor:
         cache = self.layer(layer)
-        if self._plan is None:
-            self._plan = self.launches.plan(query, cache.key, self.step.host)
-        return self.launches.attention(query, cache.key, cache.value, self._plan, scale=scale)
+        group = self.group_of(layer)
+        plan = self._plans.get(group)
+        if plan is None:
+            plan = self.launches.plan(
+                query, cache.key, self.step_of(layer).host, sliding_window=self.window_of(layer)
+            )
+            self._plans[group] = plan
+        return self.launches.attention(query, cache.key, cache.value, plan, scale=scale)

@@ -8,6 +8,13 @@ Each step: admit the requests that have arrived, `Scheduler.schedule()` (allocat
 preemptions, admissions), `scheduled_from_manager` + `build_step_metadata` (block tables, slot
 mappings, positions, query offsets from the manager's block lists), the model's forward pass
 through the executor, argmax, `Scheduler.update_from_output`. Sampling is greedy only.
+
+The model's layers decide the KV cache (`pagedkv.engine.kv_layout`): one spec for every layer
+(a Llama) is one group on `KVCacheManager`; sliding-window beside full-attention layers (a
+Gemma-3), or chunked local beside full (a Llama-4), are vLLM 0.33's groups on
+`HybridKVCacheManager`, and each step then has one block table and slot mapping per group
+(`GroupedStepMetadata`), sliding-window and chunked groups' tables holding the null block where
+the window or chunk moved on (checked never to be read).
 """
 
 from __future__ import annotations
@@ -22,17 +29,27 @@ import torch
 
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.engine_request import EngineRequest
-from pagedkv.engine.executor import ExecutorFactory, ExecutorName, make_executor
+from pagedkv.engine.executor import AttentionExecutor, ExecutorFactory, ExecutorName, make_executor
+from pagedkv.engine.kv_layout import KVLayout, kv_layout, layer_specs
+from pagedkv.engine.layer_caches import GroupedStepMetadata
 from pagedkv.engine.metrics import RunSummary, StepRecord, percentile
-from pagedkv.engine.model import check_llama
+from pagedkv.engine.model import check_model, layer_attention
+from pagedkv.engine.paged_gemma3 import PagedGemma3Runner
 from pagedkv.engine.paged_llama import PagedLlamaRunner
+from pagedkv.engine.paged_llama4 import PagedLlama4Runner
 from pagedkv.engine.scheduler import Scheduler, SchedulerOutput
 from pagedkv.engine.stage_timer import StageTimer
 from pagedkv.gpu.kv_cache_tensors import allocate_kv_caches
-from pagedkv.gpu.step_metadata import build_step_metadata, scheduled_from_manager
+from pagedkv.gpu.step_metadata import (
+    ScheduledRequest,
+    StepMetadata,
+    build_step_metadata,
+    scheduled_from_manager,
+)
+from pagedkv.hybrid_manager import HybridKVCacheManager
 from pagedkv.manager import KVCacheManager
 from pagedkv.vocab.errors import InvalidArgumentError, InvariantViolation, RequestError
-from pagedkv.vocab.kv_cache_interface import FullAttentionSpec, uniform_kv_cache_config
+from pagedkv.vocab.request import Request
 
 if TYPE_CHECKING:
     from pagedkv.events.metrics import KVCacheMetrics
@@ -62,11 +79,12 @@ class RunResult:
 
 
 class LLMEngine:
-    """Continuous batching of greedy generation over pagedkv's `KVCacheManager`.
+    """Continuous batching of greedy generation over pagedkv's `KVCacheManager`, or its
+    `HybridKVCacheManager` for a model of several KV cache groups.
 
     Args:
-        model: a Llama-layout causal LM (`pagedkv.engine.model`), in eval mode; its device and
-            dtype are the caches'.
+        model: a Llama, Gemma-3 or Llama-4 text causal LM (`pagedkv.engine.model.check_model`),
+            in eval mode; its device and dtype are the caches'.
         config: pool and scheduling limits.
         executor: "reference" (torch, any device), "cupy" (the CUDA kernels),
             "cupy-dry-run" (the kernels' glue and checks, computing with the reference), or a
@@ -76,8 +94,14 @@ class LLMEngine:
             stats, evictions from its KV cache events, the step's preemptions); the manager
             gathers stats and events only then.
 
+    Attributes:
+        layout: the KV cache groups and each layer's group (`kv_layout`).
+        manager: `KVCacheManager` for one group, `HybridKVCacheManager` for several.
+
     Raises:
-        InvalidArgumentError: max_model_len beyond the model's positions, or a bad executor.
+        InvalidArgumentError: max_model_len beyond the model's positions, a bad executor, or the
+            CUDA kernels for a model with chunked local attention.
+        KVCacheConfigError: layers whose groups no manager serves.
     """
 
     def __init__(
@@ -89,7 +113,7 @@ class LLMEngine:
         keep_logits: bool = False,
         metrics: KVCacheMetrics | None = None,
     ) -> None:
-        check_llama(model)
+        model_type = check_model(model)
         model_config = model.config
         if config.max_model_len > model_config.max_position_embeddings:
             raise InvalidArgumentError(
@@ -98,16 +122,19 @@ class LLMEngine:
             )
         weight = next(model.parameters())
         layers = model.model.layers
-        spec = FullAttentionSpec(
+        specs = layer_specs(
+            layer_attention(model),
             block_size=config.block_size,
             num_kv_heads=model_config.num_key_value_heads,
             head_size=layers[0].self_attn.head_dim,
             dtype=weight.dtype,
         )
-        kv_cache_config = uniform_kv_cache_config(spec, config.num_blocks, len(layers))
+        self.layout: KVLayout = kv_layout(specs, config.num_blocks)
+        kv_cache_config = self.layout.kv_cache_config
         self.config = config
         self.device: torch.device = weight.device
-        self.manager = KVCacheManager(
+        manager_class = KVCacheManager if self.layout.num_groups == 1 else HybridKVCacheManager
+        self.manager: KVCacheManager | HybridKVCacheManager = manager_class(
             kv_cache_config,
             config.max_model_len,
             enable_caching=config.enable_prefix_caching,
@@ -117,15 +144,20 @@ class LLMEngine:
         )
         self.metrics = metrics
         caches = allocate_kv_caches(kv_cache_config, backend="torch", device=str(self.device))
-        layer_names = kv_cache_config.kv_cache_groups[0].layer_names
-        layer_caches = [caches[name] for name in layer_names]
-        self.executor = (
+        layer_caches = [caches[name] for name in self.layout.layer_names]
+        self.executor: AttentionExecutor = (
             make_executor(executor, layer_caches)
             if isinstance(executor, str)
             else executor(layer_caches)
         )
         self.timer = StageTimer(self.device)
-        self.runner = PagedLlamaRunner(model, self.executor, self.timer)
+        self.runner: PagedLlamaRunner | PagedGemma3Runner | PagedLlama4Runner
+        if model_type == "gemma3_text":
+            self.runner = PagedGemma3Runner(model, self.executor, self.timer)
+        elif model_type == "llama4_text":
+            self.runner = PagedLlama4Runner(model, self.executor, self.timer)
+        else:
+            self.runner = PagedLlamaRunner(model, self.executor, self.timer)
         self.summary = RunSummary()
         self.scheduler = Scheduler(config, self.manager, self.summary)
         self.keep_logits = keep_logits
@@ -260,9 +292,8 @@ class LLMEngine:
         chunks = output.scheduled
         requests = [chunk.item.request for chunk in chunks]
         num_scheduled = {chunk.item.request_id: chunk.num_tokens for chunk in chunks}
-        metadata = build_step_metadata(
-            scheduled_from_manager(self.manager, requests, num_scheduled), self.config.block_size
-        )
+        step = self._step_metadata(requests, num_scheduled)
+        metadata = step.groups[0] if isinstance(step, GroupedStepMetadata) else step
         token_ids: list[int] = []
         sample_rows: list[int] = []
         for index, chunk in enumerate(chunks):
@@ -271,7 +302,7 @@ class LLMEngine:
             if chunk.samples:
                 sample_rows.append(int(metadata.query_start_loc[index + 1]) - 1)
         device = self.device
-        self.executor.begin_step(metadata)
+        self.executor.begin_step(step)
         logits = self.runner.forward(
             torch.tensor(token_ids, dtype=torch.int64, device=device),
             torch.from_numpy(metadata.positions).to(device),
@@ -285,6 +316,40 @@ class LLMEngine:
                 self.logit_rows.setdefault(request_id, []).append(host[row])
         self.summary.num_computed_tokens += len(token_ids)
         return dict(zip(sampling, tokens, strict=True))
+
+    def _step_metadata(
+        self, requests: list[Request], num_scheduled: dict[str, int]
+    ) -> StepMetadata | GroupedStepMetadata:
+        """The step's metadata: one `StepMetadata` for one group, else one per group (each from
+        the group's block lists, its null blocks checked against the group's window or
+        chunk)."""
+        manager = self.manager
+        block_size = self.config.block_size
+        windows, chunks = self.layout.group_windows, self.layout.group_chunks
+        if not isinstance(manager, HybridKVCacheManager):
+            return build_step_metadata(
+                scheduled_from_manager(manager, requests, num_scheduled),
+                block_size,
+                sliding_window=windows[0],
+                attention_chunk_size=chunks[0],
+            )
+        held = [manager.req_to_blocks[request.request_id] for request in requests]
+        groups = []
+        for group, (window, chunk) in enumerate(zip(windows, chunks, strict=True)):
+            scheduled = [
+                ScheduledRequest(
+                    block_ids=tuple(block.block_id for block in blocks[group]),
+                    num_computed_tokens=request.num_computed_tokens,
+                    num_scheduled_tokens=num_scheduled[request.request_id],
+                )
+                for request, blocks in zip(requests, held, strict=True)
+            ]
+            groups.append(
+                build_step_metadata(
+                    scheduled, block_size, sliding_window=window, attention_chunk_size=chunk
+                )
+            )
+        return GroupedStepMetadata(tuple(groups), self.layout.layer_groups)
 
     def _record(self, output: SchedulerOutput) -> None:
         scheduler = self.scheduler

@@ -12,13 +12,14 @@ from pagedkv.engine.metrics import RunSummary
 @dataclass(frozen=True)
 class RunDescription:
     """What ran: the model, where, with which executor, on which workload; `threads`: torch's
-    CPU threads (None: not on CPU)."""
+    CPU threads (None: not on CPU); the KV cache groups of a hybrid model (None for one group)."""
 
     model: str
     device: str
     executor: str
     workload: str
     threads: int | None = None
+    kv_cache_groups: str | None = None
 
 
 def _line(name: str, value: str) -> str:
@@ -46,6 +47,15 @@ def format_report(
             f"usable), {config.max_num_batched_tokens:,} tokens/step, "
             f"{config.max_num_seqs} sequences",
         ),
+    ]
+    if description.kv_cache_groups is not None:
+        lines.append(
+            _line(
+                "KV cache groups",
+                f"{description.kv_cache_groups}; every group's blocks from the one pool",
+            )
+        )
+    lines += [
         _line("steps", f"{summary.num_steps:,}"),
         _line(
             "tokens",

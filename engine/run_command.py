@@ -3,6 +3,7 @@
     pagedkv run                                   # synthetic Llama, synthetic chat trace, CPU
     pagedkv run --check-dense --plot run.png      # + transformers' generate for every request
     pagedkv run --prompts prompts.jsonl --model ./my-llama --device cuda
+    pagedkv run --preset gemma3-3group --check-dense  # a hybrid model: 3 KV cache groups
 
 Exit status: 0 done (and, with --check-dense, every request equal); 1 the dense check failed;
 2 bad arguments or input, a missing dependency, or no device. Arguments are checked, and errors
@@ -15,7 +16,7 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -75,12 +76,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default for lines without max_tokens) (48)",
     )
     model = parser.add_argument_group("model")
-    model.add_argument("--model", type=Path, metavar="PATH", help="a local Llama checkpoint")
+    model.add_argument(
+        "--model",
+        type=Path,
+        metavar="PATH",
+        help="a local Llama, Gemma-3 or Llama-4 text checkpoint",
+    )
     model.add_argument(
         "--preset",
         default="small",
         choices=PRESETS,
-        help="the synthetic Llama without --model (small)",
+        help="the synthetic model without --model: tiny or small (Llama); gemma3-2group or "
+        "gemma3-3group (Gemma-3, sliding-window and full-attention layers: a hybrid KV cache "
+        "of 2 or 3 groups); llama4-2group (Llama-4, chunked local and full attention)",
     )
     model.add_argument("--dtype", choices=DTYPES, default="float32")
     model.add_argument(
@@ -337,20 +345,38 @@ class _Session:
         )
 
     def _load_model(self, dtype: Any) -> tuple[Any, str]:
-        from pagedkv.engine.model import load_local_model, synthetic_llama
+        from pagedkv.engine.model import layer_attention, load_local_model, synthetic_model
 
         args = self.args
         device = args.device
         if args.model is not None:
             model = load_local_model(args.model, dtype=dtype, device=device)
-            origin = f"Llama from {args.model}"
         else:
-            model = synthetic_llama(args.preset, seed=args.seed, dtype=dtype, device=device)
-            origin = f"synthetic Llama {args.preset!r} (seeded random weights, seed {args.seed})"
+            model = synthetic_model(args.preset, seed=args.seed, dtype=dtype, device=device)
         config = model.config
+        kind = {"gemma3_text": "Gemma-3", "llama4_text": "Llama-4"}.get(config.model_type, "Llama")
+        origin = (
+            f"{kind} from {args.model}"
+            if args.model is not None
+            else f"synthetic {kind} {args.preset!r} (seeded random weights, seed {args.seed})"
+        )
+        attention = layer_attention(model)
+        sliding = sorted({a.sliding_window for a in attention if a.sliding_window})
+        chunks = sorted({a.attention_chunk_size for a in attention if a.attention_chunk_size})
+        num_full = sum(1 for a in attention if not a.sliding_window and not a.attention_chunk_size)
+        kinds = []
+        if sliding:
+            count = sum(1 for a in attention if a.sliding_window)
+            kinds.append(f"{count} sliding window {'/'.join(map(str, sliding))}")
+        if chunks:
+            count = sum(1 for a in attention if a.attention_chunk_size)
+            kinds.append(f"{count} chunked local attention {'/'.join(map(str, chunks))}")
+        layers = f"{config.num_hidden_layers} layers"
+        if kinds:
+            layers += f" ({', '.join(kinds)}, {num_full} full attention)"
         head_size = model.model.layers[0].self_attn.head_dim
         text = (
-            f"{origin}: {config.num_hidden_layers} layers, {config.num_attention_heads} query / "
+            f"{origin}: {layers}, {config.num_attention_heads} query / "
             f"{config.num_key_value_heads} KV heads x {head_size}, vocab {config.vocab_size:,}, "
             f"{args.dtype}"
         )
@@ -415,6 +441,8 @@ class _Session:
             keep_logits=self.args.check_dense,
             metrics=self.metrics,
         )
+        if engine.layout.num_groups > 1:
+            self.description = replace(self.description, kv_cache_groups=engine.layout.describe())
         for item in self.requests:
             engine.add_request(item)  # every request is checked before the first step
         bar = tqdm(

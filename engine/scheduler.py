@@ -1,4 +1,5 @@
-"""A continuous-batching scheduler over `KVCacheManager`, vLLM V1's policy in small.
+"""A continuous-batching scheduler over `KVCacheManager` (or `HybridKVCacheManager` for a model
+of several KV cache groups), vLLM V1's policy in small.
 
 One step, under a token budget::
 
@@ -12,19 +13,26 @@ One step, under a token budget::
 After the model ran, `update_from_output` advances `num_computed_tokens`, appends each sampled
 token, and finishes requests (`free` then `free_block_hashes`). A request whose last scheduled
 token is its last token samples; a prompt chunk that stops short does not.
+
+With `HybridKVCacheManager` the decisions are the same: a lookup's hits (one list per group) go
+back to `allocate_slots` whole, an allocation fits in every group or preempts, and a request
+must fit in the pool on its own with all its groups' blocks together
+(`pagedkv.engine.kv_layout.max_blocks_per_request`).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pagedkv.block import KVCacheBlock
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.engine_request import EngineRequest, RequestStatus
 from pagedkv.engine.evictions import EvictionCounter
+from pagedkv.engine.kv_layout import max_blocks_per_request
 from pagedkv.engine.metrics import SchedulerStats
+from pagedkv.hybrid_manager import GroupBlocks, HybridKVCacheManager
 from pagedkv.manager import KVCacheManager
 from pagedkv.vocab.errors import InvalidArgumentError, InvariantViolation, RequestError
 
@@ -70,8 +78,13 @@ class SchedulerOutput:
         return sum(chunk.num_tokens for chunk in self.scheduled)
 
 
+Hits = list[KVCacheBlock] | GroupBlocks
+"""A lookup's hits: `KVCacheManager`'s list, or `HybridKVCacheManager`'s list per group."""
+
+
 class Scheduler:
-    """Owns the waiting queue and the running list; drives one `KVCacheManager`.
+    """Owns the waiting queue and the running list; drives one `KVCacheManager` or
+    `HybridKVCacheManager`.
 
     Args:
         config: the limits.
@@ -82,7 +95,10 @@ class Scheduler:
     """
 
     def __init__(
-        self, config: EngineConfig, manager: KVCacheManager, stats: SchedulerStats | None = None
+        self,
+        config: EngineConfig,
+        manager: KVCacheManager | HybridKVCacheManager,
+        stats: SchedulerStats | None = None,
     ) -> None:
         if manager.block_size != config.block_size or manager.num_gpu_blocks != config.num_blocks:
             raise InvalidArgumentError(
@@ -124,13 +140,23 @@ class Scheduler:
                 f"{item.request.num_prompt_tokens} + {item.max_tokens} > "
                 f"{self.config.max_model_len}",
             )
-        needed = self.config.blocks_for(item.max_total_tokens)
+        groups = ""
+        if isinstance(self.manager, HybridKVCacheManager):
+            needed = max_blocks_per_request(
+                self.manager.kv_cache_config,
+                item.max_total_tokens,
+                self.config.max_num_batched_tokens,
+            )
+            groups = f" in its {self.manager.num_groups} KV cache groups together"
+        else:
+            needed = self.config.blocks_for(item.max_total_tokens)
         if needed > self.config.num_usable_blocks:
             raise RequestError(
                 rid,
                 "a request must fit in the pool on its own",
                 f"{item.max_total_tokens} tokens need {needed} blocks of "
-                f"{self.config.block_size}, the pool has {self.config.num_usable_blocks}",
+                f"{self.config.block_size}{groups}, the pool has "
+                f"{self.config.num_usable_blocks}",
             )
 
     def add_request(self, item: EngineRequest) -> None:
@@ -220,17 +246,37 @@ class Scheduler:
                 finished.append(item)
         return finished
 
-    def _allocate(
-        self, item: EngineRequest, num_tokens: int, hits: Sequence[KVCacheBlock] | None = None
-    ) -> bool:
-        new_blocks = self.manager.allocate_slots(item.request, num_tokens, hits)
+    def _allocate(self, item: EngineRequest, num_tokens: int, hits: Hits | None = None) -> bool:
+        manager = self.manager
+        request_id = item.request_id
+        if isinstance(manager, HybridKVCacheManager):
+            assert hits is None or isinstance(hits, tuple)
+            new_groups = manager.allocate_slots(item.request, num_tokens, hits)
+            if new_groups is None:
+                return False
+            self.evictions.after_group_allocation(
+                request_id,
+                manager.req_to_blocks[request_id],
+                new_groups,
+                manager.block_pool.null_block,
+            )
+            return True
+        assert hits is None or isinstance(hits, list)
+        new_blocks = manager.allocate_slots(item.request, num_tokens, hits)
         if new_blocks is None:
             return False
-        request_id = item.request_id
-        self.evictions.after_allocation(
-            request_id, self.manager.req_to_blocks[request_id], new_blocks
-        )
+        self.evictions.after_allocation(request_id, manager.req_to_blocks[request_id], new_blocks)
         return True
+
+    def _num_positions(self, request_id: str) -> int:
+        """Block positions the request holds (the same in every group); 0 for none."""
+        held = self.manager.req_to_blocks.get(request_id)
+        if held is None:
+            return 0
+        if isinstance(self.manager, HybridKVCacheManager):
+            assert isinstance(held, tuple)
+            return len(held[0])
+        return len(held)
 
     def _preempt(self, item: EngineRequest) -> None:
         """Free its blocks (their hashes stay for the recompute's lookup); back to the head."""
@@ -257,7 +303,7 @@ class Scheduler:
         Raises:
             InvariantViolation: the first broken one and the state that breaks it.
 
-        Complexity: O(live requests + their blocks) plus `KVCacheManager.check_invariants`.
+        Complexity: O(live requests + their blocks) plus the manager's `check_invariants`.
         """
         block_size = self.config.block_size
         running_ids = [item.request_id for item in self.running]
@@ -286,15 +332,15 @@ class Scheduler:
                 )
         for item in self.running:
             request = item.request
-            blocks = self.manager.req_to_blocks.get(item.request_id, [])
+            num_positions = self._num_positions(item.request_id)
             if item.status is not RequestStatus.RUNNING or not (
                 request.num_computed_tokens < request.num_tokens
-                and request.num_computed_tokens <= len(blocks) * block_size
+                and request.num_computed_tokens <= num_positions * block_size
             ):
                 raise InvariantViolation(
                     "a running request has its computed tokens in its blocks and at least one "
                     "token left to compute",
                     f"{item.request_id!r}: {item.status}, {request.num_computed_tokens} of "
-                    f"{request.num_tokens} computed, {len(blocks)} blocks of {block_size}",
+                    f"{request.num_tokens} computed, {num_positions} blocks of {block_size}",
                 )
         self.manager.check_invariants()

@@ -4,8 +4,10 @@ Like vLLM V1, each layer's `KVCacheTensor.size` bytes are one buffer, viewed as
 `[2, num_pages, block_size, num_kv_heads, head_size]` of the spec's dtype; K is `[0]`, V is `[1]`,
 each `[num_pages, block_size, num_kv_heads, head_size]` and contiguous. `num_pages` is
 `size // page_size_bytes`, at least `config.num_blocks` (after multi-worker unification a tensor
-may hold more pages than are used). MLA layers (one latent per token) are not served by these
-kernels and are rejected.
+may hold more pages than are used). A tensor several groups share (`KVCacheTensor.shared_by`, a
+hybrid model's layout) is one buffer: every layer it names gets the same K and V views, as in
+vLLM, since a block id belongs to one group at a time. MLA layers (one latent per token) are not
+served by these kernels and are rejected.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class KVCacheLayout:
         num_kv_heads: KV heads.
         head_size: elements per head.
         sliding_window: the layer's window, or None.
+        attention_chunk_size: the layer's chunk (chunked local attention, which the kernels
+            do not serve; the torch reference does), or None.
     """
 
     layer_name: str
@@ -40,6 +44,7 @@ class KVCacheLayout:
     num_kv_heads: int
     head_size: int
     sliding_window: int | None
+    attention_chunk_size: int | None = None
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -81,6 +86,7 @@ def kv_cache_layouts(config: KVCacheConfig) -> dict[str, KVCacheLayout]:
                 num_kv_heads=spec.num_kv_heads,
                 head_size=spec.head_size,
                 sliding_window=getattr(spec, "sliding_window", None),
+                attention_chunk_size=getattr(spec, "attention_chunk_size", None),
             )
     return layouts
 
@@ -99,16 +105,31 @@ def allocate_kv_caches(
         device: a torch device ("cuda", "cuda:1", "cpu"); for cupy a CUDA index or "cuda:N".
 
     Returns:
-        layer name -> its caches, in group order.
+        layer name -> its caches, in group order; the layers of one shared tensor get the same
+        K and V arrays.
 
     Raises:
-        KVCacheConfigError: as `kv_cache_layouts`, or a cupy device that is not CUDA.
+        KVCacheConfigError: as `kv_cache_layouts`; layers sharing a tensor whose layouts differ
+            in dtype or shape (unified pages of different block sizes: not served here); or a
+            cupy device that is not CUDA.
         DeviceUnavailableError: backend "cupy" without a device.
 
-    Complexity: O(num_layers) allocations, O(total bytes) to zero them.
+    Complexity: O(num_layers) allocations at most, O(total bytes) to zero them.
     """
     caches: dict[str, LayerKVCache] = {}
+    shared: dict[tuple[str, ...], LayerKVCache] = {}
     for name, layout in kv_cache_layouts(config).items():
+        sharers = config.tensors[name].shared_by
+        first = shared.get(sharers) if sharers else None
+        if first is not None:
+            if (first.layout.dtype, first.layout.shape) != (layout.dtype, layout.shape):
+                raise KVCacheConfigError(
+                    f"layers {first.layout.layer_name!r} and {name!r} share a tensor but are "
+                    f"laid out differently ({first.layout.dtype} {first.layout.shape} vs "
+                    f"{layout.dtype} {layout.shape}): not supported by this allocator"
+                )
+            caches[name] = LayerKVCache(layout=layout, key=first.key, value=first.value)
+            continue
         shape = (2, *layout.shape)
         if backend == "torch":
             import torch
@@ -120,6 +141,8 @@ def allocate_kv_caches(
             with cupy.cuda.Device(index):
                 buffer = cupy.zeros(shape, dtype=_cupy_dtype(layout.dtype))
         caches[name] = LayerKVCache(layout=layout, key=buffer[0], value=buffer[1])
+        if sharers:
+            shared[sharers] = caches[name]
     return caches
 
 

@@ -95,13 +95,18 @@ def reference_attention_terms(
     *,
     scale: float | None = None,
     sliding_window: int | None = None,
+    attention_chunk_size: int | None = None,
 ) -> ReferenceTerms:
     """Varlen paged attention in float64, with the terms of the kernels' error bound.
 
     For each sequence s, the keys `[read_start, seq_len)` are gathered page by page through
-    `block_table[s]` (so nothing past seq_len and nothing before the window is read), every
-    query row is masked to the keys it may see (bottom-right causal, optional window, GQA), and
-    softmax(Q K^T * scale) V is computed densely.
+    `block_table[s]` (so nothing past seq_len and nothing before the window, or before the first
+    query's chunk, is read), every query row is masked to the keys it may see (bottom-right
+    causal, optional window or chunk, GQA), and softmax(Q K^T * scale) V is computed densely.
+
+    Chunked local attention (Llama-4's local layers; the kernels have none): the query at
+    position p sees the keys from `p // C * C` to p. Its pages before the first query's chunk
+    may hold anything (a paged cache puts the null block there) and are never read.
 
     Args:
         query: [num_tokens, num_heads, head_size].
@@ -109,13 +114,26 @@ def reference_attention_terms(
         query_start_loc, seq_lens, block_table: int32 metadata (see `validate_metadata`).
         scale: softmax scale; None: 1 / sqrt(head_size).
         sliding_window: window in tokens, or None.
+        attention_chunk_size: chunk in tokens (>= 1), or None; not with a window.
 
     Raises:
-        InvalidArgumentError: a metadata rule or shape is broken.
+        InvalidArgumentError: a metadata rule or shape is broken, or a window and a chunk.
 
     Complexity: O(sum over sequences of q_len * keys read * num_heads * head_size).
     """
     import torch
+
+    if attention_chunk_size is not None:
+        if (
+            not isinstance(attention_chunk_size, int)
+            or isinstance(attention_chunk_size, bool)
+            or attention_chunk_size < 1
+        ):
+            raise InvalidArgumentError(
+                f"attention_chunk_size must be None or >= 1, got {attention_chunk_size!r}"
+            )
+        if sliding_window is not None:
+            raise InvalidArgumentError("a sliding window and a chunk size cannot both be given")
 
     num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
     if query.dim() != 3 or query.shape[2] != head_size or query.shape[1] % num_kv_heads:
@@ -148,7 +166,10 @@ def reference_attention_terms(
         q_len = rows.stop - rows.start
         if q_len == 0:
             continue
-        positions = torch.arange(read_start, seq_len, device=device)
+        first_key = read_start
+        if attention_chunk_size is not None:  # the first query's chunk start
+            first_key = (seq_len - q_len) // attention_chunk_size * attention_chunk_size
+        positions = torch.arange(first_key, seq_len, device=device)
         pages = torch.as_tensor(metadata.block_table[seq], device=device).long()
         blocks = pages[positions // block_size]
         offsets = positions % block_size
@@ -160,6 +181,9 @@ def reference_attention_terms(
         visible = positions[None, :] <= query_positions
         if sliding_window is not None:
             visible &= positions[None, :] > query_positions - sliding_window
+        if attention_chunk_size is not None:
+            chunk_starts = query_positions // attention_chunk_size * attention_chunk_size
+            visible &= positions[None, :] >= chunk_starts
         probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
         out[rows] = torch.einsum("hgqk,khd->qhgd", probs, values).flatten(1, 2)
         weighted_abs[rows] = torch.einsum("hgqk,khd->qhgd", probs, values.abs()).flatten(1, 2)
@@ -181,12 +205,14 @@ def reference_paged_attention(
     *,
     scale: float | None = None,
     sliding_window: int | None = None,
+    attention_chunk_size: int | None = None,
 ) -> torch.Tensor:
-    """Varlen paged attention, bottom-right causal, optional window, GQA; float64 math.
+    """Varlen paged attention, bottom-right causal, optional window or chunk, GQA; float64
+    math.
 
     Args:
         query, key_cache, value_cache, query_start_loc, seq_lens, block_table, scale,
-            sliding_window: as `reference_attention_terms`.
+            sliding_window, attention_chunk_size: as `reference_attention_terms`.
 
     Returns:
         [num_tokens, num_heads, head_size] in the query's dtype (the float64 result, rounded
@@ -206,5 +232,6 @@ def reference_paged_attention(
         block_table,
         scale=scale,
         sliding_window=sliding_window,
+        attention_chunk_size=attention_chunk_size,
     )
     return terms.out.to(query.dtype)

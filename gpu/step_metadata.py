@@ -7,9 +7,10 @@ num_scheduled_tokens)` this step; its block list covers every position up to the
     blocks     [b0     ][b1     ][b2   ..][b3          ]      page p = positions [p*B, (p+1)*B)
     slot(pos)  = block_ids[pos // B] * B + pos % B
 
-Sliding-window lists hold the null block at positions that fell out of the window: the list
-keeps its length, so positions stay stable, and the kernels never read pages before the window
-(`build_step_metadata` checks that no page the step reads is the null block).
+Sliding-window lists hold the null block at positions that fell out of the window (chunked
+local attention's, at the positions of earlier chunks): the list keeps its length, so positions
+stay stable, and the kernels never read pages before the window (`build_step_metadata` checks
+that no page the step reads is the null block).
 
 `build_step_metadata` is pure (plain data in, NumPy arrays out); `scheduled_from_manager` reads
 a `KVCacheManager`'s `req_to_blocks` (vLLM's names) into that plain data.
@@ -85,6 +86,7 @@ def build_step_metadata(
     max_blocks_per_request: int | None = None,
     null_block_id: int | None = NULL_BLOCK_ID,
     sliding_window: int | None = None,
+    attention_chunk_size: int | None = None,
 ) -> StepMetadata:
     """Build slot_mapping, block_table, seq_lens and query_start_loc for one step.
 
@@ -96,6 +98,8 @@ def build_step_metadata(
             check.
         sliding_window: the layer group's window, or None: the kernels then read pages from
             the first scheduled token's window start (else from position 0) to the end.
+        attention_chunk_size: the layer group's chunk (chunked local attention), or None:
+            pages are then read from the first scheduled token's chunk start.
 
     Returns:
         The metadata, as NumPy arrays.
@@ -138,6 +142,9 @@ def build_step_metadata(
             read_start = 0
             if sliding_window is not None:
                 read_start = max(0, request.num_computed_tokens - sliding_window + 1)
+            if attention_chunk_size is not None:
+                computed = request.num_computed_tokens
+                read_start = computed // attention_chunk_size * attention_chunk_size
             read_pages = blocks[read_start // block_size : -(-request.seq_len // block_size)]
             if (read_pages == null_block_id).any():
                 page = read_start // block_size + int(np.argmax(read_pages == null_block_id))

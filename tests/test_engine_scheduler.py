@@ -307,3 +307,61 @@ def test_engine_config_and_requests_are_validated() -> None:
     manager = KVCacheManager(uniform_kv_cache_config(spec, 9), 32)
     with pytest.raises(InvalidArgumentError, match="the manager has 9 blocks of 8 tokens"):
         Scheduler(EngineConfig(num_blocks=9, block_size=4), manager)
+
+
+def make_hybrid(*, num_blocks: int = 12, budget: int = 64) -> Scheduler:
+    """Two KV cache groups over one pool: a sliding window of 4 tokens and full attention,
+    blocks of 2 tokens."""
+    from pagedkv import HybridKVCacheManager
+    from pagedkv.vocab.kv_cache_interface import (
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVCacheTensor,
+        SlidingWindowSpec,
+    )
+
+    full = FullAttentionSpec(block_size=2, num_kv_heads=1, head_size=8, dtype="float32")
+    window = SlidingWindowSpec(
+        block_size=2, num_kv_heads=1, head_size=8, dtype="float32", sliding_window=4
+    )
+    tensor = KVCacheTensor(full.page_size_bytes * num_blocks, ["window", "full"])
+    kv_cache_config = KVCacheConfig(
+        num_blocks,
+        {"window": tensor, "full": tensor},
+        [KVCacheGroupSpec(["window"], window), KVCacheGroupSpec(["full"], full)],
+    )
+    config = EngineConfig(
+        num_blocks=num_blocks, block_size=2, max_num_batched_tokens=budget, max_model_len=32
+    )
+    manager = HybridKVCacheManager(kv_cache_config, 32, debug_invariants=1)
+    return Scheduler(config, manager)
+
+
+def test_a_hybrid_manager_gives_each_group_its_blocks_and_the_window_drops_its_own() -> None:
+    scheduler = make_hybrid(num_blocks=14)  # 13 usable: a needs 6 blocks in each group
+    a = request("a", list(range(8)), 4)
+    scheduler.add_request(a)
+    assert scheduled(step(scheduler)) == [("a", 0, 8)]
+    manager = scheduler.manager
+    assert manager.get_block_ids("a") == ([1, 2, 3, 4], [5, 6, 7, 8])  # type: ignore[attr-defined]
+    assert scheduled(step(scheduler)) == [("a", 8, 1)]
+    # Token 8 reads tokens 5-8: the window's blocks 0 and 1 (tokens 0-3) are nulled and freed.
+    window, full = manager.get_block_ids("a")  # type: ignore[attr-defined]
+    assert window[:2] == [0, 0] and 0 not in full
+    assert len(window) == len(full) == 5
+    while a.status is not RequestStatus.FINISHED:
+        step(scheduler)
+    assert list(a.output_token_ids) == [100, 101, 102, 103]
+    assert scheduler.evictions.num_evictions == 0  # the pool never ran out
+
+
+def test_a_hybrid_request_must_fit_with_every_groups_blocks() -> None:
+    scheduler = make_hybrid(num_blocks=12, budget=4)  # 11 usable blocks
+    # 12 tokens: 6 blocks of full attention and at most cdiv(3 + 4, 2) + 1 = 5 of the window.
+    scheduler.add_request(request("fits", list(range(8)), 4))
+    with pytest.raises(
+        RequestError,
+        match=r"a request must fit in the pool on its own \(14 tokens need 12 blocks of 2 in "
+        r"its 2 KV cache groups together, the pool has 11\)",
+    ):
+        scheduler.add_request(request("big", list(range(10)), 4))

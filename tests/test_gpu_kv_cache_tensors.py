@@ -70,3 +70,47 @@ def test_mla_layers_are_rejected() -> None:
 def test_cupy_caches_need_a_cuda_device_name() -> None:
     with pytest.raises(KVCacheConfigError, match="CUDA device"):
         allocate_kv_caches(_config(), backend="cupy", device="cpu")
+
+
+def test_layers_of_a_shared_tensor_get_one_buffer() -> None:
+    """vLLM's hybrid layout: the j-th layer of every group uses one tensor (a block id belongs
+    to one group at a time), so the allocation holds one buffer per position, not per layer."""
+    from pagedkv.planning.kv_cache_groups import (
+        get_kv_cache_config_from_groups,
+        get_kv_cache_groups,
+    )
+
+    full = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype="float32")
+    window = SlidingWindowSpec(
+        block_size=16, num_kv_heads=2, head_size=64, dtype="float32", sliding_window=32
+    )
+    specs = {f"layers.{i}": window if i % 3 != 2 else full for i in range(6)}
+    config = get_kv_cache_config_from_groups(get_kv_cache_groups(specs), 5)
+    groups = [list(group.layer_names) for group in config.kv_cache_groups]
+    assert groups == [["layers.0", "layers.3"], ["layers.1", "layers.4"], ["layers.2", "layers.5"]]
+    caches = allocate_kv_caches(config, backend="torch", device="cpu")
+    for position in range(2):
+        names = [group[position] for group in groups]
+        assert len({caches[name].key.data_ptr() for name in names}) == 1, names
+        assert len({caches[name].value.data_ptr() for name in names}) == 1, names
+    assert caches["layers.0"].key.data_ptr() != caches["layers.3"].key.data_ptr()
+    assert caches["layers.0"].layout.sliding_window == 32
+    assert caches["layers.2"].layout.sliding_window is None
+    caches["layers.0"].key[1, 0, 0, 0] = 7.0
+    assert caches["layers.2"].key[1, 0, 0, 0] == 7.0  # one buffer, seen by both
+
+
+def test_layers_sharing_a_tensor_must_share_a_layout() -> None:
+    small = FullAttentionSpec(block_size=32, num_kv_heads=1, head_size=64, dtype="float32")
+    window = SlidingWindowSpec(
+        block_size=16, num_kv_heads=2, head_size=64, dtype="float32", sliding_window=32
+    )
+    assert small.page_size_bytes == window.page_size_bytes
+    tensor = KVCacheTensor(window.page_size_bytes * 4, ["a", "b"])
+    config = KVCacheConfig(
+        4,
+        {"a": tensor, "b": tensor},
+        [KVCacheGroupSpec(["a"], window), KVCacheGroupSpec(["b"], small)],
+    )
+    with pytest.raises(KVCacheConfigError, match="share a tensor but are laid out differently"):
+        allocate_kv_caches(config, backend="torch", device="cpu")

@@ -182,3 +182,57 @@ def test_write_rejects_a_dtype_mismatch_and_unequal_caches() -> None:
         reference_write_kv(key.double(), key, key_cache, value_cache, slots)
     with pytest.raises(InvalidArgumentError, match="share shape and strides"):
         reference_write_kv(key, key, key_cache, value_cache[:2], slots)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("chunk", [1, 3, 8])
+@pytest.mark.parametrize("block_size", [1, 4])
+def test_the_chunk_mask_equals_dense_sdpa_and_reads_no_earlier_chunk(
+    kind: str, chunk: int, block_size: int
+) -> None:
+    """Chunked local attention (Llama-4's local layers): the query at p sees keys from
+    p // C * C to p. Pages before the first query's chunk hold NaN: a finite, matching output
+    proves they are not read (a paged cache puts the null block there)."""
+    import torch.nn.functional as F  # noqa: N812 - the usual name
+
+    query_lens, seq_lens = KINDS[kind]
+    shape = BatchShape(query_lens, seq_lens, 4, 2, 8, block_size)
+    batch = make_batch(shape, dtype=torch.float32, seed=chunk)
+    key_cache, value_cache = batch.key_cache.clone(), batch.value_cache.clone()
+    expected = torch.zeros_like(batch.query)
+    start = 0
+    for seq, (q_len, seq_len) in enumerate(zip(query_lens, seq_lens, strict=True)):
+        first_key = (seq_len - q_len) // chunk * chunk
+        for page in range(first_key // block_size):  # wholly before the first query's chunk
+            key_cache[batch.block_table[seq, page]] = float("nan")
+            value_cache[batch.block_table[seq, page]] = float("nan")
+        positions = torch.arange(seq_len)
+        query_positions = torch.arange(seq_len - q_len, seq_len)[:, None]
+        mask = (positions <= query_positions) & (positions >= query_positions // chunk * chunk)
+        q = batch.query[start : start + q_len].transpose(0, 1)[None]
+        k = batch.keys[seq].float().transpose(0, 1)[None]
+        v = batch.values[seq].float().transpose(0, 1)[None]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        expected[start : start + q_len] = o[0].transpose(0, 1)
+        start += q_len
+    out = reference_paged_attention(
+        batch.query,
+        key_cache,
+        value_cache,
+        batch.query_start_loc,
+        batch.seq_lens,
+        batch.block_table,
+        attention_chunk_size=chunk,
+    )
+    assert out.isfinite().all()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_window_and_a_chunk_are_refused_together() -> None:
+    batch = make_batch(BatchShape((2,), (6,), 2, 1, 8, 4), dtype=torch.float32)
+    arrays = (batch.query, batch.key_cache, batch.value_cache)
+    metadata = (batch.query_start_loc, batch.seq_lens, batch.block_table)
+    with pytest.raises(InvalidArgumentError, match="cannot both be given"):
+        reference_paged_attention(*arrays, *metadata, sliding_window=2, attention_chunk_size=2)
+    with pytest.raises(InvalidArgumentError, match="attention_chunk_size must be None or >= 1"):
+        reference_paged_attention(*arrays, *metadata, attention_chunk_size=0)

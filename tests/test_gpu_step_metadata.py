@@ -79,6 +79,18 @@ def test_null_blocks_before_the_window_are_allowed() -> None:
         build_step_metadata(step, block_size=4)  # full attention reads page 0
 
 
+def test_null_blocks_before_the_chunk_are_allowed() -> None:
+    # Chunk 8: computing positions 9 and 10 reads [8, 11), page 2 only; pages 0 and 1 may be
+    # null. Computing from position 7 reads the chunk [0, 8) as well.
+    step = [ScheduledRequest((NULL_BLOCK_ID, NULL_BLOCK_ID, 6), 9, 2)]
+    md = build_step_metadata(step, block_size=4, attention_chunk_size=8)
+    assert md.slot_mapping.tolist() == [25, 26]
+    with pytest.raises(InvalidArgumentError, match="page 1 is the null block"):
+        build_step_metadata(
+            [ScheduledRequest((5, NULL_BLOCK_ID, 6), 7, 3)], block_size=4, attention_chunk_size=8
+        )
+
+
 def test_scheduled_request_rules() -> None:
     with pytest.raises(InvalidArgumentError, match=">= 0"):
         ScheduledRequest((1,), -1, 1)
