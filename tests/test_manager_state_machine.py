@@ -26,6 +26,7 @@ from pagedkv.vocab.semantics import VLLM_0_8_5
 
 TestFullAttention = make_manager_machine(pagedkv_manager, sliding_window=False).TestCase
 TestSlidingWindow = make_manager_machine(pagedkv_manager, sliding_window=True).TestCase
+TestHybrid = make_manager_machine(pagedkv_manager, sliding_window=True, hybrid=True).TestCase
 TestFullAttentionVllm = make_manager_machine(
     pagedkv_manager, sliding_window=False, semantics=VLLM_0_8_5, misuse=False
 ).TestCase

@@ -10,6 +10,7 @@ are chosen (hypothesis draws and shrinks them), on tiny configurations: 2-16 blo
 
 from __future__ import annotations
 
+import random
 from typing import ClassVar
 
 from hypothesis import strategies as st
@@ -34,7 +35,7 @@ from pagedkv.harness.coverage import Coverage
 from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.machines.strategies import arrivals
 from pagedkv.harness.protocol import ManagerConfig, ManagerFactory
-from pagedkv.harness.swarm.runs import attention_spec
+from pagedkv.harness.swarm.runs import attention_spec, hybrid_config
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab.kv_cache_interface import uniform_kv_cache_config
 from pagedkv.vocab.semantics import Semantics
@@ -87,6 +88,35 @@ class ManagerMachine(RuleBasedStateMachine):
         alphabet: int,
         kv_events: bool,
     ) -> None:
+        self._setup(
+            block_size,
+            num_blocks,
+            max_model_len,
+            window,
+            enable_caching,
+            use_eagle,
+            log_stats,
+            hash_algo,
+            alphabet,
+            kv_events,
+        )
+
+    def _setup(
+        self,
+        block_size: int,
+        num_blocks: int,
+        max_model_len: int,
+        window: int,
+        enable_caching: bool,
+        use_eagle: bool,
+        log_stats: bool,
+        hash_algo: str,
+        alphabet: int,
+        kv_events: bool,
+        groups_seed: int | None = None,
+    ) -> None:
+        """Build the client; with `groups_seed`, over 2-4 KV cache groups (the first group of
+        the drawn type, the others as the swarm's hybrid runs draw them)."""
         domain = self.domain
         sliding = self.sliding_window
         if sliding and not domain.eagle_with_sliding_window:
@@ -102,6 +132,8 @@ class ManagerMachine(RuleBasedStateMachine):
             self.semantics,
             enable_kv_cache_events=kv_events and self.kv_events,
         )
+        if groups_seed is not None:
+            config = hybrid_config(random.Random(groups_seed), config, domain)
         self.alphabet = alphabet
         self.block_size = block_size
         self.coverage.runs += 1
@@ -212,10 +244,57 @@ class ManagerMachine(RuleBasedStateMachine):
         self.client.execute(Hostile(kind, which, arg))
 
 
+class HybridManagerMachine(ManagerMachine):
+    """The manager machine over 2-4 KV cache groups (a `HybridManagerUnderTest`): the client
+    and its rules are the same; only the configuration is hybrid."""
+
+    @initialize(
+        block_size=st.integers(1, 4),
+        num_blocks=st.integers(4, 24),
+        max_model_len=st.integers(4, 24),
+        window=st.integers(1, 13),
+        enable_caching=st.sampled_from((True, True, True, False)),
+        use_eagle=st.sampled_from((False, False, False, True)),
+        log_stats=st.booleans(),
+        hash_algo=st.sampled_from(("sha256", "builtin")),
+        alphabet=st.integers(2, 3),
+        kv_events=st.sampled_from((True, True, True, False)),
+        groups_seed=st.integers(0, 2**16 - 1),
+    )
+    def setup(
+        self,
+        block_size: int,
+        num_blocks: int,
+        max_model_len: int,
+        window: int,
+        enable_caching: bool,
+        use_eagle: bool,
+        log_stats: bool,
+        hash_algo: str,
+        alphabet: int,
+        kv_events: bool,
+        groups_seed: int,
+    ) -> None:
+        self._setup(
+            block_size,
+            num_blocks,
+            max_model_len,
+            window,
+            enable_caching,
+            use_eagle,
+            log_stats,
+            hash_algo,
+            alphabet,
+            kv_events,
+            groups_seed,
+        )
+
+
 def make_manager_machine(
     factory: ManagerFactory,
     *,
     sliding_window: bool,
+    hybrid: bool = False,
     semantics: Semantics = PAGEDKV_SEMANTICS,
     misuse: bool = True,
     coverage: Coverage | None = None,
@@ -223,16 +302,18 @@ def make_manager_machine(
     kv_events: bool | None = None,
 ) -> type[ManagerMachine]:
     """A `ManagerMachine` subclass checking `factory`'s managers for one attention type, on
-    `domain`, counting what it exercised in `coverage`.
+    `domain`, counting what it exercised in `coverage`; with `hybrid`, over 2-4 KV cache groups
+    (the first of that type).
 
     pagedkv's own manager must also word every refusal exactly as the spec does. `kv_events`
     (default: only for pagedkv's own manager) says the factory's managers take
     `enable_kv_cache_events` and emit events to compare.
     """
     own = factory is pagedkv_manager
+    name = "SlidingWindowManagerMachine" if sliding_window else "FullAttentionManagerMachine"
     return type(
-        "SlidingWindowManagerMachine" if sliding_window else "FullAttentionManagerMachine",
-        (ManagerMachine,),
+        "HybridManagerMachine" if hybrid else name,
+        (HybridManagerMachine if hybrid else ManagerMachine,),
         {
             "factory": staticmethod(factory),
             "semantics": semantics,

@@ -418,7 +418,7 @@ def draw_manager_run(
     if rng.random() < KV_EVENTS_SHARE and kv_events:  # after the others (module docstring)
         config = dataclasses.replace(config, enable_kv_cache_events=True)
     if attention == "hybrid" and domain.max_groups > 1:
-        config = _hybrid_config(rng, config, domain)
+        config = hybrid_config(rng, config, domain)
     return ManagerRun(
         seed=seed,
         config=config,
@@ -433,7 +433,7 @@ def draw_manager_run(
     )
 
 
-def _hybrid_config(rng: random.Random, config: ManagerConfig, domain: Domain) -> ManagerConfig:
+def hybrid_config(rng: random.Random, config: ManagerConfig, domain: Domain) -> ManagerConfig:
     """`config` with 2 to `domain.max_groups` groups, its own spec first (module docstring)."""
     if config.use_eagle and not (domain.eagle_with_hybrid and domain.eagle_with_sliding_window):
         config = dataclasses.replace(config, use_eagle=False)

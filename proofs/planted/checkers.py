@@ -4,10 +4,12 @@
   manager steps, `CI_HYBRID_STEPS` hybrid steps and `CI_POOL_STEPS` pool steps, the variant's
   own layer first), stopping at the first divergence.
 - state machine: the differential state machines of `pagedkv.harness` (full-attention manager,
-  sliding-window manager, block pool, in that order), derandomized, `SM_EXAMPLES` examples of
-  `SM_STEPS` steps each, no shrinking; the first machine that fails catches the bug.
-- exhaustive: `proofs.exhaustive`'s `ci` scope, manager configurations first, then the pool's;
-  the first configuration whose search fails catches it.
+  sliding-window manager, hybrid manager, block pool, in that order; a hybrid variant meets the
+  hybrid machine first), derandomized, `SM_EXAMPLES` examples of `SM_STEPS` steps each, no
+  shrinking; the first machine that fails catches the bug.
+- exhaustive: `proofs.exhaustive`'s `ci` scope, manager configurations first (the hybrid ones
+  first for a hybrid variant), then the pool's; the first configuration whose search fails
+  catches it.
 - crosshair: the contracts and pairs rebound to the variant (`proofs.planted.crosshair_checks`),
   contracts first, then the contracts on `allocate_slots` itself with the variant planted in
   CrossHair's process (`proofs.planted.crosshair_manager`), each in its own `crosshair` process
@@ -164,14 +166,25 @@ those modules may change which examples run (and a borderline catch)."""
 MACHINES: tuple[tuple[str, Callable[[], type[RuleBasedStateMachine]]], ...] = (
     ("full-attention manager", lambda: make_manager_machine(pagedkv_manager, sliding_window=False)),
     ("sliding-window manager", lambda: make_manager_machine(pagedkv_manager, sliding_window=True)),
+    (
+        "hybrid manager",
+        lambda: make_manager_machine(pagedkv_manager, sliding_window=True, hybrid=True),
+    ),
     ("block pool", lambda: make_pool_machine(pagedkv_pool)),
 )
+"""The machines in the order a variant faces them (a hybrid variant meets the hybrid machine
+first, `Variant.layer`)."""
+
+
+def _first_for(variant: Variant | None) -> str:
+    return "hybrid manager" if variant is not None and variant.layer == "hybrid" else ""
 
 
 def check_state_machines(variant: Variant | None) -> Verdict:
     """Run each machine until one fails (caught) or all pass their bounded run (missed)."""
     start = time.monotonic()
-    for name, make_machine in MACHINES:
+    first = _first_for(variant)
+    for name, make_machine in sorted(MACHINES, key=lambda machine: machine[0] != first):
         try:
             with with_reporter(lambda _: None), quiet_refusal_warnings():
                 run_state_machine_as_test(make_machine(), settings=SM_SETTINGS)
@@ -195,10 +208,14 @@ space blow up is reported as an error, not searched for minutes."""
 def check_exhaustive(variant: Variant | None) -> Verdict:
     """Search the `ci` scope, managers first; stop at the first failing configuration."""
     start = time.monotonic()
+    hybrid_first = variant is not None and variant.layer == "hybrid"
+    manager_configs = sorted(
+        MANAGER_SCOPES["ci"], key=lambda config: bool(config.more_groups) != hybrid_first
+    )
     searches: list[Callable[[], SearchResult]] = [
         *(
             (lambda c=config: explore_manager(pagedkv_manager, c, max_states=EXHAUSTIVE_MAX_STATES))
-            for config in MANAGER_SCOPES["ci"]
+            for config in manager_configs
         ),
         *(
             (lambda c=config: explore_pool(pagedkv_pool, c, max_states=EXHAUSTIVE_MAX_STATES))
