@@ -5,13 +5,16 @@
 
 mutmut names a mutant's module after its file path (it strips only a `src.` prefix) and puts
 `mutants/`, `mutants/src` or `mutants/source` first on sys.path; pagedkv's folders are mapped onto
-the package by setuptools (`impl/` is `pagedkv`, `spec/` is `pagedkv.spec`, ...), which it cannot
-see. So the run happens in a generated staging tree with a conventional layout, `build/mutation/`:
-`src/pagedkv/` (impl, with `spec/` and `harness/` copied in as subpackages), `tests/` (the
-selected test files and their helpers), the few `proofs/` modules a selected test imports, and a
-`pyproject.toml` with the `[tool.mutmut]` and pytest settings. Only `MUTATED_MODULES` are
-mutated. mutmut's own forced-fail check proves the tests import the mutants, not the editable
-install in `.venv` (`mutants/src` comes first on sys.path).
+the package by setuptools (`impl/` is `pagedkv`, `vocab/` is `pagedkv.vocab`, `spec/` is
+`pagedkv.spec`, ...), which it cannot see. So the run happens in a generated staging tree with a
+conventional layout, `build/mutation/`: `src/pagedkv/` (every package of pyproject.toml's
+`[tool.setuptools] package-dir` mapping and the subpackages in its folders, copied where the
+mapping installs them, as `gpu/link_tree.py` lays them out), `tests/` (the selected test files
+and their helpers), the few `proofs/` modules a selected test imports, and a `pyproject.toml`
+with the `[tool.mutmut]` and pytest settings. Only `MUTATED_MODULES` are mutated, named by their
+path inside the package (`attention.py` is `pagedkv.attention`, `vocab/request.py` is
+`pagedkv.vocab.request`). mutmut's own forced-fail check proves the tests import the mutants,
+not the editable install in `.venv` (`mutants/src` comes first on sys.path).
 
 Tests run with the `mutation` hypothesis profile (`tests/conftest.py`: derandomized, 30 examples,
 no shrinking), so every mutant meets the same examples.
@@ -45,6 +48,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pagedkv.gpu.link_tree import package_dirs
+
 ROOT = Path(__file__).resolve().parent.parent
 STAGING = ROOT / "build" / "mutation"
 SCORE_PATH = ROOT / "proofs" / "mutation-score.json"
@@ -58,12 +63,13 @@ MUTATED_MODULES = (
     "block_hash.py",
     "block_counts.py",
     "manager.py",
-    "sliding_window.py",
-    "specialized_manager.py",
-    "request.py",
-    "prefix_cache_stats.py",
+    "hybrid_manager.py",
+    "attention.py",
+    "vocab/request.py",
+    "vocab/prefix_cache_stats.py",
 )
-"""The core modules of `impl/` whose functions mutmut mutates."""
+"""The core modules whose functions mutmut mutates, by their path inside the `pagedkv` package
+(`vocab/request.py` is `pagedkv.vocab.request`, from the repository's `vocab/request.py`)."""
 
 SELECTED_TESTS = (
     "test_block_pool.py",
@@ -79,6 +85,7 @@ SELECTED_TESTS = (
     "test_invariant_reports.py",
     "test_refusal_messages.py",
     "test_mutation_kills.py",
+    "test_hybrid_manager.py",
 )
 """The tests each mutant faces (those that reach it): fast scenarios and the state machines."""
 
@@ -100,7 +107,9 @@ PROOFS_MODULES = (
 )
 """The `proofs` modules the selected tests import (`test_pure_functions.py`, `broken_pools.py`)."""
 
-PACKAGES = {"impl": "src/pagedkv", "spec": "src/pagedkv/spec", "harness": "src/pagedkv/harness"}
+PACKAGE = "pagedkv"
+STAGED_FILES = ("*.py", "py.typed")
+"""What is copied of each package's folder: its modules and its typing marker."""
 
 _DEFAULT_UNREACHABLE = (
     "the default is never used: with caching on, allocate_slots records num_cached_block and "
@@ -158,17 +167,47 @@ mutant name, which is stable while the mutated sources are (`sources_sha256`).""
 # -- the staging tree --------------------------------------------------------------------------
 
 
+def package_folders(root: Path = ROOT) -> dict[str, Path]:
+    """Every package setuptools installs from `root`, by dotted name, with its folder: each
+    package of `[tool.setuptools] package-dir` and, below it, every folder with an `__init__.py`
+    that the mapping does not place elsewhere."""
+    mapping = package_dirs(root / "pyproject.toml")
+    found: dict[str, Path] = {}
+
+    def visit(name: str, folder: Path) -> None:
+        found[name] = folder
+        for child in sorted(folder.iterdir()):
+            child_name = f"{name}.{child.name}"
+            if (child / "__init__.py").is_file() and child_name not in mapping:
+                visit(child_name, child)
+
+    for name, folder in mapping.items():
+        visit(name, folder)
+    return found
+
+
+def module_source(name: str, root: Path = ROOT) -> Path:
+    """The repository file of a mutated module named by its path inside the package
+    (`vocab/request.py` -> `vocab/request.py`, `attention.py` -> `impl/attention.py`).
+
+    Raises:
+        KeyError: no package of the mapping holds it.
+    """
+    *folders, file = name.split("/")
+    return package_folders(root)[".".join((PACKAGE, *folders))] / file
+
+
 def sources_sha256() -> str:
     """One hash of the mutated modules' bytes, in `MUTATED_MODULES` order."""
     digest = hashlib.sha256()
     for name in MUTATED_MODULES:
-        digest.update(name.encode() + b"\0" + (ROOT / "impl" / name).read_bytes() + b"\0")
+        digest.update(name.encode() + b"\0" + module_source(name).read_bytes() + b"\0")
     return digest.hexdigest()
 
 
 def staging_pyproject() -> str:
     """`[tool.mutmut]` and pytest settings for the staging tree (the repository's, adapted)."""
-    only_mutate = ", ".join(f'"src/pagedkv/{name}"' for name in MUTATED_MODULES)
+    only_mutate = ", ".join(f'"src/{PACKAGE}/{name}"' for name in MUTATED_MODULES)
     return f"""# Generated by proofs/mutation.py; do not edit.
 [tool.mutmut]
 source_paths = ["src/pagedkv"]
@@ -193,12 +232,12 @@ def build_staging(staging: Path = STAGING) -> None:
     """(Re)create the staging tree from the working tree."""
     if staging.exists():
         shutil.rmtree(staging)
-    for folder, target in PACKAGES.items():
-        destination = staging / target
-        destination.mkdir(parents=True)
-        for source in sorted((ROOT / folder).glob("*.py")):
-            shutil.copy2(source, destination / source.name)
-    shutil.copy2(ROOT / "impl" / "py.typed", staging / "src" / "pagedkv" / "py.typed")
+    for name, folder in package_folders().items():
+        destination = staging / "src" / Path(*name.split("."))
+        destination.mkdir(parents=True, exist_ok=True)
+        for pattern in STAGED_FILES:
+            for source in sorted(folder.glob(pattern)):
+                shutil.copy2(source, destination / source.name)
     (staging / "tests").mkdir()
     for name in (*TEST_HELPERS, *SELECTED_TESTS):
         shutil.copy2(ROOT / "tests" / name, staging / "tests" / name)
