@@ -1,6 +1,6 @@
 """pagedkv's end-to-end engine: continuous batching of a `transformers` Llama on a paged KV cache.
 
-Needs the `engine` extra (`pip install 'pagedkv[engine]'`: torch, transformers, tqdm,
+Needs the `engine` extra (`pip install 'pagedkv[engine]'`: torch, transformers,
 matplotlib). Importing this package imports none of them; each name below loads its module on
 first use. Modules:
 

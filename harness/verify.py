@@ -64,13 +64,13 @@ from pagedkv.harness.swarm.engine import (
     run_campaign,
 )
 from pagedkv.harness.swarm.report import (
-    ProgressBar,
     format_report,
     render_harness_error,
     render_shrunk,
 )
 from pagedkv.harness.swarm.shrink import shrink
 from pagedkv.harness.vllm.against import Against, prepare
+from pagedkv.progress import ProgressBar
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab.errors import InvalidArgumentError
 from pagedkv.vocab.semantics import VLLM_0_8_5, VLLM_0_33, Semantics
@@ -399,7 +399,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_campaigns(args: argparse.Namespace, campaigns: list[Campaign], seed: int) -> int:
     status = 0
     for index, campaign in enumerate(campaigns):
-        progress = None if args.quiet else ProgressBar(campaign.steps)
+        progress = None if args.quiet else ProgressBar(campaign.steps, unit="steps")
         result = run_campaign(
             campaign.layer,
             seed=seed,
@@ -409,7 +409,8 @@ def _run_campaigns(args: argparse.Namespace, campaigns: list[Campaign], seed: in
             progress=None if progress is None else _show(progress),
         )
         if progress is not None:
-            progress.show(result.coverage.steps, len(result.coverage.states), final=True)
+            _show(progress)(result.coverage)
+            progress.close()
         if index:
             print()
         outcome = _report(campaign, result)
@@ -442,7 +443,7 @@ def _report(campaign: Campaign, result: CampaignRun) -> int:
 
 def _show(progress: ProgressBar) -> Callable[[Coverage], None]:
     def update(coverage: Coverage) -> None:
-        progress.show(coverage.steps, len(coverage.states))
+        progress.update(coverage.steps, f"{len(coverage.states):,} states")
 
     return update
 
