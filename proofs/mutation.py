@@ -1,6 +1,7 @@
 """Mutation score: mutmut 3.8.1 over the core modules of impl, gated on the killed fraction.
 
     python -m proofs.mutation [--jobs N] [--gate 0.95]   # build, run mutmut, write the score
+    python -m proofs.mutation --rerun-survivors           # after adding tests: the survivors only
     python -m proofs.mutation --check                     # the committed score file only
 
 mutmut names a mutant's module after its file path (it strips only a `src.` prefix) and puts
@@ -26,6 +27,12 @@ from `mutants/mutmut-cicd-stats.json`.
 
 A mutant counts as detected when a test kills it or the tests time out on it (an endless loop),
 as mutmut's own badge counts them.
+
+`--rerun-survivors` is for a test added to kill survivors: it copies the selected tests into the
+finished run's staging tree and has mutmut run again only the mutants the score file lists as not
+killed (mutmut collects coverage for the new tests alone). A test can only kill more mutants, so
+this gives what a full run with the new tests would; it refuses when the mutated sources changed
+since that run. The score's `seconds` adds both runs.
 
 Exit status: 0 when detected / total >= the gate, 1 below it (or when mutmut fails), 2 on bad
 arguments. `--check` applies the gate to the committed file and also fails when the sources
@@ -86,6 +93,9 @@ SELECTED_TESTS = (
     "test_refusal_messages.py",
     "test_mutation_kills.py",
     "test_hybrid_manager.py",
+    "test_mutation_campaigns.py",
+    "test_hostile_inputs.py",
+    "test_decode_fast_path.py",
 )
 """The tests each mutant faces (those that reach it): fast scenarios and the state machines."""
 
@@ -308,6 +318,28 @@ def _mutmut(args: Sequence[str], staging: Path, *, timeout: float | None = None)
 _RESULT = re.compile(r"^\s+(?P<name>\S+): (?P<status>.+)$", re.MULTILINE)
 
 
+def rerun_survivors(jobs: int, staging: Path = STAGING, path: Path = SCORE_PATH) -> Score:
+    """Run mutmut again on the mutants `path` lists as not killed, with the selected tests as they
+    are now (copied into the finished run's `staging` tree).
+
+    Raises:
+        RuntimeError: no finished run in `staging`, mutated sources changed since it, or mutmut
+            failed.
+    """
+    previous = read_score(path)
+    if not (staging / "mutants").is_dir():
+        raise RuntimeError(f"no finished mutmut run in {staging}: run without --rerun-survivors")
+    if previous.sources_sha256 != sources_sha256() or previous.modules != list(MUTATED_MODULES):
+        raise RuntimeError("the mutated sources changed since the last run: run all mutants")
+    for name in (*TEST_HELPERS, *SELECTED_TESTS):
+        shutil.copy2(ROOT / "tests" / name, staging / "tests" / name)
+    start = time.monotonic()
+    names = [survivor.name for survivor in previous.survivors]
+    if names:
+        _mutmut(["run", "--max-children", str(jobs), *names], staging)
+    return read_results(previous.seconds + time.monotonic() - start, staging)
+
+
 def run_mutmut(jobs: int, staging: Path = STAGING) -> Score:
     """Run mutmut in the staging tree, then read what it found (`read_results`)."""
     start = time.monotonic()
@@ -382,6 +414,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--gate", type=float, default=GATE)
     parser.add_argument("--check", action="store_true", help="check the committed score file")
+    parser.add_argument(
+        "--rerun-survivors",
+        action="store_true",
+        help="run only the mutants the score file lists as not killed, with the tests as they are",
+    )
     args = parser.parse_args(argv)
     if args.check:
         score = read_score()
@@ -389,9 +426,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if score.sources_sha256 != sources_sha256():
             found.append("the mutated sources changed since the score was written")
     else:
-        build_staging()
         try:
-            score = run_mutmut(max(args.jobs, 1))
+            if args.rerun_survivors:
+                score = rerun_survivors(max(args.jobs, 1))
+            else:
+                build_staging()
+                score = run_mutmut(max(args.jobs, 1))
         except RuntimeError as error:
             print(error, file=sys.stderr)
             return 1
