@@ -2,7 +2,7 @@
 Llama-4 text model on a paged KV cache (one KV cache group, or a hybrid model's several over one
 pool).
 
-Needs the `engine` extra (`pip install 'pagedkv[engine]'`: torch, transformers, tqdm,
+Needs the `engine` extra (`pip install 'pagedkv[engine]'`: torch, transformers,
 matplotlib). Importing this package imports none of them; each name below loads its module on
 first use. Modules:
 

@@ -212,7 +212,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     err = sys.stderr if err is None else err
     try:
         check_arguments(args)
-        require("torch", "transformers", "tqdm", *(["matplotlib"] if args.plot else []))
+        require("torch", "transformers", *(["matplotlib"] if args.plot else []))
         if args.metrics_port is not None:
             require("prometheus_client", purpose="pagedkv run --metrics-port", extra="metrics")
     except MissingDependencyError as error:
@@ -430,9 +430,8 @@ class _Session:
         return tokenize
 
     def serve(self) -> RunResult:
-        from tqdm import tqdm
-
         from pagedkv.engine.llm_engine import LLMEngine
+        from pagedkv.progress import ProgressBar
 
         engine = LLMEngine(
             self.model,
@@ -445,41 +444,33 @@ class _Session:
             self.description = replace(self.description, kv_cache_groups=engine.layout.describe())
         for item in self.requests:
             engine.add_request(item)  # every request is checked before the first step
-        bar = tqdm(
-            total=len(self.requests),
-            desc="serving",
-            unit="req",
-            file=self.err,
-            disable=not self.progress,
+        bar = ProgressBar(
+            len(self.requests), unit="req", label="serving", stream=self.err, enabled=self.progress
         )
         with bar:
 
             def on_step(record: Any, finished: list[EngineRequest]) -> None:
-                bar.set_postfix(
-                    step=record.step,
-                    running=record.num_running,
-                    waiting=record.num_waiting,
-                    pool=f"{record.pool_usage:.0%}",
-                    refresh=False,
+                bar.advance(
+                    len(finished),
+                    f"step {record.step}, {record.num_running} running, "
+                    f"{record.num_waiting} waiting, pool {record.pool_usage:.0%}",
                 )
-                bar.update(len(finished))
 
             return engine.run(on_step=on_step)
 
     def check_dense(self, result: RunResult) -> DenseCheck:
-        from tqdm import tqdm
-
         from pagedkv.engine.dense_check import compare_with_dense
+        from pagedkv.progress import ProgressBar
 
-        with tqdm(
-            total=len(result.requests),
-            desc="dense check",
+        with ProgressBar(
+            len(result.requests),
             unit="req",
-            file=self.err,
-            disable=not self.progress,
+            label="dense check",
+            stream=self.err,
+            enabled=self.progress,
         ) as bar:
             return compare_with_dense(
-                self.model, result.requests, result.logits, on_request=lambda _: bar.update(1)
+                self.model, result.requests, result.logits, on_request=lambda _: bar.advance()
             )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, cast
 
@@ -17,6 +19,7 @@ from pagedkv.harness.protocol import (
     PoolSnapshot,
     PoolUnderTest,
 )
+from pagedkv.harness.setup_check import SetupError
 from pagedkv.manager import KVCacheManager
 from pagedkv.spec.block_pool import SpecBlockPool
 from pagedkv.spec.hybrid_manager import SpecHybridKVCacheManager
@@ -478,12 +481,46 @@ def check_default_semantics(built: str, semantics: Semantics) -> None:
             )
 
 
-def load_factory(target: str) -> Callable[..., Any]:
-    """Import `module:attribute` and return it (a pool or manager factory)."""
+def load_factory(target: str, option: str = "--impl") -> Callable[..., Any]:
+    """Import `module:attribute` and return it (a pool or manager factory), as `python -m`
+    would: the working directory is searched first (it is put at the front of `sys.path`, where
+    it stays, so that the module's own imports work later too).
+
+    Raises:
+        InvalidArgumentError: `target` is no `module:attribute`, the module is not found, or the
+            attribute is missing or not callable; the message starts with `option` and `target`.
+        SetupError: importing the module raised (the error is its cause).
+    """
     module_name, sep, attribute = target.partition(":")
     if not sep or not module_name or not attribute:
-        raise InvalidArgumentError(f"expected module:factory, got {target!r}")
-    factory = getattr(importlib.import_module(module_name), attribute, None)
+        raise InvalidArgumentError(
+            f"{option}: expected MODULE:FACTORY (a module path, a colon, a callable), "
+            f"got {target!r}"
+        )
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name is None or not f"{module_name}.".startswith(f"{error.name}."):
+            raise SetupError(f"{option} {target}: importing {module_name} raised {error!r}") from (
+                error
+            )
+        raise InvalidArgumentError(
+            f"{option} {target}: no module named {error.name!r} in the working directory "
+            f"({cwd}) or on the Python path"
+        ) from None
+    except Exception as error:
+        raise SetupError(f"{option} {target}: importing {module_name} raised {error!r}") from (
+            error
+        )
+    factory = getattr(module, attribute, None)
+    if factory is None:
+        raise InvalidArgumentError(f"{option} {target}: {module_name} has no {attribute!r}")
     if not callable(factory):
-        raise InvalidArgumentError(f"{target!r} is not a callable factory")
+        raise InvalidArgumentError(
+            f"{option} {target}: {module_name}.{attribute} is not callable "
+            f"({type(factory).__name__} {factory!r})"
+        )
     return cast(Callable[..., Any], factory)

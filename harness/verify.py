@@ -27,12 +27,15 @@ fetched: nothing was checked); 3 when no divergence was found but a coverage tar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import importlib
 import logging
 import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from types import TracebackType
 from typing import Any
 
 from pagedkv.harness.adapters import load_factory, pagedkv_manager, pagedkv_pool
@@ -64,13 +67,13 @@ from pagedkv.harness.swarm.engine import (
     run_campaign,
 )
 from pagedkv.harness.swarm.report import (
-    ProgressBar,
     format_report,
     render_harness_error,
     render_shrunk,
 )
 from pagedkv.harness.swarm.shrink import shrink
 from pagedkv.harness.vllm.against import Against, prepare
+from pagedkv.progress import ProgressBar
 from pagedkv.spec.arguments import VLLM_0_8_5_ONLY
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab.errors import InvalidArgumentError
@@ -208,10 +211,11 @@ def plan(args: argparse.Namespace, against: Against | None) -> list[Campaign]:
     campaigns = []
     if args.layer in ("pool", "all"):
         name = args.impl if against is None else against.name
-        factory: Any = against.pool_factory if against else load_factory(args.impl)
-        check_pool_factory(factory, name, semantics)
+        factory: Any = against.pool_factory if against else load_factory(args.impl, "--impl")
+        with _naming(_option(args, "--impl")):
+            check_pool_factory(factory, name, semantics)
         layer = pool_layer(
-            _guarded(factory, name),
+            _guarded(factory, f"{_option(args, '--impl')} {name}"),
             semantics=semantics,
             misuse=misuse,
             steps_per_run=args.steps_per_run,
@@ -228,8 +232,13 @@ def plan(args: argparse.Namespace, against: Against | None) -> list[Campaign]:
     name = args.manager_impl if against is None else against.name
     manager_factory: Any = None
     if args.layer in ("manager", "hybrid", "all"):
-        manager_factory = against.manager_factory if against else load_factory(args.manager_impl)
-        check_manager_factory(manager_factory, name, semantics)
+        manager_factory = (
+            against.manager_factory
+            if against
+            else load_factory(args.manager_impl, "--manager-impl")
+        )
+        with _naming(_option(args, "--manager-impl")):
+            check_manager_factory(manager_factory, name, semantics)
     if args.layer in ("manager", "all"):
         campaigns.append(
             _manager_campaign(args, manager_factory, name, semantics, misuse, domain, unbounded)
@@ -260,7 +269,7 @@ def _manager_campaign(
     """The manager layer's campaign (`args.attention`: "hybrid" for the hybrid layer)."""
     hybrid = args.attention == "hybrid"
     layer = manager_layer(
-        _guarded(factory, name),
+        _guarded(factory, f"{_option(args, '--manager-impl')} {name}"),
         semantics=semantics,
         misuse=misuse,
         attention=args.attention,
@@ -303,6 +312,20 @@ def _max_groups(args: argparse.Namespace, domain: Domain, semantics: Semantics) 
     return 1
 
 
+@contextlib.contextmanager
+def _naming(option: str) -> Iterator[None]:
+    """A setup error raised inside starts with the option that chose what failed."""
+    try:
+        yield
+    except SetupError as error:
+        raise SetupError(f"{option} {error}") from error.__cause__
+
+
+def _option(args: argparse.Namespace, option: str) -> str:
+    """The option that chose the implementation: `option`, or `--against RELEASE:`."""
+    return option if args.against is None else f"--against {args.against}:"
+
+
 def _guarded(factory: Any, target: str) -> Any:
     """`factory`, wrapped so that an error it raises mid-campaign is a setup error; pagedkv's
     own factories stay as they are (the clients recognize them to demand the spec's wording)."""
@@ -336,10 +359,27 @@ def _flags(args: argparse.Namespace, layer: str) -> str:
 def report_setup_error(error: BaseException) -> int:
     """Print a setup error with the traceback of its cause; the exit status for it (2)."""
     cause = error.__cause__
-    if cause is not None:
-        traceback.print_exception(type(cause), cause, cause.__traceback__, file=sys.stderr)
+    frames = None if cause is None else _users_frames(cause.__traceback__)
+    if cause is not None and frames is not None:
+        traceback.print_exception(type(cause), cause, frames, file=sys.stderr)
     print(f"pagedkv verify: setup error (nothing was checked): {error}", file=sys.stderr)
     return EXIT_SETUP
+
+
+def _users_frames(frames: TracebackType | None) -> TracebackType | None:
+    """The traceback from its first frame of the user's code (neither pagedkv's nor the import
+    system's); None when it has none (the error says it all: a factory called with arguments it
+    does not take)."""
+    ours = (
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+        os.path.dirname(os.path.abspath(importlib.__file__)) + os.sep,
+    )
+    while frames is not None:
+        file = frames.tb_frame.f_code.co_filename
+        if not file.startswith("<frozen ") and not os.path.abspath(file).startswith(ours):
+            break
+        frames = frames.tb_next
+    return frames
 
 
 def _setup_error(failure: BaseException) -> SetupError | None:
@@ -403,7 +443,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_campaigns(args: argparse.Namespace, campaigns: list[Campaign], seed: int) -> int:
     status = 0
     for index, campaign in enumerate(campaigns):
-        progress = None if args.quiet else ProgressBar(campaign.steps)
+        progress = None if args.quiet else ProgressBar(campaign.steps, unit="steps")
         result = run_campaign(
             campaign.layer,
             seed=seed,
@@ -413,7 +453,8 @@ def _run_campaigns(args: argparse.Namespace, campaigns: list[Campaign], seed: in
             progress=None if progress is None else _show(progress),
         )
         if progress is not None:
-            progress.show(result.coverage.steps, len(result.coverage.states), final=True)
+            _show(progress)(result.coverage)
+            progress.close()
         if index:
             print()
         outcome = _report(campaign, result)
@@ -446,7 +487,7 @@ def _report(campaign: Campaign, result: CampaignRun) -> int:
 
 def _show(progress: ProgressBar) -> Callable[[Coverage], None]:
     def update(coverage: Coverage) -> None:
-        progress.show(coverage.steps, len(coverage.states))
+        progress.update(coverage.steps, f"{len(coverage.states):,} states")
 
     return update
 

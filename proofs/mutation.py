@@ -1,17 +1,21 @@
 """Mutation score: mutmut 3.8.1 over the core modules of impl, gated on the killed fraction.
 
     python -m proofs.mutation [--jobs N] [--gate 0.95]   # build, run mutmut, write the score
+    python -m proofs.mutation --rerun-survivors           # after adding tests: the survivors only
     python -m proofs.mutation --check                     # the committed score file only
 
 mutmut names a mutant's module after its file path (it strips only a `src.` prefix) and puts
 `mutants/`, `mutants/src` or `mutants/source` first on sys.path; pagedkv's folders are mapped onto
-the package by setuptools (`impl/` is `pagedkv`, `spec/` is `pagedkv.spec`, ...), which it cannot
-see. So the run happens in a generated staging tree with a conventional layout, `build/mutation/`:
-`src/pagedkv/` (impl, with `spec/` and `harness/` copied in as subpackages), `tests/` (the
-selected test files and their helpers), the few `proofs/` modules a selected test imports, and a
-`pyproject.toml` with the `[tool.mutmut]` and pytest settings. Only `MUTATED_MODULES` are
-mutated. mutmut's own forced-fail check proves the tests import the mutants, not the editable
-install in `.venv` (`mutants/src` comes first on sys.path).
+the package by setuptools (`impl/` is `pagedkv`, `vocab/` is `pagedkv.vocab`, `spec/` is
+`pagedkv.spec`, ...), which it cannot see. So the run happens in a generated staging tree with a
+conventional layout, `build/mutation/`: `src/pagedkv/` (every package of pyproject.toml's
+`[tool.setuptools] package-dir` mapping and the subpackages in its folders, copied where the
+mapping installs them, as `gpu/link_tree.py` lays them out), `tests/` (the selected test files
+and their helpers), the few `proofs/` modules a selected test imports, and a `pyproject.toml`
+with the `[tool.mutmut]` and pytest settings. Only `MUTATED_MODULES` are mutated, named by their
+path inside the package (`attention.py` is `pagedkv.attention`, `vocab/request.py` is
+`pagedkv.vocab.request`). mutmut's own forced-fail check proves the tests import the mutants,
+not the editable install in `.venv` (`mutants/src` comes first on sys.path).
 
 Tests run with the `mutation` hypothesis profile (`tests/conftest.py`: derandomized, 30 examples,
 no shrinking), so every mutant meets the same examples.
@@ -23,6 +27,12 @@ from `mutants/mutmut-cicd-stats.json`.
 
 A mutant counts as detected when a test kills it or the tests time out on it (an endless loop),
 as mutmut's own badge counts them.
+
+`--rerun-survivors` is for a test added to kill survivors: it copies the selected tests into the
+finished run's staging tree and has mutmut run again only the mutants the score file lists as not
+killed (mutmut collects coverage for the new tests alone). A test can only kill more mutants, so
+this gives what a full run with the new tests would; it refuses when the mutated sources changed
+since that run. The score's `seconds` adds both runs.
 
 Exit status: 0 when detected / total >= the gate, 1 below it (or when mutmut fails), 2 on bad
 arguments. `--check` applies the gate to the committed file and also fails when the sources
@@ -45,6 +55,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pagedkv.gpu.link_tree import package_dirs
+
 ROOT = Path(__file__).resolve().parent.parent
 STAGING = ROOT / "build" / "mutation"
 SCORE_PATH = ROOT / "proofs" / "mutation-score.json"
@@ -58,12 +70,13 @@ MUTATED_MODULES = (
     "block_hash.py",
     "block_counts.py",
     "manager.py",
-    "sliding_window.py",
-    "specialized_manager.py",
-    "request.py",
-    "prefix_cache_stats.py",
+    "hybrid_manager.py",
+    "attention.py",
+    "vocab/request.py",
+    "vocab/prefix_cache_stats.py",
 )
-"""The core modules of `impl/` whose functions mutmut mutates."""
+"""The core modules whose functions mutmut mutates, by their path inside the `pagedkv` package
+(`vocab/request.py` is `pagedkv.vocab.request`, from the repository's `vocab/request.py`)."""
 
 SELECTED_TESTS = (
     "test_block_pool.py",
@@ -79,6 +92,10 @@ SELECTED_TESTS = (
     "test_invariant_reports.py",
     "test_refusal_messages.py",
     "test_mutation_kills.py",
+    "test_hybrid_manager.py",
+    "test_mutation_campaigns.py",
+    "test_hostile_inputs.py",
+    "test_decode_fast_path.py",
 )
 """The tests each mutant faces (those that reach it): fast scenarios and the state machines."""
 
@@ -100,7 +117,9 @@ PROOFS_MODULES = (
 )
 """The `proofs` modules the selected tests import (`test_pure_functions.py`, `broken_pools.py`)."""
 
-PACKAGES = {"impl": "src/pagedkv", "spec": "src/pagedkv/spec", "harness": "src/pagedkv/harness"}
+PACKAGE = "pagedkv"
+STAGED_FILES = ("*.py", "py.typed")
+"""What is copied of each package's folder: its modules and its typing marker."""
 
 _DEFAULT_UNREACHABLE = (
     "the default is never used: with caching on, allocate_slots records num_cached_block and "
@@ -158,17 +177,47 @@ mutant name, which is stable while the mutated sources are (`sources_sha256`).""
 # -- the staging tree --------------------------------------------------------------------------
 
 
+def package_folders(root: Path = ROOT) -> dict[str, Path]:
+    """Every package setuptools installs from `root`, by dotted name, with its folder: each
+    package of `[tool.setuptools] package-dir` and, below it, every folder with an `__init__.py`
+    that the mapping does not place elsewhere."""
+    mapping = package_dirs(root / "pyproject.toml")
+    found: dict[str, Path] = {}
+
+    def visit(name: str, folder: Path) -> None:
+        found[name] = folder
+        for child in sorted(folder.iterdir()):
+            child_name = f"{name}.{child.name}"
+            if (child / "__init__.py").is_file() and child_name not in mapping:
+                visit(child_name, child)
+
+    for name, folder in mapping.items():
+        visit(name, folder)
+    return found
+
+
+def module_source(name: str, root: Path = ROOT) -> Path:
+    """The repository file of a mutated module named by its path inside the package
+    (`vocab/request.py` -> `vocab/request.py`, `attention.py` -> `impl/attention.py`).
+
+    Raises:
+        KeyError: no package of the mapping holds it.
+    """
+    *folders, file = name.split("/")
+    return package_folders(root)[".".join((PACKAGE, *folders))] / file
+
+
 def sources_sha256() -> str:
     """One hash of the mutated modules' bytes, in `MUTATED_MODULES` order."""
     digest = hashlib.sha256()
     for name in MUTATED_MODULES:
-        digest.update(name.encode() + b"\0" + (ROOT / "impl" / name).read_bytes() + b"\0")
+        digest.update(name.encode() + b"\0" + module_source(name).read_bytes() + b"\0")
     return digest.hexdigest()
 
 
 def staging_pyproject() -> str:
     """`[tool.mutmut]` and pytest settings for the staging tree (the repository's, adapted)."""
-    only_mutate = ", ".join(f'"src/pagedkv/{name}"' for name in MUTATED_MODULES)
+    only_mutate = ", ".join(f'"src/{PACKAGE}/{name}"' for name in MUTATED_MODULES)
     return f"""# Generated by proofs/mutation.py; do not edit.
 [tool.mutmut]
 source_paths = ["src/pagedkv"]
@@ -193,12 +242,12 @@ def build_staging(staging: Path = STAGING) -> None:
     """(Re)create the staging tree from the working tree."""
     if staging.exists():
         shutil.rmtree(staging)
-    for folder, target in PACKAGES.items():
-        destination = staging / target
-        destination.mkdir(parents=True)
-        for source in sorted((ROOT / folder).glob("*.py")):
-            shutil.copy2(source, destination / source.name)
-    shutil.copy2(ROOT / "impl" / "py.typed", staging / "src" / "pagedkv" / "py.typed")
+    for name, folder in package_folders().items():
+        destination = staging / "src" / Path(*name.split("."))
+        destination.mkdir(parents=True, exist_ok=True)
+        for pattern in STAGED_FILES:
+            for source in sorted(folder.glob(pattern)):
+                shutil.copy2(source, destination / source.name)
     (staging / "tests").mkdir()
     for name in (*TEST_HELPERS, *SELECTED_TESTS):
         shutil.copy2(ROOT / "tests" / name, staging / "tests" / name)
@@ -267,6 +316,28 @@ def _mutmut(args: Sequence[str], staging: Path, *, timeout: float | None = None)
 
 
 _RESULT = re.compile(r"^\s+(?P<name>\S+): (?P<status>.+)$", re.MULTILINE)
+
+
+def rerun_survivors(jobs: int, staging: Path = STAGING, path: Path = SCORE_PATH) -> Score:
+    """Run mutmut again on the mutants `path` lists as not killed, with the selected tests as they
+    are now (copied into the finished run's `staging` tree).
+
+    Raises:
+        RuntimeError: no finished run in `staging`, mutated sources changed since it, or mutmut
+            failed.
+    """
+    previous = read_score(path)
+    if not (staging / "mutants").is_dir():
+        raise RuntimeError(f"no finished mutmut run in {staging}: run without --rerun-survivors")
+    if previous.sources_sha256 != sources_sha256() or previous.modules != list(MUTATED_MODULES):
+        raise RuntimeError("the mutated sources changed since the last run: run all mutants")
+    for name in (*TEST_HELPERS, *SELECTED_TESTS):
+        shutil.copy2(ROOT / "tests" / name, staging / "tests" / name)
+    start = time.monotonic()
+    names = [survivor.name for survivor in previous.survivors]
+    if names:
+        _mutmut(["run", "--max-children", str(jobs), *names], staging)
+    return read_results(previous.seconds + time.monotonic() - start, staging)
 
 
 def run_mutmut(jobs: int, staging: Path = STAGING) -> Score:
@@ -343,6 +414,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--gate", type=float, default=GATE)
     parser.add_argument("--check", action="store_true", help="check the committed score file")
+    parser.add_argument(
+        "--rerun-survivors",
+        action="store_true",
+        help="run only the mutants the score file lists as not killed, with the tests as they are",
+    )
     args = parser.parse_args(argv)
     if args.check:
         score = read_score()
@@ -350,9 +426,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if score.sources_sha256 != sources_sha256():
             found.append("the mutated sources changed since the score was written")
     else:
-        build_staging()
         try:
-            score = run_mutmut(max(args.jobs, 1))
+            if args.rerun_survivors:
+                score = rerun_survivors(max(args.jobs, 1))
+            else:
+                build_staging()
+                score = run_mutmut(max(args.jobs, 1))
         except RuntimeError as error:
             print(error, file=sys.stderr)
             return 1

@@ -100,7 +100,7 @@ def test_a_compiler_that_fails_leaves_a_pure_wheel(tmp_path: Path) -> None:
     source.mkdir()
     for name in package_folders():
         (source / name).symlink_to(ROOT / name, target_is_directory=True)
-    for name in ("setup.py", "pyproject.toml", "README.md"):
+    for name in ("setup.py", "pyproject.toml", "README.md", "LICENSE"):
         (source / name).symlink_to(ROOT / name)
     env = {**os.environ, "PAGEDKV_BUILD": "auto", "CC": "false"}
     pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q"]

@@ -54,7 +54,15 @@ def test_the_selected_tests_and_mutated_modules_exist() -> None:
     for name in SELECTED_TESTS:
         assert (ROOT / "tests" / name).is_file(), name
     for name in MUTATED_MODULES:
-        assert (ROOT / "impl" / name).is_file(), name
+        assert mutation.module_source(name).is_file(), name
+
+
+def test_mutated_modules_are_named_inside_the_package() -> None:
+    assert mutation.module_source("attention.py") == ROOT / "impl" / "attention.py"
+    assert mutation.module_source("vocab/request.py") == ROOT / "vocab" / "request.py"
+    assert mutation.module_source("harness/machines/pool.py") == (
+        ROOT / "harness" / "machines" / "pool.py"
+    )
 
 
 def test_a_score_round_trips_through_its_file(tmp_path: Path) -> None:
@@ -82,9 +90,19 @@ def test_the_staging_tree_has_the_layout_mutmut_expects(tmp_path: Path) -> None:
     mutation.build_staging(staging)
     package = staging / "src" / "pagedkv"
     for name in MUTATED_MODULES:
-        assert (package / name).read_bytes() == (ROOT / "impl" / name).read_bytes()
-    assert (package / "spec" / "block_pool.py").is_file()
-    assert (package / "harness" / "pool_machine.py").is_file()
+        assert (package / name).read_bytes() == mutation.module_source(name).read_bytes()
+    # Every package lies where pyproject.toml's package-dir mapping installs it.
+    for name, folder in mutation.package_folders().items():
+        staged = staging / "src" / Path(*name.split("."))
+        assert sorted(path.name for path in staged.glob("*.py")) == sorted(
+            path.name for path in folder.glob("*.py")
+        ), name
+    for name in ("vocab/request.py", "events/index.py", "planning/plan.py", "spec/block_pool.py"):
+        assert (package / name).is_file(), name
+    assert (package / "harness" / "machines" / "pool.py").is_file()
+    assert (package / "harness" / "client" / "manager.py").is_file()
+    assert (package / "py.typed").is_file()
+    assert not any(path.is_symlink() for path in staging.rglob("*"))  # mutmut writes into it
     for name in ("conftest.py", "manager_fixtures.py", *SELECTED_TESTS):
         assert (staging / "tests" / name).is_file(), name
     for name in mutation.PROOFS_MODULES:

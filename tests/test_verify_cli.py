@@ -180,6 +180,88 @@ def test_unloadable_impl_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "cannot load the implementation" in capsys.readouterr().err
 
 
+NOT_A_FACTORY = 3
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--impl", "not-a-target"], "--impl: expected MODULE:FACTORY"),
+        (
+            ["--manager-impl", "no_such_module:factory"],
+            "--manager-impl no_such_module:factory: no module named 'no_such_module' in the "
+            "working directory",
+        ),
+        (["--impl", "test_verify_cli:nothing"], "--impl test_verify_cli:nothing: test_verify_cli "),
+        (
+            ["--impl", "test_verify_cli:NOT_A_FACTORY"],
+            "--impl test_verify_cli:NOT_A_FACTORY: test_verify_cli.NOT_A_FACTORY is not callable",
+        ),
+        (["--impl", "test_verify_cli:keyerror_pool"], "--impl test_verify_cli:keyerror_pool("),
+        (
+            ["--layer", "manager", "--manager-impl", "test_verify_cli:unobservable_manager"],
+            "--manager-impl test_verify_cli:unobservable_manager: the object from",
+        ),
+    ],
+)
+def test_errors_name_the_option_that_chose_the_implementation(
+    args: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["verify", "--quiet", "--steps", "500", *args]) == 2
+    err = capsys.readouterr().err
+    assert says in err
+    assert "load_factory" not in err and "check_pool_factory" not in err
+    assert "check_manager_factory" not in err
+
+
+USER_MODULE = """\
+from pagedkv.harness.adapters import pagedkv_manager, pagedkv_pool
+
+
+def pool(num_gpu_blocks, enable_caching, semantics):
+    return pagedkv_pool(num_gpu_blocks, enable_caching, semantics)
+
+
+def manager(config):
+    return pagedkv_manager(config)
+
+
+def wrong_signature():
+    return None
+"""
+
+
+def _pagedkv(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The `pagedkv` console script, run from `cwd` as a user runs it: nothing on PYTHONPATH."""
+    script = Path(sys.executable).with_name("pagedkv")
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    return subprocess.run(
+        [str(script), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_factories_are_imported_from_the_working_directory(tmp_path: Path) -> None:
+    """As `python -m` would, and nothing is left in the directory (no `.hypothesis/`)."""
+    (tmp_path / "userpools.py").write_text(USER_MODULE)
+    before = {path.name for path in tmp_path.iterdir()}
+    flags = ["--steps", "500", "--seed", "1", "--max-groups", "1"]
+    impls = ["--impl", "userpools:pool", "--manager-impl", "userpools:manager"]
+    done = _pagedkv(tmp_path, "verify", *flags, *impls)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("OK: no divergence") == 2
+    refused = _pagedkv(tmp_path, "verify", "--layer", "pool", "--impl", "userpools:wrong_signature")
+    assert refused.returncode == 2
+    assert "--impl userpools:wrong_signature(4, True, pagedkv) raised TypeError" in refused.stderr
+    assert "Traceback" not in refused.stderr  # only pagedkv's frames: the message says it all
+    assert {path.name for path in tmp_path.iterdir()} - before <= {"__pycache__"}
+
+
 def keyerror_pool(num_gpu_blocks: int, enable_caching: bool, semantics: Semantics) -> object:
     """A factory with a bug of its own: it fails before any pool exists."""
     return {}["pool"]
@@ -216,7 +298,11 @@ def test_a_failing_factory_is_a_setup_error_not_a_divergence(
     assert "DIVERGENCE" not in captured.out
     assert "setup error (nothing was checked)" in captured.err
     assert says in captured.err
-    assert "Traceback (most recent call last)" in captured.err  # the cause, for the user to fix
+    if "keyerror" in args[-1]:  # the cause, for the user to fix, from the user's first frame
+        assert "Traceback (most recent call last)" in captured.err
+        assert 'test_verify_cli.py", line' in captured.err.split("Traceback")[1].splitlines()[1]
+    else:  # the object had no snapshot(): pagedkv's frames only, the message says it all
+        assert "Traceback" not in captured.err
 
 
 @pytest.mark.parametrize(

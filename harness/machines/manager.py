@@ -33,6 +33,7 @@ from pagedkv.harness.client.manager_ops import (
 )
 from pagedkv.harness.coverage import Coverage
 from pagedkv.harness.domain import FULL_DOMAIN, Domain
+from pagedkv.harness.machines.storage import keep_out_of_working_directory
 from pagedkv.harness.machines.strategies import arrivals
 from pagedkv.harness.protocol import ManagerConfig, ManagerFactory
 from pagedkv.harness.swarm.runs import attention_spec, hybrid_config
@@ -311,16 +312,18 @@ def make_manager_machine(
     """
     own = factory is pagedkv_manager
     name = "SlidingWindowManagerMachine" if sliding_window else "FullAttentionManagerMachine"
-    return type(
-        "HybridManagerMachine" if hybrid else name,
-        (HybridManagerMachine if hybrid else ManagerMachine,),
-        {
-            "factory": staticmethod(factory),
-            "semantics": semantics,
-            "sliding_window": sliding_window,
-            "misuse": misuse,
-            "domain": domain,
-            "kv_events": own if kv_events is None else kv_events,
-            "coverage": coverage if coverage is not None else Coverage(),
-        },
+    return keep_out_of_working_directory(
+        type(
+            "HybridManagerMachine" if hybrid else name,
+            (HybridManagerMachine if hybrid else ManagerMachine,),
+            {
+                "factory": staticmethod(factory),
+                "semantics": semantics,
+                "sliding_window": sliding_window,
+                "misuse": misuse,
+                "domain": domain,
+                "kv_events": own if kv_events is None else kv_events,
+                "coverage": coverage if coverage is not None else Coverage(),
+            },
+        )
     )

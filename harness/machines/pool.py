@@ -38,6 +38,7 @@ from pagedkv.harness.client.pool_ops import (
 )
 from pagedkv.harness.coverage import Coverage
 from pagedkv.harness.domain import FULL_DOMAIN, Domain
+from pagedkv.harness.machines.storage import keep_out_of_working_directory
 from pagedkv.harness.machines.strategies import new_requests
 from pagedkv.harness.protocol import PoolFactory
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
@@ -192,15 +193,17 @@ def make_pool_machine(
     exercised in `coverage`; `kv_events` (default: only for pagedkv's own pool) says the factory
     is a `KVEventPoolFactory`."""
     own = factory is pagedkv_pool
-    return type(
-        "PoolMachine",
-        (PoolMachine,),
-        {
-            "factory": staticmethod(factory),
-            "semantics": semantics,
-            "misuse": misuse,
-            "domain": domain,
-            "kv_events": own if kv_events is None else kv_events,
-            "coverage": coverage if coverage is not None else Coverage(),
-        },
+    return keep_out_of_working_directory(
+        type(
+            "PoolMachine",
+            (PoolMachine,),
+            {
+                "factory": staticmethod(factory),
+                "semantics": semantics,
+                "misuse": misuse,
+                "domain": domain,
+                "kv_events": own if kv_events is None else kv_events,
+                "coverage": coverage if coverage is not None else Coverage(),
+            },
+        )
     )

@@ -9,10 +9,7 @@ operations with every call and outcome, and the command that replays that run.
 
 from __future__ import annotations
 
-import sys
-import time
 import traceback
-from typing import TextIO
 
 from pagedkv.harness.coverage import (
     MIN_STEPS_FOR_TARGETS,
@@ -125,34 +122,3 @@ def render_harness_error(failure: RunFailure, flags: str) -> list[str]:
         "",
         f"Replay it: pagedkv verify {flags} --replay-run {failure.run.seed}",
     ]
-
-
-class ProgressBar:
-    """A one-line progress bar on a terminal; a line every 10% when output is not a terminal."""
-
-    def __init__(self, total_steps: int, stream: TextIO = sys.stderr, width: int = 30) -> None:
-        self.total = max(total_steps, 1)
-        self.stream = stream
-        self.width = width
-        self.tty = stream.isatty()
-        self.start = time.monotonic()
-        self.last_decile = -1
-
-    def show(self, steps: int, states: int, *, final: bool = False) -> None:
-        """Draw the bar for `steps` steps and `states` distinct states; `final` ends the line."""
-        fraction = min(steps / self.total, 1.0)
-        rate = steps / max(time.monotonic() - self.start, 1e-9)
-        total = f"{self.total:,}" if self.total < 10**15 else "?"
-        text = f"{steps:>9,}/{total} steps  {rate:>7,.0f} steps/s  {states:,} states"
-        if self.tty:
-            filled = int(fraction * self.width)
-            bar = "#" * filled + "." * (self.width - filled)
-            self.stream.write(f"\r[{bar}] {text}")
-            self.stream.flush()
-        elif int(fraction * 10) > self.last_decile or final:
-            self.last_decile = int(fraction * 10)
-            self.stream.write(f"[{fraction:4.0%}] {text}\n")
-            self.stream.flush()
-        if final and self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
