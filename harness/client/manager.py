@@ -19,6 +19,7 @@ record of each request it sent (`harness/client/requests.py`) and holds the `Req
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -651,10 +652,12 @@ class ManagerClient:
             self.coverage.count_error(operation, error)
 
 
-def _layer_key(layer: KVCacheSpec) -> tuple[str, int, int]:
-    """A group's spec as far as the managers see it: type, block size, window or chunk."""
+def _layer_key(layer: KVCacheSpec) -> tuple[int, int, int]:
+    """A group's spec as far as the managers see it: type, block size, window or chunk. The
+    type by a CRC of its name, not the name: `hash()` of a str differs from process to process
+    (unless PYTHONHASHSEED is set), and the distinct states must not."""
     window = getattr(layer, "sliding_window", None) or getattr(layer, "attention_chunk_size", 0)
-    return (type(layer).__name__, layer.block_size, int(window or 0))
+    return (zlib.crc32(type(layer).__name__.encode()), layer.block_size, int(window or 0))
 
 
 def _held_key(held: Any) -> tuple[Any, ...]:
