@@ -344,7 +344,8 @@ class SpecBlockPool:
         if not self.semantics.null_block_refcounted and self.ref_cnt[NULL_BLOCK_ID] != 0:
             raise InvariantViolation("the null block's ref_cnt stays 0", repr(self.ref_cnt[0]))
         # The free order holds each block at most once.
-        if len(set(self.free_order)) != len(self.free_order):
+        free = set(self.free_order)
+        if len(free) != len(self.free_order):
             raise InvariantViolation("no block twice in the free order", repr(self.free_order))
         if any(not 0 <= block_id < n for block_id in self.free_order):
             raise InvariantViolation("free blocks belong to the pool", repr(self.free_order))
@@ -352,7 +353,7 @@ class SpecBlockPool:
         for block_id in range(1, n):
             if self.ref_cnt[block_id] < 0:
                 raise InvariantViolation("ref_cnt >= 0", f"block {block_id}: {self.ref_cnt}")
-            if (self.ref_cnt[block_id] == 0) != (block_id in self.free_order):
+            if (self.ref_cnt[block_id] == 0) != (block_id in free):
                 raise InvariantViolation(
                     "a block is in the free queue iff its ref_cnt is 0",
                     f"block {block_id}: ref_cnt {self.ref_cnt[block_id]}, "
@@ -509,6 +510,8 @@ def replayed_hash_counts(
 
 class _Transition:
     """Checks that the state change made inside the `with` block is listed in TRANSITIONS."""
+
+    __slots__ = ("before", "block_id", "event", "pool")
 
     def __init__(self, pool: SpecBlockPool, block_id: int, event: Event) -> None:
         self.pool, self.block_id, self.event = pool, block_id, event

@@ -28,6 +28,7 @@ is prefix-closed.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -499,9 +500,11 @@ class SpecHybridKVCacheManager:
             InvariantViolation: the first broken invariant and the state that breaks it.
         """
         self.pool.check_invariants()
-        lists = [blocks for held in self.blocks.values() for blocks in held]
+        holders_of = Counter(
+            block_id for held in self.blocks.values() for blocks in held for block_id in blocks
+        )
         for block_id in range(1, self.pool.num_gpu_blocks):
-            holders = sum(blocks.count(block_id) for blocks in lists)
+            holders = holders_of.get(block_id, 0)
             if self.pool.ref_cnt[block_id] != holders:
                 raise InvariantViolation(
                     "a block's ref_cnt is the number of requests holding it",

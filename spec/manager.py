@@ -12,6 +12,7 @@ spec keeps.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -423,8 +424,9 @@ class SpecKVCacheManager:
         """
         self.pool.check_invariants()
         # ref_cnt of each block = the number of request block lists holding it.
+        holders_of = Counter(block_id for held in self.blocks.values() for block_id in held)
         for block_id in range(1, self.pool.num_gpu_blocks):
-            holders = sum(held.count(block_id) for held in self.blocks.values())
+            holders = holders_of.get(block_id, 0)
             if self.pool.ref_cnt[block_id] != holders:
                 raise InvariantViolation(
                     "a block's ref_cnt is the number of requests holding it",
