@@ -20,7 +20,7 @@ record of each request it sent (`harness/client/requests.py`) and holds the `Req
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,6 +135,10 @@ class ManagerClient:
             (config.kv_cache_config.num_blocks, *map(_layer_key, self.layers), self.caching)
         )
         pair.beyond_snapshots = self.check_requests
+        self._held_key: Callable[[Any], tuple[Any, ...]] = (
+            _group_blocks_key if self.hybrid else tuple
+        )
+        """A request's blocks, hashable: a tuple of ids, or one per group."""
 
     @classmethod
     def build(
@@ -234,7 +238,7 @@ class ManagerClient:
                     self._config_key,
                     spec.pool.get_num_free_blocks(),
                     len(spec.pool.index),
-                    *map(_held_key, spec.blocks.values()),
+                    *map(self._held_key, spec.blocks.values()),
                 )
             )
         )
@@ -660,9 +664,9 @@ def _layer_key(layer: KVCacheSpec) -> tuple[int, int, int]:
     return (zlib.crc32(type(layer).__name__.encode()), layer.block_size, int(window or 0))
 
 
-def _held_key(held: Any) -> tuple[Any, ...]:
-    """A request's blocks, hashable: a tuple of ids, or one per group."""
-    return tuple(tuple(blocks) if isinstance(blocks, list) else blocks for blocks in held)
+def _group_blocks_key(held: Any) -> tuple[tuple[int, ...], ...]:
+    """A hybrid request's blocks, hashable: a tuple of ids per group."""
+    return tuple(map(tuple, held))
 
 
 def _stats(manager: ManagerUnderTest) -> Any:
