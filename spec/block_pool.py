@@ -91,6 +91,11 @@ class SpecBlockPool:
         and a hashable BlockHashType (ArgumentTypeError, InvalidArgumentError).
         """
         check_cache_key("BlockPool.get_cached_block", "block_hash", block_hash)
+        return self.get_cached_block_unchecked(block_hash)
+
+    def get_cached_block_unchecked(self, block_hash: CacheKey) -> int | None:
+        """`get_cached_block` past its argument check, for a caller that built the key itself
+        (the spec managers)."""
         cached = self.index.get(block_hash, [])
         return cached[0] if cached else None
 
@@ -112,7 +117,11 @@ class SpecBlockPool:
         Preconditions: num_blocks is an int >= 0 (ArgumentTypeError, InvalidArgumentError);
         num_blocks <= free blocks (NoFreeBlocksError).
         """
-        check_get_new_blocks(num_blocks)
+        return self.get_new_blocks_unchecked(check_get_new_blocks(num_blocks))
+
+    def get_new_blocks_unchecked(self, num_blocks: int) -> list[int]:
+        """`get_new_blocks` past its argument check, for a caller that computed the count
+        itself (the spec managers); the state precondition still raises."""
         if num_blocks > len(self.free_order):
             raise NoFreeBlocksError(num_blocks, len(self.free_order))
         taken = list(self.free_order[:num_blocks])
@@ -133,7 +142,11 @@ class SpecBlockPool:
         Preconditions: `block_ids` is an iterable (read once) of ints (ArgumentTypeError); every
         id is a block of this pool (BlockStateError).
         """
-        touched = require_block_ids("BlockPool.touch", "blocks", block_ids)
+        self.touch_unchecked(require_block_ids("BlockPool.touch", "blocks", block_ids))
+
+    def touch_unchecked(self, touched: list[int]) -> None:
+        """`touch` past its argument check, for a caller that built the ids itself (the spec
+        managers); every state precondition still raises."""
         for block_id in touched:
             self._require_block(block_id)
         for block_id in touched:
@@ -157,7 +170,13 @@ class SpecBlockPool:
         the null block, its ref_cnt is > 0 and it was not listed before in this call
         (BlockStateError).
         """
-        freed = require_block_ids("BlockPool.free_blocks", "ordered_blocks", ordered_block_ids)
+        self.free_blocks_unchecked(
+            require_block_ids("BlockPool.free_blocks", "ordered_blocks", ordered_block_ids)
+        )
+
+    def free_blocks_unchecked(self, freed: list[int]) -> None:
+        """`free_blocks` past its argument check, for a caller that built the ids itself (the
+        spec managers); every state precondition still raises."""
         seen: set[int] = set()
         for block_id in freed:
             self._require_block(block_id)
@@ -233,6 +252,32 @@ class SpecBlockPool:
             group_id,
         )
         if checked is None:
+            return
+        self.cache_full_blocks_unchecked(
+            request,
+            checked,
+            block_hashes,
+            num_cached_blocks,
+            num_full_blocks,
+            block_size,
+            hash_fn,
+            group_id,
+        )
+
+    def cache_full_blocks_unchecked(
+        self,
+        request: Request,
+        checked: Sequence[int],
+        block_hashes: list[BlockHashType],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        hash_fn: HashFn,
+        group_id: int = 0,
+    ) -> None:
+        """`cache_full_blocks` past its argument checks (precondition 1), for a caller that
+        built the arguments itself (the spec managers); preconditions 2-4 still raise."""
+        if num_cached_blocks == num_full_blocks:
             return
         to_cache = list(checked[num_cached_blocks:num_full_blocks])
         seen: set[int] = set()
