@@ -562,12 +562,14 @@ class _Transition:
         self.pool, self.block_id, self.event = pool, block_id, event
 
     def __enter__(self) -> None:
-        self.before = self.pool.state(self.block_id)
+        pool, block_id = self.pool, self.block_id  # pool.state(block_id), inlined
+        self.before = state_of(pool.ref_cnt[block_id], pool.block_hash[block_id] is not None)
 
     def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
         if exc_type is not None:
             return
-        after = self.pool.state(self.block_id)
+        pool, block_id = self.pool, self.block_id
+        after = state_of(pool.ref_cnt[block_id], pool.block_hash[block_id] is not None)
         allowed = TRANSITIONS.get((self.before, self.event), frozenset())
         if after not in allowed:
             raise InvariantViolation(
