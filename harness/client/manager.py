@@ -125,6 +125,9 @@ class ManagerClient:
         """The sliding window of a single-group manager (None for full attention, and for a
         hybrid manager, whose groups are in `layers`)."""
         self.max_tokens = -(-config.max_model_len // self.block_size) * self.block_size
+        self.drops_blocks = self.hybrid or self.window is not None
+        """Whether a request's leading blocks may be dropped for the null block (a window or a
+        chunk boundary); under full attention alone they never are (a spec invariant)."""
         self.caching = config.enable_caching
         self.live: list[Live] = []
         self.history: list[Earlier] = []
@@ -382,7 +385,7 @@ class ManagerClient:
         num_held = len(held[0]) if held else 0
         hit_lists = self._lists(hits)
         num_hits = len(hit_lists[0]) if hit_lists else 0
-        nulls_before = [blocks.count(0) for blocks in held]
+        nulls_before = [blocks.count(0) for blocks in held] if self.drops_blocks else []
         start = computed + num_hits * block_size
         hashed_before = self._cached_candidates(held, start + num_tokens + lookahead)
         result, error = self.pair.call(
@@ -433,7 +436,8 @@ class ManagerClient:
             window_start = computed - self.window + 1
             if window_start > 0 and window_start % block_size == 0:
                 counts["windows skipping at the boundary token"] += 1
-        self._count_window_frees(request_id, nulls_before)
+        if self.drops_blocks:
+            self._count_window_frees(request_id, nulls_before)
         return True
 
     def _cached_candidates(self, held: tuple[list[int], ...], end_token: int) -> dict[int, bool]:
