@@ -150,7 +150,7 @@ class SpecPoolAdapter:
             free_order=tuple(pool.free_order),
             ref_cnt=tuple(pool.ref_cnt),
             block_hash=tuple(pool.block_hash),
-            index={block_hash: tuple(ids) for block_hash, ids in pool.index.items()},
+            index=dict(zip(pool.index, map(tuple, pool.index.values()), strict=True)),
             num_free_blocks=pool.get_num_free_blocks(),
             usage=pool.get_usage(),
             kv_events=tuple(pool.events) if pool.enable_kv_cache_events else None,

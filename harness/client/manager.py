@@ -229,7 +229,7 @@ class ManagerClient:
         return [live for live in self.live if live.running]
 
     def _end(self, operation: str, touched: tuple[Live, ...]) -> None:
-        self.pair.end_step(live.record.request_id for live in touched)
+        self.pair.end_step([live.record.request_id for live in touched])
         for live in touched:
             live.record.check(operation)
         coverage = self.coverage
