@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import operator
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -31,6 +32,10 @@ from pagedkv.vocab.kv_events import KVCacheEvent
 from pagedkv.vocab.prefix_cache_stats import PrefixCacheStats
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
+
+_block_id = operator.attrgetter("block_id")
+_ref_cnt = operator.attrgetter("ref_cnt")
+_block_hash = operator.attrgetter("block_hash")
 
 
 class ObjectPoolAdapter:
@@ -107,11 +112,9 @@ class ObjectPoolAdapter:
     def snapshot(self) -> PoolSnapshot:
         pool = self.pool
         return PoolSnapshot(
-            free_order=tuple(
-                block.block_id for block in pool.free_block_queue.get_all_free_blocks()
-            ),
-            ref_cnt=tuple(block.ref_cnt for block in pool.blocks),
-            block_hash=tuple(block.block_hash for block in pool.blocks),
+            free_order=tuple(map(_block_id, pool.free_block_queue.get_all_free_blocks())),
+            ref_cnt=tuple(map(_ref_cnt, pool.blocks)),
+            block_hash=tuple(map(_block_hash, pool.blocks)),
             index={
                 block_hash: tuple(cached)
                 for block_hash, cached in pool.cached_block_hash_to_block.items()
@@ -150,7 +153,7 @@ class SpecPoolAdapter:
             free_order=tuple(pool.free_order),
             ref_cnt=tuple(pool.ref_cnt),
             block_hash=tuple(pool.block_hash),
-            index={block_hash: tuple(ids) for block_hash, ids in pool.index.items()},
+            index=dict(zip(pool.index, map(tuple, pool.index.values()), strict=True)),
             num_free_blocks=pool.get_num_free_blocks(),
             usage=pool.get_usage(),
             kv_events=tuple(pool.events) if pool.enable_kv_cache_events else None,
@@ -208,7 +211,7 @@ class ObjectManagerAdapter:
         return ManagerSnapshot(
             pool=self.pool.snapshot(),
             blocks={
-                request_id: tuple(block.block_id for block in blocks)
+                request_id: tuple(map(_block_id, blocks))
                 for request_id, blocks in manager.req_to_blocks.items()
                 if blocks
             },
@@ -321,7 +324,7 @@ class ObjectHybridManagerAdapter:
         return ManagerSnapshot(
             pool=self.pool.snapshot(),
             blocks={
-                request_id: tuple(tuple(block.block_id for block in blocks) for blocks in groups)
+                request_id: tuple(tuple(map(_block_id, blocks)) for blocks in groups)
                 for request_id, groups in manager.req_to_blocks.items()
                 if any(groups)
             },

@@ -71,6 +71,51 @@ class Coverage:
         )
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+    def merge(self, other: Coverage) -> None:
+        """Add `other`'s counts to these (the coverage of both campaigns' runs together):
+        counters summed, distinct states united. Runs are independent, so a campaign split into
+        parts and merged has the coverage, and the digest, of the whole."""
+        self.counts.update(other.counts)
+        self.histogram.update(other.histogram)
+        self.states |= other.states
+        self.steps += other.steps
+        self.runs += other.runs
+        self.outcomes.update(other.outcomes)
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready form that `from_json` reads back equal (states as a sorted list)."""
+        return {
+            "counts": dict(sorted(self.counts.items())),
+            "histogram": dict(sorted(self.histogram.items())),
+            "states": sorted(self.states),
+            "steps": self.steps,
+            "runs": self.runs,
+            "outcomes": [[op, kind, n] for (op, kind), n in sorted(self.outcomes.items())],
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> Coverage:
+        """The coverage `to_json` wrote.
+
+        Raises:
+            ValueError: `data` is not such a form.
+        """
+        try:
+            assert isinstance(data, dict)
+            counts, histogram = data["counts"], data["histogram"]
+            assert isinstance(counts, dict) and isinstance(histogram, dict)
+            coverage = cls(
+                Counter({str(k): _count(n) for k, n in counts.items()}),
+                Counter({str(k): _count(n) for k, n in histogram.items()}),
+                {_count(state, signed=True) for state in data["states"]},
+                _count(data["steps"]),
+                _count(data["runs"]),
+                Counter({(str(op), str(kind)): _count(n) for op, kind, n in data["outcomes"]}),
+            )
+        except (AssertionError, KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"not a coverage record: {error!r}") from None
+        return coverage
+
     def refusals(self, operation: str) -> dict[str, int]:
         """Refusal kind -> count, for one operation (e.g. "allocate_slots")."""
         prefix = f"refusal {operation}: "
@@ -79,6 +124,12 @@ class Coverage:
             for name, count in sorted(self.counts.items())
             if name.startswith(prefix)
         }
+
+
+def _count(value: object, *, signed: bool = False) -> int:
+    if type(value) is not int or (value < 0 and not signed):
+        raise ValueError(f"expected {'an int' if signed else 'a count'}, got {value!r}")
+    return value
 
 
 def refusal_kind(error: Exception) -> str:

@@ -17,6 +17,12 @@ conform to (`pagedkv.harness.vllm`), on the same swarm engine and coverage table
 domain (`pagedkv.harness.domain`) the release supports, with valid calls only (vLLM leaves
 misuse undefined).
 
+`--jobs N` runs each campaign's runs in N worker processes and `--shard K/N` runs one shard of
+them (`pagedkv.harness.swarm.parallel`: the runs are fixed by index before anything runs);
+`--json PATH` writes the report as JSON, and `--merge REPORT...` combines the JSON reports of
+every shard into the report of the whole campaign: for any N, the same coverage and digest as
+the campaign run in one process.
+
 Every report ends with the one command that replays it. Exit status: 0 when no divergence was
 found and every coverage target was met; 1 with the shrunk failing run when one was; 2 on bad
 arguments or a setup error (a factory that cannot be loaded or built, a release that cannot be
@@ -29,9 +35,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import importlib
+import json
 import logging
 import os
+import shlex
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -59,6 +68,7 @@ from pagedkv.harness.setup_check import (
 from pagedkv.harness.swarm.engine import (
     Campaign,
     CampaignRun,
+    Layer,
     RunFailure,
     execute_run,
     manager_layer,
@@ -66,11 +76,18 @@ from pagedkv.harness.swarm.engine import (
     pool_layer,
     run_campaign,
 )
+from pagedkv.harness.swarm.parallel import (
+    campaign_indices,
+    rerun_failure,
+    run_indices,
+    shard_indices,
+)
 from pagedkv.harness.swarm.report import (
     format_report,
     render_harness_error,
     render_shrunk,
 )
+from pagedkv.harness.swarm.runs import run_seed
 from pagedkv.harness.swarm.shrink import shrink
 from pagedkv.harness.vllm.against import Against, prepare
 from pagedkv.progress import ProgressBar
@@ -192,7 +209,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="only valid calls (for implementations that leave misuse undefined, like vLLM); "
         "implied by --semantics other than pagedkv and by --against",
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each campaign's runs in N worker processes (0: one per core); the report "
+        "and its coverage digest are those of the campaign run in one process",
+    )
+    parser.add_argument(
+        "--shard",
+        type=_shard,
+        default=None,
+        metavar="K/N",
+        help="run shard K of N of each campaign: its runs of index i with i %% N == K - 1 (for "
+        "a CI matrix or a batch system; combine the shards' --json reports with --merge)",
+    )
+    parser.add_argument(
+        "--json",
+        default=None,
+        metavar="PATH",
+        help="also write the report as JSON to PATH (for --merge, or a record)",
+    )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="REPORT",
+        help="run nothing: combine the --json reports of every shard of a campaign into its "
+        "report (the same coverage and digest as the campaign run whole)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _shard(text: str) -> tuple[int, int]:
+    """`--shard K/N`: (K, N), 1 <= K <= N."""
+    shard, _, num_shards = text.partition("/")
+    try:
+        k, n = int(shard), int(num_shards)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected K/N, got {text!r}") from None
+    if not 1 <= k <= n:
+        raise argparse.ArgumentTypeError(f"need 1 <= K <= N, got {text!r}")
+    return k, n
 
 
 def plan(args: argparse.Namespace, against: Against | None) -> list[Campaign]:
@@ -392,6 +451,11 @@ def _setup_error(failure: BaseException) -> SetupError | None:
 
 def run(args: argparse.Namespace) -> int:
     """`pagedkv verify` with parsed arguments; the exit status."""
+    if args.merge is not None:
+        return merge_reports(args.merge, args.json)
+    if args.jobs < 0:
+        print("pagedkv verify: --jobs must be >= 0 (0: one per core)", file=sys.stderr)
+        return EXIT_SETUP
     if any(
         value is not None and value <= 0
         for value in (args.steps, args.seconds, args.check_every, args.steps_per_run)
@@ -442,40 +506,95 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_campaigns(args: argparse.Namespace, campaigns: list[Campaign], seed: int) -> int:
     status = 0
-    for index, campaign in enumerate(campaigns):
-        progress = None if args.quiet else ProgressBar(campaign.steps, unit="steps")
-        result = run_campaign(
-            campaign.layer,
-            seed=seed,
-            max_steps=campaign.steps,
-            max_seconds=args.seconds,
-            check_every=args.check_every,
-            progress=None if progress is None else _show(progress),
-        )
-        if progress is not None:
-            _show(progress)(result.coverage)
-            progress.close()
-        if index:
-            print()
-        outcome = _report(campaign, result)
-        if outcome:
-            return outcome
-        if unmet(evaluate(result.coverage, campaign.targets, campaign.modes)):
-            status = EXIT_COVERAGE
+    records: list[dict[str, Any]] = []
+    try:
+        for index, campaign in enumerate(campaigns):
+            result, parts, replay = _execute(args, campaign, seed)
+            records.append(campaign_record(campaign, result))
+            if index:
+                print()
+            outcome = _report(campaign, result, parts=parts, replay=replay)
+            if outcome:
+                return outcome
+            if unmet(evaluate(result.coverage, campaign.targets, campaign.modes)):
+                status = EXIT_COVERAGE
+    finally:
+        if args.json is not None:
+            write_report(args.json, seed, args.shard, records)
     return status
 
 
-def _report(campaign: Campaign, result: CampaignRun) -> int:
+def _execute(
+    args: argparse.Namespace, campaign: Campaign, seed: int
+) -> tuple[CampaignRun, str | None, str | None]:
+    """Run one campaign as the arguments ask: in this process, in worker processes, or one
+    shard of it; (its outcome, where its runs ran, the command that replays it)."""
+    jobs = args.jobs or os.cpu_count() or 1
+    bounded = campaign.steps != sys.maxsize
+    total = campaign.steps
+    if jobs == 1 and args.shard is None:
+        parts = replay = None
+        runner = functools.partial(run_campaign, max_steps=campaign.steps)
+    else:
+        layer = campaign.layer
+        indices = campaign_indices(layer, seed, campaign.steps if bounded else None)
+        parts = f"{jobs} worker processes" if jobs > 1 else None
+        replay = None
+        if args.shard is not None:
+            shard, num_shards = args.shard
+            indices = shard_indices(indices, shard, num_shards)
+            if bounded:
+                indices = list(indices)
+                total = sum(layer.draw(run_seed(seed, layer.name, i)).num_steps for i in indices)
+            parts = ", ".join(filter(None, [f"shard {shard} of {num_shards}", parts]))
+            budget = f"--steps {campaign.steps}" if bounded else f"--seconds {args.seconds}"
+            replay = f"pagedkv verify {campaign.flags} --seed {seed} {budget}"
+            replay += f" --shard {shard}/{num_shards}"
+        factory = functools.partial(build_layer, dict(vars(args)), layer.name)
+        runner = functools.partial(run_indices, indices=indices, jobs=jobs, factory=factory)
+    progress = None if args.quiet else ProgressBar(total, unit="steps")
+    result = runner(
+        campaign.layer,
+        seed=seed,
+        max_seconds=args.seconds,
+        check_every=args.check_every,
+        progress=None if progress is None else _show(progress),
+    )
+    if progress is not None:
+        _show(progress)(result.coverage)
+        progress.close()
+    return result, parts, replay
+
+
+def build_layer(arguments: dict[str, Any], name: str) -> Layer:
+    """The layer `name` of the campaigns `arguments` (`vars()` of parsed arguments) ask for,
+    built as `run` builds it: what a worker process runs (`--jobs`)."""
+    args = argparse.Namespace(**arguments)
+    against = None
+    if args.against is not None:
+        against = prepare(args.against)
+        for logger in against.adapter.loggers:
+            logging.getLogger(logger).setLevel(logging.ERROR)
+    return next(campaign.layer for campaign in plan(args, against) if campaign.layer.name == name)
+
+
+def _report(
+    campaign: Campaign,
+    result: CampaignRun,
+    *,
+    parts: str | None = None,
+    replay: str | None = None,
+) -> int:
     """Print one campaign's report; the exit status of a failure (0: none)."""
     failure = result.failure
     targets = evaluate(result.coverage, campaign.targets, campaign.modes)
+    lines = format_report(campaign, result, targets, parts=parts, replay=replay)
     if failure is None:
-        print("\n".join(format_report(campaign, result, targets)), flush=True)
+        print("\n".join(lines), flush=True)
         return 0
     setup_error = _setup_error(failure.error)
     if setup_error is not None:
         return report_setup_error(setup_error)
-    lines = format_report(campaign, result, targets)
     if signature_of(failure.error)[0] == "harness error":
         print("\n".join([*lines, "", *render_harness_error(failure, campaign.flags)]))
         return EXIT_HARNESS
@@ -483,6 +602,162 @@ def _report(campaign: Campaign, result: CampaignRun) -> int:
     shrunk = shrink(campaign.layer, failure.run, failure.ops, failure.error)
     print("\n".join([*lines, "", *render_shrunk(shrunk, campaign.flags, failure.run.seed)]))
     return EXIT_DIVERGENCE
+
+
+# -- JSON reports and --merge ------------------------------------------------------------------
+
+REPORT_FORMAT = "pagedkv verify report 1"
+"""The `format` of a JSON report (`--json`), for `--merge` to recognize."""
+
+
+def campaign_record(campaign: Campaign, result: CampaignRun) -> dict[str, Any]:
+    """One campaign of a JSON report: what rebuilds it (layer, flags, budget), its coverage and
+    digest, its times, and its first failing run (index and run seed) or None."""
+    failure = result.failure
+    return {
+        "layer": campaign.layer.name,
+        "title": campaign.title,
+        "impl": campaign.impl,
+        "flags": campaign.flags,
+        "steps": campaign.steps if campaign.steps != sys.maxsize else None,
+        "digest": result.coverage.digest(),
+        "cpu_seconds": result.cpu_seconds,
+        "wall_seconds": result.wall_seconds,
+        "failure": None if failure is None else {"index": failure.index, "seed": failure.run.seed},
+        "coverage": result.coverage.to_json(),
+    }
+
+
+def write_report(
+    path: str, seed: int, shard: tuple[int, int] | None, records: list[dict[str, Any]]
+) -> None:
+    """Write a JSON report: the campaign seed, the shard (None: every run), each campaign."""
+    report = {
+        "format": REPORT_FORMAT,
+        "seed": seed,
+        "shard": None if shard is None else list(shard),
+        "campaigns": records,
+    }
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump(report, file)
+        file.write("\n")
+
+
+class MergeError(Exception):
+    """Reports that do not make one campaign: why."""
+
+
+def merge_reports(paths: list[str], json_path: str | None = None) -> int:
+    """`pagedkv verify --merge`: the reports of every shard of one invocation (one seed, the
+    same options), combined campaign by campaign, in their order, into the report of the whole
+    (a failure: the failing run of lowest index, run again here, shrunk and printed); the exit
+    status `pagedkv verify` run whole would have had."""
+    try:
+        seed, num_shards, by_layer = _load_shards(paths)
+    except (MergeError, OSError, ValueError) as error:
+        print(f"pagedkv verify --merge: {error}", file=sys.stderr)
+        return EXIT_SETUP
+    status = 0
+    records: list[dict[str, Any]] = []
+    try:
+        for number, (name, parts) in enumerate(by_layer.items()):
+            try:
+                campaign, result = _merged(seed, name, parts, num_shards)
+            except (MergeError, InvalidArgumentError, ImportError) as error:
+                print(f"pagedkv verify --merge: {error}", file=sys.stderr)
+                return EXIT_SETUP
+            except SetupError as error:
+                return report_setup_error(error)
+            records.append(campaign_record(campaign, result))
+            if number:
+                print()
+            with quiet_refusal_warnings():
+                outcome = _report(campaign, result, parts=f"{len(parts)} shards, merged")
+            if outcome:
+                return outcome
+            if unmet(evaluate(result.coverage, campaign.targets, campaign.modes)):
+                status = EXIT_COVERAGE
+    finally:
+        if json_path is not None:
+            write_report(json_path, seed, None, records)
+    return status
+
+
+def _load_shards(paths: list[str]) -> tuple[int, int, dict[str, list[dict[str, Any]]]]:
+    """The campaign seed, the number of shards, and each layer's campaign records from every
+    shard, in the order the campaigns ran.
+
+    Raises:
+        MergeError: not reports of every shard (each once) of one invocation.
+    """
+    reports = []
+    for path in paths:
+        with open(path, encoding="utf-8") as file:
+            report = json.load(file)
+        if not isinstance(report, dict) or report.get("format") != REPORT_FORMAT:
+            raise MergeError(f"{path} is not a pagedkv verify --json report")
+        reports.append((path, report))
+    seeds = {report["seed"] for _, report in reports}
+    if len(seeds) != 1:
+        raise MergeError(f"the reports are of different campaign seeds: {sorted(seeds)}")
+    shards = [tuple(report["shard"] or (1, 1)) for _, report in reports]
+    num_shards = {n for _, n in shards}
+    if len(num_shards) != 1:
+        raise MergeError(f"the reports split the campaign differently: {sorted(shards)}")
+    (n,) = num_shards
+    if sorted(k for k, _ in shards) != list(range(1, n + 1)):
+        raise MergeError(
+            f"need every shard of {n} once; got {', '.join(f'{k}/{n}' for k, _ in sorted(shards))}"
+        )
+    by_layer: dict[str, list[dict[str, Any]]] = {}
+    for _, report in sorted(reports, key=lambda entry: entry[1]["shard"] or [1]):
+        for record in report["campaigns"]:
+            by_layer.setdefault(record["layer"], []).append(record)
+    return seeds.pop(), n, by_layer
+
+
+def _merged(
+    seed: int, name: str, parts: list[dict[str, Any]], num_shards: int
+) -> tuple[Campaign, CampaignRun]:
+    """The campaign of layer `name` rebuilt from its flags, and its outcome merged from the
+    shards' records (a failure run again here).
+
+    Raises:
+        MergeError: the shards ran it with different options, or not every shard did.
+        InvalidArgumentError, ImportError, SetupError: as the campaign's own options would.
+    """
+    if len(parts) != num_shards:
+        raise MergeError(f"{len(parts)} of the {num_shards} shards ran the {name} campaign")
+    first = parts[0]
+    if any(part["flags"] != first["flags"] or part["steps"] != first["steps"] for part in parts):
+        raise MergeError(f"the shards ran the {name} campaign with different options")
+    parser = argparse.ArgumentParser(prog="pagedkv verify")
+    add_arguments(parser)
+    argv = [*shlex.split(first["flags"]), "--seed", str(seed), "--quiet"]
+    if first["steps"] is not None:
+        argv += ["--steps", str(first["steps"])]
+    args = parser.parse_args(argv)
+    against = prepare(args.against) if args.against is not None else None
+    campaign = next(c for c in plan(args, against) if c.layer.name == name)
+    coverage = Coverage()
+    for part in parts:
+        coverage.merge(Coverage.from_json(part["coverage"]))
+    failures = [part["failure"] for part in parts if part["failure"] is not None]
+    failure = None
+    if failures:
+        first_failure = min(failures, key=lambda entry: int(entry["index"]))
+        failure = rerun_failure(
+            campaign.layer, first_failure["index"], first_failure["seed"], args.check_every
+        )
+    result = CampaignRun(
+        name,
+        seed,
+        coverage,
+        sum(float(part["cpu_seconds"]) for part in parts),
+        max(float(part["wall_seconds"]) for part in parts),
+        failure,
+    )
+    return campaign, result
 
 
 def _show(progress: ProgressBar) -> Callable[[Coverage], None]:

@@ -99,21 +99,21 @@ def block_hash(
 def request_block_hash(
     hash_fn: HashFn, block_size: int, request: Request, block_index: int
 ) -> BlockHashType:
-    """The hash of full block `block_index` of the request, recomputed from block 0."""
-    assert block_size > 0, "blocks hold at least one token"
+    """The hash of full block `block_index` of the request, its chain computed from block 0."""
     assert (block_index + 1) * block_size <= request.num_tokens, "only full blocks are hashed"
-    parent: int | None = None
-    for index in range(block_index + 1):
-        start, end = index * block_size, (index + 1) * block_size
-        tokens = tuple(request.all_token_ids[start:end])
-        result = block_hash(hash_fn, parent, tokens, block_extra_keys(request, start, end))
-        parent = result.hash_value
-    return result
+    return request_block_hashes(hash_fn, block_size, request)[block_index]
 
 
 def request_block_hashes(hash_fn: HashFn, block_size: int, request: Request) -> list[BlockHashType]:
-    """The hash of every full block of the request, in order; a partial tail is never hashed."""
-    num_full_blocks = request.num_tokens // block_size
-    return [
-        request_block_hash(hash_fn, block_size, request, index) for index in range(num_full_blocks)
-    ]
+    """The hash of every full block of the request, in order, each chained to the one before it
+    (block 0 to none); a partial tail is never hashed."""
+    assert block_size > 0, "blocks hold at least one token"
+    hashes: list[BlockHashType] = []
+    parent: int | None = None
+    for index in range(request.num_tokens // block_size):
+        start, end = index * block_size, (index + 1) * block_size
+        tokens = tuple(request.all_token_ids[start:end])
+        result = block_hash(hash_fn, parent, tokens, block_extra_keys(request, start, end))
+        hashes.append(result)
+        parent = result.hash_value
+    return hashes

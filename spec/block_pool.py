@@ -91,6 +91,11 @@ class SpecBlockPool:
         and a hashable BlockHashType (ArgumentTypeError, InvalidArgumentError).
         """
         check_cache_key("BlockPool.get_cached_block", "block_hash", block_hash)
+        return self.get_cached_block_unchecked(block_hash)
+
+    def get_cached_block_unchecked(self, block_hash: CacheKey) -> int | None:
+        """`get_cached_block` past its argument check, for a caller that built the key itself
+        (the spec managers)."""
         cached = self.index.get(block_hash, [])
         return cached[0] if cached else None
 
@@ -112,7 +117,11 @@ class SpecBlockPool:
         Preconditions: num_blocks is an int >= 0 (ArgumentTypeError, InvalidArgumentError);
         num_blocks <= free blocks (NoFreeBlocksError).
         """
-        check_get_new_blocks(num_blocks)
+        return self.get_new_blocks_unchecked(check_get_new_blocks(num_blocks))
+
+    def get_new_blocks_unchecked(self, num_blocks: int) -> list[int]:
+        """`get_new_blocks` past its argument check, for a caller that computed the count
+        itself (the spec managers); the state precondition still raises."""
         if num_blocks > len(self.free_order):
             raise NoFreeBlocksError(num_blocks, len(self.free_order))
         taken = list(self.free_order[:num_blocks])
@@ -133,7 +142,11 @@ class SpecBlockPool:
         Preconditions: `block_ids` is an iterable (read once) of ints (ArgumentTypeError); every
         id is a block of this pool (BlockStateError).
         """
-        touched = require_block_ids("BlockPool.touch", "blocks", block_ids)
+        self.touch_unchecked(require_block_ids("BlockPool.touch", "blocks", block_ids))
+
+    def touch_unchecked(self, touched: list[int]) -> None:
+        """`touch` past its argument check, for a caller that built the ids itself (the spec
+        managers); every state precondition still raises."""
         for block_id in touched:
             self._require_block(block_id)
         for block_id in touched:
@@ -157,7 +170,13 @@ class SpecBlockPool:
         the null block, its ref_cnt is > 0 and it was not listed before in this call
         (BlockStateError).
         """
-        freed = require_block_ids("BlockPool.free_blocks", "ordered_blocks", ordered_block_ids)
+        self.free_blocks_unchecked(
+            require_block_ids("BlockPool.free_blocks", "ordered_blocks", ordered_block_ids)
+        )
+
+    def free_blocks_unchecked(self, freed: list[int]) -> None:
+        """`free_blocks` past its argument check, for a caller that built the ids itself (the
+        spec managers); every state precondition still raises."""
         seen: set[int] = set()
         for block_id in freed:
             self._require_block(block_id)
@@ -233,6 +252,32 @@ class SpecBlockPool:
             group_id,
         )
         if checked is None:
+            return
+        self.cache_full_blocks_unchecked(
+            request,
+            checked,
+            block_hashes,
+            num_cached_blocks,
+            num_full_blocks,
+            block_size,
+            hash_fn,
+            group_id,
+        )
+
+    def cache_full_blocks_unchecked(
+        self,
+        request: Request,
+        checked: Sequence[int],
+        block_hashes: list[BlockHashType],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        hash_fn: HashFn,
+        group_id: int = 0,
+    ) -> None:
+        """`cache_full_blocks` past its argument checks (precondition 1), for a caller that
+        built the arguments itself (the spec managers); preconditions 2-4 still raise."""
+        if num_cached_blocks == num_full_blocks:
             return
         to_cache = list(checked[num_cached_blocks:num_full_blocks])
         seen: set[int] = set()
@@ -344,7 +389,8 @@ class SpecBlockPool:
         if not self.semantics.null_block_refcounted and self.ref_cnt[NULL_BLOCK_ID] != 0:
             raise InvariantViolation("the null block's ref_cnt stays 0", repr(self.ref_cnt[0]))
         # The free order holds each block at most once.
-        if len(set(self.free_order)) != len(self.free_order):
+        free = set(self.free_order)
+        if len(free) != len(self.free_order):
             raise InvariantViolation("no block twice in the free order", repr(self.free_order))
         if any(not 0 <= block_id < n for block_id in self.free_order):
             raise InvariantViolation("free blocks belong to the pool", repr(self.free_order))
@@ -352,7 +398,7 @@ class SpecBlockPool:
         for block_id in range(1, n):
             if self.ref_cnt[block_id] < 0:
                 raise InvariantViolation("ref_cnt >= 0", f"block {block_id}: {self.ref_cnt}")
-            if (self.ref_cnt[block_id] == 0) != (block_id in self.free_order):
+            if (self.ref_cnt[block_id] == 0) != (block_id in free):
                 raise InvariantViolation(
                     "a block is in the free queue iff its ref_cnt is 0",
                     f"block {block_id}: ref_cnt {self.ref_cnt[block_id]}, "
@@ -510,16 +556,20 @@ def replayed_hash_counts(
 class _Transition:
     """Checks that the state change made inside the `with` block is listed in TRANSITIONS."""
 
+    __slots__ = ("before", "block_id", "event", "pool")
+
     def __init__(self, pool: SpecBlockPool, block_id: int, event: Event) -> None:
         self.pool, self.block_id, self.event = pool, block_id, event
 
     def __enter__(self) -> None:
-        self.before = self.pool.state(self.block_id)
+        pool, block_id = self.pool, self.block_id  # pool.state(block_id), inlined
+        self.before = state_of(pool.ref_cnt[block_id], pool.block_hash[block_id] is not None)
 
     def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
         if exc_type is not None:
             return
-        after = self.pool.state(self.block_id)
+        pool, block_id = self.pool, self.block_id
+        after = state_of(pool.ref_cnt[block_id], pool.block_hash[block_id] is not None)
         allowed = TRANSITIONS.get((self.before, self.event), frozenset())
         if after not in allowed:
             raise InvariantViolation(

@@ -19,6 +19,8 @@ import enum
 
 
 class BlockState(enum.Enum):
+    __hash__ = object.__hash__  # a member is equal only to itself: hashed as such, at C speed
+
     FREE = "free"  # ref_cnt 0, no hash: in the free queue
     FREE_CACHED = "free+cached"  # ref_cnt 0, hash: in the free queue and the index (evictable)
     IN_USE = "in use"  # ref_cnt 1, no hash: one request's partial or uncached block
@@ -27,6 +29,8 @@ class BlockState(enum.Enum):
 
 
 class Event(enum.Enum):
+    __hash__ = object.__hash__  # as BlockState's
+
     ALLOC = "get_new_blocks"  # popped from the queue head (evicted if cached), ref_cnt 0 -> 1
     TOUCH = "touch"  # one more reference (a prefix-cache hit)
     RELEASE = "free_blocks"  # one reference fewer; at 0 the block joins the queue tail

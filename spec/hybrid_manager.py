@@ -28,6 +28,7 @@ is prefix-closed.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -264,7 +265,7 @@ class SpecHybridKVCacheManager:
 
     def _group_hit(self, group: int, block_hashes: Sequence[BlockHashType]) -> list[int]:
         def lookup(block_hash: BlockHashType) -> int | None:
-            return self.pool.get_cached_block(cache_key(block_hash, group))
+            return self.pool.get_cached_block_unchecked(cache_key(block_hash, group))
 
         return self.policies[group].longest_hit(lookup, block_hashes)
 
@@ -382,7 +383,7 @@ class SpecHybridKVCacheManager:
         for policy, blocks in zip(self.policies, held, strict=True):
             skipped = min(policy.num_skipped(request.num_computed_tokens), len(blocks))
             dropped = [block_id for block_id in blocks[:skipped] if block_id != NULL_BLOCK_ID]
-            self.pool.free_blocks(dropped[::-1])
+            self.pool.free_blocks_unchecked(dropped[::-1])
             blocks[:skipped] = [NULL_BLOCK_ID] * skipped
 
     def _grow(
@@ -392,19 +393,22 @@ class SpecHybridKVCacheManager:
         request_id = request.request_id
         if self.enable_caching:
             for group_hits in hits:  # every group's hits before any group's new blocks
-                self.pool.touch(group_hits)
+                self.pool.touch_unchecked(group_hits)
         held = self.blocks.get(request_id) or tuple([] for _ in self.policies)
         lists: GroupBlocks = tuple(
             blocks + group_hits for blocks, group_hits in zip(held, hits, strict=True)
         )
         new_blocks: list[list[int]] = []
+        num_recorded = len(self.hashes.get(request_id, []))
         for group, blocks in enumerate(lists):
-            taken = self.pool.get_new_blocks(max(num_new_blocks(required, len(blocks), 0), 0))
+            taken = self.pool.get_new_blocks_unchecked(
+                max(num_new_blocks(required, len(blocks), 0), 0)
+            )
             blocks.extend(taken)
             new_blocks.append(taken)
             if self.enable_caching:
                 stored = self.hashes.setdefault(request_id, [])
-                self.pool.cache_full_blocks(
+                self.pool.cache_full_blocks_unchecked(
                     request,
                     blocks,
                     stored,
@@ -417,7 +421,7 @@ class SpecHybridKVCacheManager:
         self.blocks[request_id] = lists
         self.requests[request_id] = request
         if self.enable_caching:
-            self._record_parents(self.hashes[request_id])
+            self._record_parents(self.hashes[request_id], num_recorded)
             self.num_cached[request_id] = full
         return tuple(new_blocks)
 
@@ -436,7 +440,7 @@ class SpecHybridKVCacheManager:
         held = self.blocks.pop(request.request_id, ())
         tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
         for blocks in held:
-            self.pool.free_blocks(blocks[::-1] if tail_first else blocks)
+            self.pool.free_blocks_unchecked(blocks[::-1] if tail_first else blocks)
         self.num_cached.pop(request.request_id, None)
         self._forget_if_done(request.request_id)
 
@@ -486,9 +490,11 @@ class SpecHybridKVCacheManager:
         if request_id not in self.blocks and request_id not in self.hashes:
             self.requests.pop(request_id, None)
 
-    def _record_parents(self, chain: list[BlockHashType]) -> None:
-        for position, block_hash in enumerate(chain):
-            self.parent_of.setdefault(block_hash, chain[position - 1] if position else None)
+    def _record_parents(self, chain: list[BlockHashType], start: int = 0) -> None:
+        """Record the parent of each hash of `chain` from position `start` on (the ones before
+        were recorded when they were stored: every stored hash is recorded as it is stored)."""
+        for position in range(start, len(chain)):
+            self.parent_of.setdefault(chain[position], chain[position - 1] if position else None)
 
     # -- invariants --------------------------------------------------------------------------
 
@@ -499,9 +505,11 @@ class SpecHybridKVCacheManager:
             InvariantViolation: the first broken invariant and the state that breaks it.
         """
         self.pool.check_invariants()
-        lists = [blocks for held in self.blocks.values() for blocks in held]
+        holders_of = Counter(
+            block_id for held in self.blocks.values() for blocks in held for block_id in blocks
+        )
         for block_id in range(1, self.pool.num_gpu_blocks):
-            holders = sum(blocks.count(block_id) for blocks in lists)
+            holders = holders_of.get(block_id, 0)
             if self.pool.ref_cnt[block_id] != holders:
                 raise InvariantViolation(
                     "a block's ref_cnt is the number of requests holding it",

@@ -12,6 +12,7 @@ spec keeps.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -180,7 +181,7 @@ class SpecKVCacheManager:
             lookup = stored[:-1]  # recompute the last block, so the last token yields logits
         else:
             lookup = list(stored)
-        hits = self.attention.longest_hit(self.pool.get_cached_block, lookup)
+        hits = self.attention.longest_hit(self.pool.get_cached_block_unchecked, lookup)
         if self.use_eagle and hits:
             hits = hits[:-1]
         if self.stats is not None:
@@ -302,7 +303,7 @@ class SpecKVCacheManager:
             return
         skipped = min(self.attention.num_skipped(request.num_computed_tokens), len(held))
         dropped = [block_id for block_id in held[:skipped] if block_id != NULL_BLOCK_ID]
-        self.pool.free_blocks(dropped[::-1])
+        self.pool.free_blocks_unchecked(dropped[::-1])
         held[:skipped] = [NULL_BLOCK_ID] * skipped
 
     def _fits(self, request: Request, step: Step) -> bool:
@@ -325,11 +326,11 @@ class SpecKVCacheManager:
         and `num_cached` is `full`."""
         request_id = request.request_id
         if self.enable_caching:
-            self.pool.touch(step.hits)
+            self.pool.touch_unchecked(step.hits)
         blocks = self.blocks.get(request_id, []) + step.hits
         room = self.max_num_blocks_per_req - len(blocks)
         missing = num_new_blocks(step.num_required, len(blocks), 0)
-        new_blocks = self.pool.get_new_blocks(
+        new_blocks = self.pool.get_new_blocks_unchecked(
             max(min(missing, self.pool.get_num_free_blocks(), room), 0)
         )
         blocks += new_blocks
@@ -337,7 +338,8 @@ class SpecKVCacheManager:
         self.requests[request_id] = request
         if self.enable_caching:
             stored = self.hashes.setdefault(request_id, [])
-            self.pool.cache_full_blocks(
+            num_recorded = len(stored)
+            self.pool.cache_full_blocks_unchecked(
                 request,
                 blocks,
                 stored,
@@ -346,7 +348,7 @@ class SpecKVCacheManager:
                 self.block_size,
                 self.hash_fn,
             )
-            self._record_parents(stored)
+            self._record_parents(stored, num_recorded)
             self.num_cached[request_id] = step.num_full
         return new_blocks
 
@@ -364,7 +366,7 @@ class SpecKVCacheManager:
         self._require_same_request(request)
         held = self.blocks.pop(request.request_id, [])
         tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
-        self.pool.free_blocks(held[::-1] if tail_first else held)
+        self.pool.free_blocks_unchecked(held[::-1] if tail_first else held)
         self.num_cached.pop(request.request_id, None)
         self._forget_if_done(request.request_id)
 
@@ -409,9 +411,11 @@ class SpecKVCacheManager:
         if request_id not in self.blocks and request_id not in self.hashes:
             self.requests.pop(request_id, None)
 
-    def _record_parents(self, chain: list[BlockHashType]) -> None:
-        for position, block_hash in enumerate(chain):
-            self.parent_of.setdefault(block_hash, chain[position - 1] if position else None)
+    def _record_parents(self, chain: list[BlockHashType], start: int = 0) -> None:
+        """Record the parent of each hash of `chain` from position `start` on (the ones before
+        were recorded when they were stored: every stored hash is recorded as it is stored)."""
+        for position in range(start, len(chain)):
+            self.parent_of.setdefault(chain[position], chain[position - 1] if position else None)
 
     # -- invariants --------------------------------------------------------------------------
 
@@ -423,8 +427,9 @@ class SpecKVCacheManager:
         """
         self.pool.check_invariants()
         # ref_cnt of each block = the number of request block lists holding it.
+        holders_of = Counter(block_id for held in self.blocks.values() for block_id in held)
         for block_id in range(1, self.pool.num_gpu_blocks):
-            holders = sum(held.count(block_id) for held in self.blocks.values())
+            holders = holders_of.get(block_id, 0)
             if self.pool.ref_cnt[block_id] != holders:
                 raise InvariantViolation(
                     "a block's ref_cnt is the number of requests holding it",

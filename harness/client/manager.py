@@ -19,7 +19,8 @@ record of each request it sent (`harness/client/requests.py`) and holds the `Req
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,6 +125,9 @@ class ManagerClient:
         """The sliding window of a single-group manager (None for full attention, and for a
         hybrid manager, whose groups are in `layers`)."""
         self.max_tokens = -(-config.max_model_len // self.block_size) * self.block_size
+        self.drops_blocks = self.hybrid or self.window is not None
+        """Whether a request's leading blocks may be dropped for the null block (a window or a
+        chunk boundary); under full attention alone they never are (a spec invariant)."""
         self.caching = config.enable_caching
         self.live: list[Live] = []
         self.history: list[Earlier] = []
@@ -134,6 +138,10 @@ class ManagerClient:
             (config.kv_cache_config.num_blocks, *map(_layer_key, self.layers), self.caching)
         )
         pair.beyond_snapshots = self.check_requests
+        self._held_key: Callable[[Any], tuple[Any, ...]] = (
+            _group_blocks_key if self.hybrid else tuple
+        )
+        """A request's blocks, hashable: a tuple of ids, or one per group."""
 
     @classmethod
     def build(
@@ -221,7 +229,7 @@ class ManagerClient:
         return [live for live in self.live if live.running]
 
     def _end(self, operation: str, touched: tuple[Live, ...]) -> None:
-        self.pair.end_step(live.record.request_id for live in touched)
+        self.pair.end_step([live.record.request_id for live in touched])
         for live in touched:
             live.record.check(operation)
         coverage = self.coverage
@@ -233,7 +241,7 @@ class ManagerClient:
                     self._config_key,
                     spec.pool.get_num_free_blocks(),
                     len(spec.pool.index),
-                    *map(_held_key, spec.blocks.values()),
+                    *map(self._held_key, spec.blocks.values()),
                 )
             )
         )
@@ -377,7 +385,7 @@ class ManagerClient:
         num_held = len(held[0]) if held else 0
         hit_lists = self._lists(hits)
         num_hits = len(hit_lists[0]) if hit_lists else 0
-        nulls_before = [blocks.count(0) for blocks in held]
+        nulls_before = [blocks.count(0) for blocks in held] if self.drops_blocks else []
         start = computed + num_hits * block_size
         hashed_before = self._cached_candidates(held, start + num_tokens + lookahead)
         result, error = self.pair.call(
@@ -428,7 +436,8 @@ class ManagerClient:
             window_start = computed - self.window + 1
             if window_start > 0 and window_start % block_size == 0:
                 counts["windows skipping at the boundary token"] += 1
-        self._count_window_frees(request_id, nulls_before)
+        if self.drops_blocks:
+            self._count_window_frees(request_id, nulls_before)
         return True
 
     def _cached_candidates(self, held: tuple[list[int], ...], end_token: int) -> dict[int, bool]:
@@ -651,15 +660,17 @@ class ManagerClient:
             self.coverage.count_error(operation, error)
 
 
-def _layer_key(layer: KVCacheSpec) -> tuple[str, int, int]:
-    """A group's spec as far as the managers see it: type, block size, window or chunk."""
+def _layer_key(layer: KVCacheSpec) -> tuple[int, int, int]:
+    """A group's spec as far as the managers see it: type, block size, window or chunk. The
+    type by a CRC of its name, not the name: `hash()` of a str differs from process to process
+    (unless PYTHONHASHSEED is set), and the distinct states must not."""
     window = getattr(layer, "sliding_window", None) or getattr(layer, "attention_chunk_size", 0)
-    return (type(layer).__name__, layer.block_size, int(window or 0))
+    return (zlib.crc32(type(layer).__name__.encode()), layer.block_size, int(window or 0))
 
 
-def _held_key(held: Any) -> tuple[Any, ...]:
-    """A request's blocks, hashable: a tuple of ids, or one per group."""
-    return tuple(tuple(blocks) if isinstance(blocks, list) else blocks for blocks in held)
+def _group_blocks_key(held: Any) -> tuple[tuple[int, ...], ...]:
+    """A hybrid request's blocks, hashable: a tuple of ids per group."""
+    return tuple(map(tuple, held))
 
 
 def _stats(manager: ManagerUnderTest) -> Any:

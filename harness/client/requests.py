@@ -19,6 +19,27 @@ MM_HASHES = ("img-a", "img-b")
 SALTS = ("tenant-1", "tenant-2")
 """Cache salts requests are drawn from."""
 
+STEP_FIELDS = (
+    "request_id",
+    "num_tokens",
+    "all_token_ids (the last ones)",
+    "num_computed_tokens",
+    "spec_token_ids",
+)
+"""What `RequestRecord.check` compares, in order."""
+ALL_FIELDS = (
+    "prompt_token_ids",
+    "all_token_ids",
+    "output_token_ids",
+    "num_prompt_tokens",
+    "mm_positions",
+    "mm_hashes",
+    "lora_id",
+    "cache_salt",
+    "prompt_logprobs",
+)
+"""What `RequestRecord.check_all` compares after `check`'s fields, in order."""
+
 MultimodalInputs = tuple[tuple[int, int, str], ...]
 """Multimodal inputs as (offset, length, content hash), sorted and disjoint."""
 
@@ -69,18 +90,23 @@ class RequestRecord:
         """
         request = self.request
         tail = -self.appended if self.appended else len(self.tokens)
-        self._expect(operation, "request_id", request.request_id, self.request_id)
-        self._expect(operation, "num_tokens", request.num_tokens, len(self.tokens))
-        self._expect(
-            operation,
-            "all_token_ids (the last ones)",
+        seen = (
+            request.request_id,
+            request.num_tokens,
             list(request.all_token_ids[tail:]),
+            request.num_computed_tokens,
+            request.spec_token_ids,
+        )
+        no_drafts: list[int] = []
+        sent = (
+            self.request_id,
+            len(self.tokens),
             self.tokens[tail:],
+            self.num_computed_tokens,
+            no_drafts,
         )
-        self._expect(
-            operation, "num_computed_tokens", request.num_computed_tokens, self.num_computed_tokens
-        )
-        self._expect(operation, "spec_token_ids", request.spec_token_ids, [])
+        if seen != sent:
+            self._expect_all(operation, STEP_FIELDS, seen, sent)
 
     def check_all(self, operation: str) -> None:
         """Every observable field of the request against the record.
@@ -91,27 +117,41 @@ class RequestRecord:
         self.check(operation)
         request = self.request
         prompt_length = len(self.prompt)
-        self._expect(operation, "prompt_token_ids", tuple(request.prompt_token_ids), self.prompt)
-        self._expect(operation, "all_token_ids", list(request.all_token_ids), self.tokens)
-        self._expect(
-            operation,
-            "output_token_ids",
+        seen = (
+            tuple(request.prompt_token_ids),
+            list(request.all_token_ids),
             list(request.output_token_ids),
-            self.tokens[prompt_length:],
-        )
-        self._expect(operation, "num_prompt_tokens", request.num_prompt_tokens, prompt_length)
-        self._expect(
-            operation,
-            "mm_positions",
+            request.num_prompt_tokens,
             tuple((p.offset, p.length) for p in request.mm_positions),
+            tuple(request.mm_hashes),
+            request.lora_id,
+            request.cache_salt,
+            request.prompt_logprobs,
+        )
+        sent = (
+            self.prompt,
+            self.tokens,
+            self.tokens[prompt_length:],
+            prompt_length,
             tuple((offset, length) for offset, length, _ in self.mm),
+            tuple(h for *_, h in self.mm),
+            self.lora_id,
+            self.cache_salt,
+            self.prompt_logprobs,
         )
-        self._expect(
-            operation, "mm_hashes", tuple(request.mm_hashes), tuple(h for *_, h in self.mm)
-        )
-        self._expect(operation, "lora_id", request.lora_id, self.lora_id)
-        self._expect(operation, "cache_salt", request.cache_salt, self.cache_salt)
-        self._expect(operation, "prompt_logprobs", request.prompt_logprobs, self.prompt_logprobs)
+        if seen != sent:
+            self._expect_all(operation, ALL_FIELDS, seen, sent)
+
+    def _expect_all(
+        self,
+        operation: str,
+        names: tuple[str, ...],
+        seen: tuple[object, ...],
+        sent: tuple[object, ...],
+    ) -> None:
+        """`_expect` field by field, in order (the first that differs raises)."""
+        for name, seen_value, sent_value in zip(names, seen, sent, strict=True):
+            self._expect(operation, name, seen_value, sent_value)
 
     def _expect(self, operation: str, name: str, seen: object, sent: object) -> None:
         if seen != sent:

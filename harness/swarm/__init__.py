@@ -1,8 +1,9 @@
 """pagedkv.harness.swarm: the swarm campaign engine (seeded runs of the simulated clients).
 
 `runs` draws a run's configuration, features and operation weights from its seed, `sampling`
-draws its operations, `engine` runs campaigns of runs, `shrink` shrinks a failing run to a short
-sequence that fails the same way, `report` prints what `pagedkv verify` shows.
+draws its operations, `engine` runs campaigns of runs, `parallel` runs them in worker processes
+or in shards and merges them, `shrink` shrinks a failing run to a short sequence that fails the
+same way, `report` prints what `pagedkv verify` shows.
 """
 
 from pagedkv.harness.swarm.engine import (

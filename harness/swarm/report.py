@@ -33,9 +33,16 @@ REFUSING_OPERATIONS = (
 
 
 def format_report(
-    campaign: Campaign, result: CampaignRun, targets: list[TargetResult]
+    campaign: Campaign,
+    result: CampaignRun,
+    targets: list[TargetResult],
+    *,
+    parts: str | None = None,
+    replay: str | None = None,
 ) -> list[str]:
-    """The campaign's report; without a failure it ends with the command that replays it."""
+    """The campaign's report; without a failure it ends with the command that replays it
+    (`replay`, by default the campaign's flags, seed and steps). `parts` says where its runs
+    ran, when not in this process alone ("2 worker processes", "shard 1 of 4")."""
     coverage = result.coverage
     counts = coverage.counts
     missing = unmet(targets)
@@ -63,6 +70,7 @@ def format_report(
         "(whole snapshots and both invariant checks)",
         f"  steps per CPU second   {result.steps_per_cpu_second:,.0f} "
         f"({result.cpu_seconds:.1f} s CPU, {result.wall_seconds:.1f} s wall)",
+        *([f"  runs ran in            {parts}"] if parts else []),
         f"  distinct states        {len(coverage.states):,}",
         f"  coverage digest        {coverage.digest()} (equal for this seed and step count "
         "on any machine, at any load)",
@@ -76,10 +84,9 @@ def format_report(
         refusals = render_refusals(coverage, operation, "    ")
         if refusals:
             lines += ["", f"  refusals of {operation}", *refusals]
-    lines += [
-        "",
-        f"Replay it: pagedkv verify {campaign.flags} --seed {result.seed} --steps {coverage.steps}",
-    ]
+    if replay is None:
+        replay = f"pagedkv verify {campaign.flags} --seed {result.seed} --steps {coverage.steps}"
+    lines += ["", f"Replay it: {replay}"]
     return lines
 
 

@@ -169,10 +169,12 @@ class OperationPicker:
     def __init__(self, weights: dict[str, float]) -> None:
         self.names = list(weights)
         self.cumulative = list(itertools.accumulate(weights[name] for name in self.names))
+        self._total = self.cumulative[-1]
+        self._last = len(self.names) - 1
 
     def pick(self, rng: random.Random) -> str:
-        index = bisect.bisect_right(self.cumulative, rng.random() * self.cumulative[-1])
-        return self.names[min(index, len(self.names) - 1)]
+        index = bisect.bisect_right(self.cumulative, rng.random() * self._total)
+        return self.names[min(index, self._last)]
 
 
 def run_seed(campaign_seed: int, layer: str, index: int) -> int:

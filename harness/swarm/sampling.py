@@ -107,7 +107,7 @@ class ManagerSampler:
             return TakeEvents()
         live = client.live
         num_live = len(live)
-        waiting = sum(1 for entry in live if not entry.running)
+        waiting = [entry.running for entry in live].count(False)
         running = num_live - waiting
         pick = self._picker.pick
         for _ in range(4):
