@@ -26,7 +26,7 @@ from pagedkv.spec.block_pool import SpecBlockPool
 from pagedkv.spec.hybrid_manager import SpecHybridKVCacheManager
 from pagedkv.spec.manager import SpecKVCacheManager
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
-from pagedkv.vocab.errors import InvalidArgumentError
+from pagedkv.vocab.errors import InvalidArgumentError, InvariantViolation
 from pagedkv.vocab.hashes import BlockHashType, HashFn
 from pagedkv.vocab.kv_events import KVCacheEvent
 from pagedkv.vocab.prefix_cache_stats import PrefixCacheStats
@@ -36,6 +36,42 @@ from pagedkv.vocab.semantics import Semantics
 _block_id = operator.attrgetter("block_id")
 _ref_cnt = operator.attrgetter("ref_cnt")
 _block_hash = operator.attrgetter("block_hash")
+
+
+def free_order(queue: Any, limit: int) -> tuple[int, ...]:
+    """The ids of a free block queue's blocks, head to tail.
+
+    A queue with `free_list_head` (pagedkv's, vLLM 0.8.5's) is walked by its links, at most
+    `limit` blocks: a broken queue whose links loop (a block queued while still linked) raises
+    instead of being walked until memory runs out. Any other queue is read through
+    `get_all_free_blocks()`.
+
+    Raises:
+        InvariantViolation: the links do not end within `limit` blocks.
+    """
+    if not hasattr(queue, "free_list_head"):
+        return tuple(map(_block_id, queue.get_all_free_blocks()))
+    ids: list[int] = []
+    block = queue.free_list_head
+    while block is not None:
+        if len(ids) == limit:
+            raise InvariantViolation(
+                "no block twice in the free order",
+                f"the free queue's links go on past the pool's {limit} blocks (they loop): "
+                f"{_first_repeat([*ids, block.block_id])} is reached twice from the head",
+            )
+        ids.append(block.block_id)
+        block = block.next_free_block
+    return tuple(ids)
+
+
+def _first_repeat(ids: list[int]) -> str:
+    seen: set[int] = set()
+    for block_id in ids:
+        if block_id in seen:
+            return f"block {block_id}"
+        seen.add(block_id)
+    return "a block"
 
 
 class ObjectPoolAdapter:
@@ -112,7 +148,7 @@ class ObjectPoolAdapter:
     def snapshot(self) -> PoolSnapshot:
         pool = self.pool
         return PoolSnapshot(
-            free_order=tuple(map(_block_id, pool.free_block_queue.get_all_free_blocks())),
+            free_order=free_order(pool.free_block_queue, len(pool.blocks)),
             ref_cnt=tuple(map(_ref_cnt, pool.blocks)),
             block_hash=tuple(map(_block_hash, pool.blocks)),
             index={

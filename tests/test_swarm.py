@@ -40,6 +40,7 @@ from pagedkv.harness.swarm import (
 from pagedkv.harness.swarm.runs import draw_manager_run, draw_pool_run, run_seed
 from pagedkv.harness.swarm.shrink import shrink
 from pagedkv.manager import KVCacheManager
+from pagedkv.vocab.errors import InvariantViolation
 from pagedkv.vocab.kv_events import BlockRemoved, KVCacheEvent
 from pagedkv.vocab.semantics import Semantics
 from proofs.planted.catalog import VARIANTS_BY_NAME, planted
@@ -443,3 +444,16 @@ def test_a_planted_event_bug_is_found_by_a_short_campaign_and_shrunk(
         shrunk = shrink(layer, failure.run, failure.ops, failure.error)
     assert 1 <= len(shrunk.ops) <= 10, shrunk.render()
     assert "kv_events" in shrunk.error or "take_events()" in shrunk.error, shrunk.error
+
+
+def test_a_free_queue_whose_links_loop_is_a_broken_invariant_not_an_endless_walk() -> None:
+    """A queue corrupted by a bug (touch_keeps_queued leaves a block linked) can loop; the
+    snapshot walks at most the pool's size and names the broken invariant (it once grew a list
+    until the machine ran out of memory)."""
+    pool = BlockPool(6, enable_caching=True)
+    adapter = ObjectPoolAdapter(pool)
+    assert adapter.snapshot().free_order == (1, 2, 3, 4, 5)
+    queue = pool.free_block_queue
+    queue.free_list_tail.next_free_block = queue.free_list_head  # 5 -> 1: the links loop
+    with pytest.raises(InvariantViolation, match="block 1 is reached twice from the head"):
+        adapter.snapshot()
