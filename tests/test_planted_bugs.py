@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv import block_counts, block_pool, manager
+from pagedkv import block_counts, block_pool, hybrid_manager, manager
 from pagedkv.block_pool import BlockPool
 from proofs.planted import bugs as planted_bugs
 from proofs.planted import plugin as planted_plugin
 from proofs.planted.bugs import (
+    GATE_ORDER,
     MIN_CATCHES,
     TABLE_PATH,
     catches,
@@ -81,7 +82,7 @@ def test_a_function_patch_reaches_every_module_that_binds_the_function() -> None
     patch = VARIANTS_BY_NAME["fits_ignores_hits"].patches[0]
     assert isinstance(patch, FunctionPatch)
     owners = {owner for owner, _, _ in patch.bindings()}
-    assert owners == {block_counts, manager}
+    assert owners == {block_counts, manager, hybrid_manager}
 
 
 def test_a_method_patch_replaces_the_method_of_the_class() -> None:
@@ -170,3 +171,8 @@ def test_write_needs_a_run_of_every_variant() -> None:
     with pytest.raises(SystemExit) as exit_info:
         planted_bugs.main(["--write", "--variant", "free_to_head"])
     assert exit_info.value.code == 2
+
+
+def test_the_quick_gate_runs_every_checker_in_its_order_and_the_campaign_first() -> None:
+    assert sorted(GATE_ORDER) == sorted(CHECKERS)
+    assert GATE_ORDER[0] == "campaign"

@@ -255,7 +255,7 @@ PAIRS: tuple[Pair, ...] = (
     Pair(
         impl_chunk_hit,
         spec_chunk_hit,
-        (([False, True, True, False, True], 8, 4), ([True, False, True], 6, 4)),
+        (([False, True, True, True], 8, 4), ([True, False, True], 6, 4)),
     ),
     Pair(impl_mm_inputs, spec_mm_inputs, (([(0, 3), (5, 2)], 2, 6),)),
     Pair(impl_vllm_mm_inputs, spec_vllm_mm_inputs, (([(0, 4)], 4, 8), ([(0, 4)], 5, 8))),
