@@ -13,6 +13,11 @@ comparisons so that a campaign stays fast on pools of a few hundred blocks:
 - **every `check_every` steps, after every successful prefix-cache reset and at the end of every
   run** (`full_check`): the whole observable state (`snapshot()`) and both `check_invariants()`.
 
+A side changes only inside a call made through the pair, so a snapshot stays the side's state until
+the next call: the snapshots a refused call or a full check took are reused by the next one when
+no call ran in between (a refused call's "after" is the following full check's state; a step's
+full check is the next refused call's "before"). The same states are compared, each read once.
+
 With `check_every=1` the pair is in *full mode*: every call is also checked for atomic failure
 and every step ends with a full check. The hypothesis machines and the exhaustive search use full
 mode; the swarm uses it in some runs and to shrink.
@@ -122,6 +127,7 @@ class ComparedPair(Generic[S]):
         self.calls = 0
         self.full_checks = 0
         self.state: Any = None
+        self._unchanged: tuple[Any, Any] | None = None  # both snapshots, no call run since
 
     @property
     def full_mode(self) -> bool:
@@ -134,6 +140,7 @@ class ComparedPair(Generic[S]):
         del state["_spec_probe"], state["_impl_probe"]
         state["log"] = None
         state["state"] = None  # the last snapshot: an exhaustive search keeps it apart
+        state["_unchanged"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -158,6 +165,7 @@ class ComparedPair(Generic[S]):
         if self.check_every == 1:
             return self.refused_call(operation, fn, label)
         self.calls += 1
+        self._unchanged = None
         spec_error = impl_error = None
         try:
             spec_result: R | None = fn(self.spec)
@@ -188,8 +196,12 @@ class ComparedPair(Generic[S]):
         self.calls += 1
         if label is None:
             label = lambda: operation  # noqa: E731
-        spec_before = self.spec.snapshot()  # type: ignore[attr-defined]
-        impl_before = self._observe(self.impl.snapshot, label)  # type: ignore[attr-defined]
+        if self._unchanged is None:
+            spec_before = self.spec.snapshot()  # type: ignore[attr-defined]
+            impl_before = self._observe(self.impl.snapshot, label)  # type: ignore[attr-defined]
+        else:
+            spec_before, impl_before = self._unchanged
+            self._unchanged = None
         try:
             spec_outcome: Outcome[R] = Outcome(result=fn(self.spec))
         except Exception as error:  # compared with the other side's
@@ -214,6 +226,7 @@ class ComparedPair(Generic[S]):
                     operation,
                     _kind(spec_outcome.error),
                 )
+            self._unchanged = spec_before, impl_before
         return spec_outcome.result, spec_outcome.error
 
     def end_step(self, touched: Iterable[Any] = ()) -> None:
@@ -261,8 +274,11 @@ class ComparedPair(Generic[S]):
         """
         self.full_checks += 1
         label = lambda: after  # noqa: E731
-        spec_state = self.spec.snapshot()  # type: ignore[attr-defined]
-        impl_state = self._observe(self.impl.snapshot, label)  # type: ignore[attr-defined]
+        if self._unchanged is None:
+            spec_state = self.spec.snapshot()  # type: ignore[attr-defined]
+            impl_state = self._observe(self.impl.snapshot, label)  # type: ignore[attr-defined]
+        else:
+            spec_state, impl_state = self._unchanged
         if spec_state != impl_state:
             fields = differing_fields(spec_state, impl_state)
             raise Divergence(
@@ -293,6 +309,7 @@ class ComparedPair(Generic[S]):
         except Exception as error:
             raise _unobservable(error, after) from error
         self.state = spec_state
+        self._unchanged = spec_state, impl_state
 
     def _compare(
         self, operation: str, label: Label | None, spec: Outcome[R], impl: Outcome[R]
