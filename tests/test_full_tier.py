@@ -2,9 +2,10 @@
 at gate size, here at full size.
 
 - the whole planted-bug table: every checker on every variant (the gate stops a variant once
-  two checkers caught it), and no checker misses a variant the committed table says it catches;
+  two checkers caught it), and no step-bounded checker misses a variant the committed table
+  says it catches;
 - `pagedkv verify --seed 2025` at its default size on every layer (the gate runs fewer steps);
-- the exhaustive search's `large` scope (the gate searches the `ci` scope).
+- the exhaustive search's `nightly` scope (the gate searches the `ci` scope).
 
 The README ("Development") gives the tier's time on the 2-core development machine.
 """
@@ -27,6 +28,10 @@ from proofs.planted.checkers import CHECKERS
 
 pytestmark = pytest.mark.full
 
+TIME_BOUNDED = frozenset({"crosshair"})
+"""Checkers bounded by seconds, not steps: on a loaded machine they may find less than the
+committed table records, so only the step-bounded checkers must keep every recorded catch."""
+
 FULL_TABLE_TIMEOUT = 3_600.0
 """Seconds a variant's worker may take with every checker (the slowest took about 600 s on a
 loaded 2-core machine)."""
@@ -44,7 +49,7 @@ def test_the_whole_planted_table_keeps_every_recorded_catch() -> None:
         f"{name}: {checker} caught it in the committed table, now {verdict.status}"
         for name, verdicts in results.items()
         for checker, verdict, was in zip(CHECKERS, verdicts, recorded[name], strict=True)
-        if was == "caught" and verdict.status != "caught"
+        if checker not in TIME_BOUNDED and was == "caught" and verdict.status != "caught"
     ]
     assert lost == []
     assert all(catches(verdicts) >= MIN_CATCHES for verdicts in results.values())
@@ -61,15 +66,15 @@ def test_verify_at_its_default_size_meets_every_target_on_every_layer() -> None:
     assert done.stdout.count("OK: no divergence; every coverage target met") == 3, done.stdout
 
 
-@pytest.mark.parametrize("config", POOL_SCOPES["large"], ids=lambda config: config.name)
-def test_large_pool_configuration_has_no_divergence(config: PoolSearchConfig) -> None:
+@pytest.mark.parametrize("config", POOL_SCOPES["nightly"], ids=lambda config: config.name)
+def test_nightly_pool_configuration_has_no_divergence(config: PoolSearchConfig) -> None:
     result = explore_pool(pagedkv_pool, config)
     assert result.ok, result.failure.render() if result.failure else result.summary()
     assert result.states > 1
 
 
-@pytest.mark.parametrize("config", MANAGER_SCOPES["large"], ids=lambda config: config.name)
-def test_large_manager_configuration_has_no_divergence(config: ManagerSearchConfig) -> None:
+@pytest.mark.parametrize("config", MANAGER_SCOPES["nightly"], ids=lambda config: config.name)
+def test_nightly_manager_configuration_has_no_divergence(config: ManagerSearchConfig) -> None:
     result = explore_manager(pagedkv_manager, config)
     assert result.ok, result.failure.render() if result.failure else result.summary()
     assert result.states > 1
