@@ -189,7 +189,7 @@ class SpecPoolAdapter:
             free_order=tuple(pool.free_order),
             ref_cnt=tuple(pool.ref_cnt),
             block_hash=tuple(pool.block_hash),
-            index=dict(zip(pool.index, map(tuple, pool.index.values()), strict=True)),
+            index=dict(pool.index),  # its values are tuples: a copy that hashes no key again
             num_free_blocks=pool.get_num_free_blocks(),
             usage=pool.get_usage(),
             kv_events=tuple(pool.events) if pool.enable_kv_cache_events else None,

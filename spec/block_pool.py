@@ -1,7 +1,7 @@
 """The reference block pool: every BlockPool operation, written the obviously-correct way.
 
 State is four plain containers indexed by block id. The free order is a list (head first), the
-index a dict from hash to the list of block ids cached under it (first inserted first). Each
+index a dict from hash to the tuple of block ids cached under it (first inserted first). Each
 operation checks its preconditions in the order its docstring lists them and raises the first one
 broken, with the same exception class the implementation raises; only then does it change state.
 Every change of a block's state is checked against `TRANSITIONS`. Arguments are checked first
@@ -51,7 +51,9 @@ class SpecBlockPool:
         block_hash: block_hash[b] is b's index key (its hash, and its KV cache group when that
             is not 0: `pagedkv.vocab.hashes.GroupKey`), or None.
         free_order: the free queue, head (next handed out) first.
-        index: key -> ids of the blocks cached under it, first inserted first.
+        index: key -> ids of the blocks cached under it, first inserted first (a tuple: a
+            snapshot copies the index with `dict()`, which neither rehashes a key nor shares a
+            value that later changes).
         events: with `enable_kv_cache_events`, the KV cache events not yet taken, oldest first:
             a BlockStored when keys enter `index`, a BlockRemoved when one leaves it, an
             AllBlocksCleared at each reset (`pagedkv.vocab.kv_events` defines them).
@@ -74,7 +76,7 @@ class SpecBlockPool:
         self.block_hash: list[CacheKey | None] = [None] * num_gpu_blocks
         # Block 0 is taken out at once as the null block.
         self.free_order: list[int] = list(range(1, num_gpu_blocks))
-        self.index: dict[CacheKey, list[int]] = {}
+        self.index: dict[CacheKey, tuple[int, ...]] = {}
         self.enable_kv_cache_events = enable_kv_cache_events
         self.events: list[KVCacheEvent] = []
         self.taken_hash_counts: dict[tuple[int, int], int] = {}
@@ -96,7 +98,7 @@ class SpecBlockPool:
     def get_cached_block_unchecked(self, block_hash: CacheKey) -> int | None:
         """`get_cached_block` past its argument check, for a caller that built the key itself
         (the spec managers)."""
-        cached = self.index.get(block_hash, [])
+        cached = self.index.get(block_hash, ())
         return cached[0] if cached else None
 
     def get_num_free_blocks(self) -> int:
@@ -340,7 +342,7 @@ class SpecBlockPool:
                 self.block_hash[block_id] = key
                 if key not in self.index:
                     entered.append(position)
-                self.index.setdefault(key, []).append(block_id)
+                self.index[key] = (*self.index.get(key, ()), block_id)
         block_hashes.extend(new_hashes)
         if self.enable_kv_cache_events:
             self._emit_stored(
@@ -462,8 +464,11 @@ class SpecBlockPool:
             raise refusals.foreign_block(block_id)
 
     def _unindex(self, block_id: int, key: CacheKey) -> None:
-        self.index[key].remove(block_id)
-        if not self.index[key]:
+        remaining = list(self.index[key])
+        remaining.remove(block_id)
+        if remaining:
+            self.index[key] = tuple(remaining)
+        else:
             del self.index[key]
             if self.enable_kv_cache_events:
                 self.events.append(BlockRemoved((key_hash(key).hash_value,), key_group(key)))
