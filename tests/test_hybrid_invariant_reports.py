@@ -1,0 +1,220 @@
+"""HybridKVCacheManager.check_invariants() names the broken invariant and the state that breaks it.
+
+The hybrid twin of `tests/test_invariant_reports.py`: each test builds a manager of two KV cache
+groups by ordinary calls, corrupts one thing, and compares the whole report `(invariant, detail)`
+(what a deployment reads when `debug_invariants` trips). Where a field's default is part of the
+contract (a request without a cached count has none cached), a test shows the check passing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from pagedkv import (
+    BlockHashType,
+    FullAttentionSpec,
+    HybridKVCacheManager,
+    InvariantViolation,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    KVCacheTensor,
+    Request,
+    SlidingWindowSpec,
+)
+
+H = BlockHashType(1, (1,), None)
+B = 2  # tokens a block
+
+
+def _full() -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=1, dtype="float16")
+
+
+def _window() -> SlidingWindowSpec:
+    return SlidingWindowSpec(
+        block_size=B, num_kv_heads=1, head_size=1, dtype="float16", sliding_window=B
+    )
+
+
+def _manager(
+    *specs: KVCacheSpec, caching: bool = True, max_model_len: int = 32
+) -> HybridKVCacheManager:
+    """A manager of 20 blocks over `specs` (default: a sliding window, then full attention)."""
+    specs = specs or (_window(), _full())
+    config = KVCacheConfig(
+        20,
+        {f"layer.{g}": KVCacheTensor(spec.page_size_bytes * 20) for g, spec in enumerate(specs)},
+        [KVCacheGroupSpec([f"layer.{g}"], spec) for g, spec in enumerate(specs)],
+    )
+    return HybridKVCacheManager(config, max_model_len=max_model_len, enable_caching=caching)
+
+
+def _run(manager: HybridKVCacheManager, request: Request) -> Request:
+    """Admit `request` with its whole prompt computed."""
+    hits, num_hit_tokens = manager.get_computed_blocks(request)
+    assert manager.allocate_slots(request, request.num_tokens - num_hit_tokens, hits) is not None
+    request.num_computed_tokens = request.num_tokens
+    manager.check_invariants()
+    return request
+
+
+def _report(check: Callable[[], None]) -> tuple[str, str]:
+    with pytest.raises(InvariantViolation) as info:
+        check()
+    error = info.value
+    assert str(error) == f"invariant {error.invariant!r} violated: {error.detail}"
+    return error.invariant, error.detail
+
+
+# -- blocks and their holders --------------------------------------------------------------------
+
+
+def test_a_ref_cnt_that_is_not_the_number_of_holders_is_reported() -> None:
+    manager = _manager()
+    _run(manager, Request("a", range(5)))  # 3 blocks a group
+    block = manager.req_to_blocks["a"][0][0]
+    assert block.block_id == 1  # the first block handed out: the first the check reads
+    block.ref_cnt = 2
+    assert _report(manager.check_invariants) == (
+        "a block's ref_cnt is the number of requests holding it",
+        "block 1: ref_cnt 2, held 1 times",
+    )
+
+
+def test_a_block_held_twice_without_a_hash_is_reported() -> None:
+    """Exactly two holders (ref_cnt 2) of an uncached block: the smallest count that breaks it."""
+    manager = _manager(caching=False)
+    _run(manager, Request("a", range(2)))  # one block a group
+    _run(manager, Request("b", range(2)))
+    shared = manager.req_to_blocks["a"][0][0]
+    blocks_of_b = manager.req_to_blocks["b"][0]
+    own = blocks_of_b.pop()  # b gives its own block back ...
+    own.ref_cnt = 0
+    manager.block_pool.free_block_queue.append(own)
+    blocks_of_b.append(shared)  # ... and holds a's instead
+    shared.ref_cnt = 2
+    assert _report(manager.check_invariants) == (
+        "a block held by two requests is cached",
+        repr(shared),
+    )
+
+
+def test_a_request_tracked_without_blocks_or_hashes_is_reported() -> None:
+    manager = _manager()
+    _run(manager, Request("a", range(5)))
+    manager._requests["ghost"] = Request("ghost", [1])
+    assert _report(manager.check_invariants) == (
+        "every tracked request has blocks or stored hashes",
+        "requests ['a', 'ghost'], with blocks or hashes ['a']",
+    )
+
+
+def test_a_cached_count_for_an_unknown_request_is_reported() -> None:
+    manager = _manager()
+    _run(manager, Request("a", range(5)))
+    manager.num_cached_block["ghost"] = 0
+    assert _report(manager.check_invariants) == (
+        "every tracked request has blocks or stored hashes",
+        "requests ['a'], with blocks or hashes ['a']",
+    )
+
+
+# -- one request's block lists -------------------------------------------------------------------
+
+
+def test_block_lists_of_different_lengths_are_reported() -> None:
+    manager = _manager()
+    _run(manager, Request("a", range(5)))
+    null_block = manager.block_pool.null_block
+    manager.req_to_blocks["a"][1].insert(0, null_block)  # holders unchanged: the null block
+    assert _report(manager.check_invariants) == (
+        "a request's block lists cover the same positions in every group",
+        "request 'a': [3, 4] blocks",
+    )
+
+
+def test_a_trailing_null_block_is_reported_in_the_first_group_that_has_one() -> None:
+    """Group 0 (a window) may lead with null blocks but not end with one: it is named, not the
+    full-attention group 1, which may hold none at all."""
+    manager = _manager()
+    _run(manager, Request("a", range(5)))
+    null_block = manager.block_pool.null_block
+    for blocks in manager.req_to_blocks["a"]:
+        blocks.append(null_block)
+    assert _report(manager.check_invariants) == (
+        "null blocks only as a prefix, and only under sliding window",
+        "request 'a', group 0: null at positions [3]",
+    )
+
+
+def test_too_many_blocks_for_max_model_len_are_reported() -> None:
+    manager = _manager(_window(), _window(), max_model_len=6)
+    _run(manager, Request("a", range(6)))  # 3 blocks a group: the most 6 tokens take
+    null_block = manager.block_pool.null_block
+    for blocks in manager.req_to_blocks["a"]:
+        blocks.insert(0, null_block)  # a leading null block: allowed under a window
+    assert _report(manager.check_invariants) == (
+        "a request holds at most cdiv(max_model_len, block_size) blocks",
+        "request 'a': 4 blocks",
+    )
+
+
+# -- cached blocks and stored hashes -------------------------------------------------------------
+
+
+def test_more_cached_blocks_than_full_ones_are_reported() -> None:
+    manager = _manager()
+    _run(manager, Request("a", range(5)))  # two full blocks a group, two stored hashes
+    manager.num_cached_block["a"] = 3
+    assert _report(manager.check_invariants) == (
+        "a request's cached blocks are full blocks with stored hashes",
+        "request 'a': 3 cached, 5 tokens, 2 stored hashes",
+    )
+
+
+def test_a_cached_block_with_another_hash_is_reported_in_group_0() -> None:
+    manager = _manager(_full(), _full())
+    _run(manager, Request("a", range(5)))
+    manager.req_to_block_hashes["a"][1] = H
+    block = manager.req_to_blocks["a"][0][1]
+    assert _report(manager.check_invariants) == (
+        "a request's cached block carries the hash its tokens chain to",
+        f"request 'a', group 0, position 1: {block!r}, stored {H}",
+    )
+
+
+def test_a_stored_hash_past_the_tokens_is_reported() -> None:
+    manager = _manager()
+    _run(manager, Request("a", range(5)))  # two full blocks, two stored hashes
+    manager.req_to_block_hashes["a"].append(H)
+    assert _report(manager.check_invariants) == (
+        "stored hashes are the chain of the request's tokens",
+        f"request 'a', position 2: stored {H}, its tokens chain to None",
+    )
+
+
+def test_a_stored_hash_off_the_chain_is_reported() -> None:
+    manager = _manager()
+    request = Request("a", range(6))
+    manager.get_computed_blocks(request)  # stores the 3 hashes of the full blocks
+    assert manager.allocate_slots(request, 2) is not None  # a chunk: 1 block cached a group
+    request.num_computed_tokens = 2
+    manager.check_invariants()
+    chained = manager.req_to_block_hashes["a"][2]
+    manager.req_to_block_hashes["a"][2] = H  # stored, not cached: only the chain check sees it
+    assert _report(manager.check_invariants) == (
+        "stored hashes are the chain of the request's tokens",
+        f"request 'a', position 2: stored {H}, its tokens chain to {chained}",
+    )
+
+
+def test_a_request_without_a_cached_count_or_stored_hashes_has_none() -> None:
+    """The defaults the check reads for a request with neither entry: 0 cached, no hashes."""
+    manager = _manager()
+    _run(manager, Request("a", range(1)))  # no full block: nothing cached, nothing stored
+    manager.num_cached_block.pop("a", None)
+    manager.req_to_block_hashes.pop("a", None)
+    manager.check_invariants()
