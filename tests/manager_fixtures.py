@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from pagedkv.harness.adapters import pagedkv_manager, spec_manager
 from pagedkv.harness.protocol import ManagerConfig, ManagerUnderTest
+from pagedkv.vocab.errors import InvariantViolation
 from pagedkv.vocab.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheSpec,
@@ -54,3 +57,12 @@ def manager_config(
 
 
 MANAGER_FACTORIES = {"spec": spec_manager, "impl": pagedkv_manager}
+
+
+def invariant_report(check: Callable[[], None]) -> tuple[str, str]:
+    """What `check()` raised, as (invariant, detail); its message must be made of the two."""
+    with pytest.raises(InvariantViolation) as info:
+        check()
+    error = info.value
+    assert str(error) == f"invariant {error.invariant!r} violated: {error.detail}"
+    return error.invariant, error.detail

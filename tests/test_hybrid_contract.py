@@ -13,14 +13,13 @@ from pagedkv import (
     InvalidArgumentError,
     InvariantViolation,
     KVCacheConfig,
-    KVCacheGroupSpec,
     KVCacheSpec,
-    KVCacheTensor,
     Request,
     SlidingWindowSpec,
     sha256,
 )
 from pagedkv.block_hash import Sha256Memo
+from pagedkv.harness.swarm.runs import hybrid_kv_cache_config
 from pagedkv.hybrid_manager import CHECK_INVARIANTS_ENV, SHA256_MEMO_TOKENS
 from pagedkv.vocab.errors import ConcurrentUseError
 
@@ -36,11 +35,7 @@ def _config(block_size: int = 2) -> KVCacheConfig:
         ),
         FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype="float16"),
     ]
-    return KVCacheConfig(
-        20,
-        {f"layer.{g}": KVCacheTensor(spec.page_size_bytes * 20) for g, spec in enumerate(specs)},
-        [KVCacheGroupSpec([f"layer.{g}"], spec) for g, spec in enumerate(specs)],
-    )
+    return hybrid_kv_cache_config(specs, 20)
 
 
 def _admit(manager: HybridKVCacheManager, request: Request) -> None:

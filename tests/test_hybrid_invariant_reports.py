@@ -8,22 +8,17 @@ contract (a request without a cached count has none cached), a test shows the ch
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import pytest
+from manager_fixtures import invariant_report
 
 from pagedkv import (
     BlockHashType,
     FullAttentionSpec,
     HybridKVCacheManager,
-    InvariantViolation,
-    KVCacheConfig,
-    KVCacheGroupSpec,
     KVCacheSpec,
-    KVCacheTensor,
     Request,
     SlidingWindowSpec,
 )
+from pagedkv.harness.swarm.runs import hybrid_kv_cache_config
 
 H = BlockHashType(1, (1,), None)
 B = 2  # tokens a block
@@ -43,12 +38,7 @@ def _manager(
     *specs: KVCacheSpec, caching: bool = True, max_model_len: int = 32
 ) -> HybridKVCacheManager:
     """A manager of 20 blocks over `specs` (default: a sliding window, then full attention)."""
-    specs = specs or (_window(), _full())
-    config = KVCacheConfig(
-        20,
-        {f"layer.{g}": KVCacheTensor(spec.page_size_bytes * 20) for g, spec in enumerate(specs)},
-        [KVCacheGroupSpec([f"layer.{g}"], spec) for g, spec in enumerate(specs)],
-    )
+    config = hybrid_kv_cache_config(list(specs or (_window(), _full())), 20)
     return HybridKVCacheManager(config, max_model_len=max_model_len, enable_caching=caching)
 
 
@@ -61,14 +51,6 @@ def _run(manager: HybridKVCacheManager, request: Request) -> Request:
     return request
 
 
-def _report(check: Callable[[], None]) -> tuple[str, str]:
-    with pytest.raises(InvariantViolation) as info:
-        check()
-    error = info.value
-    assert str(error) == f"invariant {error.invariant!r} violated: {error.detail}"
-    return error.invariant, error.detail
-
-
 # -- blocks and their holders --------------------------------------------------------------------
 
 
@@ -78,7 +60,7 @@ def test_a_ref_cnt_that_is_not_the_number_of_holders_is_reported() -> None:
     block = manager.req_to_blocks["a"][0][0]
     assert block.block_id == 1  # the first block handed out: the first the check reads
     block.ref_cnt = 2
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "a block's ref_cnt is the number of requests holding it",
         "block 1: ref_cnt 2, held 1 times",
     )
@@ -96,7 +78,7 @@ def test_a_block_held_twice_without_a_hash_is_reported() -> None:
     manager.block_pool.free_block_queue.append(own)
     blocks_of_b.append(shared)  # ... and holds a's instead
     shared.ref_cnt = 2
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "a block held by two requests is cached",
         repr(shared),
     )
@@ -106,7 +88,7 @@ def test_a_request_tracked_without_blocks_or_hashes_is_reported() -> None:
     manager = _manager()
     _run(manager, Request("a", range(5)))
     manager._requests["ghost"] = Request("ghost", [1])
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "every tracked request has blocks or stored hashes",
         "requests ['a', 'ghost'], with blocks or hashes ['a']",
     )
@@ -116,7 +98,7 @@ def test_a_cached_count_for_an_unknown_request_is_reported() -> None:
     manager = _manager()
     _run(manager, Request("a", range(5)))
     manager.num_cached_block["ghost"] = 0
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "every tracked request has blocks or stored hashes",
         "requests ['a'], with blocks or hashes ['a']",
     )
@@ -130,7 +112,7 @@ def test_block_lists_of_different_lengths_are_reported() -> None:
     _run(manager, Request("a", range(5)))
     null_block = manager.block_pool.null_block
     manager.req_to_blocks["a"][1].insert(0, null_block)  # holders unchanged: the null block
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "a request's block lists cover the same positions in every group",
         "request 'a': [3, 4] blocks",
     )
@@ -144,7 +126,7 @@ def test_a_trailing_null_block_is_reported_in_the_first_group_that_has_one() -> 
     null_block = manager.block_pool.null_block
     for blocks in manager.req_to_blocks["a"]:
         blocks.append(null_block)
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "null blocks only as a prefix, and only under sliding window",
         "request 'a', group 0: null at positions [3]",
     )
@@ -156,7 +138,7 @@ def test_too_many_blocks_for_max_model_len_are_reported() -> None:
     null_block = manager.block_pool.null_block
     for blocks in manager.req_to_blocks["a"]:
         blocks.insert(0, null_block)  # a leading null block: allowed under a window
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "a request holds at most cdiv(max_model_len, block_size) blocks",
         "request 'a': 4 blocks",
     )
@@ -169,7 +151,7 @@ def test_more_cached_blocks_than_full_ones_are_reported() -> None:
     manager = _manager()
     _run(manager, Request("a", range(5)))  # two full blocks a group, two stored hashes
     manager.num_cached_block["a"] = 3
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "a request's cached blocks are full blocks with stored hashes",
         "request 'a': 3 cached, 5 tokens, 2 stored hashes",
     )
@@ -180,7 +162,7 @@ def test_a_cached_block_with_another_hash_is_reported_in_group_0() -> None:
     _run(manager, Request("a", range(5)))
     manager.req_to_block_hashes["a"][1] = H
     block = manager.req_to_blocks["a"][0][1]
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "a request's cached block carries the hash its tokens chain to",
         f"request 'a', group 0, position 1: {block!r}, stored {H}",
     )
@@ -190,7 +172,7 @@ def test_a_stored_hash_past_the_tokens_is_reported() -> None:
     manager = _manager()
     _run(manager, Request("a", range(5)))  # two full blocks, two stored hashes
     manager.req_to_block_hashes["a"].append(H)
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "stored hashes are the chain of the request's tokens",
         f"request 'a', position 2: stored {H}, its tokens chain to None",
     )
@@ -205,7 +187,7 @@ def test_a_stored_hash_off_the_chain_is_reported() -> None:
     manager.check_invariants()
     chained = manager.req_to_block_hashes["a"][2]
     manager.req_to_block_hashes["a"][2] = H  # stored, not cached: only the chain check sees it
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "stored hashes are the chain of the request's tokens",
         f"request 'a', position 2: stored {H}, its tokens chain to {chained}",
     )

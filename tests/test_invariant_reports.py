@@ -9,15 +9,13 @@ spec and the implementation catch each corruption at all.)
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
+from manager_fixtures import invariant_report
 
 from pagedkv import (
     BlockHashType,
     BlockPool,
     FullAttentionSpec,
-    InvariantViolation,
     KVCacheBlock,
     KVCacheManager,
     Request,
@@ -28,14 +26,6 @@ from pagedkv import (
 from pagedkv.free_queue import FreeKVCacheBlockQueue
 
 H = BlockHashType(1, (1,), None)
-
-
-def _report(check: Callable[[], None]) -> tuple[str, str]:
-    with pytest.raises(InvariantViolation) as info:
-        check()
-    error = info.value
-    assert str(error) == f"invariant {error.invariant!r} violated: {error.detail}"
-    return error.invariant, error.detail
 
 
 # -- the block pool ------------------------------------------------------------------------------
@@ -53,13 +43,19 @@ def _pool() -> BlockPool:
 def test_a_null_block_that_is_not_block_0_is_reported() -> None:
     pool = _pool()
     pool.blocks[0] = KVCacheBlock(0)  # a block 0 that is not the pool's null block
-    assert _report(pool.check_invariants) == ("the null block is block 0", repr(pool.null_block))
+    assert invariant_report(pool.check_invariants) == (
+        "the null block is block 0",
+        repr(pool.null_block),
+    )
 
 
 def test_a_null_block_with_another_id_is_reported() -> None:
     pool = _pool()
     pool.null_block.block_id = 9
-    assert _report(pool.check_invariants) == ("the null block is block 0", repr(pool.null_block))
+    assert invariant_report(pool.check_invariants) == (
+        "the null block is block 0",
+        repr(pool.null_block),
+    )
 
 
 def test_a_queued_null_block_is_reported() -> None:
@@ -67,13 +63,13 @@ def test_a_queued_null_block_is_reported() -> None:
     pool.free_block_queue.append(pool.null_block)
     expected = "KVCacheBlock(block_id=0, ref_cnt=0, block_hash=None, prev_free_block=4, "
     expected += "next_free_block=None)"
-    assert _report(pool.check_invariants) == ("the null block is never free", expected)
+    assert invariant_report(pool.check_invariants) == ("the null block is never free", expected)
 
 
 def test_a_hashed_null_block_is_reported() -> None:
     pool = _pool()
     pool.null_block._block_hash = H
-    assert _report(pool.check_invariants) == (
+    assert invariant_report(pool.check_invariants) == (
         "the null block is never hashed",
         repr(pool.null_block),
     )
@@ -82,7 +78,7 @@ def test_a_hashed_null_block_is_reported() -> None:
 def test_a_referenced_null_block_is_reported() -> None:
     pool = _pool()
     pool.null_block.ref_cnt = 1
-    assert _report(pool.check_invariants) == (
+    assert invariant_report(pool.check_invariants) == (
         "the null block's ref_cnt stays 0",
         repr(pool.null_block),
     )
@@ -91,7 +87,10 @@ def test_a_referenced_null_block_is_reported() -> None:
 def test_a_block_out_of_its_place_is_reported() -> None:
     pool = _pool()
     pool.blocks[2].block_id = 7
-    assert _report(pool.check_invariants) == ("blocks[i].block_id == i", repr(pool.blocks[2]))
+    assert invariant_report(pool.check_invariants) == (
+        "blocks[i].block_id == i",
+        repr(pool.blocks[2]),
+    )
 
 
 def test_a_queued_block_of_no_pool_is_reported() -> None:
@@ -100,13 +99,16 @@ def test_a_queued_block_of_no_pool_is_reported() -> None:
     replacement = KVCacheBlock(3)
     replacement.owner_queue = pool.free_block_queue
     pool.blocks[3] = replacement  # the queue still links the old object
-    assert _report(pool.check_invariants) == ("free blocks belong to the pool", repr(queued))
+    assert invariant_report(pool.check_invariants) == (
+        "free blocks belong to the pool",
+        repr(queued),
+    )
 
 
 def test_a_block_of_another_queue_in_the_pool_is_reported() -> None:
     pool = _pool()
     pool.blocks[2].owner_queue = None
-    assert _report(pool.check_invariants) == (
+    assert invariant_report(pool.check_invariants) == (
         "every block belongs to the pool's free queue",
         repr(pool.blocks[2]),
     )
@@ -116,13 +118,13 @@ def test_a_block_of_another_queue_in_the_pool_is_reported() -> None:
 def test_a_negative_ref_cnt_is_reported(block_id: int) -> None:
     pool = _pool()
     pool.blocks[block_id].ref_cnt = -1
-    assert _report(pool.check_invariants) == ("ref_cnt >= 0", repr(pool.blocks[block_id]))
+    assert invariant_report(pool.check_invariants) == ("ref_cnt >= 0", repr(pool.blocks[block_id]))
 
 
 def test_a_free_block_outside_the_queue_is_reported() -> None:
     pool = _pool()
     pool.blocks[2].ref_cnt = 0
-    assert _report(pool.check_invariants) == (
+    assert invariant_report(pool.check_invariants) == (
         "a block is in the free queue iff its ref_cnt is 0",
         repr(pool.blocks[2]),
     )
@@ -131,7 +133,7 @@ def test_a_free_block_outside_the_queue_is_reported() -> None:
 def test_a_block_count_that_does_not_add_up_is_reported() -> None:
     pool = _pool()
     pool.num_gpu_blocks = 6
-    assert _report(pool.check_invariants) == (
+    assert invariant_report(pool.check_invariants) == (
         "free + in use == num_gpu_blocks - 1",
         "2 free + 2 in use != 5",
     )
@@ -140,7 +142,7 @@ def test_a_block_count_that_does_not_add_up_is_reported() -> None:
 def test_an_empty_index_entry_is_reported() -> None:
     pool = _pool()
     pool.cached_block_hash_to_block[H] = {}
-    assert _report(pool.check_invariants) == (
+    assert invariant_report(pool.check_invariants) == (
         "index entries are non-empty lists of distinct blocks",
         repr(H),
     )
@@ -150,7 +152,7 @@ def test_an_indexed_block_without_its_hash_is_reported() -> None:
     pool = _pool()
     (block_hash,) = pool.cached_block_hash_to_block
     pool.blocks[1].reset_hash()
-    assert _report(pool.check_invariants) == (
+    assert invariant_report(pool.check_invariants) == (
         "hash index <=> hashed blocks",
         f"{block_hash} -> {pool.blocks[1]!r}",
     )
@@ -159,7 +161,7 @@ def test_an_indexed_block_without_its_hash_is_reported() -> None:
 def test_a_hashed_block_outside_the_index_is_reported() -> None:
     pool = _pool()
     pool.blocks[2]._block_hash = H
-    assert _report(pool.check_invariants) == (
+    assert invariant_report(pool.check_invariants) == (
         "hash index <=> hashed blocks",
         "2 hashed blocks, 1 index entries",
     )
@@ -168,7 +170,7 @@ def test_a_hashed_block_outside_the_index_is_reported() -> None:
 def test_a_hashed_block_with_caching_off_is_reported() -> None:
     pool = _pool()
     pool.enable_caching = False
-    assert _report(pool.check_invariants) == (
+    assert invariant_report(pool.check_invariants) == (
         "no block is hashed while caching is off",
         "1 hashed",
     )
@@ -180,7 +182,7 @@ def test_a_hashed_block_with_caching_off_is_reported() -> None:
 def test_a_cycle_in_the_free_queue_is_reported_where_it_closes() -> None:
     pool = _pool()  # queue: 3, 4
     pool.blocks[4].next_free_block = pool.blocks[3]
-    assert _report(pool.check_invariants) == (
+    assert invariant_report(pool.check_invariants) == (
         "no block twice in the free order",
         "block 3 is reached twice",
     )
@@ -189,7 +191,7 @@ def test_a_cycle_in_the_free_queue_is_reported_where_it_closes() -> None:
 def test_a_link_that_disagrees_is_reported_with_both_ends() -> None:
     pool = _pool()
     pool.blocks[4].prev_free_block = pool.blocks[1]
-    assert _report(pool.check_invariants) == (
+    assert invariant_report(pool.check_invariants) == (
         "free queue links agree both ways",
         "block 4.prev_free_block is 1, expected 3",
     )
@@ -198,7 +200,7 @@ def test_a_link_that_disagrees_is_reported_with_both_ends() -> None:
 def test_a_head_with_a_predecessor_is_reported() -> None:
     pool = _pool()
     pool.blocks[3].prev_free_block = pool.blocks[2]
-    assert _report(pool.check_invariants) == (
+    assert invariant_report(pool.check_invariants) == (
         "free queue links agree both ways",
         "block 3.prev_free_block is 2, expected None",
     )
@@ -207,7 +209,7 @@ def test_a_head_with_a_predecessor_is_reported() -> None:
 def test_a_wrong_tail_is_reported() -> None:
     pool = _pool()
     pool.blocks[3].next_free_block = None
-    assert _report(pool.check_invariants) == (
+    assert invariant_report(pool.check_invariants) == (
         "free queue tail is its last block",
         "tail is 4, last block is 3",
     )
@@ -216,7 +218,7 @@ def test_a_wrong_tail_is_reported() -> None:
 def test_an_empty_queue_with_a_tail_is_reported() -> None:
     queue = FreeKVCacheBlockQueue([])
     queue.free_list_tail = KVCacheBlock(5)
-    assert _report(queue.check_invariants) == (
+    assert invariant_report(queue.check_invariants) == (
         "free queue tail is its last block",
         "tail is 5, last block is None",
     )
@@ -225,7 +227,7 @@ def test_an_empty_queue_with_a_tail_is_reported() -> None:
 def test_a_wrong_counter_is_reported() -> None:
     pool = _pool()
     pool.free_block_queue.num_free_blocks = 5
-    assert _report(pool.check_invariants) == (
+    assert invariant_report(pool.check_invariants) == (
         "num_free_blocks counts the queue",
         "counter 5, queue length 2",
     )
@@ -262,7 +264,7 @@ def test_a_null_block_under_full_attention_is_reported() -> None:
     manager = _manager()
     _run(manager, Request("a", range(6)))
     manager.req_to_blocks["a"].insert(0, manager.block_pool.null_block)
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "null blocks only as a prefix, and only under sliding window",
         "request 'a': null at positions [0]",
     )
@@ -272,7 +274,7 @@ def test_a_null_block_after_a_real_one_is_reported_under_a_window() -> None:
     manager = _manager(window=4)
     _run(manager, Request("a", range(6)))
     manager.req_to_blocks["a"].append(manager.block_pool.null_block)
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "null blocks only as a prefix, and only under sliding window",
         "request 'a': null at positions [2]",
     )
@@ -283,7 +285,7 @@ def test_too_many_blocks_for_max_model_len_are_reported() -> None:
     _run(manager, Request("a", range(8)))
     blocks = manager.req_to_blocks["a"]
     blocks.append(blocks[0])
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "a request holds at most cdiv(max_model_len, block_size) blocks",
         "request 'a': 3 blocks",
     )
@@ -293,7 +295,7 @@ def test_a_ref_cnt_that_is_not_the_number_of_holders_is_reported() -> None:
     manager = _manager()
     _run(manager, Request("a", range(6)))
     manager.block_pool.blocks[1].ref_cnt = 2
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "a block's ref_cnt is the number of requests holding it",
         "block 1: ref_cnt 2, held 1 times",
     )
@@ -306,7 +308,7 @@ def test_a_shared_block_without_a_hash_is_reported() -> None:
     shared = manager.block_pool.blocks[1]
     manager.req_to_blocks["b"].append(shared)
     shared.ref_cnt = 2
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "a block held by two requests is cached",
         repr(shared),
     )
@@ -316,7 +318,7 @@ def test_a_request_tracked_without_blocks_or_hashes_is_reported() -> None:
     manager = _manager()
     _run(manager, Request("a", range(6)))
     manager._requests["ghost"] = Request("ghost", [1])
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "every tracked request has blocks or stored hashes",
         "requests ['a', 'ghost'], with blocks or hashes ['a']",
     )
@@ -326,7 +328,7 @@ def test_a_cached_count_for_an_unknown_request_is_reported() -> None:
     manager = _manager()
     _run(manager, Request("a", range(6)))
     manager.num_cached_block["ghost"] = 0
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "every tracked request has blocks or stored hashes",
         "requests ['a'], with blocks or hashes ['a']",
     )
@@ -336,7 +338,7 @@ def test_a_tracked_request_without_a_fast_path_record_is_reported() -> None:
     manager = _manager()
     _run(manager, Request("a", range(6)))
     manager._records.clear()
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "the fast path's record of a tracked request is its own",
         "request 'a': no record",
     )
@@ -347,7 +349,7 @@ def test_a_fast_path_record_with_another_token_list_is_reported() -> None:
     request = _run(manager, Request("a", range(6)))
     record = manager._records[request]
     manager._records[request] = type(record)("a", list(request.all_token_ids))
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "the fast path's record of a tracked request is its own",
         "request 'a': a record of 'a' with another token list",
     )
@@ -360,7 +362,7 @@ def test_a_fast_path_record_of_a_forgotten_request_is_reported() -> None:
     manager.free(request)
     manager.free_block_hashes(request)
     manager._records.update(records)
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "the fast path's record of a tracked request is its own",
         "1 records, 0 tracked requests",
     )
@@ -371,7 +373,7 @@ def test_more_cached_blocks_than_full_ones_are_reported() -> None:
     _run(manager, Request("a", range(6)))  # one full block, one stored hash
     manager.req_to_block_hashes["a"].append(H)  # a second stored hash
     manager.num_cached_block["a"] = 2
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "a request's cached blocks are full blocks with stored hashes",
         "request 'a': 2 cached, 6 tokens, 2 stored hashes",
     )
@@ -381,7 +383,7 @@ def test_more_cached_blocks_than_stored_hashes_are_reported() -> None:
     manager = _manager()
     _run(manager, Request("a", range(9)))  # two full blocks, two stored hashes
     del manager.req_to_block_hashes["a"][1]
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "a request's cached blocks are full blocks with stored hashes",
         "request 'a': 2 cached, 9 tokens, 1 stored hashes",
     )
@@ -393,7 +395,7 @@ def test_a_cached_block_with_another_hash_is_reported() -> None:
     stored = manager.req_to_block_hashes["a"]
     stored[1] = H
     block = manager.req_to_blocks["a"][1]
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "a request's cached block carries the hash its tokens chain to",
         f"request 'a', position 1: {block!r}, stored {H}",
     )
@@ -408,7 +410,7 @@ def test_a_stored_hash_off_the_chain_is_reported() -> None:
     manager.check_invariants()
     chained = manager.req_to_block_hashes["a"][2]
     manager.req_to_block_hashes["a"][2] = H  # stored, not cached: only the chain check sees it
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "stored hashes are the chain of the request's tokens",
         f"request 'a', position 2: stored {H}, its tokens chain to {chained}",
     )
@@ -418,7 +420,7 @@ def test_a_stored_hash_past_the_tokens_is_reported() -> None:
     manager = _manager()
     _run(manager, Request("a", range(6)))  # one full block, one stored hash
     manager.req_to_block_hashes["a"].append(H)
-    assert _report(manager.check_invariants) == (
+    assert invariant_report(manager.check_invariants) == (
         "stored hashes are the chain of the request's tokens",
         f"request 'a', position 1: stored {H}, its tokens chain to None",
     )
