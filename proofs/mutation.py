@@ -28,11 +28,12 @@ from `mutants/mutmut-cicd-stats.json`.
 A mutant counts as detected when a test kills it or the tests time out on it (an endless loop),
 as mutmut's own badge counts them.
 
-`--rerun-survivors` is for a test added to kill survivors: it copies the selected tests into the
-finished run's staging tree and has mutmut run again only the mutants the score file lists as not
-killed (mutmut collects coverage for the new tests alone). A test can only kill more mutants, so
-this gives what a full run with the new tests would; it refuses when the mutated sources changed
-since that run. The score's `seconds` adds both runs.
+`--rerun-survivors` is for a test added to kill survivors: it has mutmut run again only the
+mutants the score file lists as not killed, with the selected tests as they are now (copied into
+the finished run's staging tree, or into a new one on a fresh clone, where mutmut generates the
+mutants again), and merges their new statuses into the committed score. A test can only kill
+more mutants, so this gives what a full run with the new tests would; it refuses when the mutated
+sources changed since the committed score. The score's `seconds` adds both runs.
 
 Exit status: 0 when detected / total >= the gate, 1 below it (or when mutmut fails), 2 on bad
 arguments. `--check` applies the gate to the committed file and also fails when the sources
@@ -309,24 +310,54 @@ _RESULT = re.compile(r"^\s+(?P<name>\S+): (?P<status>.+)$", re.MULTILINE)
 
 def rerun_survivors(jobs: int, staging: Path = STAGING, path: Path = SCORE_PATH) -> Score:
     """Run mutmut again on the mutants `path` lists as not killed, with the selected tests as they
-    are now (copied into the finished run's `staging` tree).
+    are now, and merge what it finds into that score (every other mutant stays killed: the
+    mutated sources are the same, and a test added can only kill more). Without a finished run
+    in `staging` (a fresh clone) the staging tree is built first and mutmut generates the
+    mutants again; it runs only the named ones either way.
 
     Raises:
-        RuntimeError: no finished run in `staging`, mutated sources changed since it, or mutmut
-            failed.
+        RuntimeError: mutated sources changed since `path` was written, or mutmut failed.
     """
     previous = read_score(path)
-    if not (staging / "mutants").is_dir():
-        raise RuntimeError(f"no finished mutmut run in {staging}: run without --rerun-survivors")
     if previous.sources_sha256 != sources_sha256() or previous.modules != list(MUTATED_MODULES):
         raise RuntimeError("the mutated sources changed since the last run: run all mutants")
-    for name in (*TEST_HELPERS, *SELECTED_TESTS):
-        shutil.copy2(ROOT / "tests" / name, staging / "tests" / name)
+    if (staging / "mutants").is_dir():
+        for name in (*TEST_HELPERS, *SELECTED_TESTS):
+            shutil.copy2(ROOT / "tests" / name, staging / "tests" / name)
+    else:
+        build_staging(staging)
     start = time.monotonic()
     names = [survivor.name for survivor in previous.survivors]
     if names:
         _mutmut(["run", "--max-children", str(jobs), *names], staging)
-    return read_results(previous.seconds + time.monotonic() - start, staging)
+    statuses = {
+        match["name"]: match["status"].strip()
+        for match in _RESULT.finditer(_mutmut(["results"], staging))
+    }
+    return merge_rerun(previous, statuses, previous.seconds + time.monotonic() - start)
+
+
+def merge_rerun(previous: Score, statuses: dict[str, str], seconds: float) -> Score:
+    """`previous` with its survivors' statuses after a rerun: `statuses` holds what mutmut's
+    `results` lists (every mutant not killed); a survivor it does not list was killed."""
+    counts = dict(previous.counts)
+    survivors = []
+    for survivor in previous.survivors:
+        status = statuses.get(survivor.name, "killed")
+        counts[survivor.status.replace(" ", "_")] -= 1
+        counts[status.replace(" ", "_")] = counts.get(status.replace(" ", "_"), 0) + 1
+        if status != "killed":
+            equivalent = EQUIVALENT.get(survivor.name)
+            survivors.append(Survivor(survivor.name, status, survivor.diff, equivalent))
+    return Score(
+        killed=counts["killed"],
+        total=previous.total,
+        counts=counts,
+        survivors=survivors,
+        date=datetime.date.today().isoformat(),
+        seconds=round(seconds),
+        sources_sha256=previous.sources_sha256,
+    )
 
 
 def run_mutmut(jobs: int, staging: Path = STAGING) -> Score:

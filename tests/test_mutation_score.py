@@ -114,3 +114,44 @@ def test_the_staging_tree_has_the_layout_mutmut_expects(tmp_path: Path) -> None:
     assert 'source_paths = ["src/pagedkv"]' in config.splitlines()
     assert f"only_mutate = [{only_mutate}]" in config.splitlines()
     assert 'filterwarnings = ["error"]' in config.splitlines()
+
+
+def test_a_rerun_merges_the_survivors_new_statuses_into_the_score() -> None:
+    """`--rerun-survivors` (any staging tree, a fresh clone's too): a survivor that mutmut's
+    results no longer list was killed, one listed keeps its new status, the counts follow, and
+    every other mutant stays killed."""
+    diff = "--- a\n+++ b"
+    previous = Score(
+        killed=16,
+        total=20,
+        counts={"killed": 16, "survived": 2, "no_tests": 1, "timeout": 1, "total": 20},
+        survivors=[
+            Survivor("pagedkv.m.x_f__mutmut_1", "survived", diff),
+            Survivor("pagedkv.m.x_f__mutmut_2", "survived", diff),
+            Survivor("pagedkv.m.x_g__mutmut_3", "no tests", diff),
+            Survivor("pagedkv.m.x_g__mutmut_4", "timeout", diff),
+        ],
+        date="2026-01-01",
+        seconds=60.0,
+        sources_sha256="abc",
+    )
+    statuses = {
+        "pagedkv.m.x_f__mutmut_2": "survived",
+        "pagedkv.m.x_g__mutmut_4": "timeout",
+        "pagedkv.m.x_h__mutmut_9": "not checked",  # not a survivor: a rerun never ran it
+    }
+    merged = mutation.merge_rerun(previous, statuses, 90.4)
+    assert merged.counts == {
+        "killed": 18,
+        "survived": 1,
+        "no_tests": 0,
+        "timeout": 1,
+        "total": 20,
+    }
+    assert (merged.killed, merged.total, merged.seconds) == (18, 20, 90)
+    assert [(s.name, s.status) for s in merged.survivors] == [
+        ("pagedkv.m.x_f__mutmut_2", "survived"),
+        ("pagedkv.m.x_g__mutmut_4", "timeout"),
+    ]
+    assert merged.sources_sha256 == "abc"
+    assert (merged.detected, gate_problems(merged, 0.95)) == (19, [])
