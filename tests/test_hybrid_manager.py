@@ -486,7 +486,7 @@ def refusal(side: str, scene: Scene) -> tuple[type, str]:
     return type(info.value), str(info.value)
 
 
-def _cached_and_waiting(manager: Side) -> tuple[Request, Ids]:
+def cached_and_waiting(manager: Side) -> tuple[Request, Ids]:
     first = Request("a", list(range(9)))
     admit(manager, first)
     manager.free(first)
@@ -500,14 +500,14 @@ def with_hits(change: Callable[[Ids], object]) -> Scene:
     """b waits with hits in every group; the call passes `change(hits)` instead."""
 
     def scene(manager: Side) -> Callable[[], object]:
-        request, hits = _cached_and_waiting(manager)
+        request, hits = cached_and_waiting(manager)
         return lambda: manager.allocate_slots(request, 1, change(hits))  # type: ignore[arg-type]
 
     return scene
 
 
 def reused_id(manager: Side) -> Callable[[], object]:
-    _cached_and_waiting(manager)
+    cached_and_waiting(manager)
     return lambda: manager.allocate_slots(Request("b", [1]), 1)
 
 

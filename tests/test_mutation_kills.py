@@ -75,7 +75,7 @@ def test_a_manager_needs_exactly_one_kv_cache_group() -> None:
 
 
 @dataclasses.dataclass(frozen=True, init=False)
-class _OtherAttentionSpec(AttentionSpec):
+class OtherAttentionSpec(AttentionSpec):
     """An attention type the manager has no policy for."""
 
     @property
@@ -87,10 +87,10 @@ class _OtherAttentionSpec(AttentionSpec):
 
 
 def test_an_attention_type_without_a_policy_is_refused_by_name() -> None:
-    other = _OtherAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype="float16")
+    other = OtherAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype="float16")
     with pytest.raises(KVCacheConfigError) as info:
         KVCacheManager(uniform_kv_cache_config(other, 10), 64)
-    assert str(info.value) == "no attention manager for _OtherAttentionSpec"
+    assert str(info.value) == "no attention manager for OtherAttentionSpec"
 
 
 def test_max_model_len_must_be_positive() -> None:
