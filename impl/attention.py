@@ -30,6 +30,7 @@ from pagedkv.vocab.kv_cache_interface import (
 from pagedkv.vocab.refusals import chunk_hit_detail, window_hit_detail
 
 _new_tuple = tuple.__new__  # GroupKey(group, hash) without the NamedTuple's Python-level __new__
+T = TypeVar("T")
 
 
 class SpecializedManager(ABC):
@@ -82,6 +83,17 @@ class SpecializedManager(ABC):
         None if they can. Complexity: O(len(hits))."""
         return None
 
+    def for_eagle(self) -> SpecializedManager:
+        """The policy whose hit, less its last block, is an EAGLE hit (this one, unless a
+        window must stay whole: `SlidingWindowManager.for_eagle`). Complexity: O(1)."""
+        return self
+
+    @abstractmethod
+    def scan_hit(self, num_blocks: int, lookup: Callable[[int], T | None], null: T) -> list[T]:
+        """`find_longest_cache_hit` over any lookup: `lookup(i)` is what position i holds
+        cached (None: not cached), `null` stands for a skipped position (several groups looked
+        up together pass a list of blocks per position). Complexity: O(num_blocks) lookups."""
+
 
 class FullAttentionManager(SpecializedManager):
     """Every earlier token is attended to: reuse the cached prefix, never drop a block."""
@@ -107,14 +119,21 @@ class FullAttentionManager(SpecializedManager):
             hits.append(next(iter(cached.values())))
         return hits
 
+    def scan_hit(self, num_blocks: int, lookup: Callable[[int], T | None], null: T) -> list[T]:
+        """The cached prefix (`find_longest_cache_hit`'s). Complexity: O(num_blocks)."""
+        hits = []
+        for i in range(num_blocks):
+            cached = lookup(i)
+            if cached is None:
+                break
+            hits.append(cached)
+        return hits
+
     def remove_skipped_blocks(
         self, blocks: list[KVCacheBlock], num_computed_tokens: int
     ) -> list[KVCacheBlock]:
         """Nothing is skipped. Complexity: O(1)."""
         return []
-
-
-T = TypeVar("T")
 
 
 def first_useful_block(num_computed_tokens: int, sliding_window: int, block_size: int) -> int:
@@ -202,12 +221,28 @@ class SlidingWindowManager(SpecializedManager):
         Complexity: O(len(block_hashes)).
         """
         get_cached_block = self.block_pool.cached_block if not self.group_id else self.cached_block
-        return scan_window_hit(
-            len(block_hashes),
-            self.sliding_window_contiguous_blocks,
-            lambda i: get_cached_block(block_hashes[i]),
-            self.null_block,
+        return self.scan_hit(
+            len(block_hashes), lambda i: get_cached_block(block_hashes[i]), self.null_block
         )
+
+    def scan_hit(self, num_blocks: int, lookup: Callable[[int], T | None], null: T) -> list[T]:
+        """`scan_window_hit` for this window. Complexity: O(num_blocks)."""
+        return scan_window_hit(num_blocks, self.sliding_window_contiguous_blocks, lookup, null)
+
+    def for_eagle(self) -> SlidingWindowManager:
+        """The policy of a window one block wider: its hit ends in one more cached block, which
+        EAGLE then drops, so that a whole window of cached blocks stays. Complexity: O(1)."""
+        spec = self.kv_cache_spec
+        assert isinstance(spec, SlidingWindowSpec)
+        wider = SlidingWindowSpec(
+            block_size=spec.block_size,
+            num_kv_heads=spec.num_kv_heads,
+            head_size=spec.head_size,
+            dtype=spec.dtype,
+            sliding_window=spec.sliding_window + spec.block_size,
+            use_mla=spec.use_mla,
+        )
+        return SlidingWindowManager(wider, self.block_pool, self.group_id)
 
     def hit_shape_error(self, hits: Sequence[KVCacheBlock], use_eagle: bool) -> str | None:
         """A hit with null blocks is what `find_longest_cache_hit` makes of a skip: the nulls,
@@ -329,13 +364,13 @@ class ChunkedLocalAttentionManager(SpecializedManager):
         Complexity: O(len(block_hashes)).
         """
         get_cached_block = self.block_pool.cached_block if not self.group_id else self.cached_block
-        return scan_chunk_hit(
-            len(block_hashes),
-            self.attention_chunk_size,
-            self.block_size,
-            lambda i: get_cached_block(block_hashes[i]),
-            self.null_block,
+        return self.scan_hit(
+            len(block_hashes), lambda i: get_cached_block(block_hashes[i]), self.null_block
         )
+
+    def scan_hit(self, num_blocks: int, lookup: Callable[[int], T | None], null: T) -> list[T]:
+        """`scan_chunk_hit` for this chunk size. Complexity: O(num_blocks)."""
+        return scan_chunk_hit(num_blocks, self.attention_chunk_size, self.block_size, lookup, null)
 
     def hit_shape_error(self, hits: Sequence[KVCacheBlock], use_eagle: bool) -> str | None:
         """A hit is the nulls of the chunks before its end's chunk, then cached blocks: exactly

@@ -19,7 +19,15 @@ from pagedkv.vocab.arguments import (
     require_int,
     require_token_ids,
 )
-from pagedkv.vocab.hashes import NONE_HASH, BlockHashType, CacheSalt, ExtraKey, HashFn, sha256
+from pagedkv.vocab.hashes import (
+    NONE_HASH,
+    BlockHashType,
+    CacheSalt,
+    ExtraKey,
+    HashFn,
+    MultimodalKey,
+    sha256,
+)
 from pagedkv.vocab.request import PlaceholderRange, Request
 
 
@@ -154,14 +162,16 @@ def generate_block_hash_extra_keys(
     start_mm_idx: object,
     *,
     include_touching: bool = False,
+    mm_position: bool = True,
 ) -> tuple[tuple[ExtraKey, ...] | None, int]:
     """Extra keys of the block covering tokens `[start_token_idx, end_token_idx)`.
 
-    Order: the LoRA id, then the hash of each multimodal input from `start_mm_idx` on that
-    overlaps the block (`mm_inputs_in_block`), then the `CacheSalt` (every block: tenant
-    isolation must not rest on hash values alone, see `pagedkv.spec.block_hash`).
-    `include_touching` also takes an input ending exactly where the block starts (vLLM 0.8.5's
-    quirk, difference 6).
+    Order: the LoRA id, then each multimodal input from `start_mm_idx` on that overlaps the
+    block (`mm_inputs_in_block`) as a `MultimodalKey` (its hash, its offset relative to the
+    block's start, its length; without `mm_position`, vLLM 0.8.5's key: its hash alone), then
+    the `CacheSalt` (every block: tenant isolation must not rest on hash values alone, see
+    `pagedkv.spec.block_hash`). `include_touching` also takes an input ending exactly where the
+    block starts (vLLM 0.8.5's quirk, difference 6).
 
     Returns:
         The keys (None when there are none) and the index of the first multimodal input the next
@@ -186,7 +196,14 @@ def generate_block_hash_extra_keys(
             _RangesAsTuples(request.mm_positions), start, end, mm_idx, include_touching
         )
         mm_hashes = request.mm_hashes
-        keys.extend(mm_hashes[i] for i in indices)
+        if mm_position:
+            positions = request.mm_positions
+            keys.extend(
+                MultimodalKey(mm_hashes[i], positions[i].offset - start, positions[i].length)
+                for i in indices
+            )
+        else:
+            keys.extend(mm_hashes[i] for i in indices)
     if request.cache_salt is not None:
         keys.append(CacheSalt(request.cache_salt))
     return (tuple(keys) if keys else None), mm_idx
@@ -287,11 +304,11 @@ def hash_value_of(block_hash: BlockHashType) -> object:
 
 
 def hash_request_tokens(
-    hash_fn: HashFn, block_size: object, request: Request
+    hash_fn: HashFn, block_size: object, request: Request, *, mm_position: bool = True
 ) -> list[BlockHashType]:
     """The chained hashes of every full block of `request.all_token_ids`, in order.
 
-    A trailing partial block is never hashed.
+    A trailing partial block is never hashed. `mm_position`: as `generate_block_hash_extra_keys`.
 
     Raises:
         ArgumentTypeError, InvalidArgumentError: `hash_fn` not callable, `block_size` not an
@@ -310,6 +327,8 @@ def hash_request_tokens(
         extra_keys = []
         mm_idx = 0
         for start in range(0, num_blocks * size, size):
-            keys, mm_idx = generate_block_hash_extra_keys(request, start, start + size, mm_idx)
+            keys, mm_idx = generate_block_hash_extra_keys(
+                request, start, start + size, mm_idx, mm_position=mm_position
+            )
             extra_keys.append(keys)
     return chain_block_hashes(hash_fn, None, token_ids, 0, num_blocks, size, extra_keys)

@@ -450,7 +450,12 @@ class BlockPool:
                     elif mm_idx < 0:  # then carried from block to block: linear
                         mm_idx = first_mm_input(request.mm_positions, start)
                     extra_keys, mm_idx = generate_block_hash_extra_keys(
-                        request, start, end, mm_idx, include_touching=vllm_mm_keys
+                        request,
+                        start,
+                        end,
+                        mm_idx,
+                        include_touching=vllm_mm_keys,
+                        mm_position=not self.semantics.mm_keys_without_position,
                     )
                 block_hash = chain_block_hash(
                     hash_fn, parent_hash_value, tuple(token_ids[start:end]), extra_keys

@@ -318,6 +318,8 @@ VLLM_0_8_5_ONLY = (
     "capacity_counts_null_blocks",
     "vllm_new_block_mm_keys",
     "cap_at_max_model_len",
+    "eagle_window_hit_one_short",
+    "mm_keys_without_position",
 )
 """The semantics switches of vLLM 0.8.5's behaviour: 0.8.5 had no hybrid manager."""
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pagedkv.attention import (
     ChunkedLocalAttentionManager,
@@ -88,6 +89,44 @@ def attention_manager(spec: KVCacheSpec, pool: BlockPool, group_id: int) -> Spec
     if isinstance(spec, FullAttentionSpec):
         return FullAttentionManager(spec, pool, group_id)
     raise KVCacheConfigError(f"no attention manager for {type(spec).__name__}")
+
+
+@dataclass(frozen=True)
+class LookupUnit:
+    """Groups of one spec, looked up together with EAGLE (vLLM 0.33's attention groups).
+
+    Attributes:
+        full: full attention (its hit is only cut once found).
+        groups: the KV cache groups, in order.
+        plain: the groups' attention policy (the first group's).
+        eagle: its `for_eagle()` policy.
+    """
+
+    full: bool
+    groups: tuple[int, ...]
+    plain: SpecializedManager
+    eagle: SpecializedManager
+
+
+def _lookup_units(
+    specs: Sequence[KVCacheSpec], managers: Sequence[SpecializedManager]
+) -> tuple[LookupUnit, ...]:
+    """The groups as vLLM 0.33's coordinator looks them up with EAGLE: equal specs in one unit
+    (in the order of their first group), full-attention units first."""
+    members: dict[KVCacheSpec, list[int]] = {}
+    for group, spec in enumerate(specs):
+        members.setdefault(spec, []).append(group)
+    units = [
+        LookupUnit(
+            not managers[groups[0]].allows_null_blocks,
+            tuple(groups),
+            managers[groups[0]],
+            managers[groups[0]].for_eagle(),
+        )
+        for groups in members.values()
+    ]
+    units.sort(key=lambda unit: not unit.full)
+    return tuple(units)
 
 
 class HybridKVCacheManager:
@@ -175,6 +214,7 @@ class HybridKVCacheManager:
         self.log_stats = log_stats
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
         self.semantics = semantics
+        self._mm_position = not semantics.mm_keys_without_position  # how hashes key an input
         self.block_pool = BlockPool(
             self.num_gpu_blocks, enable_caching, semantics, enable_kv_cache_events
         )
@@ -189,6 +229,11 @@ class HybridKVCacheManager:
         )
         self._skipping_groups = tuple(
             group for group, manager in enumerate(self.managers) if manager.allows_null_blocks
+        )
+        self._eagle_units = _lookup_units(specs, self.managers) if use_eagle else ()
+        # The policies a hit's shape is checked against: with EAGLE, those it was found with.
+        self._hit_policies = tuple(
+            manager.for_eagle() if use_eagle else manager for manager in self.managers
         )
         self.req_to_blocks: dict[str, GroupBlocks] = {}
         self.req_to_block_hashes: dict[str, list[BlockHashType]] = {}
@@ -281,14 +326,18 @@ class HybridKVCacheManager:
         block_size = self.block_size
         block_hashes = self.req_to_block_hashes.get(request_id)
         if not block_hashes:
-            block_hashes = hash_request_tokens(self.caching_hash_fn, block_size, request)
+            block_hashes = hash_request_tokens(
+                self.caching_hash_fn, block_size, request, mm_position=self._mm_position
+            )
             self.req_to_block_hashes[request_id] = block_hashes
             self._requests[request_id] = request
         elif (
             self.semantics.lookup_hashes_every_full_block
             and len(block_hashes) * block_size <= request.num_tokens - block_size
         ):  # blocks generated before a preemption (vLLM 0.33's lookup)
-            chain = hash_request_tokens(self.caching_hash_fn, block_size, request)
+            chain = hash_request_tokens(
+                self.caching_hash_fn, block_size, request, mm_position=self._mm_position
+            )
             block_hashes.extend(chain[len(block_hashes) :])
         stats = self.prefix_cache_stats
         if stats is not None:
@@ -299,16 +348,15 @@ class HybridKVCacheManager:
         # Every token in full blocks: leave the last one out, so one block is recomputed.
         last_left_out = len(block_hashes) * block_size == request.num_tokens
         lookup = block_hashes[:-1] if last_left_out else block_hashes
-        hits = self._longest_common_hit(lookup)
+        if self.use_eagle:
+            hits = self._eagle_common_hit(len(lookup), block_hashes)
+        else:
+            hits = self._longest_common_hit(lookup)
         num_hits = len(hits[0])
         if num_hits:
             # Group 0's blocks carry the hashes themselves: allocate_slots' check of them
             # becomes an identity test.
             self.block_pool.intern_hashes_locked(hits[0], block_hashes)
-            if self.use_eagle:  # EAGLE recomputes the last matched block in every group
-                for group_hits in hits:
-                    group_hits.pop()
-                num_hits -= 1
         if stats is not None:
             stats.queries += len(lookup)
             stats.hits += num_hits
@@ -353,6 +401,77 @@ class HybridKVCacheManager:
         for group in self._full_groups:
             del hits[group][length:]
         return tuple(hits)
+
+    def _eagle_common_hit(self, num_lookup: int, block_hashes: list[BlockHashType]) -> GroupBlocks:
+        """The hit with EAGLE, as vLLM 0.33's coordinator finds it (the spec's
+        `eagle_common_hit` states the steps): units of equal specs looked up together, full
+        attention first; passes until none shortens the length; a unit not yet asked at this
+        length finds its EAGLE policy's hit within one block more and drops the last block; a
+        unit asked already finds its own hit within the length, and if it shortens it every
+        unit is asked anew.
+
+        Complexity: O(full blocks * groups) lookups per pass; a pass after the first only when
+        a windowed group shortened the length.
+        """
+        units = self._eagle_units
+        found: list[list[list[KVCacheBlock]] | None] = [None] * len(units)
+        verified: set[int] = set()
+        single_pass = len(units) == 2 and units[0].full
+        length = num_lookup
+        while True:
+            current = length
+            for index, unit in enumerate(units):
+                hits = found[index]
+                if unit.full and hits is not None:
+                    current = min(current, len(hits[0]))
+                    continue
+                if index not in verified:
+                    limit = min(current + 1, len(block_hashes))
+                    hits = self._unit_hit(unit.eagle, unit.groups, block_hashes, limit)
+                    if hits[0]:  # EAGLE recomputes the last matched block
+                        for group_hits in hits:
+                            group_hits.pop()
+                    verified.add(index)
+                else:
+                    hits = self._unit_hit(unit.plain, unit.groups, block_hashes, current)
+                    if len(hits[0]) < current:
+                        verified.clear()
+                current = len(hits[0])
+                found[index] = hits
+            if current >= length or single_pass:
+                length = current
+                break
+            length = current
+        result: list[list[KVCacheBlock]] = [[] for _ in self.managers]
+        for unit, hits in zip(units, found, strict=True):
+            assert hits is not None
+            for group, group_hits in zip(unit.groups, hits, strict=True):
+                result[group] = group_hits[:length] if unit.full else group_hits
+        return tuple(result)
+
+    def _unit_hit(
+        self,
+        policy: SpecializedManager,
+        groups: tuple[int, ...],
+        block_hashes: list[BlockHashType],
+        num_blocks: int,
+    ) -> list[list[KVCacheBlock]]:
+        """`policy`'s hit within the first `num_blocks` hashes for groups looked up together
+        (a position counts as cached only if it is in every group); each group's blocks."""
+        managers = self.managers
+
+        def cached_in_every_group(i: int) -> list[KVCacheBlock] | None:
+            blocks = []
+            for group in groups:
+                block = managers[group].cached_block(block_hashes[i])
+                if block is None:
+                    return None
+                blocks.append(block)
+            return blocks
+
+        null = [self.block_pool.null_block] * len(groups)
+        hit = policy.scan_hit(num_blocks, cached_in_every_group, null)
+        return [[blocks[k] for blocks in hit] for k in range(len(groups))]
 
     # -- allocation --------------------------------------------------------------------------
 
@@ -531,7 +650,7 @@ class HybridKVCacheManager:
             pool.check_hits_locked(
                 request_id, group_hits, stored, manager.allows_null_blocks, group
             )
-            shape_error = manager.hit_shape_error(group_hits, self.use_eagle)
+            shape_error = self._hit_policies[group].hit_shape_error(group_hits, self.use_eagle)
             if shape_error is not None:
                 raise refusals.hit_shape(request_id, shape_error)
 
@@ -799,7 +918,9 @@ class HybridKVCacheManager:
                         f"request {request_id!r}, group {group}, position {position}: "
                         f"{block!r}, stored {stored[position]}",
                     )
-        expected = hash_request_tokens(self.caching_hash_fn, self.block_size, request)
+        expected = hash_request_tokens(
+            self.caching_hash_fn, self.block_size, request, mm_position=self._mm_position
+        )
         for position, block_hash in enumerate(stored):
             chained = expected[position] if position < len(expected) else None
             if block_hash != chained:

@@ -155,6 +155,7 @@ class KVCacheManager:
         self.log_stats = log_stats
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
         self.semantics = semantics
+        self._mm_position = not semantics.mm_keys_without_position  # how hashes key an input
         self.block_pool = BlockPool(
             self.num_gpu_blocks, enable_caching, semantics, enable_kv_cache_events
         )
@@ -167,6 +168,11 @@ class KVCacheManager:
             self.specialized_manager = FullAttentionManager(kv_cache_spec, self.block_pool)
         else:
             raise KVCacheConfigError(f"no attention manager for {type(kv_cache_spec).__name__}")
+        # The policy a lookup finds its hit with (EAGLE: a window one block wider, so that the
+        # hit keeps a whole window once EAGLE drops its last block; not under vLLM 0.8.5).
+        self._lookup_policy: SpecializedManager = self.specialized_manager
+        if use_eagle and not semantics.eagle_window_hit_one_short:
+            self._lookup_policy = self.specialized_manager.for_eagle()
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.req_to_block_hashes: dict[str, list[BlockHashType]] = {}
         self.num_cached_block: dict[str, int] = {}
@@ -224,7 +230,9 @@ class KVCacheManager:
         Hashes every full block of the request once and stores the list. No hit when caching
         is off or the request wants prompt logprobs. When every token lies in full blocks, the
         last block is not looked up (it is recomputed, so the last token yields logits); with
-        `use_eagle` one more block is dropped from a non-empty hit. Nothing is touched yet:
+        `use_eagle` one more block is dropped from a non-empty hit, found under a sliding
+        window for a window one block wider (`SlidingWindowManager.for_eagle`), so that a
+        whole window stays. Nothing is touched yet:
         `allocate_slots` does that if the request gets scheduled.
 
         Raises:
@@ -248,14 +256,18 @@ class KVCacheManager:
         request_id = request.request_id
         block_hashes = self.req_to_block_hashes.get(request_id)
         if not block_hashes:
-            block_hashes = hash_request_tokens(self.caching_hash_fn, self.block_size, request)
+            block_hashes = hash_request_tokens(
+                self.caching_hash_fn, self.block_size, request, mm_position=self._mm_position
+            )
             self.req_to_block_hashes[request_id] = block_hashes
             self._track(request_id, request)
         elif (
             self.semantics.lookup_hashes_every_full_block
             and len(block_hashes) * self.block_size <= request.num_tokens - self.block_size
         ):  # blocks generated before a preemption (vLLM 0.33's lookup)
-            chain = hash_request_tokens(self.caching_hash_fn, self.block_size, request)
+            chain = hash_request_tokens(
+                self.caching_hash_fn, self.block_size, request, mm_position=self._mm_position
+            )
             block_hashes.extend(chain[len(block_hashes) :])
         stats = self.prefix_cache_stats
         if stats is not None:
@@ -266,7 +278,7 @@ class KVCacheManager:
         # Every token in full blocks: leave the last one out, so one block is recomputed.
         last_left_out = len(block_hashes) * self.block_size == request.num_tokens
         lookup = block_hashes[:-1] if last_left_out else block_hashes
-        hits = self.specialized_manager.find_longest_cache_hit(lookup)
+        hits = self._lookup_policy.find_longest_cache_hit(lookup)
         if hits:  # allocate_slots' check of these hits becomes an identity test
             self.block_pool.intern_hashes_locked(hits, block_hashes)
         if self.use_eagle and hits:
@@ -644,7 +656,7 @@ class KVCacheManager:
         stored = self.req_to_block_hashes.get(request_id, [])
         if len(new_computed) > len(stored):
             raise refusals.more_hits_than_hashes(request_id, len(new_computed), len(stored))
-        policy = self.specialized_manager
+        policy = self._lookup_policy
         self.block_pool.check_hits_locked(
             request_id, new_computed, stored, policy.allows_null_blocks
         )
@@ -782,7 +794,9 @@ class KVCacheManager:
                 )
         if self.semantics.vllm_new_block_mm_keys:
             return  # vLLM 0.8.5 stores some hashes with other multimodal keys than the chain's
-        expected = hash_request_tokens(self.caching_hash_fn, self.block_size, request)
+        expected = hash_request_tokens(
+            self.caching_hash_fn, self.block_size, request, mm_position=self._mm_position
+        )
         for position, block_hash in enumerate(stored):
             chained = expected[position] if position < len(expected) else None
             if block_hash != chained:

@@ -123,6 +123,11 @@ class FullAttention:
     """Every earlier token is attended to: the cached prefix is reused, no block is dropped."""
 
     allows_null_blocks = False  # a block list never holds the null block
+    kind = "full attention"
+
+    def first_read(self, position: int) -> int:
+        """The first position the token at `position` attends to: every earlier one."""
+        return 0
 
     def longest_hit(self, lookup: Lookup, block_hashes: Sequence[BlockHashType]) -> list[int]:
         return full_attention_hit(lookup, block_hashes)
@@ -130,6 +135,10 @@ class FullAttention:
     def num_skipped(self, num_computed_tokens: int) -> int:
         """Leading positions the next token no longer reads: none."""
         return 0
+
+    def for_eagle(self) -> FullAttention:
+        """The policy whose hit, less its last block, is an EAGLE hit: this one."""
+        return self
 
     def hit_shape_error(self, hits: Sequence[int], use_eagle: bool) -> str | None:
         """Any run of cached blocks is a hit (null blocks are refused before this is asked)."""
@@ -140,16 +149,28 @@ class SlidingWindow:
     """A token reads itself and the `sliding_window - 1` tokens before it."""
 
     allows_null_blocks = True  # positions outside the window hold the null block
+    kind = "sliding window"
 
     def __init__(self, sliding_window: int, block_size: int) -> None:
         self.sliding_window = sliding_window
         self.block_size = block_size
+
+    def first_read(self, position: int) -> int:
+        """The first position the token at `position` attends to: the window holds it and the
+        `sliding_window - 1` tokens before it."""
+        return max(position - self.sliding_window + 1, 0)
 
     def longest_hit(self, lookup: Lookup, block_hashes: Sequence[BlockHashType]) -> list[int]:
         return sliding_window_hit(lookup, block_hashes, self.sliding_window, self.block_size)
 
     def num_skipped(self, num_computed_tokens: int) -> int:
         return sliding_window_skipped(num_computed_tokens, self.sliding_window, self.block_size)
+
+    def for_eagle(self) -> SlidingWindow:
+        """The policy whose hit, less its last block, is an EAGLE hit: a window one block wider
+        (its run of cached blocks one longer), so that the hit keeps a whole window of cached
+        blocks after EAGLE drops its last."""
+        return SlidingWindow(self.sliding_window + self.block_size, self.block_size)
 
     def hit_shape_error(self, hits: Sequence[int], use_eagle: bool) -> str | None:
         """A hit with null blocks has the shape `sliding_window_hit` gives it: the nulls first,
@@ -171,10 +192,15 @@ class ChunkedLocalAttention:
     """A token reads the tokens of its own chunk of `attention_chunk_size` tokens only."""
 
     allows_null_blocks = True  # positions of earlier chunks hold the null block
+    kind = "chunked local attention"
 
     def __init__(self, attention_chunk_size: int, block_size: int) -> None:
         self.attention_chunk_size = attention_chunk_size
         self.block_size = block_size
+
+    def first_read(self, position: int) -> int:
+        """The first position the token at `position` attends to: its chunk's first."""
+        return position // self.attention_chunk_size * self.attention_chunk_size
 
     def longest_hit(self, lookup: Lookup, block_hashes: Sequence[BlockHashType]) -> list[int]:
         return chunked_local_hit(lookup, block_hashes, self.attention_chunk_size, self.block_size)
@@ -183,6 +209,10 @@ class ChunkedLocalAttention:
         return chunked_local_skipped(
             num_computed_tokens, self.attention_chunk_size, self.block_size
         )
+
+    def for_eagle(self) -> ChunkedLocalAttention:
+        """EAGLE with chunked local attention is refused (`check_hybrid_manager`): this one."""
+        return self
 
     def hit_shape_error(self, hits: Sequence[int], use_eagle: bool) -> str | None:
         """A hit is the nulls of the earlier chunks, then cached blocks: exactly the positions

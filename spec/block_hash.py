@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pagedkv.vocab.hashes import NONE_HASH, BlockHashType, CacheSalt, ExtraKey, HashFn
+from pagedkv.vocab.hashes import (
+    NONE_HASH,
+    BlockHashType,
+    CacheSalt,
+    ExtraKey,
+    HashFn,
+    MultimodalKey,
+)
 from pagedkv.vocab.request import Request
 
 
@@ -42,8 +49,14 @@ def _ranges(request: Request) -> list[tuple[int, int]]:
     return [(position.offset, position.length) for position in request.mm_positions]
 
 
-def block_extra_keys(request: Request, start: int, end: int) -> tuple[ExtraKey, ...] | None:
+def block_extra_keys(
+    request: Request, start: int, end: int, *, mm_position: bool = True
+) -> tuple[ExtraKey, ...] | None:
     """LoRA id, then every multimodal input overlapping the block, then the salt.
+
+    A multimodal input is keyed with its place: `MultimodalKey(hash, offset - start, length)`
+    (without `mm_position`, vLLM 0.8.5's key: the hash alone), so the key says which token of
+    which input fills each slot of the block.
 
     Each field has a type of its own (an int, strs, a `CacheSalt`; `Request` validates them),
     so no value of one field can stand for another's: a multimodal hash shaped like a salt is
@@ -61,7 +74,11 @@ def block_extra_keys(request: Request, start: int, end: int) -> tuple[ExtraKey, 
         keys.append(request.lora_id)
     if request.mm_positions:
         for index in mm_inputs_in_block(_ranges(request), start, end):
-            keys.append(request.mm_hashes[index])
+            placeholder, mm_hash = request.mm_positions[index], request.mm_hashes[index]
+            if mm_position:
+                keys.append(MultimodalKey(mm_hash, placeholder.offset - start, placeholder.length))
+            else:
+                keys.append(mm_hash)
     if request.cache_salt is not None:
         keys.append(CacheSalt(request.cache_salt))
     return tuple(keys) if keys else None
@@ -104,16 +121,19 @@ def request_block_hash(
     return request_block_hashes(hash_fn, block_size, request)[block_index]
 
 
-def request_block_hashes(hash_fn: HashFn, block_size: int, request: Request) -> list[BlockHashType]:
+def request_block_hashes(
+    hash_fn: HashFn, block_size: int, request: Request, *, mm_position: bool = True
+) -> list[BlockHashType]:
     """The hash of every full block of the request, in order, each chained to the one before it
-    (block 0 to none); a partial tail is never hashed."""
+    (block 0 to none); a partial tail is never hashed. `mm_position`: `block_extra_keys`'."""
     assert block_size > 0, "blocks hold at least one token"
     hashes: list[BlockHashType] = []
     parent: int | None = None
     for index in range(request.num_tokens // block_size):
         start, end = index * block_size, (index + 1) * block_size
         tokens = tuple(request.all_token_ids[start:end])
-        result = block_hash(hash_fn, parent, tokens, block_extra_keys(request, start, end))
+        keys = block_extra_keys(request, start, end, mm_position=mm_position)
+        result = block_hash(hash_fn, parent, tokens, keys)
         hashes.append(result)
         parent = result.hash_value
     return hashes

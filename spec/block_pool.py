@@ -30,7 +30,15 @@ from pagedkv.vocab.errors import (
     InvariantViolation,
     NoFreeBlocksError,
 )
-from pagedkv.vocab.hashes import BlockHashType, CacheKey, HashFn, cache_key, key_group, key_hash
+from pagedkv.vocab.hashes import (
+    BlockHashType,
+    CacheKey,
+    HashFn,
+    MultimodalKey,
+    cache_key,
+    key_group,
+    key_hash,
+)
 from pagedkv.vocab.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
@@ -322,7 +330,9 @@ class SpecBlockPool:
                 if self.semantics.vllm_new_block_mm_keys:
                     extra_keys = vllm_new_block_extra_keys(request, start, end)
                 else:
-                    extra_keys = block_extra_keys(request, start, end)
+                    extra_keys = block_extra_keys(
+                        request, start, end, mm_position=not self.semantics.mm_keys_without_position
+                    )
                 this_hash = block_hash(hash_fn, parent_hash_value, tokens, extra_keys)
                 require_int(
                     "BlockPool.cache_full_blocks",
@@ -522,10 +532,16 @@ class SpecBlockPool:
 
 
 def published_keys(block_hash: BlockHashType) -> tuple[int | str, ...] | None:
-    """A key's extra keys as events publish them: LoRA ids and multimodal hashes, never the
+    """A key's extra keys as events publish them: LoRA ids and multimodal content hashes (an
+    input's place in the block is not published: the hash value covers it), never the
     tenant's cache salt (whoever knew it could hit the tenant's blocks)."""
-    kept = tuple(key for key in block_hash.extra_keys or () if isinstance(key, (int, str)))
-    return kept if kept else None
+    kept: list[int | str] = []
+    for key in block_hash.extra_keys or ():
+        if isinstance(key, MultimodalKey):
+            kept.append(key.mm_hash)
+        elif isinstance(key, (int, str)):
+            kept.append(key)
+    return tuple(kept) if kept else None
 
 
 def replayed_hash_counts(

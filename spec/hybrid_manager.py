@@ -28,6 +28,7 @@ is prefix-closed.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from pagedkv.spec.attention import (
     FullAttention,
     SlidingWindow,
 )
+from pagedkv.spec.attention_truth import AttentionTruth
 from pagedkv.spec.block_counts import (
     ceil_div,
     fits,
@@ -55,6 +57,7 @@ from pagedkv.spec.block_counts import (
 )
 from pagedkv.spec.block_hash import request_block_hashes
 from pagedkv.spec.block_pool import NULL_BLOCK_ID, SpecBlockPool
+from pagedkv.spec.known_bugs import known_bugs, known_bugs_fatal
 from pagedkv.spec.manager import check_prefix_closure
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab import refusals
@@ -117,12 +120,14 @@ class SpecHybridKVCacheManager:
 
     Attributes:
         pool: the one spec pool every group takes its blocks from.
+        specs: each group's KV cache spec, in group order.
         policies: each group's attention policy, in group order.
         blocks: request id -> one block-id list per group (null block 0 = skipped).
         hashes: request id -> its stored block hashes (one chain for every group).
         num_cached: request id -> how many of its positions are cached (in every group).
         requests: request id -> the one Request object the id names while it is tracked.
         parent_of: ghost state: every block hash ever stored -> the hash before it in its chain.
+        truth: ghost state: what every block holds, and the attention-truth checks.
     """
 
     def __init__(
@@ -148,6 +153,7 @@ class SpecHybridKVCacheManager:
             enable_kv_cache_events,
         )
         specs = [group.kv_cache_spec for group in config.kv_cache_groups]
+        self.specs = tuple(specs)
         self.block_size = specs[0].block_size
         self.policies: tuple[AnyAttentionPolicy, ...] = tuple(
             policy_of(spec, self.block_size) for spec in specs
@@ -168,6 +174,12 @@ class SpecHybridKVCacheManager:
         self.num_cached: dict[str, int] = {}
         self.requests: dict[str, Request] = {}
         self.parent_of: dict[BlockHashType, BlockHashType | None] = {}
+        self.truth = AttentionTruth(
+            self.policies,
+            self.block_size,
+            known_bugs(semantics),
+            fatal_known_bugs=known_bugs_fatal(),
+        )
 
     @property
     def usage(self) -> float:
@@ -193,8 +205,8 @@ class SpecHybridKVCacheManager:
         request's hashes are stored as a single-group manager stores them; a lookup is counted;
         a request wanting prompt logprobs gets empty hits; the lookup leaves out the last hash
         if every token lies in full blocks; the hit is the longest every group allows (module
-        docstring), each group's blocks at that length; with use_eagle each group's non-empty
-        hit loses its last block.
+        docstring), each group's blocks at that length; with use_eagle it is
+        `eagle_common_hit`'s.
 
         Preconditions: `check_lookup` (ArgumentTypeError); the id names no other Request object
         (RequestError).
@@ -206,11 +218,11 @@ class SpecHybridKVCacheManager:
         self._require_same_request(request)
         request_id = request.request_id
         if not self.hashes.get(request_id):
-            self.hashes[request_id] = request_block_hashes(self.hash_fn, self.block_size, request)
+            self.hashes[request_id] = self._chain(request)
             self.requests[request_id] = request
         elif self.semantics.lookup_hashes_every_full_block:
             stored = self.hashes[request_id]
-            chain = request_block_hashes(self.hash_fn, self.block_size, request)
+            chain = self._chain(request)
             stored.extend(chain[len(stored) :])
         self._record_parents(self.hashes[request_id])
         stored = self.hashes[request_id]
@@ -222,10 +234,12 @@ class SpecHybridKVCacheManager:
             lookup = stored[:-1]  # recompute the last block, so the last token yields logits
         else:
             lookup = list(stored)
-        hits = self.longest_common_hit(lookup)
-        if self.use_eagle and hits[0]:
-            hits = tuple(group_hits[:-1] for group_hits in hits)
+        if self.use_eagle:
+            hits = self.eagle_common_hit(len(lookup), stored)
+        else:
+            hits = self.longest_common_hit(lookup)
         num_hits = len(hits[0])
+        self.truth.check_hit(request, hits, num_hits * self.block_size, eagle=self.use_eagle)
         if self.stats is not None:
             self.stats.queries += len(lookup)
             self.stats.hits += num_hits
@@ -262,6 +276,98 @@ class SpecHybridKVCacheManager:
             if shortened == length:
                 return HitTrace(alone, length, passes, undercut)
             length = shortened
+
+    def eagle_common_hit(
+        self, num_lookup: int, block_hashes: Sequence[BlockHashType]
+    ) -> GroupBlocks:
+        """The hit with use_eagle, found as vLLM 0.33's coordinator finds it (a procedure: its
+        answer depends on the order of its steps, so it is stated as those steps).
+
+        Groups of equal specs form one unit, looked up together (a position is cached for the
+        unit only if it is in every one of its groups); full-attention units go first. The
+        length starts at `num_lookup` blocks (the lookup without EAGLE). Passes go over the
+        units until one shortens nothing (with one full-attention unit and one other, a single
+        pass): a full-attention unit asked before is only cut to the length; a unit not yet
+        asked at this length ("unverified") finds its EAGLE policy's hit (`for_eagle`) within
+        one block more than the length (at most the request's full blocks, `block_hashes`)
+        and drops that hit's last block: a sliding window keeps a whole window of cached
+        blocks; a verified unit finds its own hit within the length, and if it shortens the
+        length every unit is unverified again. Full-attention groups are cut to the final
+        length; the others keep their last hit, which has that length.
+
+        Args:
+            num_lookup: the blocks a lookup without EAGLE covers.
+            block_hashes: the request's stored hashes (every full block's under vLLM 0.33).
+        """
+        units: list[tuple[AnyAttentionPolicy, list[int]]] = []
+        for group, spec in enumerate(self.specs):
+            member_of = [
+                unit for unit, (_, groups) in enumerate(units) if self.specs[groups[0]] == spec
+            ]
+            if member_of:
+                units[member_of[0]][1].append(group)
+            else:
+                units.append((self.policies[group], [group]))
+        units.sort(key=lambda unit: not isinstance(unit[0], FullAttention))
+        single_pass = len(units) == 2 and isinstance(units[0][0], FullAttention)
+        found: dict[int, list[list[int]]] = {}
+        verified: set[int] = set()
+        length = num_lookup
+        while True:
+            current = length
+            for unit, (policy, groups) in enumerate(units):
+                if isinstance(policy, FullAttention) and unit in found:
+                    current = min(current, len(found[unit][0]))
+                    continue
+                drop = unit not in verified
+                if drop:
+                    limit = min(current + 1, len(block_hashes))
+                    hits = self._unit_hit(policy.for_eagle(), groups, block_hashes[:limit])
+                    hits = [group_hits[:-1] for group_hits in hits] if hits[0] else hits
+                    verified.add(unit)
+                else:
+                    hits = self._unit_hit(policy, groups, block_hashes[:current])
+                    if len(hits[0]) < current:
+                        verified.clear()
+                current = len(hits[0])
+                found[unit] = hits
+            if current >= length or single_pass:
+                length = current
+                break
+            length = current
+        result: list[list[int]] = [[] for _ in self.policies]
+        for unit, (policy, groups) in enumerate(units):
+            for group, group_hits in zip(groups, found[unit], strict=True):
+                full = isinstance(policy, FullAttention)
+                result[group] = group_hits[:length] if full else group_hits
+        return tuple(result)
+
+    def _unit_hit(
+        self,
+        policy: AnyAttentionPolicy,
+        groups: Sequence[int],
+        block_hashes: Sequence[BlockHashType],
+    ) -> list[list[int]]:
+        """`policy`'s hit within `block_hashes` for groups looked up together: a position is
+        cached if every group caches it; each group's own blocks, in group order."""
+
+        def cached_in_every_group(block_hash: BlockHashType) -> int | None:
+            found = [
+                self.pool.get_cached_block_unchecked(cache_key(block_hash, group))
+                for group in groups
+            ]
+            return found[0] if None not in found else None
+
+        hit = policy.longest_hit(cached_in_every_group, block_hashes)
+        nulls = len(list(itertools.takewhile(lambda block_id: block_id == NULL_BLOCK_ID, hit)))
+        result = []
+        for group in groups:
+            cached = [
+                self.pool.get_cached_block_unchecked(cache_key(block_hash, group))
+                for block_hash in block_hashes[nulls : len(hit)]
+            ]
+            result.append([NULL_BLOCK_ID] * nulls + [b for b in cached if b is not None])
+        return result
 
     def _group_hit(self, group: int, block_hashes: Sequence[BlockHashType]) -> list[int]:
         def lookup(block_hash: BlockHashType) -> int | None:
@@ -345,7 +451,7 @@ class SpecHybridKVCacheManager:
         }
         if not fits(missing * self.num_groups, self.pool.get_num_free_blocks(), len(free_hits)):
             return None
-        return self._grow(request, hits, required, full, cached)
+        return self._grow(request, hits, required, full, cached, num_tokens)
 
     def _require_hits(self, request: Request, num_held: int, hits: GroupBlocks) -> None:
         """Precondition 5: the hits are what `get_computed_blocks` could have returned."""
@@ -370,6 +476,8 @@ class SpecHybridKVCacheManager:
                         raise refusals.null_hit(block_id)
                 elif self.pool.block_hash[block_id] != cache_key(stored[position], group):
                     raise refusals.hit_not_cached(request_id, block_id, position)
+            if self.use_eagle:  # a hit `eagle_common_hit` can give
+                policy = policy.for_eagle()
             shape_error = policy.hit_shape_error(group_hits, self.use_eagle)
             if shape_error is not None:
                 raise refusals.hit_shape(request_id, shape_error)
@@ -387,7 +495,13 @@ class SpecHybridKVCacheManager:
             blocks[:skipped] = [NULL_BLOCK_ID] * skipped
 
     def _grow(
-        self, request: Request, hits: GroupBlocks, required: int, full: int, cached: int
+        self,
+        request: Request,
+        hits: GroupBlocks,
+        required: int,
+        full: int,
+        cached: int,
+        num_tokens: int,
     ) -> GroupBlocks:
         """The state after a step that fits (`allocate_slots`' last sentence)."""
         request_id = request.request_id
@@ -404,6 +518,7 @@ class SpecHybridKVCacheManager:
             taken = self.pool.get_new_blocks_unchecked(
                 max(num_new_blocks(required, len(blocks), 0), 0)
             )
+            self.truth.handed_out(taken)
             blocks.extend(taken)
             new_blocks.append(taken)
             if self.enable_caching:
@@ -420,6 +535,9 @@ class SpecHybridKVCacheManager:
                 )
         self.blocks[request_id] = lists
         self.requests[request_id] = request
+        computed = request.num_computed_tokens + len(hits[0]) * self.block_size
+        self.truth.check_step(request, lists, computed)
+        self.truth.computed(request, lists, computed, num_tokens)
         if self.enable_caching:
             self._record_parents(self.hashes[request_id], num_recorded)
             self.num_cached[request_id] = full
@@ -442,6 +560,7 @@ class SpecHybridKVCacheManager:
         for blocks in held:
             self.pool.free_blocks_unchecked(blocks[::-1] if tail_first else blocks)
         self.num_cached.pop(request.request_id, None)
+        self.truth.freed(request.request_id)
         self._forget_if_done(request.request_id)
 
     def free_block_hashes(self, request: Request) -> None:
@@ -482,6 +601,16 @@ class SpecHybridKVCacheManager:
 
     # -- helpers -----------------------------------------------------------------------------
 
+    def _chain(self, request: Request) -> list[BlockHashType]:
+        """The hashes of the request's full blocks (`request_block_hashes`), keyed as the
+        semantics keys multimodal inputs."""
+        return request_block_hashes(
+            self.hash_fn,
+            self.block_size,
+            request,
+            mm_position=not self.semantics.mm_keys_without_position,
+        )
+
     def _require_same_request(self, request: Request) -> None:
         if self.requests.get(request.request_id, request) is not request:
             raise refusals.id_in_use(request.request_id)
@@ -489,6 +618,7 @@ class SpecHybridKVCacheManager:
     def _forget_if_done(self, request_id: str) -> None:
         if request_id not in self.blocks and request_id not in self.hashes:
             self.requests.pop(request_id, None)
+            self.truth.forget(request_id)
 
     def _record_parents(self, chain: list[BlockHashType], start: int = 0) -> None:
         """Record the parent of each hash of `chain` from position `start` on (the ones before
@@ -519,6 +649,7 @@ class SpecHybridKVCacheManager:
                 raise InvariantViolation("a block held by two requests is cached", str(block_id))
         for request_id, held in self.blocks.items():
             self._check_request(request_id, held)
+            self.truth.check_table(self.requests[request_id], held)
         tracked = self.blocks.keys() | self.hashes.keys()
         if self.requests.keys() != tracked or not self.num_cached.keys() <= tracked:
             raise InvariantViolation(
@@ -569,7 +700,7 @@ class SpecHybridKVCacheManager:
                         f"request {request_id!r}, group {group}, position {position}, "
                         f"block {block_id}",
                     )
-        chain = request_block_hashes(self.hash_fn, self.block_size, request)
+        chain = self._chain(request)
         if stored != chain[: len(stored)]:
             raise InvariantViolation(
                 "stored hashes are the chain of the request's tokens",

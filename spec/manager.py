@@ -24,6 +24,7 @@ from pagedkv.spec.arguments import (
     check_request,
 )
 from pagedkv.spec.attention import AttentionPolicy, FullAttention, SlidingWindow
+from pagedkv.spec.attention_truth import AttentionTruth
 from pagedkv.spec.block_counts import (
     ceil_div,
     fits,
@@ -33,6 +34,7 @@ from pagedkv.spec.block_counts import (
 )
 from pagedkv.spec.block_hash import request_block_hashes
 from pagedkv.spec.block_pool import NULL_BLOCK_ID, SpecBlockPool
+from pagedkv.spec.known_bugs import known_bugs, known_bugs_fatal
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab import refusals
 from pagedkv.vocab.errors import InvariantViolation, KVCacheConfigError
@@ -61,12 +63,16 @@ class Step:
         num_required: blocks the request must hold after the step, lookahead included.
         num_full: its full blocks after the step, speculative tokens left out: cached after it.
         num_cached: its blocks cached before the step.
+        num_computed: its tokens computed before the step, the hits' included.
+        num_tokens: the tokens the step computes (drafts included).
     """
 
     hits: list[int]
     num_required: int
     num_full: int
     num_cached: int
+    num_computed: int
+    num_tokens: int
 
 
 class SpecKVCacheManager:
@@ -75,11 +81,15 @@ class SpecKVCacheManager:
     Attributes:
         pool: the spec block pool.
         attention: the attention policy (which hits are usable, which blocks are dropped).
+        lookup_policy: the policy a lookup finds its hit with: `attention`, or with use_eagle
+            its `for_eagle()` (unless `eagle_window_hit_one_short`), whose hit then loses its
+            last block.
         blocks: request id -> its block ids, in position order (null block 0 = skipped).
         hashes: request id -> its stored block hashes (kept across preemption).
         num_cached: request id -> how many of its blocks are cached.
         requests: request id -> the one Request object that id names while it is tracked.
         parent_of: ghost state: every block hash ever stored -> the hash before it in its chain.
+        truth: ghost state: what every block holds, and the attention-truth checks.
     """
 
     def __init__(
@@ -113,6 +123,9 @@ class SpecKVCacheManager:
             self.attention = FullAttention()
         else:
             raise KVCacheConfigError(f"no attention manager for {type(layer_spec).__name__}")
+        self.lookup_policy = self.attention
+        if use_eagle and not semantics.eagle_window_hit_one_short:
+            self.lookup_policy = self.attention.for_eagle()  # a whole window after the drop
         self.max_model_len = max_model_len
         self.max_num_blocks_per_req = ceil_div(max_model_len, self.block_size)
         self.enable_caching = enable_caching
@@ -128,6 +141,12 @@ class SpecKVCacheManager:
         self.num_cached: dict[str, int] = {}
         self.requests: dict[str, Request] = {}
         self.parent_of: dict[BlockHashType, BlockHashType | None] = {}
+        self.truth = AttentionTruth(
+            (self.attention,),
+            self.block_size,
+            known_bugs(semantics),
+            fatal_known_bugs=known_bugs_fatal(),
+        )
 
     @property
     def usage(self) -> float:
@@ -154,7 +173,9 @@ class SpecKVCacheManager:
         `lookup_hashes_every_full_block`, the stored ones extended to every full block); a
         lookup is counted; a request
         wanting prompt logprobs gets ([], 0); the lookup leaves out the last hash if every token
-        lies in full blocks; with use_eagle a non-empty hit loses its last block.
+        lies in full blocks; with use_eagle a non-empty hit loses its last block, and a sliding
+        window's hit is found for a window one block wider first (unless
+        `eagle_window_hit_one_short`), so that a whole window stays.
 
         Preconditions: `check_lookup` (ArgumentTypeError); the id names no other Request object
         (RequestError).
@@ -165,11 +186,11 @@ class SpecKVCacheManager:
         self._require_same_request(request)
         request_id = request.request_id
         if not self.hashes.get(request_id):
-            self.hashes[request_id] = request_block_hashes(self.hash_fn, self.block_size, request)
+            self.hashes[request_id] = self._chain(request)
             self.requests[request_id] = request
         elif self.semantics.lookup_hashes_every_full_block:
             stored = self.hashes[request_id]
-            chain = request_block_hashes(self.hash_fn, self.block_size, request)
+            chain = self._chain(request)
             stored.extend(chain[len(stored) :])  # blocks generated before a preemption
         self._record_parents(self.hashes[request_id])
         stored = self.hashes[request_id]
@@ -181,9 +202,10 @@ class SpecKVCacheManager:
             lookup = stored[:-1]  # recompute the last block, so the last token yields logits
         else:
             lookup = list(stored)
-        hits = self.attention.longest_hit(self.pool.get_cached_block_unchecked, lookup)
+        hits = self.lookup_policy.longest_hit(self.pool.get_cached_block_unchecked, lookup)
         if self.use_eagle and hits:
             hits = hits[:-1]
+        self.truth.check_hit(request, (hits,), len(hits) * self.block_size, eagle=self.use_eagle)
         if self.stats is not None:
             self.stats.queries += len(lookup)
             self.stats.hits += len(hits)
@@ -216,7 +238,8 @@ class SpecKVCacheManager:
              (BlockStateError), and unless it is the null block is cached under the request's
              stored hash at its position (RequestError); the hits have a shape the attention
              can produce: under sliding window, null hits first, then contiguous_blocks_needed
-             cached blocks, one fewer with use_eagle (RequestError);
+             cached blocks of the lookup's window (`lookup_policy`), one fewer with use_eagle
+             (RequestError);
           6. computed tokens after the step, speculative ones excluded, do not exceed the
              request's tokens (InvalidArgumentError);
           7. the blocks required, lookahead included, do not exceed cdiv(max_model_len, B)
@@ -271,7 +294,7 @@ class SpecKVCacheManager:
         cached = self.num_cached.get(request_id, len(hits))
         if self.enable_caching and full < cached:
             raise refusals.cached_blocks_lost(request_id, full, cached)
-        return Step(hits, required, full, cached)
+        return Step(hits, required, full, cached, computed, num_tokens)
 
     def _require_hits(self, request: Request, held: list[int], hits: list[int]) -> None:
         """Precondition 5: the hits are what `get_computed_blocks` could have returned."""
@@ -291,7 +314,7 @@ class SpecKVCacheManager:
                     raise refusals.null_hit(block_id)
             elif self.pool.block_hash[block_id] != stored[position]:
                 raise refusals.hit_not_cached(request_id, block_id, position)
-        shape_error = self.attention.hit_shape_error(hits, self.use_eagle)
+        shape_error = self.lookup_policy.hit_shape_error(hits, self.use_eagle)
         if shape_error is not None:
             raise refusals.hit_shape(request_id, shape_error)
 
@@ -333,9 +356,12 @@ class SpecKVCacheManager:
         new_blocks = self.pool.get_new_blocks_unchecked(
             max(min(missing, self.pool.get_num_free_blocks(), room), 0)
         )
+        self.truth.handed_out(new_blocks)
         blocks += new_blocks
         self.blocks[request_id] = blocks
         self.requests[request_id] = request
+        self.truth.check_step(request, (blocks,), step.num_computed)
+        self.truth.computed(request, (blocks,), step.num_computed, step.num_tokens)
         if self.enable_caching:
             stored = self.hashes.setdefault(request_id, [])
             num_recorded = len(stored)
@@ -368,6 +394,7 @@ class SpecKVCacheManager:
         tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
         self.pool.free_blocks_unchecked(held[::-1] if tail_first else held)
         self.num_cached.pop(request.request_id, None)
+        self.truth.freed(request.request_id)
         self._forget_if_done(request.request_id)
 
     def free_block_hashes(self, request: Request) -> None:
@@ -403,6 +430,16 @@ class SpecKVCacheManager:
 
     # -- helpers -----------------------------------------------------------------------------
 
+    def _chain(self, request: Request) -> list[BlockHashType]:
+        """The hashes of the request's full blocks (`request_block_hashes`), keyed as the
+        semantics keys multimodal inputs."""
+        return request_block_hashes(
+            self.hash_fn,
+            self.block_size,
+            request,
+            mm_position=not self.semantics.mm_keys_without_position,
+        )
+
     def _require_same_request(self, request: Request) -> None:
         if self.requests.get(request.request_id, request) is not request:
             raise refusals.id_in_use(request.request_id)
@@ -410,6 +447,7 @@ class SpecKVCacheManager:
     def _forget_if_done(self, request_id: str) -> None:
         if request_id not in self.blocks and request_id not in self.hashes:
             self.requests.pop(request_id, None)
+            self.truth.forget(request_id)
 
     def _record_parents(self, chain: list[BlockHashType], start: int = 0) -> None:
         """Record the parent of each hash of `chain` from position `start` on (the ones before
@@ -439,6 +477,7 @@ class SpecKVCacheManager:
                 raise InvariantViolation("a block held by two requests is cached", str(block_id))
         for request_id, held in self.blocks.items():
             self._check_request(request_id, held)
+            self.truth.check_table(self.requests[request_id], (held,))
         tracked = self.blocks.keys() | self.hashes.keys()
         if self.requests.keys() != tracked or not self.num_cached.keys() <= tracked:
             raise InvariantViolation(
@@ -479,7 +518,7 @@ class SpecKVCacheManager:
                 )
         if self.semantics.vllm_new_block_mm_keys:
             return  # vLLM 0.8.5 stores some hashes with other multimodal keys than the chain's
-        chain = request_block_hashes(self.hash_fn, self.block_size, request)
+        chain = self._chain(request)
         if stored != chain[: len(stored)]:  # the stored hashes are a prefix of the chain
             raise InvariantViolation(
                 "stored hashes are the chain of the request's tokens",

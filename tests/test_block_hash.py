@@ -29,7 +29,7 @@ from pagedkv.harness.machines.strategies import requests
 from pagedkv.manager import SHA256_MEMO_TOKENS
 from pagedkv.spec import block_extra_keys, request_block_hashes
 from pagedkv.spec.block_hash import vllm_new_block_extra_keys
-from pagedkv.vocab.hashes import CacheSalt
+from pagedkv.vocab.hashes import CacheSalt, MultimodalKey
 from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_8_5
 
 
@@ -68,7 +68,9 @@ def test_extra_keys_scan_matches_the_overlap_definition(
 def test_vllm_new_block_keys_scan_from_the_last_input(request: Request, start: int) -> None:
     end = start + 2
     last = max(len(request.mm_positions) - 1, 0)
-    keys, _ = generate_block_hash_extra_keys(request, start, end, last, include_touching=True)
+    keys, _ = generate_block_hash_extra_keys(
+        request, start, end, last, include_touching=True, mm_position=False
+    )
     assert keys == vllm_new_block_extra_keys(request, start, end)
 
 
@@ -81,18 +83,25 @@ def test_extra_keys_order_lora_then_multimodal_then_salt() -> None:
         lora_id=7,
         cache_salt="s",
     )
-    assert generate_block_hash_extra_keys(request, 0, 4, 0) == (
+    a, b = MultimodalKey("a", 1, 2), MultimodalKey("b", 3, 2)
+    assert generate_block_hash_extra_keys(request, 0, 4, 0) == ((7, a, b, CacheSalt("s")), 1)
+    # Block [4, 8): input "b" ends at 5, so it joins (it began a token before the block); the
+    # salt joins every block.
+    b_before = MultimodalKey("b", -1, 2)
+    assert generate_block_hash_extra_keys(request, 4, 8, 1) == ((7, b_before, CacheSalt("s")), 2)
+    # vLLM 0.8.5's keys: each input's hash alone.
+    assert generate_block_hash_extra_keys(request, 0, 4, 0, mm_position=False) == (
         (7, "a", "b", CacheSalt("s")),
         1,
     )
-    # Block [4, 8): input "b" ends at 5, so it joins; the salt joins every block.
-    assert generate_block_hash_extra_keys(request, 4, 8, 1) == ((7, "b", CacheSalt("s")), 2)
 
 
 def test_an_input_ending_where_a_block_starts_joins_it_only_in_vllm_semantics() -> None:
     request = Request("r", [0] * 8, mm_positions=[PlaceholderRange(0, 4)], mm_hashes=["a"])
     assert generate_block_hash_extra_keys(request, 4, 8, 0)[0] is None
-    assert generate_block_hash_extra_keys(request, 4, 8, 0, include_touching=True)[0] == ("a",)
+    assert generate_block_hash_extra_keys(request, 4, 8, 0, include_touching=True)[0] == (
+        MultimodalKey("a", -4, 4),
+    )
 
 
 def test_block_completed_by_generated_tokens_hashes_like_a_prompt_block() -> None:
@@ -119,11 +128,12 @@ def test_block_completed_by_generated_tokens_hashes_like_a_prompt_block() -> Non
     )
     early.append_output_token_ids([9])
     ours, theirs = BlockPool(4, True), BlockPool(4, True, VLLM_0_8_5)
-    for pool, keys in ((ours, ("first", "second")), (theirs, ("second",))):
+    both = (MultimodalKey("first", 0, 1), MultimodalKey("second", 2, 1))
+    for pool, keys in ((ours, both), (theirs, ("second",))):
         hashes = []
         pool.cache_full_blocks(early, pool.get_new_blocks(1), hashes, 0, 1, 4, sha256)
         assert hashes[0].extra_keys == keys
-    assert hash_request_tokens(sha256, 4, early)[0].extra_keys == ("first", "second")
+    assert hash_request_tokens(sha256, 4, early)[0].extra_keys == both
 
 
 def test_chain_hash_depends_on_every_earlier_block() -> None:

@@ -114,6 +114,9 @@ class SpecIds:
         `group`, then free those blocks (tail first): evictable cached blocks."""
         self.pool.cache_full_blocks(request, block_ids, [], 0, len(block_ids), B, sha256, group)
         self.pool.free_blocks([b for b in reversed(block_ids) if b])
+        # What those blocks hold: the chain's KV, as if a request had computed it there.
+        tables = tuple(block_ids if g == group else [] for g in range(self.manager.num_groups))
+        self.manager.truth.computed(request, tables, 0, len(block_ids) * B)
 
     def new_block_ids(self, count: int) -> list[int]:
         return self.pool.get_new_blocks(count)

@@ -20,7 +20,7 @@ from pagedkv.spec import attention as spec_attention
 from pagedkv.spec import block_counts as spec_counts
 from pagedkv.spec import block_hash as spec_hash
 from pagedkv.vocab import kv_cache_interface
-from pagedkv.vocab.hashes import BlockHashType
+from pagedkv.vocab.hashes import BlockHashType, MultimodalKey
 from pagedkv.vocab.request import PlaceholderRange, Request
 from proofs.crosshair import contracts, pairs
 from proofs.crosshair.runner import call_contract
@@ -157,12 +157,17 @@ def test_extra_keys_are_unchanged_by_the_scan_over_tuples() -> None:
         lora_id=7,
     )
     keys = [block_hash.generate_block_hash_extra_keys(request, s, s + 4, 0)[0] for s in (0, 4, 8)]
-    assert keys == [(7, "a"), (7, "b"), (7, "c")]
-    assert block_hash.generate_block_hash_extra_keys(request, 12, 16, 2) == ((7, "c"), 3)
+    a, b = MultimodalKey("a", 1, 3), MultimodalKey("b", 0, 1)
+    assert keys == [(7, a), (7, b), (7, MultimodalKey("c", 0, 5))]
+    assert block_hash.generate_block_hash_extra_keys(request, 12, 16, 2) == (
+        (7, MultimodalKey("c", -4, 5)),
+        3,
+    )
     for start in range(0, 16, 4):
-        assert block_hash.generate_block_hash_extra_keys(request, start, start + 4, 0)[
-            0
-        ] == spec_hash.block_extra_keys(request, start, start + 4)
+        for mm_position in (True, False):
+            assert block_hash.generate_block_hash_extra_keys(
+                request, start, start + 4, 0, mm_position=mm_position
+            )[0] == spec_hash.block_extra_keys(request, start, start + 4, mm_position=mm_position)
 
 
 def test_budget_formulas() -> None:

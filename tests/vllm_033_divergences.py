@@ -2,10 +2,12 @@
 
     python tests/vllm_033_divergences.py
 
-docs/semantics.md lists five behaviours of vLLM 0.33.0 that no semantics of the spec has, and
+docs/semantics.md lists the behaviours of vLLM 0.33.0 that no semantics of the spec has, and
 `pagedkv verify --against vllm==0.33.0` leaves them out of its domain. This replays one
 shortest case of each on the spec and on vLLM's code and prints what each side did as one JSON
-line, so a test can pin that the difference is still there (and the docs still true).
+line, so a test can pin that the difference is still there (and the docs still true); and one
+case of each rule that used to differ (EAGLE with a window, on one group and on several; a
+multimodal input's place in a block), so a test can pin that they agree.
 Exit status 3: the package index is unreachable and nothing is cached.
 """
 

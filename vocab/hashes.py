@@ -5,10 +5,11 @@ tokens, its extra keys and block k-1's value, so two requests share block k only
 agree), its token ids, and its extra keys. The index compares whole keys, so equal hash values
 with different tokens or extra keys never hit.
 
-A block's extra keys hold, in order, the LoRA id (an int), the content hash of each multimodal
-input overlapping the block (a str) and the tenant's `CacheSalt` (a type of its own). `Request`
-validates those types, so no value of one field can imitate another's: a multimodal hash is never
-a salt, a salt never a LoRA id. Requests without a salt have vLLM 0.8.5's layout exactly.
+A block's extra keys hold, in order, the LoRA id (an int), each multimodal input overlapping
+the block (a `MultimodalKey`: its content hash and where it lies relative to the block; under
+vLLM 0.8.5's semantics its content hash alone, a str) and the tenant's `CacheSalt` (a type of its
+own). `Request` validates those types, so no value of one field can imitate another's: a
+multimodal hash is never a salt, a salt never a LoRA id.
 
 How a request's blocks are keyed is each side's own: `pagedkv.spec.block_hash` defines it plainly,
 `pagedkv.block_hash` computes it fast.
@@ -40,8 +41,23 @@ class CacheSalt:
         return "CacheSalt(<redacted>)"
 
 
-ExtraKey: TypeAlias = "int | str | CacheSalt"
-"""A LoRA id (int), a multimodal content hash (str), or a tenant's cache salt (`CacheSalt`)."""
+@dataclass(frozen=True, slots=True)
+class MultimodalKey:
+    """A multimodal input as an extra key of a block starting at token s: its content hash,
+    where it starts relative to the block (`offset - s`, negative when it began in an earlier
+    block) and its length in tokens. Which token of which input sits in each slot is then
+    fixed by the key: two blocks with the same tokens and the same image at different places
+    hold different KV and never share a key (vLLM 0.33 keys the hash and the relative offset;
+    its identifiers fix an input's length)."""
+
+    mm_hash: str
+    offset: int
+    length: int
+
+
+ExtraKey: TypeAlias = "int | str | MultimodalKey | CacheSalt"
+"""A LoRA id (int), a multimodal input (`MultimodalKey`; its content hash alone, a str, under
+vLLM 0.8.5's semantics), or a tenant's cache salt (`CacheSalt`)."""
 
 HashFn: TypeAlias = Callable[[object], int]
 HashAlgo: TypeAlias = Literal["sha256", "builtin"]

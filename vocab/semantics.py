@@ -45,6 +45,16 @@ class Semantics:
             0.8.5 do (they hash each block as its tokens arrive); 0.8.5 and pagedkv look up the
             hashes stored for the request, which after a preemption end at its last cached
             block.
+        eagle_window_hit_one_short: with `use_eagle`, a sliding-window hit is the usual one
+            (ending in the cdiv(W - 1, B) cached blocks the window needs) less its last block,
+            as vLLM 0.8.5 finds it: the token at the hit's end then misses one block of its
+            window, which holds the null block (a vLLM 0.8.5 bug). pagedkv and vLLM 0.33 find
+            the hit of a window one block wider and drop that block.
+        mm_keys_without_position: a multimodal input joins a block's extra keys as its content
+            hash alone, as vLLM 0.8.5 keys it: two blocks with the same tokens and the same
+            input at different places share a key, and one serves the other's KV (a vLLM 0.8.5
+            bug). pagedkv keys the input with its place in the block (`MultimodalKey`), as vLLM
+            0.33 does.
     """
 
     null_block_refcounted: bool = False
@@ -55,6 +65,8 @@ class Semantics:
     free_uncached_to_head: bool = False
     free_tail_first_without_caching: bool = False
     lookup_hashes_every_full_block: bool = False
+    eagle_window_hit_one_short: bool = False
+    mm_keys_without_position: bool = False
 
     @property
     def name(self) -> str:
@@ -70,6 +82,8 @@ VLLM_0_8_5 = Semantics(
     capacity_counts_null_blocks=True,
     vllm_new_block_mm_keys=True,
     cap_at_max_model_len=True,
+    eagle_window_hit_one_short=True,
+    mm_keys_without_position=True,
 )
 VLLM_0_33 = Semantics(
     usage_excludes_null_block=True,

@@ -45,10 +45,10 @@ from pagedkv.harness.client.manager_ops import (
     Step,
     TakeEvents,
 )
-from pagedkv.harness.client.requests import MultimodalInputs, RequestRecord, new_request
+from pagedkv.harness.client.requests import RequestRecord, new_request
 from pagedkv.harness.comparison import ComparedPair
 from pagedkv.harness.coverage import Coverage
-from pagedkv.harness.domain import FULL_DOMAIN, Domain
+from pagedkv.harness.domain import FULL_DOMAIN, Domain, MultimodalInputs
 from pagedkv.harness.probes import manager_probe
 from pagedkv.harness.protocol import (
     NOT_REPORTED,
@@ -235,6 +235,8 @@ class ManagerClient:
         coverage = self.coverage
         coverage.steps += 1
         spec = self.spec
+        if spec.truth.checks:
+            coverage.counts.update(spec.truth.take_checks())
         coverage.states.add(
             hash(
                 (
@@ -261,7 +263,7 @@ class ManagerClient:
         self.num_arrived += 1
         request_id = op.request_id or f"req-{self.num_arrived}"
         tokens = list(op.tokens)
-        lora, mm, salt = op.lora, op.mm, op.salt
+        lora, mm, salt = op.lora, self.domain.multimodal_inputs(op.mm), op.salt
         if op.share >= 0 and self.history:
             earlier = self.history[op.share % len(self.history)]
             shared = earlier.tokens[: max(op.share_len, 0)]

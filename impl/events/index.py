@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey
+from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey, MultimodalKey
 from pagedkv.vocab.kv_events import (
     BlockRemoved,
     BlockStored,
@@ -22,10 +22,15 @@ from pagedkv.vocab.kv_events import (
 
 
 def published_extra_keys(block_hash: BlockHashType) -> tuple[EventExtraKey, ...] | None:
-    """A key's extra keys as `BlockStored.extra_keys` publishes them: without the cache salt."""
+    """A key's extra keys as `BlockStored.extra_keys` publishes them: a multimodal input as its
+    content hash, without the cache salt."""
     if block_hash.extra_keys is None:
         return None
-    kept = tuple(key for key in block_hash.extra_keys if isinstance(key, (int, str)))
+    kept = tuple(
+        key.mm_hash if isinstance(key, MultimodalKey) else key
+        for key in block_hash.extra_keys
+        if isinstance(key, (int, str, MultimodalKey))
+    )
     return kept or None
 
 

@@ -1,0 +1,286 @@
+"""The attention-truth invariant: every position a request reads holds that request's own KV.
+
+The spec's other invariants compare the managers' bookkeeping with itself; this one compares
+their decisions with what the model computes. It reads the ghost content of the blocks
+(`pagedkv.spec.ghost_kv`) and each attention type's statement of which earlier positions a token
+attends to (`first_read`: all of them for full attention, the last W - 1 for a sliding window of
+W, those of its own chunk for chunked local attention), and demands, in every KV cache group:
+
+- **a hit is true**: a hit of N tokens holds, at every position the token at N reads, that
+  request's own KV (never the null block, never another prefix's or tenant's KV, never KV of a
+  block reused since);
+- **a step reads true KV**: when `allocate_slots` schedules tokens from position s on, every
+  position before s that they read is held by the request's block table with its own KV;
+- **a running request's table stays true**: at every check, every position the request's next
+  token reads (`num_computed_tokens` on) holds its own KV.
+
+A decision no other check can judge (how long a window's run must be, where a chunk starts,
+when a skipped block is freed, which key a block is cached under) breaks it as soon as a request
+would read a wrong value.
+
+**Known bugs.** Under a vLLM release's semantics the spec reproduces that release, bugs
+included; a `KnownBug` names the states such a bug leads to. An untruth a known bug of the
+semantics explains is counted under the bug's name instead of raised (unless
+`fatal_known_bugs`); the request that read it is *tainted* until it is freed: what it computes
+meanwhile is poisoned KV (written where it belongs, but not the KV of those tokens), and a later
+read of poisoned KV is the same bug's consequence. Any other untruth raises `InvariantViolation`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from pagedkv.spec.ghost_kv import NULL_BLOCK_ID, GhostKV, SlotKV
+from pagedkv.vocab.errors import InvariantViolation
+from pagedkv.vocab.request import Request
+
+ATTENTION_TRUTH = "every position a request reads holds its own KV"
+"""The invariant's name, as `InvariantViolation.invariant` reports it."""
+
+
+class ReadPolicy(Protocol):
+    """What the invariant needs of an attention policy (`pagedkv.spec.attention`)."""
+
+    @property
+    def kind(self) -> str:
+        """The attention type, in words."""
+
+    def first_read(self, position: int) -> int:
+        """The first position the token at `position` attends to."""
+
+
+@dataclass(frozen=True)
+class Untruth:
+    """A position a request reads whose block does not hold the request's KV for it.
+
+    Attributes:
+        request_id: the reader.
+        group: the KV cache group whose blocks it reads.
+        position: the token position read.
+        block_id: the block its table has there (None: its table has no block there).
+        found: what that slot holds (None: nothing).
+        expected: what it should hold: the request's own KV of that position.
+        where: "hit" (a lookup's result), "step" (an allocation's reads) or "table" (a
+            running request's reads at a check).
+        poisoned_by: the known bug that poisoned the KV found, if it was poisoned.
+    """
+
+    request_id: str
+    group: int
+    position: int
+    block_id: int | None
+    found: SlotKV | None
+    expected: SlotKV
+    where: str
+    poisoned_by: str | None
+
+
+@dataclass(frozen=True)
+class KnownBug:
+    """A release's bug that breaks attention truth, reproduced under that release's semantics.
+
+    Attributes:
+        release: the release it belongs to ("vLLM 0.8.5").
+        name: what goes wrong, in words.
+        explains: whether an untruth is this bug's doing (the ghost content lets it look at
+            what was found and expected).
+    """
+
+    release: str
+    name: str
+    explains: Callable[[Untruth, GhostKV], bool]
+
+    @property
+    def title(self) -> str:
+        return f"{self.release} bug: {self.name}"
+
+
+class AttentionTruth:
+    """The ghost content of a manager's pool and the attention-truth checks (module docstring).
+
+    Attributes:
+        ghost: what every slot holds.
+        policies: per KV cache group, its attention policy (what a token reads).
+        block_size: the blocks' size (every group's).
+        known_bugs: the bugs the manager's semantics reproduces.
+        fatal_known_bugs: raise on a known bug's state too (to replay one).
+        tainted: request id -> the known bug whose wrong KV it read (until it is freed).
+        scheduled: request id -> the end of the tokens its allocations scheduled since it last
+            held no block (what its computed count may honestly reach).
+        checks: what the checks covered and the known bugs' states, by event (the campaign's
+            coverage takes them).
+    """
+
+    def __init__(
+        self,
+        policies: Sequence[ReadPolicy],
+        block_size: int,
+        known_bugs: Sequence[KnownBug] = (),
+        *,
+        fatal_known_bugs: bool = False,
+    ) -> None:
+        self.ghost = GhostKV()
+        self.policies = tuple(policies)
+        self.block_size = block_size
+        self.known_bugs = tuple(known_bugs)
+        self.fatal_known_bugs = fatal_known_bugs
+        self.tainted: dict[str, str] = {}
+        self.scheduled: dict[str, int] = {}
+        self.checks: Counter[str] = Counter()
+
+    # -- the manager's events ----------------------------------------------------------------
+
+    def handed_out(self, block_ids: Sequence[int]) -> None:
+        """Blocks taken from the free queue: whatever they held is gone."""
+        self.ghost.clear(block_ids)
+
+    def computed(
+        self, request: Request, tables: Sequence[Sequence[int]], start: int, num_tokens: int
+    ) -> None:
+        """Tokens [start, start + num_tokens) of `request` (drafts after its own tokens) are
+        computed into its blocks in every group (poisoned if it is tainted)."""
+        poisoned_by = self.tainted.get(request.request_id)
+        for group, table in enumerate(tables):
+            self.ghost.write(group, table, self.block_size, request, start, num_tokens, poisoned_by)
+        self.scheduled[request.request_id] = start + num_tokens
+
+    def _adopt_claims(self, request: Request, tables: Sequence[Sequence[int]]) -> None:
+        """Tokens the caller counts as computed (`num_computed_tokens`) that no step of this
+        manager scheduled were computed elsewhere, where the request's tables put them: the
+        caller's claim, not the manager's decision (a scheduler that advances the count by
+        the tokens it ran never makes one)."""
+        scheduled = self.scheduled.get(request.request_id, 0)
+        claimed = min(request.num_computed_tokens, request.num_tokens)
+        if claimed > scheduled:
+            self.checks["attention truth: tokens computed outside the manager's steps"] += (
+                claimed - scheduled
+            )
+            self.computed(request, tables, scheduled, claimed - scheduled)
+
+    def freed(self, request_id: str) -> None:
+        """The request's blocks were freed: it recomputes from its tokens when readmitted."""
+        self.tainted.pop(request_id, None)
+        self.scheduled.pop(request_id, None)
+
+    def forget(self, request_id: str) -> None:
+        """The manager no longer tracks the request."""
+        self.freed(request_id)
+        self.ghost.forget(request_id)
+
+    # -- the checks --------------------------------------------------------------------------
+
+    def check_hit(
+        self, request: Request, hits: Sequence[Sequence[int]], num_tokens: int, *, eagle: bool
+    ) -> None:
+        """A hit of `num_tokens` tokens (one block list per group; `eagle`: its last block was
+        dropped) holds the KV every position the token at `num_tokens` reads."""
+        if not num_tokens:
+            return
+        checks = self.checks
+        checks["attention truth: hits checked"] += 1
+        if eagle:
+            checks["attention truth: EAGLE hits checked"] += 1
+        for policy, group_hits in zip(self.policies, hits, strict=True):
+            if group_hits and group_hits[0] == NULL_BLOCK_ID:
+                checks[f"attention truth: hits past null blocks checked, {policy.kind}"] += 1
+        self._check(request, hits, num_tokens, "hit")
+
+    def check_step(
+        self, request: Request, tables: Sequence[Sequence[int]], num_computed_tokens: int
+    ) -> None:
+        """Tokens scheduled from `num_computed_tokens` on read true KV from the request's
+        tables."""
+        self.checks["attention truth: steps checked"] += 1
+        self._adopt_claims(request, tables)
+        self._check(request, tables, num_computed_tokens, "step")
+
+    def check_table(self, request: Request, tables: Sequence[Sequence[int]]) -> None:
+        """A running request's next token reads true KV from its tables."""
+        self._adopt_claims(request, tables)
+        self._check(request, tables, request.num_computed_tokens, "table")
+
+    def _check(
+        self, request: Request, tables: Sequence[Sequence[int]], num_tokens: int, where: str
+    ) -> None:
+        untruth = self.first_untruth(request, tables, num_tokens, where)
+        if untruth is None:
+            return
+        bug = self.tainted.get(request.request_id) or untruth.poisoned_by
+        if bug is None:
+            bug = next(
+                (known.title for known in self.known_bugs if known.explains(untruth, self.ghost)),
+                None,
+            )
+        if bug is None or self.fatal_known_bugs:
+            raise InvariantViolation(bug or ATTENTION_TRUTH, self.report(untruth))
+        self.checks[f"states of a known bug: {bug}"] += 1
+        self.tainted[request.request_id] = bug
+
+    def first_untruth(
+        self, request: Request, tables: Sequence[Sequence[int]], num_tokens: int, where: str
+    ) -> Untruth | None:
+        """The first position (group by group, left to right) that the token at `num_tokens`
+        reads and that does not hold the request's own KV; None if there is none."""
+        expected = self.ghost.histories_of(request)
+        num_tokens = min(num_tokens, len(expected))  # a request computes only its own tokens
+        block_size = self.block_size
+        for group, table in enumerate(tables):
+            first = self.policies[group].first_read(num_tokens)
+            self.checks["attention truth: positions read checked"] += num_tokens - first
+            for position in range(first, num_tokens):
+                index = position // block_size
+                block_id = table[index] if index < len(table) else None
+                found = (
+                    None
+                    if block_id is None or block_id == NULL_BLOCK_ID
+                    else self.ghost.holds(block_id, position % block_size)
+                )
+                if found != (group, expected[position]):
+                    poisoned_by = (
+                        None if found is None else self.ghost.histories.poisoned_by(found[1])
+                    )
+                    return Untruth(
+                        request.request_id,
+                        group,
+                        position,
+                        block_id,
+                        found,
+                        (group, expected[position]),
+                        where,
+                        poisoned_by,
+                    )
+        return None
+
+    def report(self, untruth: Untruth) -> str:
+        """An untruth in words: who reads what, where, and what it finds instead."""
+        what = {
+            "hit": "a prefix-cache hit of",
+            "step": "an allocation for",
+            "table": "the block table of",
+        }[untruth.where]
+        block = untruth.block_id
+        if block is None:
+            holder = "no block (the table ends before it)"
+        elif block == NULL_BLOCK_ID:
+            holder = "the null block"
+        else:
+            holder = f"block {block}, which holds {self.ghost.describe(untruth.found)}"
+        return (
+            f"{what} request {untruth.request_id!r}: group {untruth.group} reads position "
+            f"{untruth.position}, held by {holder}; the request's own is "
+            f"{self.ghost.describe(untruth.expected)}"
+        )
+
+    def canonical(self, block_ids: Iterable[int]) -> tuple[object, ...]:
+        """The ghost state that decides what later reads find, independent of history's
+        numbering: the content of `block_ids` (those a later read can reach: held or cached)
+        and the tainted requests."""
+        return self.ghost.canonical(block_ids), tuple(sorted(self.tainted.items()))
+
+    def take_checks(self) -> Counter[str]:
+        """What the checks covered since the last call."""
+        checks, self.checks = self.checks, Counter()
+        return checks

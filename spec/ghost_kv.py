@@ -1,0 +1,238 @@
+"""Ghost KV content: what each slot of each block holds, kept by the spec only.
+
+The managers decide which block serves which tokens; nothing they keep says what a block
+*holds*. This module keeps it, as ghost state (the implementation has none), so that their
+decisions can be held to what attention reads (`pagedkv.spec.attention_truth`).
+
+**What a token's KV is.** The KV of the token at position p of a request is fixed by everything
+the model saw up to and including p: the request's LoRA adapter and tenant (its cache salt: a
+tenant never reads another's KV, whatever the values), its tokens 0..p and, for a token inside a
+multimodal placeholder, which input (its content hash) and which of the input's tokens it is.
+Two tokens have the same KV exactly when all of that agrees. `KVHistories` gives each such
+history a number by hash-consing (a history is its parent history's number, the token and its
+multimodal place), so "the same KV" is an equality of ints: exact, no hash value involved.
+
+**What a slot holds.** The KV of one token for one KV cache group (the group's layers), or
+nothing. It is written when the token is computed into the block (`GhostKV.write`: the tokens an
+`allocate_slots` call scheduled, drafts included, are computed by the step it allocated for),
+kept while the block is free (the prefix cache reuses it), and gone when the block is handed
+out again (`GhostKV.clear`): a block's old KV is never read by its next owner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pagedkv.vocab.request import Request
+
+MultimodalPlace = tuple[str, int]
+"""A token inside a multimodal input: the input's content hash, and the token's index in it."""
+
+NULL_BLOCK_ID = 0  # the null block holds no one's KV (pagedkv.spec.block_pool's)
+
+SlotKV = tuple[int, int]
+"""What a slot holds: (KV cache group, the history number of the token whose KV it is)."""
+
+
+@dataclass(frozen=True)
+class Root:
+    """Where every history of one adapter and tenant starts."""
+
+    lora_id: int | None
+    cache_salt: str | None
+
+
+@dataclass(frozen=True)
+class Step:
+    """One token after a history: the token id and its multimodal place (None outside one)."""
+
+    parent: int
+    token: int
+    place: MultimodalPlace | None
+
+
+@dataclass(frozen=True)
+class Poisoned:
+    """KV computed by a request that read wrong KV (under a known bug): not the KV of
+    `history`, though written where it belongs."""
+
+    history: int
+    bug: str
+
+
+class KVHistories:
+    """Numbers every history of tokens (module docstring): equal numbers, equal KV.
+
+    Attributes:
+        number_of: each root, step or poisoned history -> its number.
+        entries: number -> what it numbers (the inverse of `number_of`).
+    """
+
+    def __init__(self) -> None:
+        self.number_of: dict[Root | Step | Poisoned, int] = {}
+        self.entries: list[Root | Step | Poisoned] = []
+
+    def number(self, entry: Root | Step | Poisoned) -> int:
+        """The number of `entry`, given the first time it is asked for."""
+        number = self.number_of.get(entry)
+        if number is None:
+            number = self.number_of[entry] = len(self.entries)
+            self.entries.append(entry)
+        return number
+
+    def position(self, number: int) -> int:
+        """The position of the last token of a history (-1 for a root)."""
+        entry = self.entries[number]
+        if isinstance(entry, Poisoned):
+            return self.position(entry.history)
+        if isinstance(entry, Root):
+            return -1
+        return self.position(entry.parent) + 1
+
+    def unfold(self, number: int) -> tuple[Root, list[tuple[int, MultimodalPlace | None]]]:
+        """A history spelled out: its root and every (token, place) from position 0 on."""
+        entry = self.entries[number]
+        if isinstance(entry, Poisoned):
+            return self.unfold(entry.history)
+        steps: list[tuple[int, MultimodalPlace | None]] = []
+        while isinstance(entry, Step):
+            steps.append((entry.token, entry.place))
+            entry = self.entries[entry.parent]
+        assert isinstance(entry, Root), "every history starts at a root"
+        return entry, steps[::-1]
+
+    def poisoned_by(self, number: int) -> str | None:
+        """The known bug that poisoned this KV, or None for true KV."""
+        entry = self.entries[number]
+        return entry.bug if isinstance(entry, Poisoned) else None
+
+
+def multimodal_place(request: Request, position: int) -> MultimodalPlace | None:
+    """Which input, and which of its tokens, the token at `position` is (None if no input's
+    placeholder covers it)."""
+    for placeholder, mm_hash in zip(request.mm_positions, request.mm_hashes, strict=True):
+        if placeholder.offset <= position < placeholder.end:
+            return (mm_hash, position - placeholder.offset)
+    return None
+
+
+class GhostKV:
+    """The ghost content of a pool's blocks (module docstring).
+
+    Attributes:
+        histories: the numbering of histories every slot refers to.
+        slots: block id -> one entry per slot of the block (None: nothing written since the
+            block was last handed out); a block never written has no entry.
+        expected: request id -> (the Request, the history number of each of its tokens so
+            far): what its KV is, extended as its tokens grow.
+    """
+
+    def __init__(self) -> None:
+        self.histories = KVHistories()
+        self.slots: dict[int, list[SlotKV | None]] = {}
+        self.expected: dict[str, tuple[Request, list[int]]] = {}
+
+    def histories_of(self, request: Request) -> list[int]:
+        """The history number of every token of `request`, position by position."""
+        cached = self.expected.get(request.request_id)
+        if cached is None or cached[0] is not request:
+            root = self.histories.number(Root(request.lora_id, request.cache_salt))
+            cached = (request, [])
+            self.expected[request.request_id] = cached
+        else:
+            root = -1
+        numbers = cached[1]
+        tokens = request.all_token_ids
+        for position in range(len(numbers), len(tokens)):
+            parent = numbers[position - 1] if position else root
+            place = multimodal_place(request, position)
+            numbers.append(self.histories.number(Step(parent, tokens[position], place)))
+        return numbers
+
+    def forget(self, request_id: str) -> None:
+        """Drop what is remembered of a request the manager no longer tracks."""
+        self.expected.pop(request_id, None)
+
+    def clear(self, block_ids: Sequence[int]) -> None:
+        """Blocks handed out again: their old KV is gone."""
+        for block_id in block_ids:
+            self.slots.pop(block_id, None)
+
+    def write(
+        self,
+        group: int,
+        table: Sequence[int],
+        block_size: int,
+        request: Request,
+        start: int,
+        num_tokens: int,
+        poisoned_by: str | None = None,
+    ) -> None:
+        """The KV of tokens [start, start + num_tokens) of `request` in group `group`, written
+        into the blocks of `table` (block p holds positions [p * B, (p + 1) * B)); tokens past
+        the request's own are its draft tokens (`spec_token_ids`). A position with no block in
+        `table`, or the null block, is written nowhere. With `poisoned_by`, the KV is poisoned
+        by that bug."""
+        numbers = self.histories_of(request)
+        num_own = len(numbers)
+        drafts = request.spec_token_ids
+        for position in range(start, start + num_tokens):
+            if position < num_own:
+                number = numbers[position]
+            else:  # a draft token: its history is not the request's (yet)
+                parent = numbers[position - 1]
+                number = self.histories.number(Step(parent, drafts[position - num_own], None))
+                numbers = [*numbers, number]  # a local copy
+            if poisoned_by is not None:
+                number = self.histories.number(Poisoned(number, poisoned_by))
+            index = position // block_size
+            if index >= len(table) or table[index] == NULL_BLOCK_ID:
+                continue  # no block there: the KV is written nowhere
+            block_id = table[index]
+            slots = self.slots.setdefault(block_id, [None] * block_size)
+            slots[position % block_size] = (group, number)
+
+    def holds(self, block_id: int, slot: int) -> SlotKV | None:
+        """What slot `slot` of block `block_id` holds (None: nothing)."""
+        slots = self.slots.get(block_id)
+        return None if slots is None or slot >= len(slots) else slots[slot]
+
+    def canonical(self, block_ids: Iterable[int]) -> tuple[object, ...]:
+        """What the given blocks hold, spelled out (the numbers depend on the order histories
+        were met in; this does not): per block, each slot's group, root, tokens and places,
+        and the bug that poisoned it. For a search that merges equal states."""
+        spelled: list[object] = []
+        for block_id in sorted(block_ids):
+            for content in self.slots.get(block_id, ()):
+                if content is None:
+                    spelled.append((block_id, None))
+                    continue
+                group, number = content
+                root, steps = self.histories.unfold(number)
+                poisoned_by = self.histories.poisoned_by(number)
+                spelled.append((block_id, group, root, tuple(steps), poisoned_by))
+        return tuple(spelled)
+
+    def describe(self, content: SlotKV | None) -> str:
+        """A slot's content in words (for an invariant's report)."""
+        if content is None:
+            return "nothing (no KV written since the block was handed out)"
+        group, number = content
+        root, steps = self.histories.unfold(number)
+        tokens = [token for token, _ in steps]
+        places = [(position, place) for position, (_, place) in enumerate(steps) if place]
+        before = tokens[:-1]
+        words = f"group {group}'s KV of token {tokens[-1]} at position {len(before)}"
+        if len(before) <= 8:
+            words += f" after tokens {before}"
+        else:
+            words += f" after {len(before)} tokens ending {before[-6:]}"
+        if places:
+            words += f", multimodal places {places}"
+        if root.lora_id is not None or root.cache_salt is not None:
+            words += f", LoRA {root.lora_id}, {'a' if root.cache_salt else 'no'} cache salt"
+        bug = self.histories.poisoned_by(number)
+        if bug is not None:
+            words += f", poisoned by {bug}"
+        return words
