@@ -270,6 +270,26 @@ MANAGER_TARGETS: tuple[Target, ...] = (
         frozenset({"misuse"}),
         scales=False,
     ),
+    _t(
+        "attention truth: hits checked",
+        1_000,
+        "every position a hit's next token reads holds the request's own KV (ghost content)",
+    ),
+    _t(
+        "attention truth: hits past null blocks checked, sliding window",
+        200,
+        "a window hit's nulls must lie wholly before the window of its next token",
+    ),
+    _t(
+        "attention truth: EAGLE hits checked",
+        100,
+        "the dropped block must leave every position the next token reads cached",
+    ),
+    _t(
+        "attention truth: steps checked",
+        25_000,
+        "every allocation's tokens read their own KV (windows freed too early show here)",
+    ),
     _t("distinct states", 10_000, "block tables, free and cached counts: the drive goes wide"),
 )
 """The manager campaign's targets: each about half the rate the CI campaign (`CI_SEED`,
@@ -386,6 +406,31 @@ HYBRID_TARGETS: tuple[Target, ...] = (
         frozenset({"misuse"}),
         scales=False,
     ),
+    _t(
+        "attention truth: hits checked",
+        2_800,
+        "every group's hit holds the request's own KV where its next token reads",
+    ),
+    _t(
+        "attention truth: hits past null blocks checked, sliding window",
+        1_900,
+        "a windowed group's nulls lie wholly before the window of the hit's next token",
+    ),
+    _t(
+        "attention truth: hits past null blocks checked, chunked local attention",
+        1_200,
+        "a chunked group's nulls lie wholly before the chunk of the hit's next token",
+    ),
+    _t(
+        "attention truth: EAGLE hits checked",
+        300,
+        "vLLM 0.33's EAGLE hit: one block past the length, then dropped, in every group",
+    ),
+    _t(
+        "attention truth: steps checked",
+        28_000,
+        "every allocation's tokens read their own KV in every group",
+    ),
     _t("distinct states", 20_000, "block tables of every group: the drive goes wide"),
 )
 """The hybrid campaign's targets (`attention="hybrid"`): about half the CI hybrid campaign's
@@ -452,6 +497,19 @@ def render_histogram(coverage: Coverage, indent: str = "  ") -> list[str]:
             value = key.removeprefix("feature ").removeprefix("operation ")
         groups.setdefault(group, []).append(f"{value} {100 * coverage.histogram[key] / runs:.0f}%")
     return [f"{indent}{group:<11}{', '.join(values)}" for group, values in groups.items()]
+
+
+KNOWN_BUG_STATES = "states of a known bug: "
+"""The counters of the states each known bug (`pagedkv.spec.known_bugs`) led to."""
+
+
+def render_known_bugs(coverage: Coverage, indent: str = "  ") -> list[str]:
+    """Each known bug whose states the campaign reached, with their count."""
+    return [
+        f"{indent}{count:>9,}  {name.removeprefix(KNOWN_BUG_STATES)}"
+        for name, count in sorted(coverage.counts.items())
+        if name.startswith(KNOWN_BUG_STATES)
+    ]
 
 
 def render_refusals(coverage: Coverage, operation: str, indent: str = "  ") -> list[str]:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MultimodalInputs = tuple[tuple[int, int, str], ...]
+"""Multimodal inputs as (offset, length, content hash), sorted and disjoint."""
+
 MAX_GROUPS = 4
 """The most KV cache groups the clients draw a configuration with (Gemma-3 and gpt-oss have
 two, Llama-4 two; four leaves room for every mix of the three attention types)."""
@@ -32,6 +35,9 @@ class Domain:
         max_groups: the most KV cache groups a configuration has (1: single-group managers
             only; more: hybrid configurations too, checked through `HybridManagerUnderTest`).
         eagle_with_hybrid: whether a configuration of several groups may run with `use_eagle`.
+        one_length_per_mm_hash: whether a multimodal content hash always comes with one length
+            (vLLM's identifiers name one input, so its length: vLLM 0.33 keys an input without
+            it); the clients then name each drawn input by its hash and length.
     """
 
     min_window: int = 1
@@ -42,6 +48,14 @@ class Domain:
     listed_blocks_freed: bool = True
     max_groups: int = MAX_GROUPS
     eagle_with_hybrid: bool = True
+    one_length_per_mm_hash: bool = False
+
+    def multimodal_inputs(self, drawn: MultimodalInputs) -> MultimodalInputs:
+        """Drawn multimodal inputs as the domain allows them: with `one_length_per_mm_hash`,
+        each named by its hash and its length."""
+        if not self.one_length_per_mm_hash:
+            return drawn
+        return tuple((offset, length, f"{mm_hash}/{length}") for offset, length, mm_hash in drawn)
 
     def window(self, drawn: int, block_size: int) -> int:
         """The narrowest window the domain allows at or above `drawn`."""
@@ -70,6 +84,8 @@ class Domain:
             parts.append(f"at most {self.max_groups} KV cache groups")
         if self.max_groups > 1 and not self.eagle_with_hybrid:
             parts.append("no eagle with several groups")
+        if self.multimodal and self.one_length_per_mm_hash:
+            parts.append("one length per multimodal hash")
         return ", ".join(parts)
 
 

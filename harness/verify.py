@@ -92,6 +92,7 @@ from pagedkv.harness.swarm.shrink import shrink
 from pagedkv.harness.vllm.against import Against, prepare
 from pagedkv.progress import ProgressBar
 from pagedkv.spec.arguments import VLLM_0_8_5_ONLY
+from pagedkv.spec.known_bugs import FATAL_ENV
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab.errors import InvalidArgumentError
 from pagedkv.vocab.semantics import VLLM_0_8_5, VLLM_0_33, Semantics
@@ -238,6 +239,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="REPORT",
         help="run nothing: combine the --json reports of every shard of a campaign into its "
         "report (the same coverage and digest as the campaign run whole)",
+    )
+    parser.add_argument(
+        "--known-bugs",
+        choices=("count", "fail"),
+        default="count",
+        help="the states a vLLM release's known bugs lead to under its semantics "
+        "(pagedkv.spec.known_bugs): counted in the report (default), or failures like any "
+        "broken invariant, shrunk to a replay",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -412,6 +421,8 @@ def _flags(args: argparse.Namespace, layer: str) -> str:
         flags.append(f"--steps-per-run {args.steps_per_run}")
     if args.check_every is not None:
         flags.append(f"--check-every {args.check_every}")
+    if args.known_bugs != "count":
+        flags.append(f"--known-bugs {args.known_bugs}")
     return " ".join(flags)
 
 
@@ -453,6 +464,26 @@ def run(args: argparse.Namespace) -> int:
     """`pagedkv verify` with parsed arguments; the exit status."""
     if args.merge is not None:
         return merge_reports(args.merge, args.json)
+    with _known_bugs(args.known_bugs):
+        return _run(args)
+
+
+@contextlib.contextmanager
+def _known_bugs(setting: str) -> Iterator[None]:
+    """`--known-bugs` for every spec manager the campaign builds, in this process and the
+    workers it starts (`pagedkv.spec.known_bugs.FATAL_ENV`), until the campaign ends."""
+    previous = os.environ.get(FATAL_ENV)
+    os.environ[FATAL_ENV] = setting
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[FATAL_ENV]
+        else:
+            os.environ[FATAL_ENV] = previous
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.jobs < 0:
         print("pagedkv verify: --jobs must be >= 0 (0: one per core)", file=sys.stderr)
         return EXIT_SETUP

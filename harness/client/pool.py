@@ -323,7 +323,7 @@ class PoolClient:
         self.num_requests += 1
         request_id = f"req-{self.num_requests}"
         tokens = list(wish.tokens)
-        lora, mm, salt = wish.lora, wish.mm, wish.salt
+        lora, mm, salt = wish.lora, self.domain.multimodal_inputs(wish.mm), wish.salt
         if wish.follow >= 0 and self.requests:
             earlier = self.requests[wish.follow % len(self.requests)]
             tokens = [*earlier.tokens[: wish.follow_len], *tokens]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pagedkv.harness.divergence import Divergence
+from pagedkv.harness.domain import MultimodalInputs
 from pagedkv.vocab.request import PlaceholderRange, Request
 
 MM_HASHES = ("img-a", "img-b")
@@ -39,9 +40,6 @@ ALL_FIELDS = (
     "prompt_logprobs",
 )
 """What `RequestRecord.check_all` compares after `check`'s fields, in order."""
-
-MultimodalInputs = tuple[tuple[int, int, str], ...]
-"""Multimodal inputs as (offset, length, content hash), sorted and disjoint."""
 
 
 @dataclass

@@ -16,6 +16,7 @@ from pagedkv.harness.coverage import (
     Coverage,
     TargetResult,
     render_histogram,
+    render_known_bugs,
     render_refusals,
     render_targets,
     unmet,
@@ -80,6 +81,14 @@ def format_report(
         return lines
     lines += ["", *render_targets(targets)]
     lines += ["", "  configurations (share of runs)", *render_histogram(coverage, "    ")]
+    known_bugs = render_known_bugs(coverage, "    ")
+    if known_bugs:
+        lines += [
+            "",
+            "  known bugs reproduced (states the attention-truth invariant names; "
+            "--known-bugs fail replays them as failures)",
+            *known_bugs,
+        ]
     for operation in REFUSING_OPERATIONS:
         refusals = render_refusals(coverage, operation, "    ")
         if refusals:

@@ -50,21 +50,13 @@ __all__ = ["DOMAIN", "HASH_SEEDING", "LOGGERS", "MODULES", "STAND_INS", "VERSION
 VERSION = "0.33.0"
 LOGGERS = ("vllm",)
 HASH_SEEDING = "compared through the hash translation, whatever the seeds"
-DOMAIN = Domain(
-    min_window=2,
-    eagle_with_sliding_window=False,
-    multimodal=False,
-    listed_blocks_freed=False,
-    eagle_with_hybrid=False,
-)
+DOMAIN = Domain(min_window=2, listed_blocks_freed=False, one_length_per_mm_hash=True)
 """Outside it vLLM 0.33.0 differs from every semantics of the spec (docs/semantics.md): a
-one-token window (vLLM caches none of its blocks), eagle with a sliding window (vLLM asks the
-hit for one more block, then drops it), a multimodal input's offset inside a block (vLLM keys
-it, pagedkv does not), and a block freed while a request still lists it (vLLM chains the
-request's next block to the request's own hashes, pagedkv to the hash the freed and maybe
-reused block holds; a manager never frees a block a running request lists), and eagle with
-several KV cache groups (vLLM's hybrid lookup looks one block past the lookup's end for an
-EAGLE group, then drops one block: a hit one block longer than pagedkv's)."""
+one-token window (vLLM caches none of its blocks), a block freed while a request still lists it
+(vLLM chains the request's next block to the request's own hashes, pagedkv to the hash the freed
+and maybe reused block holds; a manager never frees a block a running request lists), and one
+multimodal hash with two lengths (vLLM keys an input by its identifier and offset, and its
+identifiers name one input, so one length; pagedkv keys the length too)."""
 GROUP_ID = 0  # one KV cache group
 
 

@@ -208,7 +208,18 @@ class ManagerWorld:
                 for live in self.client.live
             )
         )
-        return manager_key(self.client.pair.state), requests, fingerprint(self.client.pair.impl)
+        pool = self.client.spec.pool
+        readable = [  # blocks a later read may reach: held, or cached for a hit
+            block_id
+            for block_id in range(1, pool.num_gpu_blocks)
+            if pool.ref_cnt[block_id] or pool.block_hash[block_id] is not None
+        ]
+        return (
+            manager_key(self.client.pair.state),
+            requests,
+            fingerprint(self.client.pair.impl),
+            self.client.spec.truth.canonical(readable),
+        )
 
     # -- transitions -------------------------------------------------------------------------
 
