@@ -18,6 +18,7 @@ import pytest
 
 from pagedkv import block_counts, block_pool, hybrid_manager, manager
 from pagedkv.block_pool import BlockPool
+from pagedkv.spec.attention_truth import ATTENTION_TRUTH
 from proofs.planted import bugs as planted_bugs
 from proofs.planted import plugin as planted_plugin
 from proofs.planted.bugs import (
@@ -48,6 +49,8 @@ def test_every_variant_is_caught_by_two_checkers() -> None:
     column = CHECKERS.index("campaign")
     for name, verdicts in results.items():
         assert verdicts[column].status == "caught", name
+        if VARIANTS_BY_NAME[name].decision:  # only the attention-truth invariant can see it
+            assert ATTENTION_TRUTH in verdicts[column].evidence, name
 
 
 def test_the_committed_table_lists_every_variant_and_each_is_caught_twice() -> None:
@@ -103,7 +106,8 @@ def test_a_method_patch_replaces_the_method_of_the_class() -> None:
 def test_rebound_contracts_see_exactly_the_variants_that_replace_a_pure_function() -> None:
     visible = {name for name, items in CHECKS_BY_VARIANT.items() if items}
     expected = {variant.name for variant in VARIANTS if variant.replaced_functions}
-    assert visible == expected - {"salt_ignored"}  # no contract calls the extra-key builder
+    # No contract calls the extra-key builder.
+    assert visible == expected - {"salt_ignored", "decision_mm_key_without_place"}
     # A call-site patch leaves the function, and every pure contract on it, intact.
     assert not CHECKS_BY_VARIANT["drafts_as_full_blocks"]
     assert not CHECKS_BY_VARIANT["lookahead_ignored"]
@@ -176,3 +180,18 @@ def test_write_needs_a_run_of_every_variant() -> None:
 def test_the_quick_gate_runs_every_checker_in_its_order_and_the_campaign_first() -> None:
     assert sorted(GATE_ORDER) == sorted(CHECKERS)
     assert GATE_ORDER[0] == "campaign"
+
+
+def test_a_decision_variant_plants_the_spec_and_the_implementation_alike() -> None:
+    """A decision variant changes both sides (so they still agree): at least one binding in a
+    `pagedkv.spec` module or class, and one in impl."""
+    decisions = [variant for variant in VARIANTS if variant.decision]
+    assert len(decisions) >= 3
+    for variant in decisions:
+        modules = {
+            getattr(owner, "__module__", None) or getattr(owner, "__name__", "")
+            for patch in variant.patches
+            for owner, _, _ in patch.bindings()
+        }
+        assert any(name.startswith("pagedkv.spec") for name in modules), variant.name
+        assert any(not name.startswith("pagedkv.spec") for name in modules), variant.name

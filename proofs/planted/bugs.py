@@ -31,6 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pagedkv.harness.coverage import CI_HYBRID_STEPS, CI_MANAGER_STEPS, CI_POOL_STEPS, CI_SEED
+from pagedkv.spec.attention_truth import ATTENTION_TRUTH
 from proofs.planted.catalog import VARIANTS, VARIANTS_BY_NAME, Variant, planted
 from proofs.planted.checkers import (
     CHECKER_FUNCTIONS,
@@ -176,7 +177,10 @@ def render_table(results: Results) -> str:
         "|" + "|".join("---" for _ in header) + "|",
     ]
     for name, verdicts in results.items():
-        description = VARIANTS_BY_NAME[name].description if name in VARIANTS_BY_NAME else ""
+        variant = VARIANTS_BY_NAME.get(name)
+        description = "" if variant is None else variant.description
+        if variant is not None and variant.decision:
+            description = f"**decision:** {description}"
         cells = [f"`{name}`", description, *(v.status for v in verdicts), str(catches(verdicts))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -211,6 +215,11 @@ replaced function, rebound to it, {CROSSHAIR_BOUNDS.per_condition_timeout:.0f} s
 contracts on `allocate_slots` with the variant planted,
 {CROSSHAIR_MANAGER_BOUNDS.per_condition_timeout:.0f} s each; scenario tests:
 {", ".join(f"`{m}`" for m in SCENARIO_MODULES)} with the `ci` profile.
+
+The **decision** variants are a class of their own: a mistake in which block serves which tokens,
+planted in the spec and the implementation alike, so that the two still agree and no
+comparison can see it. Only what attention reads can: the campaign must catch each by the
+spec's attention-truth invariant ("{ATTENTION_TRUTH}").
 
 {render_table(results)}
 

@@ -30,7 +30,7 @@ import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import pagedkv
 from pagedkv import (
@@ -43,8 +43,10 @@ from pagedkv import (
     manager,
 )
 from pagedkv.block import KVCacheBlock
+from pagedkv.spec import attention as spec_attention
+from pagedkv.spec import block_hash as spec_block_hash
 from pagedkv.vocab.errors import BlockStateError, FreeQueueError
-from pagedkv.vocab.hashes import BlockHashType, CacheKey, ExtraKey, key_group, key_hash
+from pagedkv.vocab.hashes import BlockHashType, CacheKey, CacheSalt, ExtraKey, key_group, key_hash
 from pagedkv.vocab.kv_events import BlockRemoved
 from pagedkv.vocab.request import PlaceholderRange, Request, TokenView
 from pagedkv.vocab.semantics import PAGEDKV
@@ -81,15 +83,18 @@ class FunctionPatch:
     Every loaded `pagedkv.*` module outside `pagedkv.spec`, `pagedkv.harness` and `pagedkv.gpu`
     whose attribute is `original` gets `replacement`: callers in the defining module and callers
     that imported the name (`from pagedkv.block_counts import fits`) all see the broken one.
+    With `side="spec"`, the same for a function of the spec, in every `pagedkv.spec` module.
     """
 
     original: Callable[..., Any]
     replacement: Callable[..., Any]
+    side: Literal["impl", "spec"] = "impl"
 
     def bindings(self) -> list[tuple[object, str, object]]:
         found: list[tuple[object, str, object]] = []
+        in_side = _is_impl_module if self.side == "impl" else _is_spec_module
         for name, module in sorted(sys.modules.items()):
-            if not _is_impl_module(name) or module is None:
+            if not in_side(name) or module is None:
                 continue
             for attribute, value in vars(module).items():
                 if value is self.original:
@@ -119,6 +124,10 @@ def _is_impl_module(name: str) -> bool:
     if name != "pagedkv" and not name.startswith("pagedkv."):
         return False
     return not name.startswith(("pagedkv.spec", "pagedkv.harness", "pagedkv.gpu"))
+
+
+def _is_spec_module(name: str) -> bool:
+    return name == "pagedkv.spec" or name.startswith("pagedkv.spec.")
 
 
 @dataclass(frozen=True)
@@ -151,17 +160,26 @@ class Variant:
         patches: what planting it replaces.
         layer: the campaign layer that reaches the mistake first ("manager", "hybrid",
             "pool"): the campaign checker starts there, then runs the others.
+        decision: a mistake in which block serves which tokens, planted in the spec and the
+            implementation alike (so they still agree): only what attention reads can show
+            it, and the campaign must catch it by the attention-truth invariant.
     """
 
     name: str
     description: str
     patches: tuple[Patch, ...]
     layer: str = "manager"
+    decision: bool = False
 
     @property
     def replaced_functions(self) -> tuple[FunctionPatch, ...]:
-        """The module-level functions it replaces (CrossHair's contracts can call those)."""
-        return tuple(patch for patch in self.patches if isinstance(patch, FunctionPatch))
+        """The module-level functions of impl it replaces (CrossHair's contracts can call
+        those)."""
+        return tuple(
+            patch
+            for patch in self.patches
+            if isinstance(patch, FunctionPatch) and patch.side == "impl"
+        )
 
 
 def _changes(variant: Variant) -> list[tuple[object, str, object, object]]:
@@ -327,19 +345,19 @@ def _extra_keys_without_salt(
     start_mm_idx: int,
     *,
     include_touching: bool = False,
+    mm_position: bool = True,
 ) -> tuple[tuple[ExtraKey, ...] | None, int]:
     """generate_block_hash_extra_keys with LoRA and multimodal keys but no cache salt."""
-    keys: list[ExtraKey] = []
-    if request.lora_id is not None:
-        keys.append(request.lora_id)
-    mm_idx = start_mm_idx
-    if request.mm_positions:
-        ranges = [(position.offset, position.length) for position in request.mm_positions]
-        indices, mm_idx = _MM_INPUTS_IN_BLOCK(
-            ranges, start_token_idx, end_token_idx, start_mm_idx, include_touching
-        )
-        keys.extend(request.mm_hashes[i] for i in indices)
-    return (tuple(keys) if keys else None), mm_idx
+    keys, mm_idx = _EXTRA_KEYS(
+        request,
+        start_token_idx,
+        end_token_idx,
+        start_mm_idx,
+        include_touching=include_touching,
+        mm_position=mm_position,
+    )
+    kept = [key for key in keys or () if not isinstance(key, CacheSalt)]
+    return (tuple(kept) if kept else None), mm_idx
 
 
 def _vllm_new_block_keys(
@@ -349,11 +367,15 @@ def _vllm_new_block_keys(
     start_mm_idx: int,
     *,
     include_touching: bool = False,
+    mm_position: bool = True,
 ) -> tuple[tuple[ExtraKey, ...] | None, int]:
     """vLLM 0.8.5's keys for a block cache_full_blocks hashes (from the last multimodal input,
-    one ending where the block starts included), whatever the semantics asked for."""
+    one ending where the block starts included, keyed by its hash alone), whatever the
+    semantics asked for."""
     last = max(len(request.mm_positions) - 1, 0)
-    return _EXTRA_KEYS(request, start_token_idx, end_token_idx, last, include_touching=True)
+    return _EXTRA_KEYS(
+        request, start_token_idx, end_token_idx, last, include_touching=True, mm_position=False
+    )
 
 
 def _mm_inputs_closed_interval(
@@ -482,6 +504,79 @@ def _first_useful_block_one_early(
 def _window_blocks_floor(sliding_window: int, block_size: int) -> int:
     """num_window_blocks by floor division: a hit may end with too few cached blocks."""
     return (sliding_window - 1) // block_size
+
+
+# -- decisions both sides make alike (the attention-truth class) -------------------------------
+
+_SPEC_BLOCKS_NEEDED = spec_attention.contiguous_blocks_needed
+_SPEC_EXTRA_KEYS = spec_block_hash.block_extra_keys
+
+
+def _spec_window_run_one_short(sliding_window: int, block_size: int) -> int:
+    """The spec's contiguous_blocks_needed one block short (at least one)."""
+    return max(_SPEC_BLOCKS_NEEDED(sliding_window, block_size) - 1, 1)
+
+
+def _window_run_one_short(sliding_window: int, block_size: int) -> int:
+    """num_window_blocks one block short (at least one), as the spec's above."""
+    return max(block_counts.cdiv(sliding_window - 1, block_size) - 1, 1)
+
+
+def _spec_window_freed_early(self: spec_attention.SlidingWindow, num_computed_tokens: int) -> int:
+    """SlidingWindow.num_skipped for the token after the next one: the block the next token's
+    window starts in is freed one token early."""
+    return spec_attention.sliding_window_skipped(
+        num_computed_tokens + 1, self.sliding_window, self.block_size
+    )
+
+
+def _spec_chunk_freed_early(
+    self: spec_attention.ChunkedLocalAttention, num_computed_tokens: int
+) -> int:
+    """ChunkedLocalAttention.num_skipped for the token after the next one: when the next token
+    is its chunk's last, the chunk's blocks are freed before it reads them."""
+    return spec_attention.chunked_local_skipped(
+        num_computed_tokens + 1, self.attention_chunk_size, self.block_size
+    )
+
+
+def _chunk_freed_early(
+    self: attention.ChunkedLocalAttentionManager,
+    blocks: list[KVCacheBlock],
+    num_computed_tokens: int,
+) -> list[KVCacheBlock]:
+    """ChunkedLocalAttentionManager.remove_skipped_blocks with the spec's mistake above."""
+    return _REMOVE_CHUNK_SKIPPED(self, blocks, num_computed_tokens + 1)
+
+
+_REMOVE_CHUNK_SKIPPED = attention.ChunkedLocalAttentionManager.remove_skipped_blocks
+
+
+def _spec_keys_without_place(
+    request: Request, start: int, end: int, *, mm_position: bool = True
+) -> tuple[ExtraKey, ...] | None:
+    """block_extra_keys keying a multimodal input by its hash alone, whatever was asked."""
+    return _SPEC_EXTRA_KEYS(request, start, end, mm_position=False)
+
+
+def _keys_without_place(
+    request: Request,
+    start_token_idx: int,
+    end_token_idx: int,
+    start_mm_idx: int,
+    *,
+    include_touching: bool = False,
+    mm_position: bool = True,
+) -> tuple[tuple[ExtraKey, ...] | None, int]:
+    """generate_block_hash_extra_keys with the spec's mistake above."""
+    return _EXTRA_KEYS(
+        request,
+        start_token_idx,
+        end_token_idx,
+        start_mm_idx,
+        include_touching=include_touching,
+        mm_position=False,
+    )
 
 
 # -- the catalog ---------------------------------------------------------------------------------
@@ -700,6 +795,51 @@ VARIANTS: tuple[Variant, ...] = (
         "a hybrid request's groups are freed last group first (each group's tail still first)",
         (MethodPatch(hybrid_manager.HybridKVCacheManager, "free", _free_last_group_first),),
         layer="hybrid",
+    ),
+    Variant(
+        "decision_window_run_short",
+        "a sliding-window hit ends in one cached block fewer than its next token's window reads "
+        "(spec and impl alike)",
+        (
+            FunctionPatch(_SPEC_BLOCKS_NEEDED, _spec_window_run_one_short, side="spec"),
+            FunctionPatch(attention.num_window_blocks, _window_run_one_short),
+        ),
+        decision=True,
+    ),
+    Variant(
+        "decision_window_freed_early",
+        "a sliding window frees the block its next token's window starts in, one token early "
+        "(spec and impl alike)",
+        (
+            MethodPatch(spec_attention.SlidingWindow, "num_skipped", _spec_window_freed_early),
+            FunctionPatch(attention.first_useful_block, _first_useful_block_off_by_one),
+        ),
+        decision=True,
+    ),
+    Variant(
+        "decision_chunk_freed_early",
+        "chunked local attention frees a chunk's blocks when its last token is the next one "
+        "(spec and impl alike)",
+        (
+            MethodPatch(
+                spec_attention.ChunkedLocalAttention, "num_skipped", _spec_chunk_freed_early
+            ),
+            MethodPatch(
+                attention.ChunkedLocalAttentionManager, "remove_skipped_blocks", _chunk_freed_early
+            ),
+        ),
+        layer="hybrid",
+        decision=True,
+    ),
+    Variant(
+        "decision_mm_key_without_place",
+        "a multimodal input keyed by its hash alone, not where it sits in the block (spec and "
+        "impl alike)",
+        (
+            FunctionPatch(_SPEC_EXTRA_KEYS, _spec_keys_without_place, side="spec"),
+            FunctionPatch(block_hash.generate_block_hash_extra_keys, _keys_without_place),
+        ),
+        decision=True,
     ),
     Variant(
         "request_append_first_only",
