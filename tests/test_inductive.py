@@ -14,13 +14,14 @@ import z3
 
 from pagedkv.cli import main as pagedkv_main
 from pagedkv.harness.divergence import Divergence
-from pagedkv.harness.swarm import pool_layer, run_campaign
+from pagedkv.harness.swarm import manager_layer, pool_layer, run_campaign
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab.errors import InvariantViolation
 from pagedkv.vocab.semantics import VLLM_0_8_5, VLLM_0_33, Semantics
 from proofs.inductive import __main__ as cli
 from proofs.inductive import pool_model
 from proofs.inductive.algebra import CONCRETE, Table
+from proofs.inductive.manager_executable import model_checked_manager
 from proofs.inductive.manager_model import INVARIANTS as MANAGER_INVARIANTS
 from proofs.inductive.manager_proof import MANAGER
 from proofs.inductive.pool_executable import ModelPool, model_pool
@@ -275,3 +276,37 @@ def _random_call(pool: ModelPool, rng: random.Random) -> None:
         pool.state = pool_model.seal(CONCRETE, pool.params, s, b, ("h", rng.randrange(3)))
     else:
         pool.touch([rng.randrange(pool.params.n)])
+
+
+def _manager_campaign(steps: int) -> Any:
+    logging.disable(logging.WARNING)
+    try:
+        return run_campaign(manager_layer(model_checked_manager), seed=34, max_steps=steps)
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def test_the_manager_models_invariant_holds_on_every_state_pagedkv_reaches() -> None:
+    """The proved per-request invariant, evaluated on pagedkv's manager at every full check of
+    a lock-step campaign (full attention and sliding windows)."""
+    result = _manager_campaign(3000)
+    assert result.failure is None, result.failure.error
+    assert result.coverage.counts["full checks"] > 100
+    assert result.coverage.counts["sliding-window hits with leading null blocks"] > 0
+
+
+def test_a_manager_conjunct_the_code_breaks_fails_the_campaign(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A conjunct stated too strictly (a request holds at most one block) is refuted by the
+    states the implementation reaches."""
+    monkeypatch.setitem(
+        MANAGER_INVARIANTS,
+        "a request holds at most one block",
+        lambda m, p, s: m.forall_entries(s.length, lambda r, length: length <= 1),
+    )
+    result = _manager_campaign(3000)
+    assert result.failure is not None
+    error = result.failure.error
+    assert isinstance(error, Divergence), error
+    assert error.signature[-1] == "model: a request holds at most one block"
