@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -285,10 +286,14 @@ def test_the_throughput_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> No
     import bench_verify
 
     args = ["--steps", "1000", "--machine-steps", "100", "--rounds", "1"]
-    assert bench_verify.main([*args, "--profile-steps", "1000"]) == 0
+    assert bench_verify.main([*args, "--share-steps", "1000"]) == 0
     report = capsys.readouterr().out
     assert "manager, swarm  " in report and "steps/CPU-s" in report
-    assert "spec (manager, pool, hashing)" in report
+    for layer in ("pool, swarm", "manager, swarm", "hybrid, swarm"):
+        assert re.search(rf"{layer}\s+\d+%\s+\d+\.\d\d\s+(met|unmet)", report), layer
+    assert re.search(r"manager, hypothesis machine \(anchor\)\s+\d+%", report)
+    assert re.search(r"calls: the spec\s+[\d.]+%", report)
+    assert "comparison: full checks" in report
 
 
 # -- KV cache events ---------------------------------------------------------------------------
