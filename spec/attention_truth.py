@@ -230,28 +230,28 @@ class AttentionTruth:
         for group, table in enumerate(tables):
             first = self.policies[group].first_read(num_tokens)
             self.checks["attention truth: positions read checked"] += num_tokens - first
-            for position in range(first, num_tokens):
-                index = position // block_size
-                block_id = table[index] if index < len(table) else None
-                found = (
-                    None
-                    if block_id is None or block_id == NULL_BLOCK_ID
-                    else self.ghost.holds(block_id, position % block_size)
-                )
-                if found != (group, expected[position]):
-                    poisoned_by = (
-                        None if found is None else self.ghost.histories.poisoned_by(found[1])
-                    )
-                    return Untruth(
-                        request.request_id,
-                        group,
-                        position,
-                        block_id,
-                        found,
-                        (group, expected[position]),
-                        where,
-                        poisoned_by,
-                    )
+            position = self.ghost.first_difference(
+                group, table, block_size, range(first, num_tokens), expected
+            )
+            if position is None:
+                continue
+            index = position // block_size
+            block_id = table[index] if index < len(table) else None
+            found = (
+                None
+                if block_id is None or block_id == NULL_BLOCK_ID
+                else self.ghost.holds(block_id, position % block_size)
+            )
+            return Untruth(
+                request.request_id,
+                group,
+                position,
+                block_id,
+                found,
+                (group, expected[position]),
+                where,
+                None if found is None else self.ghost.histories.poisoned_by(found[1]),
+            )
         return None
 
     def report(self, untruth: Untruth) -> str:

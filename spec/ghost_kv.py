@@ -22,7 +22,7 @@ out again (`GhostKV.clear`): a block's old KV is never read by its next owner.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from pagedkv.vocab.request import Request
 
@@ -35,16 +35,14 @@ SlotKV = tuple[int, int]
 """What a slot holds: (KV cache group, the history number of the token whose KV it is)."""
 
 
-@dataclass(frozen=True)
-class Root:
+class Root(NamedTuple):
     """Where every history of one adapter and tenant starts."""
 
     lora_id: int | None
     cache_salt: str | None
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(NamedTuple):
     """One token after a history: the token id and its multimodal place (None outside one)."""
 
     parent: int
@@ -52,8 +50,7 @@ class Step:
     place: MultimodalPlace | None
 
 
-@dataclass(frozen=True)
-class Poisoned:
+class Poisoned(NamedTuple):
     """KV computed by a request that read wrong KV (under a known bug): not the KV of
     `history`, though written where it belongs."""
 
@@ -65,30 +62,37 @@ class KVHistories:
     """Numbers every history of tokens (module docstring): equal numbers, equal KV.
 
     Attributes:
-        number_of: each root, step or poisoned history -> its number.
-        entries: number -> what it numbers (the inverse of `number_of`).
+        entries: number -> what it numbers: a root, a step after a history, or a poisoned
+            history. Each kind has its own table from entry to number (the inverse).
     """
 
     def __init__(self) -> None:
-        self.number_of: dict[Root | Step | Poisoned, int] = {}
         self.entries: list[Root | Step | Poisoned] = []
+        self._roots: dict[Root, int] = {}
+        self._steps: dict[tuple[int, int, MultimodalPlace | None], int] = {}  # Steps
+        self._poisoned: dict[Poisoned, int] = {}
 
-    def number(self, entry: Root | Step | Poisoned) -> int:
-        """The number of `entry`, given the first time it is asked for."""
-        number = self.number_of.get(entry)
+    def root(self, lora_id: int | None, cache_salt: str | None) -> int:
+        """The number of the empty history of an adapter and a tenant."""
+        return self._number(self._roots, Root(lora_id, cache_salt))
+
+    def step(self, parent: int, token: int, place: MultimodalPlace | None) -> int:
+        """The number of history `parent` followed by `token` (at multimodal `place`)."""
+        number = self._steps.get((parent, token, place))
         if number is None:
-            number = self.number_of[entry] = len(self.entries)
-            self.entries.append(entry)
+            number = self._number(self._steps, Step(parent, token, place))
         return number
 
-    def position(self, number: int) -> int:
-        """The position of the last token of a history (-1 for a root)."""
-        entry = self.entries[number]
-        if isinstance(entry, Poisoned):
-            return self.position(entry.history)
-        if isinstance(entry, Root):
-            return -1
-        return self.position(entry.parent) + 1
+    def poisoned(self, history: int, bug: str) -> int:
+        """The number of KV written for `history` by a request that read wrong KV."""
+        return self._number(self._poisoned, Poisoned(history, bug))
+
+    def _number(self, table: dict[Any, int], entry: Root | Step | Poisoned) -> int:
+        number = table.get(entry)
+        if number is None:
+            number = table[entry] = len(self.entries)
+            self.entries.append(entry)
+        return number
 
     def unfold(self, number: int) -> tuple[Root, list[tuple[int, MultimodalPlace | None]]]:
         """A history spelled out: its root and every (token, place) from position 0 on."""
@@ -122,32 +126,36 @@ class GhostKV:
 
     Attributes:
         histories: the numbering of histories every slot refers to.
-        slots: block id -> one entry per slot of the block (None: nothing written since the
-            block was last handed out); a block never written has no entry.
+        slots: block id -> the history number of the token whose KV each slot holds (None:
+            nothing written since the block was last handed out); a block never written has
+            no entry.
+        group_of: block id -> the KV cache group whose KV its slots hold (a block serves one
+            group between two hand-outs).
         expected: request id -> (the Request, the history number of each of its tokens so
             far): what its KV is, extended as its tokens grow.
     """
 
     def __init__(self) -> None:
         self.histories = KVHistories()
-        self.slots: dict[int, list[SlotKV | None]] = {}
+        self.slots: dict[int, list[int | None]] = {}
+        self.group_of: dict[int, int] = {}
         self.expected: dict[str, tuple[Request, list[int]]] = {}
 
     def histories_of(self, request: Request) -> list[int]:
         """The history number of every token of `request`, position by position."""
         cached = self.expected.get(request.request_id)
         if cached is None or cached[0] is not request:
-            root = self.histories.number(Root(request.lora_id, request.cache_salt))
             cached = (request, [])
             self.expected[request.request_id] = cached
-        else:
-            root = -1
         numbers = cached[1]
         tokens = request.all_token_ids
-        for position in range(len(numbers), len(tokens)):
-            parent = numbers[position - 1] if position else root
-            place = multimodal_place(request, position)
-            numbers.append(self.histories.number(Step(parent, tokens[position], place)))
+        if len(numbers) < len(tokens):
+            histories = self.histories
+            parent = numbers[-1] if numbers else histories.root(request.lora_id, request.cache_salt)
+            for position in range(len(numbers), len(tokens)):
+                place = multimodal_place(request, position) if request.mm_positions else None
+                parent = histories.step(parent, tokens[position], place)
+                numbers.append(parent)
         return numbers
 
     def forget(self, request_id: str) -> None:
@@ -158,6 +166,7 @@ class GhostKV:
         """Blocks handed out again: their old KV is gone."""
         for block_id in block_ids:
             self.slots.pop(block_id, None)
+            self.group_of.pop(block_id, None)
 
     def write(
         self,
@@ -173,7 +182,7 @@ class GhostKV:
         into the blocks of `table` (block p holds positions [p * B, (p + 1) * B)); tokens past
         the request's own are its draft tokens (`spec_token_ids`). A position with no block in
         `table`, or the null block, is written nowhere. With `poisoned_by`, the KV is poisoned
-        by that bug."""
+        by that bug. A block that held another group's KV holds only this group's after."""
         numbers = self.histories_of(request)
         num_own = len(numbers)
         drafts = request.spec_token_ids
@@ -182,21 +191,54 @@ class GhostKV:
                 number = numbers[position]
             else:  # a draft token: its history is not the request's (yet)
                 parent = numbers[position - 1]
-                number = self.histories.number(Step(parent, drafts[position - num_own], None))
+                number = self.histories.step(parent, drafts[position - num_own], None)
                 numbers = [*numbers, number]  # a local copy
             if poisoned_by is not None:
-                number = self.histories.number(Poisoned(number, poisoned_by))
+                number = self.histories.poisoned(number, poisoned_by)
             index = position // block_size
             if index >= len(table) or table[index] == NULL_BLOCK_ID:
                 continue  # no block there: the KV is written nowhere
             block_id = table[index]
+            if self.group_of.get(block_id, group) != group:
+                self.clear((block_id,))
+            self.group_of[block_id] = group
             slots = self.slots.setdefault(block_id, [None] * block_size)
-            slots[position % block_size] = (group, number)
+            slots[position % block_size] = number
 
     def holds(self, block_id: int, slot: int) -> SlotKV | None:
         """What slot `slot` of block `block_id` holds (None: nothing)."""
         slots = self.slots.get(block_id)
-        return None if slots is None or slot >= len(slots) else slots[slot]
+        if slots is None or slot >= len(slots):
+            return None
+        number = slots[slot]
+        return None if number is None else (self.group_of[block_id], number)
+
+    def first_difference(
+        self,
+        group: int,
+        table: Sequence[int],
+        block_size: int,
+        positions: range,
+        expected: Sequence[int],
+    ) -> int | None:
+        """The first of `positions` whose slot in `table` (group `group`) does not hold
+        `expected[position]`: no block there, the null block, another group's KV, nothing, or
+        another history's KV. None if every one holds it. Compares block by block."""
+        position = positions.start
+        while position < positions.stop:
+            index, slot = divmod(position, block_size)
+            end = min((index + 1) * block_size, positions.stop)
+            block_id = table[index] if index < len(table) else NULL_BLOCK_ID
+            slots = self.slots.get(block_id)
+            if block_id == NULL_BLOCK_ID or slots is None or self.group_of[block_id] != group:
+                return position
+            held = slots[slot : slot + end - position]
+            if held != list(expected[position:end]):
+                return position + next(
+                    i for i, number in enumerate(held) if number != expected[position + i]
+                )
+            position = end
+        return None
 
     def canonical(self, block_ids: Iterable[int]) -> tuple[object, ...]:
         """What the given blocks hold, spelled out (the numbers depend on the order histories
@@ -204,11 +246,11 @@ class GhostKV:
         and the bug that poisoned it. For a search that merges equal states."""
         spelled: list[object] = []
         for block_id in sorted(block_ids):
-            for content in self.slots.get(block_id, ()):
-                if content is None:
+            for number in self.slots.get(block_id, ()):
+                if number is None:
                     spelled.append((block_id, None))
                     continue
-                group, number = content
+                group = self.group_of[block_id]
                 root, steps = self.histories.unfold(number)
                 poisoned_by = self.histories.poisoned_by(number)
                 spelled.append((block_id, group, root, tuple(steps), poisoned_by))

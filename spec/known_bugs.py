@@ -39,10 +39,10 @@ def _block_places(
     own = ghost.expected[untruth.request_id][1][start : start + len(slots)]
     found: list[MultimodalPlace | None] = []
     expected: list[MultimodalPlace | None] = []
-    for content, number in zip(slots, own, strict=False):
-        if content is None:
+    for held, number in zip(slots, own, strict=False):
+        if held is None:
             return None
-        found_root, found_steps = ghost.histories.unfold(content[1])
+        found_root, found_steps = ghost.histories.unfold(held)
         root, steps = ghost.histories.unfold(number)
         if found_root != root or found_steps[-1][0] != steps[-1][0]:
             return None

@@ -307,7 +307,9 @@ def test_a_tainted_request_poisons_what_it_computes_until_it_is_freed() -> None:
     manager.allocate_slots(reader, 21, hits)  # computes its blocks 3 and 4 poisoned
     title = KNOWN_BUGS["eagle_window_hit_one_short"].title
     new_block = manager.blocks["b"][3]
-    assert manager.truth.ghost.histories.poisoned_by(manager.truth.ghost.slots[new_block][0][1])
+    held = manager.truth.ghost.holds(new_block, 0)
+    assert held is not None
+    assert manager.truth.ghost.histories.poisoned_by(held[1]) == title
     assert manager.truth.tainted == {"b": title}
     manager.free(reader)
     assert manager.truth.tainted == {}
