@@ -39,17 +39,30 @@ def test_semantics_md_names_every_switch_and_every_named_semantics() -> None:
         assert f"`{name}`" in text, name
 
 
-@pytest.mark.parametrize("page", [*sorted(p.name for p in DOCS.glob("*.md")), "../README.md"])
-def test_relative_links_resolve(page: str) -> None:
-    path = DOCS / page
-    for target in re.findall(r"\]\((?!https?:)([^)#]+)", path.read_text()):
-        assert (path.parent / target).exists(), f"{page} links to missing {target}"
+PAGES = sorted(DOCS.rglob("*.md"))
+
+
+@pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"], ids=lambda p: p.name)
+def test_relative_links_resolve(page: Path) -> None:
+    """Every relative link names a file; a docs page's stays inside docs/."""
+    for target in re.findall(r"\]\((?!https?:)([^)#]+)", page.read_text()):
+        path = (page.parent / target).resolve()
+        assert path.exists(), f"{page.name} links to missing {target}"
+        if page.is_relative_to(DOCS):
+            assert path.is_relative_to(DOCS), f"{page.name} links outside docs/: {target}"
 
 
 def test_the_readme_links_every_docs_page() -> None:
     readme = (ROOT / "README.md").read_text()
     for page in DOCS.glob("*.md"):
         assert f"docs/{page.name}" in readme, page.name
+
+
+@pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"], ids=lambda p: p.name)
+def test_code_blocks_are_plain_python_or_mermaid(page: Path) -> None:
+    """A ```python block runs in tests/test_readme.py; any other language would silently not."""
+    for language in re.findall(r"^ *```(\S*)$", page.read_text(), re.M):
+        assert language in ("", "python", "mermaid"), f"{page.name}: ```{language}"
 
 
 def test_the_checking_guide_example_is_a_factory_verify_accepts(
