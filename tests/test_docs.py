@@ -40,11 +40,12 @@ def test_semantics_md_names_every_switch_and_every_named_semantics() -> None:
 
 
 PAGES = sorted(DOCS.rglob("*.md"))
+INCLUDE = re.compile(r'^--8<-- "([^":]+)(?::\w+)?"$', re.M)
 
 
 @pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"], ids=lambda p: p.name)
 def test_relative_links_resolve(page: Path) -> None:
-    """Every relative link names a file; a docs page's stays inside docs/."""
+    """Every relative link names a file; a docs page's stays inside docs/, the site's sources."""
     for target in re.findall(r"\]\((?!https?:)([^)#]+)", page.read_text()):
         path = (page.parent / target).resolve()
         assert path.exists(), f"{page.name} links to missing {target}"
@@ -52,10 +53,28 @@ def test_relative_links_resolve(page: Path) -> None:
             assert path.is_relative_to(DOCS), f"{page.name} links outside docs/: {target}"
 
 
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(DOCS).as_posix())
+def test_included_files_exist(page: Path) -> None:
+    for included in INCLUDE.findall(page.read_text()):
+        assert (ROOT / included).is_file(), f"{page.name} includes missing {included}"
+
+
 def test_the_readme_links_every_docs_page() -> None:
+    """The README is the map on GitHub: it names every page, or the file a page includes; the
+    site's home (index.md, the README's own overview) and the API pages (under docs/api/, reached
+    from docs/api/index.md) aside."""
     readme = (ROOT / "README.md").read_text()
+    assert "docs/api/index.md" in readme
     for page in DOCS.glob("*.md"):
-        assert f"docs/{page.name}" in readme, page.name
+        if page.name == "index.md":
+            continue
+        text = page.read_text()
+        body = re.sub(r"<!--.*?-->", "", text, flags=re.S).strip()
+        if INCLUDE.fullmatch(body):
+            (included,) = INCLUDE.findall(body)
+            assert included in readme, f"{page.name} includes {included}"
+        else:
+            assert f"docs/{page.name}" in readme, page.name
 
 
 @pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"], ids=lambda p: p.name)
