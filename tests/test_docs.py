@@ -43,7 +43,11 @@ PAGES = sorted(DOCS.rglob("*.md"))
 INCLUDE = re.compile(r'^--8<-- "([^":]+)(?::\w+)?"$', re.M)
 
 
-@pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"], ids=lambda p: p.name)
+def _page_id(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
+
+
+@pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"], ids=_page_id)
 def test_relative_links_resolve(page: Path) -> None:
     """Every relative link names a file; a docs page's stays inside docs/, the site's sources."""
     for target in re.findall(r"\]\((?!https?:)([^)#]+)", page.read_text()):
@@ -53,7 +57,7 @@ def test_relative_links_resolve(page: Path) -> None:
             assert path.is_relative_to(DOCS), f"{page.name} links outside docs/: {target}"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(DOCS).as_posix())
+@pytest.mark.parametrize("page", PAGES, ids=_page_id)
 def test_included_files_exist(page: Path) -> None:
     for included in INCLUDE.findall(page.read_text()):
         assert (ROOT / included).is_file(), f"{page.name} includes missing {included}"
@@ -77,7 +81,7 @@ def test_the_readme_links_every_docs_page() -> None:
             assert f"docs/{page.name}" in readme, page.name
 
 
-@pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"], ids=lambda p: p.name)
+@pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"], ids=_page_id)
 def test_code_blocks_are_plain_python_or_mermaid(page: Path) -> None:
     """A ```python block runs in tests/test_readme.py; any other language would silently not."""
     for language in re.findall(r"^ *```(\S*)$", page.read_text(), re.M):
