@@ -13,8 +13,8 @@ error says the largest that does.
 
 Exit status: 0 with a plan; 1 when the model does not fit (its KV cache, or its weights and the
 other memory leave nothing for one); 2 on bad arguments, each message naming the option. With
---json, statuses 0 and 1 print one JSON document on stdout (schema "pagedkv-plan/1", see the
-README). Nothing here imports torch or transformers.
+--json, statuses 0 and 1 print one JSON document on stdout (schema "pagedkv-plan/1", see
+docs/planning.md). Nothing here imports torch or transformers.
 """
 
 from __future__ import annotations
