@@ -116,7 +116,9 @@ def plan_step(
     Args:
         query: [num_tokens, num_heads, head_size] (shape and dtype only are read).
         key_cache: [num_blocks, block_size, num_kv_heads, head_size] (likewise).
-        query_start_loc, seq_lens, block_table: the step's metadata (host or device, int32).
+        query_start_loc: the step's metadata (host or device, int32).
+        seq_lens: likewise.
+        block_table: likewise.
         sliding_window: window in tokens, or None.
         limits: the device for the split policy; None: read from the query's device, or an
             H200 when the query is on the host.
@@ -199,8 +201,9 @@ def paged_attention(
     Args:
         query: [num_tokens, num_heads, head_size], float16 / bfloat16 / float32, on a CUDA
             device (torch or CuPy), last dimension contiguous.
-        key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size], same dtype,
-            same strides, 16-byte aligned.
+        key_cache: [num_blocks, block_size, num_kv_heads, head_size], same dtype, same
+            strides, 16-byte aligned.
+        value_cache: likewise, as `key_cache`.
         plan: from `plan_step` (or `plan_attention`) for these shapes.
         out: where to write, like `query`; None: a new array. Rows past
             `query_start_loc[-1]` are left as they are.

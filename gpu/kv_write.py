@@ -111,8 +111,10 @@ def write_kv(
     """Write each token's K and V rows into its cache slot (negative slot: skip).
 
     Args:
-        key, value: [num_tokens, num_kv_heads, head_size], the caches' dtype.
-        key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size].
+        key: [num_tokens, num_kv_heads, head_size], the caches' dtype.
+        value: likewise, as `key`.
+        key_cache: [num_blocks, block_size, num_kv_heads, head_size].
+        value_cache: likewise, as `key_cache`.
         slot_mapping: int32 or int64 [n], n <= num_tokens, contiguous.
         check_slots_on_host: copy slot_mapping to the host and reject bad slots before
             launching (a synchronization). Off: out-of-range slots are silently skipped.

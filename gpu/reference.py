@@ -36,9 +36,10 @@ def reference_write_kv(
     """Write token i's K/V rows to slot `slot_mapping[i]` of the caches; negative: skip.
 
     Args:
-        key, value: [num_tokens, num_kv_heads, head_size].
-        key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size], written in
-            place.
+        key: [num_tokens, num_kv_heads, head_size].
+        value: likewise, as `key`.
+        key_cache: [num_blocks, block_size, num_kv_heads, head_size], written in place.
+        value_cache: likewise, as `key_cache`.
         slot_mapping: int32/int64 [n], n <= num_tokens.
 
     Raises:
@@ -210,9 +211,7 @@ def reference_paged_attention(
     """Varlen paged attention, bottom-right causal, optional window or chunk, GQA; float64
     math.
 
-    Args:
-        query, key_cache, value_cache, query_start_loc, seq_lens, block_table, scale,
-            sliding_window, attention_chunk_size: as `reference_attention_terms`.
+    Every argument is as in `reference_attention_terms`.
 
     Returns:
         [num_tokens, num_heads, head_size] in the query's dtype (the float64 result, rounded

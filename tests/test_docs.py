@@ -39,17 +39,53 @@ def test_semantics_md_names_every_switch_and_every_named_semantics() -> None:
         assert f"`{name}`" in text, name
 
 
-@pytest.mark.parametrize("page", [*sorted(p.name for p in DOCS.glob("*.md")), "../README.md"])
-def test_relative_links_resolve(page: str) -> None:
-    path = DOCS / page
-    for target in re.findall(r"\]\((?!https?:)([^)#]+)", path.read_text()):
-        assert (path.parent / target).exists(), f"{page} links to missing {target}"
+PAGES = sorted(DOCS.rglob("*.md"))
+INCLUDE = re.compile(r'^--8<-- "([^":]+)(?::\w+)?"$', re.M)
+
+
+def _page_id(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
+
+
+@pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"], ids=_page_id)
+def test_relative_links_resolve(page: Path) -> None:
+    """Every relative link names a file; a docs page's stays inside docs/, the site's sources."""
+    for target in re.findall(r"\]\((?!https?:)([^)#]+)", page.read_text()):
+        path = (page.parent / target).resolve()
+        assert path.exists(), f"{page.name} links to missing {target}"
+        if page.is_relative_to(DOCS):
+            assert path.is_relative_to(DOCS), f"{page.name} links outside docs/: {target}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_page_id)
+def test_included_files_exist(page: Path) -> None:
+    for included in INCLUDE.findall(page.read_text()):
+        assert (ROOT / included).is_file(), f"{page.name} includes missing {included}"
 
 
 def test_the_readme_links_every_docs_page() -> None:
+    """The README is the map on GitHub: it names every page, or the file a page includes; the
+    site's home (index.md, the README's own overview) and the API pages (under docs/api/, reached
+    from docs/api/index.md) aside."""
     readme = (ROOT / "README.md").read_text()
+    assert "docs/api/index.md" in readme
     for page in DOCS.glob("*.md"):
-        assert f"docs/{page.name}" in readme, page.name
+        if page.name == "index.md":
+            continue
+        text = page.read_text()
+        body = re.sub(r"<!--.*?-->", "", text, flags=re.S).strip()
+        if INCLUDE.fullmatch(body):
+            (included,) = INCLUDE.findall(body)
+            assert included in readme, f"{page.name} includes {included}"
+        else:
+            assert f"docs/{page.name}" in readme, page.name
+
+
+@pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"], ids=_page_id)
+def test_code_blocks_are_plain_python_or_mermaid(page: Path) -> None:
+    """A ```python block runs in tests/test_readme.py; any other language would silently not."""
+    for language in re.findall(r"^ *```(\S*)$", page.read_text(), re.M):
+        assert language in ("", "python", "mermaid"), f"{page.name}: ```{language}"
 
 
 def test_the_checking_guide_example_is_a_factory_verify_accepts(

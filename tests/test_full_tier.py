@@ -7,7 +7,7 @@ at gate size, here at full size.
 - `pagedkv verify --seed 2025` at its default size on every layer (the gate runs fewer steps);
 - the exhaustive search's `nightly` scope (the gate searches the `ci` scope).
 
-The README ("Development") gives the tier's time on the 2-core development machine.
+docs/development.md gives the tier's time on the 2-core development machine.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from transformers import CONFIG_MAPPING, Gemma3Config, PreTrainedConfig
 from pagedkv.planning.hf_config import (
     CHUNKED_ATTENTION,
     FULL_ATTENTION,
+    LAYER_KINDS,
     SLIDING_ATTENTION,
     TRANSFORMERS_DEFAULTS,
     layer_types,
@@ -203,6 +204,98 @@ def test_an_unknown_model_type_takes_the_window_on_every_layer_and_says_so() -> 
     )
     # the switch vLLM and transformers read for every model type
     assert read_hf_config(dict(config, use_sliding_window=False)).shape.sliding_window is None
+
+
+def other_layer_configs() -> list[tuple[str, dict[str, Any]]]:
+    """Every model type whose transformers class gives a layer type other than full, sliding
+    or chunked attention, its config as saved and as saved before the class had
+    `layer_types` (the class derives them again when it reads it)."""
+    found = []
+    for model_type in sorted(CONFIG_MAPPING.keys()):
+        try:
+            built = CONFIG_MAPPING[model_type]()
+            kinds = getattr(built.get_text_config(), "layer_types", None)
+            saved = built.to_dict()
+        except Exception:  # a class that cannot build its own defaults
+            continue
+        if isinstance(kinds, (list, tuple)) and set(kinds) - set(LAYER_KINDS):
+            found += [(model_type, saved), (model_type, without_layer_types(built))]
+    return found
+
+
+def test_every_model_with_other_layers_is_refused_by_name_never_planned() -> None:
+    found = other_layer_configs()
+    assert {"jamba", "qwen3_next", "bamba", "kimi_linear", "deepseek_v32"} <= {
+        model_type for model_type, _ in found
+    }
+    for model_type, config in found:
+        with pytest.raises(InvalidArgumentError) as refused:
+            read_hf_config(config)
+        message = str(refused.value)
+        if message != "config.json: 'num_hidden_layers' must be an int, got None":  # no LLM
+            assert "pagedkv plans" in message or "read it with" in message, (model_type, message)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (
+            {"model_type": "jamba"},
+            "config.json: model_type 'jamba' has Mamba or linear-attention layers: read it "
+            "with pagedkv.planning.hf_mamba.read_mamba_hybrid_config (pagedkv plan does)",
+        ),
+        (
+            {"model_type": "qwen3_5", "layer_types": ["full_attention", "linear_attention"]},
+            "config.json: layer 1 is 'linear_attention'; pagedkv plans 'full_attention', "
+            "'sliding_attention', 'chunked_attention' layers, and the Mamba and "
+            "linear-attention layers of jamba, falcon_h1, nemotron_h, granitemoehybrid, "
+            "qwen3_next only",
+        ),
+        (
+            {"model_type": "minimax", "num_hidden_layers": 2},
+            "config.json: model_type 'minimax' has 'linear_attention' layers; pagedkv plans "
+            "'full_attention', 'sliding_attention', 'chunked_attention' layers, and the Mamba "
+            "and linear-attention layers of jamba, falcon_h1, nemotron_h, granitemoehybrid, "
+            "qwen3_next only",
+        ),
+        (
+            {
+                "model_type": "bamba",
+                "num_hidden_layers": 32,
+                "attn_layer_indices": [9, 18],
+                "mamba_n_heads": 128,
+                "mamba_d_head": 64,
+                "mamba_n_groups": 1,
+                "mamba_d_state": 128,
+                "mamba_d_conv": 4,
+            },
+            "config.json: model_type 'bamba' has layers other than attention "
+            "(attn_layer_indices, mamba_n_heads, mamba_d_head, mamba_n_groups, ...); pagedkv "
+            "plans 'full_attention', 'sliding_attention', 'chunked_attention' layers, and the "
+            "Mamba and linear-attention layers of jamba, falcon_h1, nemotron_h, "
+            "granitemoehybrid, qwen3_next only",
+        ),
+    ],
+)
+def test_layers_pagedkv_does_not_plan_as_attention_are_refused_word_for_word(
+    config: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidArgumentError) as refused:
+        read_hf_config(config)
+    assert str(refused.value) == message
+    with pytest.raises(InvalidArgumentError):
+        layer_types(config)
+
+
+def test_older_layer_type_names_read_as_transformers_reads_them() -> None:
+    config = {
+        "model_type": "gemma2",
+        "num_hidden_layers": 2,
+        "torch_dtype": "bfloat16",
+        "layer_types": ["sliding_attention", "attention"],
+    }
+    assert read_hf_config(config).layer_types == (SLIDING_ATTENTION, FULL_ATTENTION)
+    assert transformers_view(config)[5] == (SLIDING_ATTENTION, FULL_ATTENTION)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ own `get_kv_cache_configs` run on vLLM's own specs (`tests/vllm_033_kv_cache_gro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from pagedkv.vocab.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheSpec,
     KVCacheTensor,
+    MambaSpec,
     SlidingWindowSpec,
 )
 
@@ -150,6 +152,26 @@ def test_tensors_are_shared_position_by_position() -> None:
         KVCacheTensor(320, ("layers.4", "layers.5", "layers.3")),
     )
     assert config.tensors["layers.5"] is config.tensors["layers.4"]
+
+
+def test_a_smaller_mamba_page_is_padded_not_grown() -> None:
+    # a state of 24 bytes does not grow with its block size: padded to the 32-byte page; a
+    # state already of the largest page is left as it is
+    state = MambaSpec(block_size=4, shapes=[(3,), (3, 3)], dtypes=["float16", "float16"])
+    assert state.page_size_bytes == 24
+    unified = unify_kv_cache_spec_page_size(layers(FULL, state, FULL))
+    assert unified["layers.1"] == dataclasses.replace(state, page_size_padded=32)
+    assert unified["layers.0"] == FULL
+    groups = get_kv_cache_groups(layers(FULL, state, FULL, state))
+    assert names(groups) == [[0, 2], [1, 3]]
+    config = get_kv_cache_config_from_groups(groups, 5)
+    assert config.block_sizes == (4, 4)
+    padded = dataclasses.replace(state, page_size_padded=32)
+    assert unify_kv_cache_spec_page_size(layers(FULL, padded))["layers.1"] is padded
+    # a Mamba group holds its states whatever the length: 2 blocks with prefix caching
+    aligned = dataclasses.replace(padded, mamba_cache_mode="align")
+    (group,) = get_kv_cache_groups(layers(aligned))
+    assert blocks_per_request(group, max_model_len=10**6, max_in_flight_tokens=1) == 2
 
 
 def test_a_group_shorter_than_the_group_size_leaves_its_last_position_to_the_others() -> None:

@@ -19,9 +19,11 @@ from pagedkv.vocab.kv_cache_interface import (
     KVCacheGroupSpec,
     KVCacheSpec,
     KVCacheTensor,
+    MambaSpec,
     SlidingWindowSpec,
     dtype_name,
     dtype_size,
+    mamba_state_bytes,
 )
 
 # The chapter's worked example: Llama-2-13B, fp16, block 16, 40 KV heads of 128.
@@ -231,6 +233,118 @@ def test_specs_are_frozen_hashable_picklable_and_replace_revalidates() -> None:
 def test_the_base_specs_are_abstract() -> None:
     with pytest.raises(TypeError):
         KVCacheSpec(block_size=4)  # type: ignore[abstract]
+
+
+# -- Mamba states ------------------------------------------------------------------------------
+
+
+def mamba(**overrides: object) -> MambaSpec:
+    # Jamba's Mamba-1 layer: conv (3, 8,192) + ssm (8,192, 16), bfloat16
+    fields: dict[str, object] = {
+        "block_size": 80,
+        "shapes": [(3, 8192), (8192, 16)],
+        "dtypes": ["bfloat16", torch.bfloat16],
+        "mamba_type": "mamba1",
+        "mamba_cache_mode": "align",
+    }
+    fields.update(overrides)
+    return MambaSpec(**fields)  # type: ignore[arg-type]
+
+
+def test_a_mamba_page_is_its_state_or_the_padded_size() -> None:
+    # (3 x 8,192 + 8,192 x 16) x 2 bytes
+    assert mamba().state_size_bytes == mamba().page_size_bytes == 311_296
+    assert mamba_state_bytes([(3, 8192), (8192, 16)], ["bfloat16", "bfloat16"]) == 311_296
+    # padded to an 80-token attention page of 4,096 bytes a token
+    padded = mamba(page_size_padded=327_680)
+    assert (padded.page_size_bytes, padded.state_size_bytes) == (327_680, 311_296)
+    # Nemotron-H's ssm state in float32: (3 x 10,240) x 2 + (128 x 64 x 128) x 4
+    nemotron = mamba(shapes=[(3, 10_240), (128, 64, 128)], dtypes=["bfloat16", "float32"])
+    assert nemotron.page_size_bytes == 61_440 + 4_194_304
+    assert nemotron.dtypes == ("bfloat16", "float32")
+
+
+def test_a_request_holds_two_or_three_states_with_prefix_caching_else_one() -> None:
+    # whatever the length: the running state, the last at a block boundary, a prefill
+    # checkpoint (Mamba-2), and one per draft token
+    for max_model_len in (1, 80, 10**6):
+        assert mamba().max_memory_usage_bytes(max_model_len, 1) == 2 * 311_296
+    assert mamba(num_prefill_checkpoint_blocks=1).blocks_per_request == 3
+    assert mamba(num_speculative_blocks=2, num_prefill_checkpoint_blocks=1).blocks_per_request == 5
+    assert mamba(mamba_cache_mode="none", num_prefill_checkpoint_blocks=1).blocks_per_request == 1
+    assert mamba(mamba_cache_mode="none", num_speculative_blocks=2).blocks_per_request == 3
+    with pytest.raises(InvalidArgumentError, match="max_model_len must be an int >= 1"):
+        mamba().max_memory_usage_bytes(0, 1)
+
+
+def test_a_mamba_type_id_names_the_recurrence_mode_states_block_and_page() -> None:
+    assert mamba(page_size_padded=327_680).type_id == "mamba_mamba1_align_2_80_327680"
+    assert mamba().type_id != mamba(mamba_cache_mode="none").type_id
+    assert mamba() != full() and mamba() == mamba()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "message"),
+    [
+        ({"shapes": []}, InvalidArgumentError, "MambaSpec: shapes must be a non-empty"),
+        ({"shapes": "3x8"}, ArgumentTypeError, "MambaSpec: shapes must be a non-empty"),
+        ({"shapes": [(3, 0), (8, 16)]}, InvalidArgumentError, r"shapes\[0\] must be"),
+        ({"shapes": [(3, 8), ()]}, InvalidArgumentError, r"shapes\[1\] must be"),
+        ({"shapes": [(3, 8.0), (8, 16)]}, ArgumentTypeError, r"shapes\[0\] must be"),
+        ({"shapes": [3, (8, 16)]}, ArgumentTypeError, r"shapes\[0\] must be"),
+        ({"dtypes": ["bfloat16"]}, KVCacheConfigError, "one dtype per state shape: 2 shapes, 1"),
+        ({"dtypes": ["bfloat16", "float12"]}, InvalidArgumentError, "unknown KV cache dtype"),
+        ({"block_size": 0}, InvalidArgumentError, "block_size must be an int >= 1"),
+        ({"page_size_padded": 0}, InvalidArgumentError, "page_size_padded must be an int >= 1"),
+        (
+            {"page_size_padded": 311_295},
+            KVCacheConfigError,
+            "page_size_padded=311,295 is smaller than the 311,296-byte state",
+        ),
+        ({"mamba_cache_mode": "all"}, InvalidArgumentError, "must be one of align, none"),
+        ({"mamba_type": 1}, ArgumentTypeError, "MambaSpec: mamba_type must be a str"),
+        (
+            {"num_speculative_blocks": -1},
+            InvalidArgumentError,
+            "MambaSpec: num_speculative_blocks must be an int >= 0, got -1",
+        ),
+        (
+            {"num_prefill_checkpoint_blocks": True},
+            ArgumentTypeError,
+            "MambaSpec: num_prefill_checkpoint_blocks must be an int >= 0, got True",
+        ),
+    ],
+)
+def test_mamba_specs_refuse_what_cannot_be_a_state(
+    overrides: dict[str, object], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        mamba(**overrides)
+
+
+def test_mamba_specs_are_frozen_hashable_picklable_and_replace_revalidates() -> None:
+    spec = mamba(page_size_padded=327_680)
+    assert pickle.loads(pickle.dumps(spec)) == spec
+    assert len({spec, mamba(page_size_padded=327_680), mamba()}) == 2
+    assert dataclasses.replace(spec, block_size=16).page_size_bytes == 327_680
+    assert dataclasses.replace(spec, page_size_padded=None).page_size_bytes == 311_296
+    with pytest.raises(KVCacheConfigError, match="smaller than"):
+        dataclasses.replace(spec, page_size_padded=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.block_size = 8  # type: ignore[misc]
+
+
+def test_a_group_of_attention_and_one_of_states_share_tensors_page_by_page() -> None:
+    # Jamba in small: one attention layer and one Mamba layer, pages padded to one size
+    attention = full(block_size=80, num_kv_heads=8, head_size=128, dtype="bfloat16")
+    state = mamba(page_size_padded=attention.page_size_bytes)
+    shared = KVCacheTensor(attention.page_size_bytes * 3, ["attn", "mamba"])
+    cfg = KVCacheConfig(
+        3,
+        {"attn": shared, "mamba": shared},
+        [KVCacheGroupSpec(["attn"], attention), KVCacheGroupSpec(["mamba"], state)],
+    )
+    assert cfg.block_sizes == (80, 80) and cfg.kv_cache_tensors == (shared,)
 
 
 # -- tensors, groups, configs -------------------------------------------------------------

@@ -1081,21 +1081,22 @@ def test_the_planner_and_its_cli_import_neither_torch_nor_transformers() -> None
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-README_RUNS = re.findall(r"```\n\$ \./dev plan (.*?)\n(.*?)```", README.read_text(), re.S)
+ROOT = Path(__file__).resolve().parent.parent
+PLANNING_PAGE = ROOT / "docs" / "planning.md"  # the documentation's `pagedkv plan` page
+PAGE_RUNS = re.findall(r"```\n\$ \./dev plan (.*?)\n(.*?)```", PLANNING_PAGE.read_text(), re.S)
 
 
-def test_readme_has_plan_examples() -> None:
-    assert len(README_RUNS) >= 4
+def test_the_planning_page_has_plan_examples() -> None:
+    assert len(PAGE_RUNS) >= 4
 
 
 @pytest.mark.parametrize(
-    ("argv", "shown"), README_RUNS, ids=[f"readme-{i}" for i in range(len(README_RUNS))]
+    ("argv", "shown"), PAGE_RUNS, ids=[f"planning-page-{i}" for i in range(len(PAGE_RUNS))]
 )
-def test_readme_plan_examples_print_what_they_show(
+def test_the_planning_page_examples_print_what_they_show(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: str, shown: str
 ) -> None:
-    monkeypatch.chdir(README.parent)  # the examples name files relative to the repository
+    monkeypatch.chdir(ROOT)  # the examples name files relative to the repository
     status, out, err = plan(capsys, *argv.split())
     assert out + err == shown
     assert status == (1 if err else 0)

@@ -1,4 +1,4 @@
-"""The wheels users install (README: "Installing"): the pure one is `py3-none-any`, carries no
+"""The wheels users install (docs/installing.md): the pure one is `py3-none-any`, carries no
 extension module, the license and the project metadata, and runs from where pip puts it;
 `pagedkv --version` says which version and build runs."""
 

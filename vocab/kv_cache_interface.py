@@ -10,6 +10,8 @@ model whose groups share tensors, `page_size_bytes` times the layers of the larg
         ├── FullAttentionSpec          keeps every token:   cdiv(max_model_len, B) pages
         ├── SlidingWindowSpec          + sliding_window:    cdiv(min(W-1+T, max_model_len), B) + 1
         └── ChunkedLocalAttentionSpec  + attention_chunk_size: cdiv(min(C+T, max_model_len), B)
+    └── MambaSpec               + state shapes, dtypes: one state a page (2 or 3 with prefix
+                                  caching), whatever the length; padded to the attention page
 
 A `KVCacheConfig` puts layers with one spec in a `KVCacheGroupSpec` (one block table each) and
 gives every layer a `KVCacheTensor`; a hybrid model's groups share tensors position by position
@@ -395,6 +397,163 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
             self.attention_chunk_size, max_model_len, max_num_batched_tokens, self.block_size
         )
         return num_blocks * self.page_size_bytes
+
+
+MAMBA_CACHE_MODES = ("align", "none")
+"""vLLM 0.33's `mamba_cache_mode`: "align" with prefix caching on (its default), else "none"."""
+
+
+def mamba_state_bytes(shapes: Iterable[Iterable[int]], dtypes: Iterable[DTypeLike]) -> int:
+    """Bytes of one request's state in one recurrent layer: each state tensor's elements times
+    its dtype's size, summed (vLLM's `MambaSpec.state_content_size_bytes`).
+
+    Complexity: O(elements of `shapes`' tuples).
+    """
+    return sum(
+        math.prod(shape) * dtype_size(dtype) for shape, dtype in zip(shapes, dtypes, strict=True)
+    )
+
+
+@dataclass(frozen=True, init=False)
+class MambaSpec(KVCacheSpec):
+    """A recurrent layer's state (Mamba-1, Mamba-2, a gated delta net): a fixed number of bytes
+    per request, whatever its length. One block holds one whole state.
+
+    The page is the state, or `page_size_padded` (vLLM pads a Mamba page to the attention page,
+    so that one block id addresses a page of every group). A request holds at most, with
+    prefix caching on (`mamba_cache_mode` "align"), `2 + num_speculative_blocks +
+    num_prefill_checkpoint_blocks` blocks: the running state, the last block-aligned one that a
+    later request may reuse, a checkpoint taken inside a prefill; otherwise ("none")
+    `1 + num_speculative_blocks`. `block_size` is the tokens between reusable states ("align")
+    or max_model_len ("none").
+
+    Validated on construction: one dtype per shape, every dimension >= 1, a padded page no
+    smaller than the state.
+
+    Attributes:
+        shapes: each state tensor's shape for one request on this worker (conv, then ssm).
+        dtypes: each state tensor's element type, canonical names.
+        page_size_padded: the page when padded past the state, else None.
+        mamba_type: the recurrence, as vLLM names its backend ("mamba1", "mamba2", "gdn_attn").
+        mamba_cache_mode: "align" or "none" (`MAMBA_CACHE_MODES`).
+        num_speculative_blocks: extra states kept for draft tokens (>= 0).
+        num_prefill_checkpoint_blocks: states a prefill may checkpoint into (>= 0).
+    """
+
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[DTypeName, ...]
+    page_size_padded: int | None
+    mamba_type: str
+    mamba_cache_mode: str
+    num_speculative_blocks: int
+    num_prefill_checkpoint_blocks: int
+
+    def __init__(
+        self,
+        *,
+        block_size: int,
+        shapes: Iterable[Iterable[int]],
+        dtypes: Iterable[DTypeLike],
+        page_size_padded: int | None = None,
+        mamba_type: str = "mamba2",
+        mamba_cache_mode: str = "none",
+        num_speculative_blocks: int = 0,
+        num_prefill_checkpoint_blocks: int = 0,
+    ) -> None:
+        object.__setattr__(self, "block_size", block_size)
+        object.__setattr__(self, "shapes", _state_shapes(shapes))
+        given_dtypes: list[DTypeLike] = require_iterable("MambaSpec", "dtypes", dtypes)
+        object.__setattr__(self, "dtypes", tuple(dtype_name(dtype) for dtype in given_dtypes))
+        object.__setattr__(self, "page_size_padded", page_size_padded)
+        object.__setattr__(self, "mamba_type", mamba_type)
+        object.__setattr__(self, "mamba_cache_mode", mamba_cache_mode)
+        object.__setattr__(self, "num_speculative_blocks", num_speculative_blocks)
+        object.__setattr__(self, "num_prefill_checkpoint_blocks", num_prefill_checkpoint_blocks)
+        self.__post_init__()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if len(self.dtypes) != len(self.shapes):
+            raise KVCacheConfigError(
+                f"MambaSpec needs one dtype per state shape: {len(self.shapes)} shapes, "
+                f"{len(self.dtypes)} dtypes"
+            )
+        require_str("MambaSpec", "mamba_type", self.mamba_type)
+        if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
+            raise InvalidArgumentError(
+                f"mamba_cache_mode must be one of {', '.join(MAMBA_CACHE_MODES)}, got "
+                f"{self.mamba_cache_mode!r}"
+            )
+        for name in ("num_speculative_blocks", "num_prefill_checkpoint_blocks"):
+            value = getattr(self, name)
+            if not is_int(value) or value < 0:
+                raise argument_error("MambaSpec", name, "an int >= 0", value, type_ok=is_int(value))
+        if self.page_size_padded is not None:
+            _check_positive_int("page_size_padded", self.page_size_padded)
+            if self.page_size_padded < self.state_size_bytes:
+                raise KVCacheConfigError(
+                    f"page_size_padded={self.page_size_padded:,} is smaller than the "
+                    f"{self.state_size_bytes:,}-byte state: a padded page holds the whole state"
+                )
+
+    @property
+    def state_size_bytes(self) -> int:
+        """Bytes of the state itself (see `mamba_state_bytes`). Complexity: O(len(shapes))."""
+        return mamba_state_bytes(self.shapes, self.dtypes)
+
+    @property
+    def page_size_bytes(self) -> int:
+        """`page_size_padded`, or the state when not padded. Complexity: O(len(shapes))."""
+        return self.state_size_bytes if self.page_size_padded is None else self.page_size_padded
+
+    @property
+    def blocks_per_request(self) -> int:
+        """Blocks one request holds at most (see the class docstring). Complexity: O(1)."""
+        if self.mamba_cache_mode == "align":
+            return 2 + self.num_speculative_blocks + self.num_prefill_checkpoint_blocks
+        return 1 + self.num_speculative_blocks
+
+    @property
+    def type_id(self) -> str:
+        """`mamba_{mamba_type}_{mamba_cache_mode}_{blocks_per_request}_{block_size}_{page}`."""
+        return (
+            f"mamba_{self.mamba_type}_{self.mamba_cache_mode}_{self.blocks_per_request}_"
+            f"{self.block_size}_{self.page_size_bytes}"
+        )
+
+    def max_memory_usage_bytes(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """`blocks_per_request` pages, whatever the request's length.
+
+        Raises:
+            InvalidArgumentError: either argument < 1.
+
+        Complexity: O(len(shapes)).
+        """
+        _check_positive_int("max_model_len", max_model_len)
+        _check_positive_int("max_num_batched_tokens", max_num_batched_tokens)
+        return self.blocks_per_request * self.page_size_bytes
+
+
+def _state_shapes(shapes: object) -> tuple[tuple[int, ...], ...]:
+    """`shapes` as a non-empty tuple of non-empty tuples of ints >= 1."""
+    rule = "a non-empty collection of shapes, each a non-empty tuple of ints >= 1"
+    if isinstance(shapes, (str, bytes)):
+        raise argument_error("MambaSpec", "shapes", rule, shapes, type_ok=False)
+    result: list[tuple[int, ...]] = []
+    given: list[object] = require_iterable("MambaSpec", "shapes", shapes)
+    for index, shape in enumerate(given):
+        if isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable):
+            raise argument_error("MambaSpec", f"shapes[{index}]", rule, shape, type_ok=False)
+        dims = tuple(shape)
+        for dim in dims:
+            if not is_int(dim):
+                raise argument_error("MambaSpec", f"shapes[{index}]", rule, shape, type_ok=False)
+        if not dims or min(dims) < 1:
+            raise argument_error("MambaSpec", f"shapes[{index}]", rule, shape, type_ok=True)
+        result.append(dims)
+    if not result:
+        raise argument_error("MambaSpec", "shapes", rule, shapes, type_ok=True)
+    return tuple(result)
 
 
 @dataclass(frozen=True, init=False)

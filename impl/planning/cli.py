@@ -6,13 +6,15 @@ or as a GPU's memory, the share the model may use, its weights (split over
 --tensor-parallel-size GPUs; estimated from config.json when --weights is not given) and the
 other memory each GPU needs. Dtypes and the tensor-parallel split are vLLM 0.8.5's; the plan is
 what `get_kv_cache_config` builds on each GPU. A model with window or chunked layers also gets
-vLLM 0.33's hybrid layout on the same budget. When one request of max_model_len does not fit,
-the error says the largest that does.
+vLLM 0.33's hybrid layout on the same budget. A Mamba hybrid (`pagedkv.planning.hf_mamba`) is
+planned as vLLM 0.33 plans it (`pagedkv.planning.mamba_plan`); a config.json with layers pagedkv
+does not plan is refused, naming them. When one request of max_model_len does not fit, the
+error says the largest that does.
 
 Exit status: 0 with a plan; 1 when the model does not fit (its KV cache, or its weights and the
 other memory leave nothing for one); 2 on bad arguments, each message naming the option. With
---json, statuses 0 and 1 print one JSON document on stdout (schema "pagedkv-plan/1", see the
-README). Nothing here imports torch or transformers.
+--json, statuses 0 and 1 print one JSON document on stdout (schema "pagedkv-plan/1", see
+docs/planning.md). Nothing here imports torch or transformers.
 """
 
 from __future__ import annotations
@@ -27,9 +29,17 @@ from typing import Any, TextIO
 from pagedkv.planning.available_memory import GPUMemoryBudget, NoKVCacheMemoryError
 from pagedkv.planning.byte_sizes import GiB, parse_size
 from pagedkv.planning.hf_config import read_hf_config, text_config
+from pagedkv.planning.hf_mamba import (
+    mamba_model_type,
+    read_mamba_hybrid_config,
+    resolve_dtypes_0_33,
+)
 from pagedkv.planning.hybrid_layout import SERVE_MAX_NUM_BATCHED_TOKENS
+from pagedkv.planning.mamba_model import MAMBA_DTYPES, MambaHybridModel
+from pagedkv.planning.mamba_plan import GDN_PREFILL_BACKENDS, MambaPlan, make_mamba_plan
 from pagedkv.planning.plan import (
     PLAN_JSON_SCHEMA,
+    KVCachePlan,
     ModelShape,
     RequestDoesNotFitError,
     make_plan,
@@ -114,6 +124,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     model.add_argument(
         "--no-sliding-window", action="store_true", help="ignore config.json's window"
+    )
+    mamba = parser.add_argument_group(
+        "Mamba hybrids (Jamba, Falcon-H1, Nemotron-H, Granite-4.0-H, Qwen3-Next: planned as "
+        "vLLM 0.33 plans them)"
+    )
+    mamba.add_argument(
+        "--mamba-cache-dtype",
+        choices=MAMBA_DTYPES,
+        metavar="DTYPE",
+        help="the recurrent states' dtype: auto (the model's), float32, float16, bfloat16",
+    )
+    mamba.add_argument(
+        "--mamba-ssm-cache-dtype",
+        choices=MAMBA_DTYPES,
+        metavar="DTYPE",
+        help="the ssm state's own dtype (default auto: --mamba-cache-dtype's; Nemotron-H: "
+        "config.json's mamba_ssm_cache_dtype)",
+    )
+    mamba.add_argument(
+        "--no-enable-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="vLLM's prefix caching off: one state per recurrent layer and request, not 2 or 3",
+    )
+    mamba.add_argument(
+        "--gdn-prefill-backend",
+        choices=GDN_PREFILL_BACKENDS,
+        metavar="NAME",
+        help="Qwen3-Next's linear-attention prefill: flashinfer (Hopper, vLLM 0.33's choice "
+        "there; the default) or triton",
     )
     parallel = parser.add_argument_group("parallelism")
     parallel.add_argument(
@@ -299,6 +339,65 @@ def _shape_from_args(
     return shape, positions, tuple(note for note in notes if note)
 
 
+MAMBA_OPTIONS = (
+    ("--mamba-cache-dtype", "mamba_cache_dtype"),
+    ("--mamba-ssm-cache-dtype", "mamba_ssm_cache_dtype"),
+    ("--gdn-prefill-backend", "gdn_prefill_backend"),
+)
+"""Options for a Mamba hybrid only (--no-enable-prefix-caching changes nothing elsewhere)."""
+
+LAYER_OPTIONS = (
+    ("--num-layers", "num_layers"),
+    ("--num-kv-heads", "num_kv_heads"),
+    ("--head-size", "head_size"),
+    ("--mla", "mla"),
+    ("--sliding-window", "sliding_window"),
+    ("--sliding-window-layers", "sliding_window_layers"),
+    ("--no-sliding-window", "no_sliding_window"),
+)
+"""Options that reshape an attention model's layers; a Mamba hybrid's come from config.json."""
+
+
+def _refuse_mamba_options(args: argparse.Namespace) -> None:
+    """Refuse an option for Mamba hybrids when the model has no recurrent layers."""
+    for option, dest in MAMBA_OPTIONS:
+        if getattr(args, dest) is not None:
+            raise InvalidArgumentError(f"{option}: the model has no Mamba layers")
+
+
+def _mamba_model(args: argparse.Namespace, config: dict[str, Any]) -> MambaHybridModel:
+    """The Mamba hybrid of `config`, its options checked first, each refusal naming one."""
+    model_type = mamba_model_type(config)
+    for option, dest in LAYER_OPTIONS:
+        if getattr(args, dest) not in (None, False):
+            raise InvalidArgumentError(
+                f"{option}: not for a Mamba hybrid (model_type {model_type!r}): its layers "
+                f"come from config.json"
+            )
+    for option, dtype, kv_cache_dtype in (
+        ("--dtype", args.dtype, "auto"),
+        ("--kv-cache-dtype", "auto", args.kv_cache_dtype),
+    ):
+        try:
+            resolve_dtypes_0_33("bfloat16", dtype, kv_cache_dtype)
+        except InvalidArgumentError as error:
+            raise InvalidArgumentError(f"{option}: {error}") from None
+    model = read_mamba_hybrid_config(
+        config,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        mamba_cache_dtype=args.mamba_cache_dtype or "auto",
+        mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype or "auto",
+    )
+    try:  # refuse a bad split before anything is planned
+        model.state_shapes(args.tensor_parallel_size)
+        if model.attention is not None:
+            model.attention.num_kv_heads_per_gpu(args.tensor_parallel_size)
+    except InvalidArgumentError as error:
+        raise InvalidArgumentError(f"--tensor-parallel-size: {error}") from None
+    return model
+
+
 def _estimate(args: argparse.Namespace, config: dict[str, Any] | None) -> WeightsEstimate | None:
     """The weights estimated from config.json, when --gpu-memory needs them and --weights is
     not given (None otherwise)."""
@@ -387,14 +486,22 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     err = sys.stderr if err is None else err
     gpu: GPUMemoryBudget | None = None
     estimate: WeightsEstimate | None = None
+    plan: KVCachePlan | MambaPlan
     try:
         _check_dtype_options(args)
         config = None if args.config is None else _load_config(args.config)
-        shape, positions, notes = _shape_from_args(args, config)
-        try:
-            shape.num_kv_heads_per_gpu(args.tensor_parallel_size)  # refuse a bad split first
-        except InvalidArgumentError as error:
-            raise InvalidArgumentError(f"--tensor-parallel-size: {error}") from None
+        model: MambaHybridModel | None = None
+        notes: tuple[str, ...] = ()
+        if config is not None and mamba_model_type(config) is not None:
+            model = _mamba_model(args, config)
+            positions = model.max_position_embeddings
+        else:
+            _refuse_mamba_options(args)
+            shape, positions, notes = _shape_from_args(args, config)
+            try:
+                shape.num_kv_heads_per_gpu(args.tensor_parallel_size)  # refuse a bad split first
+            except InvalidArgumentError as error:
+                raise InvalidArgumentError(f"--tensor-parallel-size: {error}") from None
         max_model_len = args.max_model_len if args.max_model_len is not None else positions
         if max_model_len is None:
             raise InvalidArgumentError("give --max-model-len (no config.json to take it from)")
@@ -404,17 +511,31 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         budget, gpu = _budget_from_args(args, estimate)
         if gpu is not None and estimate is not None:
             notes = (*notes, _weights_note(gpu, estimate))
-        plan = make_plan(
-            shape,
-            budget,
-            block_size=args.block_size,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            num_blocks_override=args.num_gpu_blocks_override,
-            tensor_parallel_size=args.tensor_parallel_size,
-            notes=notes,
-            async_scheduling=args.async_scheduling,
-        )
+        if model is not None:
+            plan = make_mamba_plan(
+                model,
+                budget,
+                block_size=args.block_size,
+                max_model_len=max_model_len,
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                num_blocks_override=args.num_gpu_blocks_override,
+                tensor_parallel_size=args.tensor_parallel_size,
+                notes=notes,
+                prefix_caching=args.prefix_caching,
+                gdn_prefill_backend=args.gdn_prefill_backend or "flashinfer",
+            )
+        else:
+            plan = make_plan(
+                shape,
+                budget,
+                block_size=args.block_size,
+                max_model_len=max_model_len,
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                num_blocks_override=args.num_gpu_blocks_override,
+                tensor_parallel_size=args.tensor_parallel_size,
+                notes=notes,
+                async_scheduling=args.async_scheduling,
+            )
     except InvalidArgumentError as error:
         print(f"pagedkv plan: error: {error}", file=err)
         return 2

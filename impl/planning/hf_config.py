@@ -12,6 +12,11 @@ transformers 5.24; `tests/test_hf_config.py` checks both against transformers it
 model types take `layer_types` from the config, or else the window on every layer, as vLLM 0.8.5
 applies a model-wide `sliding_window`.
 
+A model with layers of another type than attention is refused by name, never planned as
+attention (`refuse_unplanned_layers`): the Mamba hybrids pagedkv plans are read by
+`pagedkv.planning.hf_mamba`; any other recurrent or sparse model is named with its layer type
+(the layer's index too, where config.json lists `layer_types`).
+
 Fields read (from `text_config` when the config has one and no `num_hidden_layers` of its own):
 num_hidden_layers, num_attention_heads, num_key_value_heads (default: num_attention_heads),
 head_dim (default: hidden_size // num_attention_heads), kv_lora_rank and qk_rope_head_dim (MLA),
@@ -26,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pagedkv.planning.mamba_model import MAMBA_MODEL_TYPES
 from pagedkv.planning.plan import (
     CHUNKED_ATTENTION,
     FULL_ATTENTION,
@@ -40,11 +46,13 @@ from pagedkv.vocab.kv_cache_interface import DTypeName
 __all__ = [
     "CHUNKED_ATTENTION",
     "FULL_ATTENTION",
+    "OTHER_LAYER_MODEL_TYPES",
     "SLIDING_ATTENTION",
     "TRANSFORMERS_DEFAULTS",
     "HFModelConfig",
     "layer_types",
     "read_hf_config",
+    "refuse_unplanned_layers",
     "text_config",
 ]
 
@@ -324,6 +332,111 @@ def _chunk(fields: Mapping[str, Any]) -> int | None:
     return chunk if chunk > 0 else None
 
 
+LEGACY_LAYER_KINDS: Mapping[str, str] = {"attention": FULL_ATTENTION}
+"""Older layer type names transformers reads as one of `LAYER_KINDS` ("mamba", which it reads
+as "linear_attention", is refused like it)."""
+
+RECURRENT_FIELDS = (
+    "hybrid_override_pattern",
+    "layers_block_type",
+    "block_types",
+    "attn_layer_indices",
+    "attn_layer_period",
+    "attn_layer_offset",
+    "conv_L_cache",
+    "recurrent_kv_cache_mode",
+)
+RECURRENT_FIELD_PREFIXES = (
+    "mamba_",
+    "ssm_",
+    "linear_num_",
+    "linear_key_",
+    "linear_value_",
+    "linear_conv_",
+    "linear_head_",
+    "short_conv",
+    "time_step_",
+    "lru_",
+)
+"""Fields of a config.json whose model has layers other than attention (a Mamba or
+linear-attention state, a short convolution, a recurrence): such a config is refused unless its
+model type is one pagedkv plans (`MAMBA_MODEL_TYPES`)."""
+
+OTHER_LAYER_MODEL_TYPES: Mapping[str, str] = {
+    "axk2": "indexed_attention",
+    "deepseek_v32": "indexed_attention",
+    "deepseek_v4": "compressed_sparse_attention",
+    "dots3_note": "indexed_attention",
+    "dots3_note_text": "indexed_attention",
+    "glm_moe_dsa": "indexed_attention",
+    "hy_v4": "indexed_attention",
+    "hy_v4_vl": "indexed_attention",
+    "hy_v4_vl_text": "indexed_attention",
+    "inkling2": "hybrid_sliding",
+    "inkling2_loop": "hybrid_sliding",
+    "inkling2_loop_text": "hybrid_sliding",
+    "inkling2_text": "hybrid_sliding",
+    "inkling_mm_model": "hybrid_sliding",
+    "inkling_text": "hybrid_sliding",
+    "lfm3_vl_vision": "conv",
+    "minimax": "linear_attention",
+    "mistral_large4": "indexed_attention",
+    "mistral_large4_text": "indexed_attention",
+    "muse_glimmer_vision": "window_attention",
+    "muse_spark_vision": "window_attention",
+    "unlimited_ocr": "reference_sliding_attention",
+    "unlimited_ocr_text": "reference_sliding_attention",
+    "zaya": "hybrid",
+}
+"""Model types whose transformers config class gives layers of another type than attention
+without saving their list or a field of `RECURRENT_FIELDS` in config.json (the type named is
+one of them); `tests/test_hf_config.py` checks every model type transformers knows."""
+
+_PLANNED_ELSEWHERE = (
+    f"pagedkv plans {', '.join(map(repr, LAYER_KINDS))} layers, and the Mamba and "
+    f"linear-attention layers of {', '.join(MAMBA_MODEL_TYPES)} only"
+)
+
+
+def refuse_unplanned_layers(fields: Mapping[str, Any], model_type: str | None) -> None:
+    """Refuse, by name, a config.json whose model has layers pagedkv's attention planner would
+    plan as something else: a Mamba hybrid it plans elsewhere (`pagedkv.planning.hf_mamba`),
+    another recurrent or sparse model, or a `layer_types` entry other than full, sliding or
+    chunked attention (its index, its type and the known types named).
+
+    Raises:
+        InvalidArgumentError: as above.
+
+    Complexity: O(fields + layers).
+    """
+    named = f"model_type {model_type!r}" if model_type else "a config without model_type"
+    if model_type in MAMBA_MODEL_TYPES:
+        raise InvalidArgumentError(
+            f"config.json: {named} has Mamba or linear-attention layers: read it with "
+            f"pagedkv.planning.hf_mamba.read_mamba_hybrid_config (pagedkv plan does)"
+        )
+    given = fields.get("layer_types")
+    if isinstance(given, list):
+        for index, kind in enumerate(given):
+            if LEGACY_LAYER_KINDS.get(kind, kind) not in LAYER_KINDS:
+                raise InvalidArgumentError(
+                    f"config.json: layer {index} is {kind!r}; {_PLANNED_ELSEWHERE}"
+                )
+    other = OTHER_LAYER_MODEL_TYPES.get(model_type) if model_type else None
+    if other is not None:
+        raise InvalidArgumentError(
+            f"config.json: {named} has {other!r} layers; {_PLANNED_ELSEWHERE}"
+        )
+    markers = [
+        key for key in fields if key in RECURRENT_FIELDS or key.startswith(RECURRENT_FIELD_PREFIXES)
+    ]
+    if markers:
+        shown = ", ".join(markers[:4]) + (", ..." if len(markers) > 4 else "")
+        raise InvalidArgumentError(
+            f"config.json: {named} has layers other than attention ({shown}); {_PLANNED_ELSEWHERE}"
+        )
+
+
 def _layer_types(
     fields: Mapping[str, Any], model_type: str | None, num_layers: int
 ) -> tuple[tuple[str, ...], str | None]:
@@ -337,11 +450,11 @@ def _layer_types(
                 f"config.json: 'layer_types' must list one type for each of the {num_layers} "
                 f"layers, got {given!r}"
             )
+        given = [LEGACY_LAYER_KINDS.get(kind, kind) for kind in given]
         for index, kind in enumerate(given):
             if kind not in LAYER_KINDS:
                 raise InvalidArgumentError(
-                    f"config.json: layer {index} is {kind!r}; pagedkv plans only "
-                    f"{', '.join(map(repr, LAYER_KINDS))} layers"
+                    f"config.json: layer {index} is {kind!r}; {_PLANNED_ELSEWHERE}"
                 )
         sliding = [kind == SLIDING_ATTENTION and window is not None for kind in given]
         chunked = [kind == CHUNKED_ATTENTION and chunk is not None for kind in given]
@@ -376,11 +489,12 @@ def layer_types(config: Mapping[str, Any]) -> tuple[str, ...]:
 
     Raises:
         InvalidArgumentError: a field missing or of the wrong type, or a layer type other than
-            full, sliding or chunked attention.
+            full, sliding or chunked attention (`refuse_unplanned_layers`).
 
     Complexity: O(layers).
     """
     fields, model_type = text_config(config)
+    refuse_unplanned_layers(fields, model_type)
     return _layer_types(fields, model_type, _int(fields, "num_hidden_layers"))[0]
 
 
@@ -399,11 +513,12 @@ def read_hf_config(
 
     Raises:
         InvalidArgumentError: a field missing or of the wrong type, a layer type pagedkv does
-            not plan, or an unknown dtype.
+            not plan as attention (`refuse_unplanned_layers`), or an unknown dtype.
 
     Complexity: O(layers).
     """
     fields, model_type = text_config(config)
+    refuse_unplanned_layers(fields, model_type)
     num_layers = _int(fields, "num_hidden_layers")
     if fields.get("kv_lora_rank") is not None:
         num_kv_heads = 1

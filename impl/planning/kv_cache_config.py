@@ -160,7 +160,8 @@ def check_enough_kv_cache_memory(
     Args:
         kv_cache_specs: layer name -> spec (not changed).
         available_memory: bytes available for the KV cache.
-        max_model_len, max_num_batched_tokens: as in `memory_needed_bytes`.
+        max_model_len: as in `memory_needed_bytes`.
+        max_num_batched_tokens: as in `memory_needed_bytes`.
 
     Raises:
         KVCacheConfigError: `available_memory` <= 0; or one request needs more than it, with a
@@ -252,7 +253,8 @@ def get_kv_cache_config(
     Args:
         kv_cache_specs: layer name -> spec, in model order (not changed).
         available_memory: bytes available for the KV cache on this worker.
-        max_model_len, max_num_batched_tokens: as in `memory_needed_bytes`.
+        max_model_len: as in `memory_needed_bytes`.
+        max_num_batched_tokens: as in `memory_needed_bytes`.
         num_blocks_override: use this many blocks (>= 1) instead of the budget's.
 
     Raises:

@@ -46,6 +46,7 @@ from pagedkv.vocab.kv_cache_interface import (
     KVCacheGroupSpec,
     KVCacheSpec,
     KVCacheTensor,
+    MambaSpec,
 )
 
 GROUP_SIZE_SLACK = 1.5
@@ -59,7 +60,8 @@ def unify_kv_cache_spec_page_size(
     """A copy in which every layer's page is the largest page of the model.
 
     A smaller page whose size divides the largest grows by that ratio of its block size (a
-    window layer of half the page bytes gets blocks of twice the tokens), as vLLM 0.33 does.
+    window layer of half the page bytes gets blocks of twice the tokens), as vLLM 0.33 does; a
+    smaller Mamba page, whose state does not grow with its block size, is padded to the largest.
 
     Raises:
         KVCacheConfigError: a page does not divide the largest one (vLLM 0.33 pads such pages;
@@ -73,6 +75,11 @@ def unify_kv_cache_spec_page_size(
     unified: dict[str, KVCacheSpec] = {}
     for name, spec in kv_cache_specs.items():
         page = spec.page_size_bytes
+        if isinstance(spec, MambaSpec):  # a state does not grow with the block size: padded
+            unified[name] = (
+                spec if page == largest else dataclasses.replace(spec, page_size_padded=largest)
+            )
+            continue
         if largest % page:
             raise KVCacheConfigError(
                 f"layer {name!r}: its {page:,}-byte page does not divide the largest page "

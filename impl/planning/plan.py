@@ -620,7 +620,7 @@ class KVCachePlan:
 
     def as_json(self) -> dict[str, Any]:
         """Every figure `format` prints, by name (the `pagedkv plan --json` schema, less
-        `memory`): see the README's "KV memory planning" section."""
+        `memory`): see docs/planning.md."""
         return {
             "schema": PLAN_JSON_SCHEMA,
             "fits": True,

@@ -68,6 +68,8 @@ _B1_SHORT = ((0,), (0, 1))  # r1's prompt extends r0's one-token prompt (block s
 _LORA = RequestKeys(lora_id=1)
 _IMAGE_A = RequestKeys(mm=((1, 2, "img-a"),))  # an image across the first block boundary (B=2)
 _IMAGE_B_SALTED = RequestKeys(mm=((1, 2, "img-b"),), cache_salt="tenant-1")
+_IMAGE_AT_0 = RequestKeys(mm=((0, 1, "img-a"),))  # one image, at the first slot ...
+_IMAGE_AT_1 = RequestKeys(mm=((1, 1, "img-a"),))  # ... or the second, of equal tokens (B=2)
 
 MANAGER_SCOPES: dict[str, tuple[ManagerSearchConfig, ...]] = {
     # max_model_len must be long enough that requests keep running after their prompt (two at
@@ -99,6 +101,11 @@ MANAGER_SCOPES: dict[str, tuple[ManagerSearchConfig, ...]] = {
         ManagerSearchConfig(4, 1, 5, _B1, samples=(0,), keys=(_LORA, _LORA)),
         ManagerSearchConfig(
             4, 2, 5, ((0, 1, 0), (0, 1, 0)), samples=(0,), keys=(_IMAGE_A, _IMAGE_B_SALTED)
+        ),
+        # The same image at two places in blocks of equal tokens: never one key (what the
+        # attention-truth invariant found pagedkv's keys did not say).
+        ManagerSearchConfig(
+            4, 2, 5, ((0, 0, 1), (0, 0, 1)), samples=(0,), keys=(_IMAGE_AT_0, _IMAGE_AT_1)
         ),
         # Hybrid: a full-attention and a sliding-window group over one pool (840 states), and
         # a sliding window beside chunked local attention, where one group's hit is cut short
