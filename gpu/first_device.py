@@ -423,6 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = {"passed": False, "error": traceback.format_exc()}
         result["seconds"] = round(time.monotonic() - started, 1)
         steps[name] = result
+        save()  # first: a step the log shows done is then always in the summary, even if killed
         log(
             {
                 "step": name,
@@ -432,7 +433,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 **({"error": result["error"]} if "error" in result else {}),
             }
         )
-        save()
         sys.stdout.write(
             f"== {name}: {'ok' if result['passed'] else 'FAILED'} ({result['seconds']} s)\n"
         )
