@@ -27,8 +27,7 @@ if TYPE_CHECKING:
     from pagedkv.block_pool import BlockPool
     from pagedkv.events.prefix_caching_metrics import PrefixCachingMetrics
     from pagedkv.free_queue import FreeKVCacheBlockQueue
-    from pagedkv.hybrid_manager import HybridKVCacheManager
-    from pagedkv.manager import KVCacheManager
+    from pagedkv.manager import KVCacheBlocks, KVCacheManager
     from pagedkv.planning.kv_cache_config import (
         check_enough_kv_cache_memory,
         estimate_max_model_len,
@@ -88,8 +87,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "pagedkv.block_pool": ("BlockPool",),
     "pagedkv.events.prefix_caching_metrics": ("PrefixCachingMetrics",),
     "pagedkv.free_queue": ("FreeKVCacheBlockQueue",),
-    "pagedkv.hybrid_manager": ("HybridKVCacheManager",),
-    "pagedkv.manager": ("KVCacheManager",),
+    "pagedkv.hybrid_manager": ("HybridKVCacheManager",),  # deprecated: not in __all__
+    "pagedkv.manager": ("KVCacheBlocks", "KVCacheManager"),
     "pagedkv.planning.kv_cache_config": (
         "check_enough_kv_cache_memory",
         "estimate_max_model_len",
@@ -175,10 +174,10 @@ __all__ = [
     "FrozenRequestFieldError",
     "FullAttentionSpec",
     "GroupKey",
-    "HybridKVCacheManager",
     "InvalidArgumentError",
     "InvariantViolation",
     "KVCacheBlock",
+    "KVCacheBlocks",
     "KVCacheConfig",
     "KVCacheConfigError",
     "KVCacheGroupSpec",

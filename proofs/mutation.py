@@ -13,9 +13,9 @@ conventional layout, `build/mutation/`: `src/pagedkv/` (every package of pyproje
 mapping installs them, as `gpu/link_tree.py` lays them out), `tests/` (the selected test files
 and their helpers), the few `proofs/` modules a selected test imports, and a `pyproject.toml`
 with the `[tool.mutmut]` and pytest settings. Only `MUTATED_MODULES` are mutated, named by their
-path inside the package (`attention.py` is `pagedkv.attention`, `vocab/request.py` is
-`pagedkv.vocab.request`). mutmut's own forced-fail check proves the tests import the mutants,
-not the editable install in `.venv` (`mutants/src` comes first on sys.path).
+path inside the package (`single_type/base.py` is `pagedkv.single_type.base`,
+`vocab/request.py` is `pagedkv.vocab.request`). mutmut's own forced-fail check proves the tests
+import the mutants, not the editable install in `.venv` (`mutants/src` comes first on sys.path).
 
 Tests run with the `mutation` hypothesis profile (`tests/conftest.py`: derandomized, 30 examples,
 no shrinking), so every mutant meets the same examples.
@@ -79,8 +79,11 @@ MUTATED_MODULES = (
     "block_hash.py",
     "block_counts.py",
     "manager.py",
-    "hybrid_manager.py",
-    "attention.py",
+    "kv_cache_coordinator.py",
+    "single_type/base.py",
+    "single_type/full_attention.py",
+    "single_type/sliding_window.py",
+    "single_type/chunked_local.py",
     "vocab/request.py",
     "vocab/prefix_cache_stats.py",
 )

@@ -1,11 +1,12 @@
-"""HybridKVCacheManager scenarios, spec and impl side by side, then a seeded differential run.
+"""The manager over several KV cache groups: scenarios, spec and impl side by side, then a seeded
+differential run.
 
-Every scenario runs on `SpecHybridKVCacheManager` (block ids) and on `HybridKVCacheManager`
-(its blocks mapped to ids by `ImplIds` below; the harness speaks one group), with exact block
-ids per group and free-queue orders. Block size 2 unless stated; the free queue starts as
-1..N-1 (block 0 is the null block). Where a scenario needs a cache state no request sequence
-makes simply (one group caching a block another group lacks), `seed` caches a chain through
-the pool's own `cache_full_blocks(..., group_id)`, null blocks marking the positions left out.
+Every scenario runs on `SpecKVCacheManager` (block ids) and on `KVCacheManager` (its blocks
+mapped to ids by `ImplIds` below), with exact block ids per group and free-queue orders. Block
+size 2 unless stated; the free queue starts as 1..N-1 (block 0 is the null block). Where a
+scenario needs a cache state no request sequence makes simply (one group caching a block another
+group lacks), `seed` caches a chain through the pool's own `cache_full_blocks(..., group_id)`,
+null blocks marking the positions left out.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from pagedkv import (
     ChunkedLocalAttentionSpec,
     ConcurrentUseError,
     FullAttentionSpec,
-    HybridKVCacheManager,
     InvariantViolation,
     KVCacheBlock,
     KVCacheConfig,
@@ -38,7 +38,6 @@ from pagedkv import (
     sha256,
 )
 from pagedkv.harness.adapters import free_order
-from pagedkv.spec.hybrid_manager import SpecHybridKVCacheManager
 from pagedkv.spec.manager import SpecKVCacheManager
 from pagedkv.vocab.hashes import GroupKey
 from pagedkv.vocab.kv_events import BlockRemoved, BlockStored
@@ -88,9 +87,9 @@ Ids = tuple[list[int], ...]
 
 
 class SpecIds:
-    """The spec hybrid manager, which speaks ids already, and its observable state."""
+    """The spec manager, which speaks ids already, and its observable state."""
 
-    def __init__(self, manager: SpecHybridKVCacheManager) -> None:
+    def __init__(self, manager: SpecKVCacheManager) -> None:
         self.manager = manager
         self.pool = manager.pool
 
@@ -137,10 +136,10 @@ class SpecIds:
 
 
 class ImplIds:
-    """HybridKVCacheManager in block ids: hits go in as the pool's blocks (an id outside the
-    pool as a fresh KVCacheBlock, which the manager must refuse), results come out as ids."""
+    """KVCacheManager in block ids: hits go in as the pool's blocks (an id outside the pool as
+    a fresh KVCacheBlock, which the manager must refuse), results come out as ids."""
 
-    def __init__(self, manager: HybridKVCacheManager) -> None:
+    def __init__(self, manager: KVCacheManager) -> None:
         self.manager = manager
         self.pool = manager.block_pool
 
@@ -188,6 +187,7 @@ class ImplIds:
 
     def state(self) -> dict[str, Any]:
         pool, manager = self.pool, self.manager
+        groups = manager.coordinator.single_type_managers
         return {
             "free_order": free_order(pool.free_block_queue, len(pool.blocks)),
             "ref_cnt": tuple(block.ref_cnt for block in pool.blocks),
@@ -196,11 +196,11 @@ class ImplIds:
                 key: tuple(cached) for key, cached in pool.cached_block_hash_to_block.items()
             },
             "blocks": {
-                r: tuple(tuple(block.block_id for block in blocks) for blocks in held)
-                for r, held in manager.req_to_blocks.items()
+                r: tuple(tuple(block.block_id for block in g.req_to_blocks[r]) for g in groups)
+                for r in groups[0].req_to_blocks
             },
             "hashes": {r: tuple(h) for r, h in manager.req_to_block_hashes.items() if h},
-            "num_cached": dict(manager.num_cached_block),
+            "num_cached": dict(groups[0].num_cached_block),
             "events": tuple(pool.kv_event_queue),
             "stats": manager.prefix_cache_stats,
         }
@@ -211,9 +211,9 @@ Side = SpecIds | ImplIds
 
 def make(side: str, kv_config: KVCacheConfig, max_model_len: int = 64, **kwargs: Any) -> Side:
     if side == "spec":
-        made: Side = SpecIds(SpecHybridKVCacheManager(kv_config, max_model_len, **kwargs))
+        made: Side = SpecIds(SpecKVCacheManager(kv_config, max_model_len, **kwargs))
     else:
-        made = ImplIds(HybridKVCacheManager(kv_config, max_model_len, **kwargs))
+        made = ImplIds(KVCacheManager(kv_config, max_model_len, **kwargs))
     made.check_invariants()
     return made
 
@@ -555,7 +555,7 @@ def test_the_refusals_say_what_is_wrong() -> None:
     )
     assert refusal("impl", SCENES["free of a str"]) == (
         ArgumentTypeError,
-        "HybridKVCacheManager.free: request must be a Request, got 'b' (str)",
+        "KVCacheManager.free: request must be a Request, got 'b' (str)",
     )
 
 
@@ -568,67 +568,64 @@ CONFIG_REFUSALS: dict[str, tuple[KVCacheConfig, dict[str, Any], str]] = {
     "mixed block sizes": (
         config(8, full(2), window(4, block_size=4)),
         {},
-        "HybridKVCacheManager needs one block size in every group, got [2, 4]",
+        "KVCacheManager needs one block size in every group, got [2, 4]",
     ),
-    "a vLLM 0.8.5 switch": (
-        config(8, full()),
+    "a vLLM 0.8.5 switch with two groups": (
+        config(8, full(), window(4)),
         {"semantics": Semantics(cap_at_max_model_len=True)},
-        "HybridKVCacheManager takes no vLLM 0.8.5 switch (0.8.5 had no hybrid manager): "
-        "cap_at_max_model_len",
+        "vLLM 0.8.5's switches need one KV cache group (0.8.5 had no hybrid manager), got 2 "
+        "groups and cap_at_max_model_len",
     ),
 }
 
 
 @pytest.mark.parametrize("case", list(CONFIG_REFUSALS), ids=list(CONFIG_REFUSALS))
-def test_configs_a_hybrid_manager_does_not_serve_are_refused_alike(case: str) -> None:
+def test_configs_a_manager_does_not_serve_are_refused_alike(case: str) -> None:
     kv_config, kwargs, message = CONFIG_REFUSALS[case]
-    for manager_class in (SpecHybridKVCacheManager, HybridKVCacheManager):
+    for manager_class in (SpecKVCacheManager, KVCacheManager):
         with pytest.raises(KVCacheConfigError) as info:
             manager_class(kv_config, 32, **kwargs)  # type: ignore[operator]
         assert str(info.value) == message
 
 
-def test_a_single_group_manager_names_the_hybrid_one_for_several_groups() -> None:
-    kv_config = config(8, full(), window(3))
-    messages = set()
-    for manager_class in (SpecKVCacheManager, KVCacheManager):
-        with pytest.raises(KVCacheConfigError) as info:
-            manager_class(kv_config, 32)  # type: ignore[operator]
-        messages.add(str(info.value))
-    assert messages == {
-        "KVCacheManager needs exactly one KV cache group, got 2; HybridKVCacheManager serves "
-        "several"
-    }
-
-
-def test_the_hybrid_manager_is_exported_and_lists_block_ids_per_group() -> None:
+def test_one_class_serves_one_group_or_several_and_the_old_name_is_deprecated() -> None:
     import pagedkv
 
-    assert pagedkv.HybridKVCacheManager is HybridKVCacheManager
-    manager = HybridKVCacheManager(config(8, full(), chunked(2)), 16)
+    for specs in ([full()], [chunked(2)], [full(), chunked(2)], [window(3), full(), window(5)]):
+        manager = KVCacheManager(config(8, *specs), 16)
+        assert len(manager.coordinator.single_type_managers) == len(specs)
+        SpecKVCacheManager(config(8, *specs), 16)
+    with pytest.warns(DeprecationWarning, match="KVCacheManager serves any number"):
+        assert pagedkv.HybridKVCacheManager is KVCacheManager
+
+
+def test_a_manager_lists_block_ids_per_group() -> None:
+    manager = KVCacheManager(config(8, full(), chunked(2)), 16)
     request = Request("a", [1, 2, 3])
     manager.allocate_slots(request, 3)
     assert manager.get_block_ids("a") == ([1, 2], [3, 4])
     assert manager.get_block_ids("z") == ([], [])
+    assert [[b.block_id for b in group] for group in manager.get_blocks("a")] == [[1, 2], [3, 4]]
+    assert manager.get_blocks("z") == ((), ())
     with pytest.raises(ArgumentTypeError, match="get_block_ids: request_id must be a str"):
         manager.get_block_ids(1)
+    with pytest.raises(ArgumentTypeError, match="get_blocks: request_id must be a str"):
+        manager.get_blocks(None)
 
 
 def test_an_overlapping_call_is_refused_and_changes_nothing() -> None:
     """The call token of KVCacheManager: held (here, taken by hand) by a running call, every
     other call on the manager or its pool is refused."""
-    manager = HybridKVCacheManager(config(8, full(), window(3)), 16)
+    manager = KVCacheManager(config(8, full(), window(3)), 16)
     request = Request("a", [1, 2, 3])
     manager.allocate_slots(request, 3)
     token = manager._call_token.pop()
     try:
         for call, name in [
-            (lambda: manager.free(request), "HybridKVCacheManager.free"),
-            (lambda: manager.allocate_slots(request, 1), "HybridKVCacheManager.allocate_slots"),
-            (
-                lambda: manager.get_computed_blocks(request),
-                "HybridKVCacheManager.get_computed_blocks",
-            ),
+            (lambda: manager.free(request), "KVCacheManager.free"),
+            (lambda: manager.allocate_slots(request, 1), "KVCacheManager.allocate_slots"),
+            (lambda: manager.get_computed_blocks(request), "KVCacheManager.get_computed_blocks"),
+            (lambda: manager.get_blocks("a"), "KVCacheManager.get_blocks"),
             (lambda: manager.block_pool.get_new_blocks(1), "BlockPool.get_new_blocks"),
         ]:
             with pytest.raises(ConcurrentUseError, match=name):
@@ -646,7 +643,8 @@ def _held_lists(manager: Side, request_id: str) -> tuple[list[Any], ...]:
     """The request's block lists themselves (ids on the spec's side, blocks on the impl's)."""
     if isinstance(manager, SpecIds):
         return manager.manager.blocks[request_id]
-    return manager.manager.req_to_blocks[request_id]
+    groups = manager.manager.coordinator.single_type_managers
+    return tuple(group.req_to_blocks[request_id] for group in groups)
 
 
 def _null(manager: Side) -> Any:
@@ -690,58 +688,35 @@ def test_each_hybrid_invariant_is_caught_by_name_on_both_sides(case: str) -> Non
 
 
 def test_debug_invariants_checks_after_each_call() -> None:
-    manager = HybridKVCacheManager(config(12, full(), window(5)), 32, debug_invariants=True)
+    manager = KVCacheManager(config(12, full(), window(5)), 32, debug_invariants=True)
     request = Request("a", list(range(5)))
     manager.allocate_slots(request, 5)
-    manager.num_cached_block["a"] = 3  # more cached blocks than full ones
+    groups = manager.coordinator.single_type_managers
+    groups[0].num_cached_block["a"] = 3  # more cached blocks than full ones
     with pytest.raises(InvariantViolation, match="cached blocks are full blocks"):
         manager.free_block_hashes(Request("b", [1]))
 
 
-# -- one group: as KVCacheManager ----------------------------------------------------------------
+# -- one group: vLLM 0.33's unitary coordinator ------------------------------------------------
 
 
-@pytest.mark.parametrize("layer", [full(), window(5)], ids=["full", "window"])
-def test_one_group_behaves_as_the_single_group_manager(layer: KVCacheSpec) -> None:
-    """The same calls on a KVCacheManager and a one-group HybridKVCacheManager: the same blocks,
-    the same free queue, the same events."""
-    kv_config = config(12, layer)
-    single = KVCacheManager(kv_config, 32, enable_kv_cache_events=True, log_stats=True)
-    hybrid = HybridKVCacheManager(kv_config, 32, enable_kv_cache_events=True, log_stats=True)
-    rng = random.Random(7)
-    prompts = [[rng.choice((1, 2)) for _ in range(rng.randint(3, 9))] for _ in range(12)]
-
-    def ids(blocks: Any) -> Any:
-        return None if blocks is None else [block.block_id for block in blocks]
-
-    for index, prompt in enumerate(prompts):
-        one, two = Request(f"r{index}", prompt), Request(f"r{index}", prompt)
-        hits, num = single.get_computed_blocks(one)
-        (group_hits,), group_num = hybrid.get_computed_blocks(two)
-        assert (ids(hits), num) == (ids(group_hits), group_num)
-        new = single.allocate_slots(one, one.num_tokens - num, hits)
-        group_new = hybrid.allocate_slots(two, two.num_tokens - num, (group_hits,))
-        assert ids(new) == (None if group_new is None else ids(group_new[0]))
-        if new is not None:
-            one.num_computed_tokens = two.num_computed_tokens = one.num_tokens
-            one.append_output_token_ids(3)
-            two.append_output_token_ids(3)
-            stepped = single.allocate_slots(one, 1)
-            group_stepped = hybrid.allocate_slots(two, 1)
-            assert ids(stepped) == (None if group_stepped is None else ids(group_stepped[0]))
-            if stepped is not None:
-                one.num_computed_tokens += 1
-                two.num_computed_tokens += 1
-            if index % 3 != 2 or stepped is None:
-                single.free(one)
-                hybrid.free(two)
-        single.check_invariants()  # first: a queue whose links loop is named, not walked
-        hybrid.check_invariants()
-        assert [b.block_id for b in single.block_pool.free_block_queue.get_all_free_blocks()] == [
-            b.block_id for b in hybrid.block_pool.free_block_queue.get_all_free_blocks()
-        ]
-        assert single.take_events() == hybrid.take_events()
-    assert single.make_prefix_cache_stats() == hybrid.make_prefix_cache_stats()
+@pytest.mark.parametrize("side", SIDES)
+def test_one_group_finds_an_eagle_hit_without_the_hybrid_margin(side: str) -> None:
+    """vLLM 0.33 looks one group up with its unitary coordinator, several with its hybrid one.
+    With EAGLE, one sliding-window group's hit lies within the lookup (the prompt's last full
+    block left out), found for a window one block wider, less its last block; two groups of
+    that window look one block further first (the hybrid coordinator's margin), so their hit
+    ends one block later."""
+    found = {}
+    for num_groups in (1, 2):
+        manager = make(side, config(16, *[window(3)] * num_groups), 32, use_eagle=True)
+        first = Request("a", list(range(8)))  # 4 full blocks, all cached once computed
+        admit(manager, first)
+        manager.free(first)
+        hits, num_tokens = manager.get_computed_blocks(Request("b", list(range(8))))
+        found[num_groups] = (hits[0], num_tokens)
+        manager.check_invariants()
+    assert found == {1: ([0, 2], 4), 2: ([0, 0, 3], 6)}
 
 
 # -- a seeded differential run -------------------------------------------------------------------

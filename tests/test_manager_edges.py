@@ -1,6 +1,6 @@
-"""Edges of both managers' public behaviour that no other test stated.
+"""Edges of the manager's public behaviour that no other test stated.
 
-`KVCacheManager` and `HybridKVCacheManager` (one group or several): the lookup of a request
+`KVCacheManager` (one group or several): the lookup of a request
 that grew since its hashes were stored (vLLM 0.33's `lookup_hashes_every_full_block`: a preempted
 request is looked up over the blocks it generated, and every full block's hash is stored); the
 hit of two full-attention groups with different cached prefixes; the call name a refused
@@ -40,7 +40,6 @@ from pagedkv import (
     BlockPool,
     ConcurrentUseError,
     FullAttentionSpec,
-    HybridKVCacheManager,
     InvalidArgumentError,
     KVCacheConfigError,
     KVCacheManager,
@@ -51,27 +50,27 @@ from pagedkv import (
     uniform_kv_cache_config,
 )
 from pagedkv.block_hash import Sha256Memo
-from pagedkv.hybrid_manager import attention_manager
 from pagedkv.manager import SHA256_MEMO_TOKENS
+from pagedkv.single_type import single_type_manager
 from pagedkv.vocab.semantics import VLLM_0_33
 
 B = 2
 FULL = FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=1, dtype="float16")
-MANAGERS = [KVCacheManager, HybridKVCacheManager]
-"""Both managers; the hybrid one over the same single full-attention group."""
+GROUPS = [1, 2]
+"""One full-attention group, or two."""
 
 
 def _ids(hits: object) -> list[int]:
-    """Block ids of a hit: KVCacheManager's list, or the hybrid manager's one group's."""
-    if isinstance(hits, tuple):
-        (hits,) = hits
-    assert isinstance(hits, list)
-    return [block.block_id for block in hits]
+    """Block ids of a hit's first group."""
+    assert isinstance(hits, tuple)
+    return [block.block_id for block in hits[0]]
 
 
-def _prefilled(manager_class: type, prompt: list[int]) -> tuple[KVCacheManager, Request]:
-    """A vLLM 0.33 manager (10 blocks of 2 tokens) and a request whose prompt is computed."""
-    manager = manager_class(uniform_kv_cache_config(FULL, 10), 16, semantics=VLLM_0_33)
+def _prefilled(num_groups: int, prompt: list[int]) -> tuple[KVCacheManager, Request]:
+    """A vLLM 0.33 manager (10 blocks of 2 tokens a group, `num_groups` full-attention groups)
+    and a request whose prompt is computed."""
+    kv_config = config(10 * num_groups, *[full()] * num_groups)
+    manager = KVCacheManager(kv_config, 16, semantics=VLLM_0_33)
     request = Request("a", prompt)
     hits, num_hit_tokens = manager.get_computed_blocks(request)
     assert manager.allocate_slots(request, len(prompt) - num_hit_tokens, hits) is not None
@@ -90,13 +89,11 @@ def _schedule_one_draft(manager: KVCacheManager, request: Request) -> None:
 # -- the lookup of a request that grew since its hashes were stored ------------------------------
 
 
-@pytest.mark.parametrize("manager_class", MANAGERS, ids=["single", "hybrid"])
-def test_a_preempted_request_is_looked_up_over_the_blocks_it_generated(
-    manager_class: type,
-) -> None:
+@pytest.mark.parametrize("num_groups", GROUPS, ids=["one group", "two groups"])
+def test_a_preempted_request_is_looked_up_over_the_blocks_it_generated(num_groups: int) -> None:
     """Its draft accepted, block 1 ([3, 4]) is computed but not cached (nor its hash stored)
     when the request is preempted; once b caches that block, a's lookup covers it."""
-    manager, request = _prefilled(manager_class, [1, 2])
+    manager, request = _prefilled(num_groups, [1, 2])
     _schedule_one_draft(manager, request)
     request.num_computed_tokens = 4  # the draft accepted
     request.append_output_token_ids([4, 5])  # tokens 1 2 | 3 4 | 5
@@ -109,19 +106,18 @@ def test_a_preempted_request_is_looked_up_over_the_blocks_it_generated(
 
     hits, num_hit_tokens = manager.get_computed_blocks(request)
 
-    assert (num_hit_tokens, _ids(hits)) == (4, [1, 2])
+    # The block b cached [3, 4] in: its id depends on how many groups took blocks before.
+    assert (num_hit_tokens, _ids(hits)) == (4, [1, 2] if num_groups == 1 else [1, 4])
     assert manager.req_to_block_hashes["a"] == hash_request_tokens(sha256, B, request)
     manager.check_invariants()
 
 
-@pytest.mark.parametrize("manager_class", MANAGERS, ids=["single", "hybrid"])
-def test_the_lookup_stores_the_hash_of_the_last_full_block_it_leaves_out(
-    manager_class: type,
-) -> None:
+@pytest.mark.parametrize("num_groups", GROUPS, ids=["one group", "two groups"])
+def test_the_lookup_stores_the_hash_of_the_last_full_block_it_leaves_out(num_groups: int) -> None:
     """Its draft rejected, the request holds 2 full blocks (1 2 | 3 6) but stored 1 hash when
     preempted: the lookup leaves the last block out (it is recomputed) yet stores its hash,
     exactly one block past the stored ones."""
-    manager, request = _prefilled(manager_class, [1, 2])
+    manager, request = _prefilled(num_groups, [1, 2])
     _schedule_one_draft(manager, request)
     request.num_computed_tokens = 3  # the draft rejected
     request.append_output_token_ids(6)  # tokens 1 2 | 3 6
@@ -216,13 +212,13 @@ def test_more_hits_than_stored_hashes_are_refused_with_both_counts(looked_up: bo
 def test_a_call_overlapping_a_pool_call_is_refused_under_its_own_name() -> None:
     """A hash function that calls the manager while the pool hashes a block with it: each call
     is refused, named, and changes nothing."""
-    manager = HybridKVCacheManager(config(8, full(), window(3)), 16)
+    manager = KVCacheManager(config(8, full(), window(3)), 16)
     request = Request("a", [1, 2, 3])
     manager.allocate_slots(request, 3)
     calls: dict[str, Callable[[], object]] = {
-        "HybridKVCacheManager.get_computed_blocks": lambda: manager.get_computed_blocks(request),
-        "HybridKVCacheManager.allocate_slots": lambda: manager.allocate_slots(request, 1),
-        "HybridKVCacheManager.free": lambda: manager.free(request),
+        "KVCacheManager.get_computed_blocks": lambda: manager.get_computed_blocks(request),
+        "KVCacheManager.allocate_slots": lambda: manager.allocate_slots(request, 1),
+        "KVCacheManager.free": lambda: manager.free(request),
     }
     refused: dict[str, str] = {}
 
@@ -249,16 +245,16 @@ def test_a_call_overlapping_a_pool_call_is_refused_under_its_own_name() -> None:
     manager.check_invariants()
 
 
-def test_a_negative_hybrid_checking_interval_is_refused() -> None:
+def test_a_negative_checking_interval_is_refused() -> None:
     with pytest.raises(InvalidArgumentError) as info:
-        HybridKVCacheManager(config(8, full()), 16, debug_invariants=-1)
-    assert str(info.value) == "HybridKVCacheManager: debug_invariants must be an int >= 0, got -1"
+        KVCacheManager(config(8, full(), window(3)), 16, debug_invariants=-1)
+    assert str(info.value) == "KVCacheManager: debug_invariants must be an int >= 0, got -1"
 
 
-def test_attention_manager_refuses_a_spec_without_a_policy_by_name() -> None:
+def test_the_registry_refuses_a_spec_without_a_manager_by_name() -> None:
     other = OtherAttentionSpec(block_size=B, num_kv_heads=1, head_size=1, dtype="float16")
     with pytest.raises(KVCacheConfigError) as info:
-        attention_manager(other, BlockPool(4, True), 0)
+        single_type_manager(other, BlockPool(4, True), 0, False)
     assert str(info.value) == "no attention manager for OtherAttentionSpec"
 
 

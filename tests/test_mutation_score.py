@@ -69,7 +69,8 @@ def test_the_selected_tests_and_mutated_modules_exist() -> None:
 
 
 def test_mutated_modules_are_named_inside_the_package() -> None:
-    assert mutation.module_source("attention.py") == ROOT / "impl" / "attention.py"
+    base = ROOT / "impl" / "single_type" / "base.py"
+    assert mutation.module_source("single_type/base.py") == base
     assert mutation.module_source("vocab/request.py") == ROOT / "vocab" / "request.py"
     assert mutation.module_source("harness/machines/pool.py") == (
         ROOT / "harness" / "machines" / "pool.py"

@@ -27,7 +27,6 @@ from pagedkv import (
     FreeKVCacheBlockQueue,
     FreeQueueError,
     FullAttentionSpec,
-    HybridKVCacheManager,
     KVCacheBlock,
     KVCacheConfig,
     KVCacheGroupSpec,
@@ -41,8 +40,8 @@ from pagedkv import (
     sha256,
     uniform_kv_cache_config,
 )
-from pagedkv.attention import ChunkedLocalAttentionManager, SlidingWindowManager
 from pagedkv.block_hash import first_mm_input
+from pagedkv.single_type import ChunkedLocalAttentionManager, SlidingWindowManager
 from pagedkv.vocab.errors import ArgumentTypeError
 from pagedkv.vocab.kv_events import AllBlocksCleared, BlockRemoved, KVCacheEvent
 from pagedkv.vocab.semantics import PAGEDKV, Semantics
@@ -250,7 +249,7 @@ def test_queued_events_that_no_consumer_can_replay_are_reported_with_their_error
 Hits = tuple[list[KVCacheBlock], ...]
 
 
-def _hybrid_with_cached_prefix() -> tuple[HybridKVCacheManager, Request, Hits, int]:
+def _hybrid_with_cached_prefix() -> tuple[KVCacheManager, Request, Hits, int]:
     """A sliding-window group 0 and a full-attention group 1 over 16 blocks; request 'b' looks up
     the 3 blocks request 'a' left cached in each group."""
     specs: list[KVCacheSpec] = [
@@ -264,7 +263,7 @@ def _hybrid_with_cached_prefix() -> tuple[HybridKVCacheManager, Request, Hits, i
         {f"layer.{g}": KVCacheTensor(spec.page_size_bytes * 16) for g, spec in enumerate(specs)},
         [KVCacheGroupSpec([f"layer.{g}"], spec) for g, spec in enumerate(specs)],
     )
-    manager = HybridKVCacheManager(config, 64)
+    manager = KVCacheManager(config, 64)
     first = Request("a", list(range(7)))
     assert manager.allocate_slots(first, 7) is not None
     first.num_computed_tokens = 7
@@ -488,14 +487,14 @@ def test_two_requests_whose_decode_fills_blocks_alike_index_both_blocks_under_th
     manager = KVCacheManager(uniform_kv_cache_config(spec, 10), 64, debug_invariants=False)
     requests = [Request("a", [1, 2, 3]), Request("b", [1, 2, 3])]
     for request in requests:
-        assert manager.get_computed_blocks(request) == ([], 0)
+        assert manager.get_computed_blocks(request) == (([],), 0)
         assert manager.allocate_slots(request, 3) is not None
         request.num_computed_tokens = 3
     for request in requests:
         request.append_output_token_ids(4)
-        assert manager.allocate_slots(request, 1) == []
+        assert manager.allocate_slots(request, 1) == ((),)
         request.num_computed_tokens = 4
-    (first,), (second,) = (manager.req_to_blocks[r.request_id] for r in requests)
+    ((first,),), ((second,),) = (manager.get_blocks(r.request_id) for r in requests)
     (key,) = hash_request_tokens(sha256, 4, requests[0])
     assert manager.block_pool.cached_block_hash_to_block == {
         key: {first.block_id: first, second.block_id: second}
@@ -541,25 +540,25 @@ def test_a_block_appended_to_an_empty_queue_is_its_head_and_tail() -> None:
     assert queue.popleft() is block
 
 
-# -- the attention policies ----------------------------------------------------------------------
+# -- the per-type managers -----------------------------------------------------------------------
 
 
 def _window(pool: BlockPool) -> SlidingWindowManager:
     spec = SlidingWindowSpec(
         block_size=B, num_kv_heads=1, head_size=1, dtype="float16", sliding_window=4
     )
-    return SlidingWindowManager(spec, pool)
+    return SlidingWindowManager(spec, pool, 0)
 
 
 def _chunked(pool: BlockPool) -> ChunkedLocalAttentionManager:
     spec = ChunkedLocalAttentionSpec(
         block_size=B, num_kv_heads=1, head_size=1, dtype="float16", attention_chunk_size=2 * B
     )
-    return ChunkedLocalAttentionManager(spec, pool)
+    return ChunkedLocalAttentionManager(spec, pool, 0)
 
 
 @pytest.mark.parametrize("policy", [_window, _chunked], ids=["sliding window", "chunked local"])
-def test_a_policy_made_without_a_group_looks_up_group_0s_keys(
+def test_a_group_0_manager_looks_up_the_hashes_themselves(
     policy: Callable[[BlockPool], SlidingWindowManager | ChunkedLocalAttentionManager],
 ) -> None:
     pool = BlockPool(6, True)
@@ -589,7 +588,7 @@ def test_a_chunked_local_hit_must_be_null_up_to_its_chunks_first_block(
     pool = BlockPool(4, True)
     cached = pool.get_new_blocks(1)[0]
     blocks = [pool.null_block if kind == "N" else cached for kind in hits]
-    assert _chunked(pool).hit_shape_error(blocks, use_eagle=False) == detail
+    assert _chunked(pool).hit_shape_error(blocks, use_eagle=False, for_eagle=False) == detail
 
 
 # -- the first multimodal input a block's scan starts from ---------------------------------------
