@@ -421,7 +421,9 @@ def read_mamba_hybrid_config(
             `text_config`).
         dtype: the model dtype, "auto" for the config's (`resolve_dtypes_0_33`).
         kv_cache_dtype: the attention layers' cache dtype, "auto" for the model's.
-        mamba_cache_dtype, mamba_ssm_cache_dtype: the states' dtypes (`state_dtypes`).
+        mamba_cache_dtype: the conv state's dtype, "auto" for the model's (`state_dtypes`).
+        mamba_ssm_cache_dtype: the ssm state's dtype, "auto" for the config's or the conv
+            state's (`state_dtypes`).
 
     Raises:
         InvalidArgumentError: another model type; a field missing or of the wrong type; a
