@@ -181,14 +181,15 @@ def draw_hybrid_specs(
     one before it that has it), two groups of one spec now and then (vLLM looks those up
     together)."""
     block_size = first.block_size
+    repeat_share = 1 - sum(share for share, _ in ATTENTION_DRAWS.values())
     specs = [first]
     while len(specs) < num_groups:
         roll = rng.random()
-        if roll < 1 - sum(share for share, _ in ATTENTION_DRAWS.values()):
+        if roll < repeat_share:
             specs.append(rng.choice(specs))  # one spec in two groups
             continue
-        draw = _draw_full
-        bound = 1 - sum(share for share, _ in ATTENTION_DRAWS.values())
+        draw: SpecDraw = _draw_full
+        bound = repeat_share
         for spec_type, (share, type_draw) in ATTENTION_DRAWS.items():
             if not eagle or SPEC_SINGLE_TYPE_MANAGERS[spec_type].supports_eagle:
                 draw = type_draw
