@@ -136,7 +136,8 @@ _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 
 def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use (and kept here after)."""
+    """A public name, imported from its module on first use (and kept here after, except a
+    deprecated one, which warns each time)."""
     if name in ("COMPILED", "COMPILED_MODULES"):
         from pagedkv._build_info import MYPYC_MODULES, compiled_modules
 
@@ -147,7 +148,8 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'pagedkv' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
+    if module != "pagedkv.hybrid_manager":  # a deprecated name warns on every use: not kept
+        globals()[name] = value
     return value
 
 
