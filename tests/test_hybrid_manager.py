@@ -599,6 +599,17 @@ def test_one_class_serves_one_group_or_several_and_the_old_name_is_deprecated() 
         assert pagedkv.HybridKVCacheManager is KVCacheManager
 
 
+def test_a_coordinator_states_how_it_finds_hits() -> None:
+    """A coordinator's documented flags, one group or several: with use_eagle, hits found for
+    EAGLE (`eagle_lookup`: no vLLM 0.8.5 switch with these configs)."""
+    for specs in ([full()], [full(), window(3)], [window(3), full(), window(5)]):
+        for use_eagle in (False, True):
+            manager = KVCacheManager(config(8, *specs), 16, use_eagle=use_eagle)
+            coordinator = manager.coordinator
+            flags = (coordinator.num_groups, coordinator.use_eagle, coordinator.eagle_lookup)
+            assert flags == (len(specs), use_eagle, use_eagle)
+
+
 def test_a_manager_lists_block_ids_per_group() -> None:
     manager = KVCacheManager(config(8, full(), chunked(2)), 16)
     request = Request("a", [1, 2, 3])
@@ -717,6 +728,80 @@ def test_one_group_finds_an_eagle_hit_without_the_hybrid_margin(side: str) -> No
         found[num_groups] = (hits[0], num_tokens)
         manager.check_invariants()
     assert found == {1: ([0, 2], 4), 2: ([0, 0, 3], 6)}
+
+
+# -- several groups with EAGLE: vLLM 0.33's procedure (the spec's `eagle_common_hit`) ------------
+
+T, F = True, False
+
+EAGLE_SCENES: dict[str, tuple[tuple[KVCacheSpec, ...], int, dict[int, list[bool]], Ids, int]] = {
+    # 6 hashes looked up. Pass 1: full attention's 6, less the last: 5. Window 3 (its hit ends
+    # in 1 cached block, 2 for EAGLE) within 6: positions 3, 4, less the last: 4. Window 5 (2
+    # cached, 3 for EAGLE) within 5: positions 0..2, less the last: 2. Pass 2 at 2 asks the
+    # windows again without EAGLE's margin: window 3 ends on position 1, window 5 keeps 0, 1.
+    # One pass would leave window 3 at 4 blocks; asking it for EAGLE again (within 3, position
+    # 2 missing) would shorten the hit to 1.
+    "a later window shortens: the earlier one is asked again": (
+        (full(), window(3), window(5)),
+        13,
+        {0: [T] * 6, 1: [T, T, F, T, T, F], 2: [T, T, T, F, T, T]},
+        ([1, 2], [0, 8], [11, 12]),
+        4,
+    ),
+    # Three windows, no full attention. Pass 1: window 3 within 6: 5; window 5 within 6:
+    # positions 3..5, less the last: 5; window 7 (3 cached, 4 for EAGLE) within 6: only the run
+    # 0..2 from the start, less the last: 2. Pass 2 at 2: window 3 keeps 2, so the others stay
+    # verified and keep 2 without EAGLE's margin (asked for EAGLE, window 5 would miss position
+    # 2 and shorten the hit to 1).
+    "a window that keeps the length leaves the others verified": (
+        (window(3), window(5), window(7)),
+        13,
+        {0: [T] * 6, 1: [T, T, F, T, T, T], 2: [T, T, T, F, T, T]},
+        ([0, 2], [7, 8], [12, 13]),
+        4,
+    ),
+    # Full attention is looked up first, whatever the config's order: its 3 blocks less the
+    # last leave 2, and window 3 within 3 (position 2 missing) keeps the run 0, 1 less the
+    # last: 1, in a single pass. The window first would find positions 4, 5 and then settle
+    # at 2 with full attention.
+    "full attention first, in one pass": (
+        (window(3), full()),
+        13,
+        {0: [T, T, F, T, T, T], 1: [T, T, T, F, T, T]},
+        ([1], [6]),
+        2,
+    ),
+    # A window of 1 reads no earlier token: for EAGLE its hit ends on one cached block. Within
+    # 4 (full attention's 4, less the last: 3) the last cached position is 2; less the last: 2
+    # nulls. One full-attention unit and one other make a single pass: asked again without
+    # EAGLE, the window would end on its block at position 1 instead.
+    "a window of one: a single pass": (
+        (full(), window(1)),
+        9,
+        {0: [T] * 4, 1: [T, T, T, F]},
+        ([1, 2], [0, 0]),
+        4,
+    ),
+}
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("scene", list(EAGLE_SCENES), ids=list(EAGLE_SCENES))
+def test_eagle_hits_of_several_groups_follow_vllms_passes(side: str, scene: str) -> None:
+    specs, num_tokens, cached, expected, hit_tokens = EAGLE_SCENES[scene]
+    manager = make(side, config(40, *specs), 32, use_eagle=True)
+    tokens = list(range(num_tokens))
+    seed(manager, tokens, cached)
+    request = Request("a", tokens)
+    hits, num_hit_tokens = manager.get_computed_blocks(request)
+    assert (hits, num_hit_tokens) == (expected, hit_tokens)
+    # The manager takes the hit it found: each group's blocks start with it.
+    assert manager.allocate_slots(request, num_tokens - hit_tokens, hits) is not None
+    held = manager.state()["blocks"]["a"]
+    assert tuple(group[: len(hit)] for group, hit in zip(held, hits, strict=True)) == tuple(
+        map(tuple, expected)
+    )
+    manager.check_invariants()
 
 
 # -- a seeded differential run -------------------------------------------------------------------
