@@ -35,6 +35,7 @@ from pagedkv import (
     KVCacheTensor,
     PlaceholderRange,
     Request,
+    RequestError,
     SlidingWindowSpec,
     hash_request_tokens,
     sha256,
@@ -624,6 +625,20 @@ def test_a_window_hit_found_for_eagle_needs_the_wider_windows_run_less_one(
     cached = pool.get_new_blocks(1)[0]
     hits = [pool.null_block] + [cached] * num_cached
     assert _window(pool).hit_shape_error(hits, use_eagle=True, for_eagle=for_eagle) == detail
+
+
+def test_hits_are_checked_against_group_0_unless_a_group_is_named() -> None:
+    """Blocks cached without a group id are group 0's: `check_hits_locked` without `group_id`
+    accepts them as hits under their stored hashes, and refuses them for group 1."""
+    pool = BlockPool(4, True)
+    request = Request("a", [1, 2, 3, 4])
+    blocks = pool.get_new_blocks(2)
+    block_hashes: list[BlockHashType] = []
+    pool.cache_full_blocks(request, blocks, block_hashes, 0, 2, B, sha256)
+    pool.check_hits_locked("a", blocks, block_hashes, False)
+    with pytest.raises(RequestError) as info:
+        pool.check_hits_locked("a", blocks, block_hashes, False, 1)
+    assert "block 1 at position 0 is not cached under the request's hash there" in str(info.value)
 
 
 # -- the first multimodal input a block's scan starts from ---------------------------------------
