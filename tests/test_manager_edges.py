@@ -113,6 +113,33 @@ def test_a_preempted_request_is_looked_up_over_the_blocks_it_generated(num_group
     manager.check_invariants()
 
 
+@pytest.mark.parametrize(
+    "semantics",
+    [VLLM_0_33, Semantics(lookup_hashes_every_full_block=True, mm_keys_without_position=True)],
+    ids=["input keyed with its place", "input keyed alone"],
+)
+def test_the_hashes_a_preempted_lookup_adds_chain_on_from_the_prompts_input_keys(
+    semantics: Semantics,
+) -> None:
+    """A multimodal input in the prompt's two blocks: the hash of the block generated before
+    the preemption chains on from theirs, keyed as the semantics keys an input."""
+    manager = KVCacheManager(uniform_kv_cache_config(FULL, 10), 64, semantics=semantics)
+    request = Request("a", [1, 2, 3, 4], mm_positions=[PlaceholderRange(1, 2)], mm_hashes=["i"])
+    assert manager.allocate_slots(request, 4) is not None
+    request.num_computed_tokens = 4
+    request.append_output_token_ids([5, 6])
+    manager.free(request)  # preempted
+    request.num_computed_tokens = 0
+
+    manager.get_computed_blocks(request)
+
+    mm_position = not semantics.mm_keys_without_position
+    chain = hash_request_tokens(sha256, B, request, mm_position=mm_position)
+    assert len(chain) == 3
+    assert manager.req_to_block_hashes["a"] == chain
+    assert chain[2] != hash_request_tokens(sha256, B, request, mm_position=not mm_position)[2]
+
+
 @pytest.mark.parametrize("num_groups", GROUPS, ids=["one group", "two groups"])
 def test_the_lookup_stores_the_hash_of_the_last_full_block_it_leaves_out(num_groups: int) -> None:
     """Its draft rejected, the request holds 2 full blocks (1 2 | 3 6) but stored 1 hash when
