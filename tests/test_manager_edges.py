@@ -53,7 +53,7 @@ from pagedkv import (
 from pagedkv.block_hash import Sha256Memo
 from pagedkv.manager import SHA256_MEMO_TOKENS
 from pagedkv.single_type import single_type_manager
-from pagedkv.vocab.semantics import VLLM_0_33, Semantics
+from pagedkv.vocab.semantics import VLLM_0_8_5, VLLM_0_33, Semantics
 
 B = 2
 FULL = FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=1, dtype="float16")
@@ -371,3 +371,19 @@ def test_hashes_keyed_without_the_inputs_place_pass_the_stored_chain_check() -> 
     assert stored == hash_request_tokens(hash_fn, B, request, mm_position=False)
     assert stored[:2] != hash_request_tokens(hash_fn, B, request)[:2]
     manager.check_invariants()
+
+
+def test_a_capped_allocation_after_hits_stops_at_max_model_len() -> None:
+    """vLLM 0.8.5's cap: max_model_len 8 (4 blocks of 2); b hits a's 3 cached blocks and
+    schedules 6 more tokens (6 blocks needed): it gets the 1 block left, not 3."""
+    manager = KVCacheManager(uniform_kv_cache_config(FULL, 10), 8, semantics=VLLM_0_8_5)
+    first = Request("a", list(range(7)))
+    assert manager.allocate_slots(first, 7) is not None
+    first.num_computed_tokens = 7
+    manager.free(first)
+    second = Request("b", list(range(12)))
+    hits, num_hit_tokens = manager.get_computed_blocks(second)
+    assert num_hit_tokens == 6
+    new = manager.allocate_slots(second, 6, hits)
+    assert new is not None and len(new[0]) == 1
+    assert len(manager.get_blocks("b")[0]) == 4
