@@ -801,6 +801,29 @@ def test_eagle_hits_of_several_groups_follow_vllms_passes(side: str, scene: str)
     assert tuple(group[: len(hit)] for group, hit in zip(held, hits, strict=True)) == tuple(
         map(tuple, expected)
     )
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_an_eagle_hit_of_nulls_alone_is_refused_for_the_wider_window(side: str) -> None:
+    """With EAGLE a window hit is found for a window one block wider (W = 3: 2 blocks), then
+    drops its last block: after its nulls it keeps 1 cached block, so nulls alone are refused;
+    the hit the lookup found is taken."""
+    manager = make(side, config(16, window(3)), 32, use_eagle=True)
+    first = Request("a", list(range(8)))
+    admit(manager, first)
+    manager.free(first)
+    second = Request("b", list(range(8)))
+    hits, num_tokens = manager.get_computed_blocks(second)
+    assert (hits, num_tokens) == (([0, 2],), 4)
+    before = manager.state()
+    with pytest.raises(RequestError) as info:
+        manager.allocate_slots(second, 4, ([0, 0],))
+    assert str(info.value) == (
+        "request 'b': new_computed_blocks is not a hit this attention type can produce "
+        "(2 null blocks, then 0 blocks; the window needs 1)"
+    )
+    assert manager.state() == before
+    assert manager.allocate_slots(second, 4, hits) is not None
     manager.check_invariants()
 
 

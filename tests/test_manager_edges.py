@@ -43,6 +43,7 @@ from pagedkv import (
     InvalidArgumentError,
     KVCacheConfigError,
     KVCacheManager,
+    PlaceholderRange,
     Request,
     RequestError,
     hash_request_tokens,
@@ -52,7 +53,7 @@ from pagedkv import (
 from pagedkv.block_hash import Sha256Memo
 from pagedkv.manager import SHA256_MEMO_TOKENS
 from pagedkv.single_type import single_type_manager
-from pagedkv.vocab.semantics import VLLM_0_33
+from pagedkv.vocab.semantics import VLLM_0_8_5, VLLM_0_33, Semantics
 
 B = 2
 FULL = FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=1, dtype="float16")
@@ -110,6 +111,33 @@ def test_a_preempted_request_is_looked_up_over_the_blocks_it_generated(num_group
     assert (num_hit_tokens, _ids(hits)) == (4, [1, 2] if num_groups == 1 else [1, 4])
     assert manager.req_to_block_hashes["a"] == hash_request_tokens(sha256, B, request)
     manager.check_invariants()
+
+
+@pytest.mark.parametrize(
+    "semantics",
+    [VLLM_0_33, Semantics(lookup_hashes_every_full_block=True, mm_keys_without_position=True)],
+    ids=["input keyed with its place", "input keyed alone"],
+)
+def test_the_hashes_a_preempted_lookup_adds_chain_on_from_the_prompts_input_keys(
+    semantics: Semantics,
+) -> None:
+    """A multimodal input in the prompt's two blocks: the hash of the block generated before
+    the preemption chains on from theirs, keyed as the semantics keys an input."""
+    manager = KVCacheManager(uniform_kv_cache_config(FULL, 10), 64, semantics=semantics)
+    request = Request("a", [1, 2, 3, 4], mm_positions=[PlaceholderRange(1, 2)], mm_hashes=["i"])
+    assert manager.allocate_slots(request, 4) is not None
+    request.num_computed_tokens = 4
+    request.append_output_token_ids([5, 6])
+    manager.free(request)  # preempted
+    request.num_computed_tokens = 0
+
+    manager.get_computed_blocks(request)
+
+    mm_position = not semantics.mm_keys_without_position
+    chain = hash_request_tokens(sha256, B, request, mm_position=mm_position)
+    assert len(chain) == 3
+    assert manager.req_to_block_hashes["a"] == chain
+    assert chain[2] != hash_request_tokens(sha256, B, request, mm_position=not mm_position)[2]
 
 
 @pytest.mark.parametrize("num_groups", GROUPS, ids=["one group", "two groups"])
@@ -219,6 +247,7 @@ def test_a_call_overlapping_a_pool_call_is_refused_under_its_own_name() -> None:
         "KVCacheManager.get_computed_blocks": lambda: manager.get_computed_blocks(request),
         "KVCacheManager.allocate_slots": lambda: manager.allocate_slots(request, 1),
         "KVCacheManager.free": lambda: manager.free(request),
+        "KVCacheManager.get_blocks": lambda: manager.get_blocks("a"),
     }
     refused: dict[str, str] = {}
 
@@ -314,3 +343,47 @@ def test_a_fast_path_record_with_another_id_and_its_own_token_list_is_reported()
         "the fast path's record of a tracked request is its own",
         "request 'a': a record of 'b' with its token list",
     )
+
+
+def test_a_request_missing_from_a_later_group_is_reported_as_unequal_block_lists() -> None:
+    """Group 1's list of request 'a' moved under another id (every block still held once): the
+    report names 'a' with no list in group 1, not a crash on the missing list."""
+    manager = KVCacheManager(config(10, full(), window(3)), 16)
+    manager.allocate_slots(Request("a", range(5)), 5)
+    lists = manager.coordinator.single_type_managers[1].req_to_blocks
+    lists["b"] = lists.pop("a")
+    assert invariant_report(manager.check_invariants) == (
+        "a request's block lists cover the same positions in every group",
+        "request 'a': [3, None] blocks",
+    )
+
+
+def test_hashes_keyed_without_the_inputs_place_pass_the_stored_chain_check() -> None:
+    """`mm_keys_without_position` alone (vLLM 0.8.5's keys, without its other switches): the
+    stored hashes differ from the chain keyed with the input's place, and the invariant check
+    rehashes the tokens as they were stored, so it passes."""
+    semantics = Semantics(mm_keys_without_position=True)
+    manager = KVCacheManager(uniform_kv_cache_config(FULL, 10), 64, semantics=semantics)
+    request = Request("a", [0] * 6, mm_positions=[PlaceholderRange(1, 2)], mm_hashes=["img"])
+    assert manager.allocate_slots(request, 6) is not None
+    hash_fn = manager.caching_hash_fn
+    stored = manager.req_to_block_hashes["a"]
+    assert stored == hash_request_tokens(hash_fn, B, request, mm_position=False)
+    assert stored[:2] != hash_request_tokens(hash_fn, B, request)[:2]
+    manager.check_invariants()
+
+
+def test_a_capped_allocation_after_hits_stops_at_max_model_len() -> None:
+    """vLLM 0.8.5's cap: max_model_len 8 (4 blocks of 2); b hits a's 3 cached blocks and
+    schedules 6 more tokens (6 blocks needed): it gets the 1 block left, not 3."""
+    manager = KVCacheManager(uniform_kv_cache_config(FULL, 10), 8, semantics=VLLM_0_8_5)
+    first = Request("a", list(range(7)))
+    assert manager.allocate_slots(first, 7) is not None
+    first.num_computed_tokens = 7
+    manager.free(first)
+    second = Request("b", list(range(12)))
+    hits, num_hit_tokens = manager.get_computed_blocks(second)
+    assert num_hit_tokens == 6
+    new = manager.allocate_slots(second, 6, hits)
+    assert new is not None and len(new[0]) == 1
+    assert len(manager.get_blocks("b")[0]) == 4

@@ -35,6 +35,7 @@ from pagedkv import (
     KVCacheTensor,
     PlaceholderRange,
     Request,
+    RequestError,
     SlidingWindowSpec,
     hash_request_tokens,
     sha256,
@@ -589,6 +590,55 @@ def test_a_chunked_local_hit_must_be_null_up_to_its_chunks_first_block(
     cached = pool.get_new_blocks(1)[0]
     blocks = [pool.null_block if kind == "N" else cached for kind in hits]
     assert _chunked(pool).hit_shape_error(blocks, use_eagle=False, for_eagle=False) == detail
+
+
+def test_a_chunked_local_hit_with_a_null_block_after_its_cached_ones_is_refused() -> None:
+    """Chunks of 4 blocks: a hit of 2 blocks starts at its chunk's first block, so it leads
+    with no null block, and a null block after a cached one is out of place."""
+    pool = BlockPool(4, True)
+    cached = pool.get_new_blocks(1)[0]
+    spec = ChunkedLocalAttentionSpec(
+        block_size=B, num_kv_heads=1, head_size=1, dtype="float16", attention_chunk_size=4 * B
+    )
+    manager = ChunkedLocalAttentionManager(spec, pool, 0)
+    hits = [cached, pool.null_block]
+    assert manager.hit_shape_error(hits, use_eagle=False, for_eagle=False) == (
+        "0 null blocks in a hit of 2 blocks; its chunk starts at block 0"
+    )
+    assert manager.hit_shape_error(hits[:1], use_eagle=False, for_eagle=False) is None
+
+
+@pytest.mark.parametrize(
+    ("num_cached", "for_eagle", "detail"),
+    [
+        (1, True, "1 null blocks, then 1 blocks; the window needs 2"),
+        (2, True, None),
+        (1, False, None),
+    ],
+)
+def test_a_window_hit_found_for_eagle_needs_the_wider_windows_run_less_one(
+    num_cached: int, for_eagle: bool, detail: str | None
+) -> None:
+    """W = 4, B = 2: a run of 2 cached blocks, 3 found `for_eagle`; EAGLE then drops the last
+    block, so a hit after a null block keeps 1, or 2 when found `for_eagle`."""
+    pool = BlockPool(4, True)
+    cached = pool.get_new_blocks(1)[0]
+    hits = [pool.null_block] + [cached] * num_cached
+    assert _window(pool).hit_shape_error(hits, use_eagle=True, for_eagle=for_eagle) == detail
+
+
+def test_hits_are_checked_against_group_0_unless_a_group_is_named() -> None:
+    """Blocks cached without a group id are group 0's: `check_hits_locked` without `group_id`
+    accepts them as hits under their stored hashes, and refuses them for group 1."""
+    pool = BlockPool(4, True)
+    request = Request("a", [1, 2, 3, 4])
+    blocks = pool.get_new_blocks(2)
+    block_hashes: list[BlockHashType] = []
+    pool.cache_full_blocks(request, blocks, block_hashes, 0, 2, B, sha256)
+    pool.check_hits_locked("a", blocks, block_hashes, False)
+    with pytest.raises(RequestError) as info:
+        pool.check_hits_locked("a", blocks, block_hashes, False, 1)
+    assert "block 1 at position 0 is not cached under the request's hash there" in str(info.value)
 
 
 # -- the first multimodal input a block's scan starts from ---------------------------------------
