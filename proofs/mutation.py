@@ -2,6 +2,7 @@
 
     python -m proofs.mutation [--jobs N] [--gate 0.95]   # build, run mutmut, write the score
     python -m proofs.mutation --rerun-survivors           # after adding tests: the survivors only
+    python -m proofs.mutation --rerun-survivors --unargued-only   # only those no argument covers
     python -m proofs.mutation --check                     # the committed score file only
 
 mutmut names a mutant's module after its file path (it strips only a `src.` prefix) and puts
@@ -288,12 +289,16 @@ def _mutmut(args: Sequence[str], staging: Path, *, timeout: float | None = None)
 _RESULT = re.compile(r"^\s+(?P<name>\S+): (?P<status>.+)$", re.MULTILINE)
 
 
-def rerun_survivors(jobs: int, staging: Path = STAGING, path: Path = SCORE_PATH) -> Score:
+def rerun_survivors(
+    jobs: int, staging: Path = STAGING, path: Path = SCORE_PATH, *, unargued_only: bool = False
+) -> Score:
     """Run mutmut again on the mutants `path` lists as not killed, with the selected tests as they
     are now, and merge what it finds into that score (every other mutant stays killed: the
     mutated sources are the same, and a test added can only kill more). Without a finished run
     in `staging` (a fresh clone) the staging tree is built first and mutmut generates the
-    mutants again; it runs only the named ones either way.
+    mutants again; it runs only the named ones either way. `unargued_only`: only the survivors
+    `EQUIVALENT` has no argument for (the tests written against them); the argued ones keep
+    their status, which a rerun could only raise, so the score never overstates.
 
     Raises:
         RuntimeError: mutated sources changed since `path` was written, or mutmut failed.
@@ -307,7 +312,11 @@ def rerun_survivors(jobs: int, staging: Path = STAGING, path: Path = SCORE_PATH)
     else:
         build_staging(staging)
     start = time.monotonic()
-    names = [survivor.name for survivor in previous.survivors]
+    names = [
+        survivor.name
+        for survivor in previous.survivors
+        if not unargued_only or survivor.name not in EQUIVALENT
+    ]
     if names:
         _mutmut(["run", "--max-children", str(jobs), *names], staging)
     statuses = {
@@ -419,6 +428,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="run only the mutants the score file lists as not killed, with the tests as they are",
     )
+    parser.add_argument(
+        "--unargued-only",
+        action="store_true",
+        help="with --rerun-survivors: only the survivors no equivalence argument covers",
+    )
     args = parser.parse_args(argv)
     if args.check:
         score = read_score()
@@ -428,7 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         try:
             if args.rerun_survivors:
-                score = rerun_survivors(max(args.jobs, 1))
+                score = rerun_survivors(max(args.jobs, 1), unargued_only=args.unargued_only)
             else:
                 build_staging()
                 score = run_mutmut(max(args.jobs, 1))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from proofs import mutation
 from proofs.mutation import (
     EQUIVALENT,
@@ -165,3 +167,43 @@ def test_a_rerun_merges_the_survivors_new_statuses_into_the_score() -> None:
     ]
     assert merged.sources_sha256 == "abc"
     assert (merged.detected, gate_problems(merged, 0.95)) == (19, [])
+
+
+def test_a_rerun_of_the_unargued_survivors_runs_those_and_keeps_the_argued_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--rerun-survivors --unargued-only` asks mutmut for the survivors no argument covers
+    only; an argued survivor mutmut still lists keeps its status and its argument."""
+    argued = next(iter(EQUIVALENT))
+    diff = "--- a\n+++ b"
+    previous = Score(
+        killed=8,
+        total=10,
+        counts={"killed": 8, "survived": 2, "total": 10},
+        survivors=[
+            Survivor(argued, "survived", diff),
+            Survivor("pagedkv.m.x_f__mutmut_1", "survived", diff),
+        ],
+        date="2026-01-01",
+        seconds=60.0,
+        sources_sha256=mutation.sources_sha256(),
+    )
+    path = tmp_path / "score.json"
+    write_score(previous, path)
+    (tmp_path / "mutants").mkdir()
+    monkeypatch.setattr(mutation, "ROOT", tmp_path)  # no selected test to copy: none exist there
+    monkeypatch.setattr(mutation, "TEST_HELPERS", ())
+    monkeypatch.setattr(mutation, "SELECTED_TESTS", ())
+    calls: list[list[str]] = []
+
+    def fake_mutmut(args: list[str], staging: Path, *, timeout: float | None = None) -> str:
+        calls.append(list(args))
+        return f"    {argued}: survived\n" if args == ["results"] else ""
+
+    monkeypatch.setattr(mutation, "_mutmut", fake_mutmut)
+    merged = mutation.rerun_survivors(2, tmp_path, path, unargued_only=True)
+    assert calls == [["run", "--max-children", "2", "pagedkv.m.x_f__mutmut_1"], ["results"]]
+    assert [(s.name, s.status, s.equivalent) for s in merged.survivors] == [
+        (argued, "survived", EQUIVALENT[argued])
+    ]
+    assert (merged.killed, merged.total) == (9, 10)
