@@ -3,6 +3,7 @@
     python -m proofs.mutation [--jobs N] [--gate 0.95]   # build, run mutmut, write the score
     python -m proofs.mutation --rerun-survivors           # after adding tests: the survivors only
     python -m proofs.mutation --rerun-survivors --unargued-only   # only those no argument covers
+    python -m proofs.mutation --finish-carrying REV       # a stopped run, see finish_carrying
     python -m proofs.mutation --check                     # the committed score file only
 
 mutmut names a mutant's module after its file path (it strips only a `src.` prefix) and puts
@@ -257,6 +258,11 @@ class Score:
     modules: list[str] = field(default_factory=lambda: list(MUTATED_MODULES))
     tests: list[str] = field(default_factory=lambda: list(SELECTED_TESTS))
     sources_sha256: str = ""
+    carried_from: str = ""
+    carried: dict[str, str] = field(default_factory=dict)
+    """Modules whose mutants this run left unchecked took their statuses from the full run of
+    commit `carried_from` instead (`finish_carrying`): module -> its source's sha256 then and
+    now (a carried module must not change while the score stands)."""
 
     @property
     def detected(self) -> int:
@@ -346,6 +352,8 @@ def merge_rerun(previous: Score, statuses: dict[str, str], seconds: float) -> Sc
         date=datetime.date.today().isoformat(),
         seconds=round(seconds),
         sources_sha256=previous.sources_sha256,
+        carried_from=previous.carried_from,
+        carried=dict(previous.carried),
     )
 
 
@@ -373,6 +381,83 @@ def read_results(seconds: float, staging: Path = STAGING) -> Score:
         date=datetime.date.today().isoformat(),
         seconds=round(seconds),
         sources_sha256=sources_sha256(),
+    )
+
+
+def module_sha256(name: str) -> str:
+    """The sha256 of one mutated module's source."""
+    return hashlib.sha256(module_source(name).read_bytes()).hexdigest()
+
+
+def _git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+
+
+def finish_carrying(rev: str, staging: Path = STAGING) -> Score:
+    """The score of a run in `staging` that was stopped before it checked every mutant: a mutant
+    it left unchecked takes the status the full run committed at `rev` gave it (survived or timed
+    out if that score lists it, else killed), allowed only in a module whose source is the same
+    as at `rev`, so the same mutants face tests that have only grown since. A module's mutants
+    the run did check keep this run's status.
+
+    Raises:
+        RuntimeError: a mutant left unchecked in a module that changed since `rev`, or no score
+            file at `rev`.
+    """
+    shown = _git("show", f"{rev}:{SCORE_PATH.relative_to(ROOT)}")
+    commit = _git("rev-parse", "--verify", f"{rev}^{{commit}}").stdout.strip()
+    if shown.returncode != 0 or not commit:
+        raise RuntimeError(f"no mutation score committed at {rev}")
+    data = json.loads(shown.stdout)
+    before = {survivor["name"]: survivor["status"] for survivor in data["survivors"]}
+    unchanged = {
+        name
+        for name in MUTATED_MODULES
+        if name in data["modules"]
+        and _git(
+            "diff", "--quiet", commit, "--", str(module_source(name).relative_to(ROOT))
+        ).returncode
+        == 0
+    }
+    prefixes = {
+        name: f"{PACKAGE}.{name.removesuffix('.py').replace('/', '.')}." for name in unchanged
+    }
+    statuses = {
+        match["name"]: match["status"].strip()
+        for match in _RESULT.finditer(_mutmut(["results", "--all", "true"], staging))
+    }
+    carried: set[str] = set()
+    for name, status in statuses.items():
+        if status != "not checked":
+            continue
+        module = next((m for m, prefix in prefixes.items() if name.startswith(prefix)), None)
+        if module is None:
+            raise RuntimeError(f"{name} was not checked, and its module changed since {rev}")
+        statuses[name] = before.get(name, "killed")
+        carried.add(module)
+    counts = {"total": len(statuses)}
+    for status in statuses.values():
+        counts[status.replace(" ", "_")] = counts.get(status.replace(" ", "_"), 0) + 1
+    survivors = [
+        Survivor(
+            name,
+            status,
+            _mutmut(["show", name], staging).split("\n", 1)[1].strip(),
+            EQUIVALENT.get(name),
+        )
+        for name, status in statuses.items()
+        if status != "killed"
+    ]
+    return Score(
+        killed=counts.get("killed", 0),
+        total=len(statuses),
+        counts=counts,
+        survivors=survivors,
+        date=datetime.date.today().isoformat(),
+        seconds=round(time.time() - (staging / "pyproject.toml").stat().st_mtime),
+        sources_sha256=sources_sha256(),
+        carried_from=f"{commit} ({data['date']})" if carried else "",
+        carried={name: module_sha256(name) for name in sorted(carried)},
     )
 
 
@@ -410,6 +495,11 @@ def report(score: Score) -> str:
         f"mutation score: {score.detected}/{score.total} detected ({score.score:.1%}): "
         f"{score.killed} killed, {timeouts} timed out; mutmut {score.mutmut}, {score.seconds:.0f} s"
     ]
+    if score.carried:
+        lines.append(
+            f"  unchecked mutants of {', '.join(score.carried)} carried from the run of "
+            f"{score.carried_from} (sources unchanged)"
+        )
     for survivor in score.survivors:
         why = f" (equivalent: {survivor.equivalent})" if survivor.equivalent else ""
         lines.append(f"  {survivor.status}: {survivor.name}{why}")
@@ -429,6 +519,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run only the mutants the score file lists as not killed, with the tests as they are",
     )
     parser.add_argument(
+        "--finish-carrying",
+        metavar="REV",
+        help="score a stopped run: its unchecked mutants of modules unchanged since REV's score "
+        "take that score's statuses",
+    )
+    parser.add_argument(
         "--unargued-only",
         action="store_true",
         help="with --rerun-survivors: only the survivors no equivalence argument covers",
@@ -439,9 +535,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         found = gate_problems(score, args.gate)
         if score.sources_sha256 != sources_sha256():
             found.append("the mutated sources changed since the score was written")
+        found += [
+            f"{name} changed since its statuses were carried"
+            for name, digest in score.carried.items()
+            if module_sha256(name) != digest
+        ]
     else:
         try:
-            if args.rerun_survivors:
+            if args.finish_carrying:
+                score = finish_carrying(args.finish_carrying)
+            elif args.rerun_survivors:
                 score = rerun_survivors(max(args.jobs, 1), unargued_only=args.unargued_only)
             else:
                 build_staging()

@@ -387,3 +387,12 @@ def test_a_capped_allocation_after_hits_stops_at_max_model_len() -> None:
     new = manager.allocate_slots(second, 6, hits)
     assert new is not None and len(new[0]) == 1
     assert len(manager.get_blocks("b")[0]) == 4
+
+
+def test_full_attention_reads_every_earlier_token_so_skips_no_block() -> None:
+    """Full attention's per-type manager skips no leading block at any step (its attention reads
+    every earlier token); the coordinator never asks it, but the per-type surface states it."""
+    manager = KVCacheManager(uniform_kv_cache_config(FULL, 10), 64)
+    (full,) = manager.coordinator.single_type_managers
+    assert not full.allows_null_blocks
+    assert [full.num_skipped_blocks(n) for n in (0, 1, 16, 63)] == [0, 0, 0, 0]
