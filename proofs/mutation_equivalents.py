@@ -40,27 +40,31 @@ _SHARED_3 = (
 )
 _SHARED_4 = "`settled = None` is falsy like False and is read only by `while not settled`"
 _SHARED_5 = (
+    "a block taken from the free queue has ref_cnt 0 (the pool queues a block only when its"
+    " count reaches 0), so `= 1` and `+= 1` give the same count"
+)
+_SHARED_6 = (
     "block id 0 owned by the pool is the null block, declined anyway; a foreign block 0 "
     "fails the ownership test: False either way"
 )
-_SHARED_6 = (
+_SHARED_7 = (
     "slicing [:length] when length == len(block_hashes) passes an equal copy; each "
     "find_longest_cache_hit (full attention, sliding window, chunked local) only reads "
     "block_hashes during the call (its len and items) and keeps no reference"
 )
-_SHARED_7 = (
+_SHARED_8 = (
     "strict only matters when zip's arguments differ in length: `found` is made as [None] *"
     " len(units) and only assigned by index (found[index] for index in enumerate(units)), "
     "so units and found always have equal lengths and zip yields the same pairs with or "
     "without strict"
 )
-_SHARED_8 = (
+_SHARED_9 = (
     "strict only matters when zip's arguments differ in length: every `hits` comes from "
     "_unit_hit, which returns one list per group of the unit ([... for k in "
     "range(len(groups))]); EAGLE's pop shortens the inner lists, never the outer one, so "
     "unit.groups and hits always have equal lengths and zip yields the same pairs"
 )
-_SHARED_9 = (
+_SHARED_10 = (
     "strict only matters when zip's arguments differ in length: the zip runs only for hits "
     "that passed check_allocation, which returns () for None and otherwise a tuple of "
     "exactly num_groups lists (its fast path tests len(new_computed_blocks) == num_groups, "
@@ -68,24 +72,24 @@ _SHARED_9 = (
     "blocks by (); so hits has one list per single_type_manager and zip yields the same "
     "pairs"
 )
-_SHARED_10 = (
+_SHARED_11 = (
     "the mutant only makes the decode fast path decline in more cases, and the full path "
     "then makes the same changes and returns the same blocks (the fast path acts only where"
     " it makes exactly the full path's changes); here: at num_computed == 0"
 )
-_SHARED_11 = (
+_SHARED_12 = (
     "the mutant only narrows the fast path: what it turns away goes to _append_checked, "
     "which appends the same ints (require_int and int() return an exact int unchanged, "
     "require_token_ids gives tuple(items) for in-range ints) and refuses what the original "
     "refuses there"
 )
-_SHARED_12 = (
+_SHARED_13 = (
     "the mutant recomputes the first multimodal input also when the carried index is 0: "
     "first_mm_input(positions, start) is the first input ending after start, and the scan "
     "from index 0 passes over every input ending at or before start, so both reach the same"
     " index"
 )
-_SHARED_13 = (
+_SHARED_14 = (
     "the mutated test only holds in more cases (len * B <= T - B implies len / B <= T - B "
     "and len * B <= T + B); in each added case (len(block_hashes) + 1) * B > T, so "
     "len(block_hashes) >= T // B = len(chain) and "
@@ -93,14 +97,14 @@ _SHARED_13 = (
     "hashes (a named algorithm from get_hash_fn: the sha256 memo's contents decide only "
     "what is recomputed, never a value), and nothing else in the branch changes state"
 )
-_SHARED_14 = "typing.cast returns its second argument unchanged at run time, whatever the first"
-_SHARED_15 = "with group 0, self.cached_block(h) is block_pool.cached_block(h): the same lookup"
-_SHARED_16 = (
+_SHARED_15 = "typing.cast returns its second argument unchanged at run time, whatever the first"
+_SHARED_16 = "with group 0, self.cached_block(h) is block_pool.cached_block(h): the same lookup"
+_SHARED_17 = (
     "zip's strictness cannot matter: _check_hits's only caller, _allocate_slots, passes the"
     " hits check_allocation returned, a tuple of exactly num_groups lists (it refuses any "
     "other count), one per single_type_manager"
 )
-_SHARED_17 = (
+_SHARED_18 = (
     "zip's strictness cannot matter: _check_request runs only for ids in _first_blocks, so "
     "held[0] is a list and the lengths check has already raised unless every group holds a "
     "list of that length; group_blocks then has one list per manager"
@@ -119,10 +123,8 @@ EQUIVALENT: dict[str, str] = {
         "passes over each input (sorted and disjoint, all ending before the block) and "
         "returns the same ([], len(ranges))"
     ),
-    f"{_P}append_new_block_locked__mutmut_15": (
-        "a block taken from the free queue has ref_cnt 0 (the pool queues a block only when"
-        " its count reaches 0), so `= 1` and `+= 1` give the same count"
-    ),
+    f"{_P}__init____mutmut_10": _SHARED_2,
+    f"{_P}append_new_block_locked__mutmut_15": _SHARED_5,
     f"{_P}cache_full_blocks__mutmut_28": _SHARED_2,
     f"{_P}cache_full_blocks__mutmut_29": _SHARED_2,
     f"{_P}cache_full_blocks_locked__mutmut_1": (
@@ -133,28 +135,29 @@ EQUIVALENT: dict[str, str] = {
         "mm_idx is read only by `elif mm_idx < 0` before its first assignment, true for -1 "
         "and -2 alike; the vLLM branch overwrites it"
     ),
-    f"{_P}cache_full_blocks_locked__mutmut_55": _SHARED_12,
-    f"{_P}cache_full_blocks_locked__mutmut_56": _SHARED_12,
+    f"{_P}cache_full_blocks_locked__mutmut_55": _SHARED_13,
+    f"{_P}cache_full_blocks_locked__mutmut_56": _SHARED_13,
     f"{_P}cache_full_blocks_locked__mutmut_88": (
         "the mutant calls require_int on every returned value, not only on values whose "
         "type is not exactly int: require_int returns an exact int unchanged (its result is"
         " not used here) and raises on anything else exactly as before"
     ),
-    f"{_P}cache_next_full_block_locked__mutmut_19": _SHARED_5,
-    f"{_P}cache_next_full_block_locked__mutmut_20": _SHARED_5,
+    f"{_P}cache_next_full_block_locked__mutmut_19": _SHARED_6,
+    f"{_P}cache_next_full_block_locked__mutmut_20": _SHARED_6,
     f"{_P}cache_next_full_block_locked__mutmut_28": (
         "parent_hash_value is used only as `parent or NONE_HASH` in chain_block_hashes; '' "
         "and None are both falsy"
     ),
+    f"{_P}get_new_blocks_locked__mutmut_13": _SHARED_5,
     f"{_P}intern_hashes_locked__mutmut_2": (
         "a stored hash equals its block's key (hits are lookups under those hashes): "
         "check_hits_locked's identity test falls back to != with the same answer, and "
         "nothing else compares stored hashes by identity"
     ),
-    "pagedkv.free_queue.xǁFreeKVCacheBlockQueueǁ__init____mutmut_55": _SHARED_14,
-    "pagedkv.free_queue.xǁFreeKVCacheBlockQueueǁ__init____mutmut_59": _SHARED_14,
-    "pagedkv.free_queue.xǁFreeKVCacheBlockQueueǁ__init____mutmut_60": _SHARED_14,
-    "pagedkv.free_queue.xǁFreeKVCacheBlockQueueǁ__init____mutmut_61": _SHARED_14,
+    "pagedkv.free_queue.xǁFreeKVCacheBlockQueueǁ__init____mutmut_55": _SHARED_15,
+    "pagedkv.free_queue.xǁFreeKVCacheBlockQueueǁ__init____mutmut_59": _SHARED_15,
+    "pagedkv.free_queue.xǁFreeKVCacheBlockQueueǁ__init____mutmut_60": _SHARED_15,
+    "pagedkv.free_queue.xǁFreeKVCacheBlockQueueǁ__init____mutmut_61": _SHARED_15,
     f"{_C}HybridKVCacheCoordinatorǁ_eagle_common_hit__mutmut_14": (
         "`hits = None` makes a full-attention unit be looked up again in every pass after "
         "the first instead of being cut with min(); the re-lookup returns exactly `current`"
@@ -178,12 +181,12 @@ EQUIVALENT: dict[str, str] = {
         "attention, whose scan_hit ignores it too, cannot reach _eagle_common_hit: EAGLE "
         "with it is refused at construction)"
     ),
-    f"{_C}HybridKVCacheCoordinatorǁ_eagle_common_hit__mutmut_64": _SHARED_7,
-    f"{_C}HybridKVCacheCoordinatorǁ_eagle_common_hit__mutmut_67": _SHARED_7,
-    f"{_C}HybridKVCacheCoordinatorǁ_eagle_common_hit__mutmut_68": _SHARED_7,
-    f"{_C}HybridKVCacheCoordinatorǁ_eagle_common_hit__mutmut_72": _SHARED_8,
-    f"{_C}HybridKVCacheCoordinatorǁ_eagle_common_hit__mutmut_75": _SHARED_8,
-    f"{_C}HybridKVCacheCoordinatorǁ_eagle_common_hit__mutmut_76": _SHARED_8,
+    f"{_C}HybridKVCacheCoordinatorǁ_eagle_common_hit__mutmut_64": _SHARED_8,
+    f"{_C}HybridKVCacheCoordinatorǁ_eagle_common_hit__mutmut_67": _SHARED_8,
+    f"{_C}HybridKVCacheCoordinatorǁ_eagle_common_hit__mutmut_68": _SHARED_8,
+    f"{_C}HybridKVCacheCoordinatorǁ_eagle_common_hit__mutmut_72": _SHARED_9,
+    f"{_C}HybridKVCacheCoordinatorǁ_eagle_common_hit__mutmut_75": _SHARED_9,
+    f"{_C}HybridKVCacheCoordinatorǁ_eagle_common_hit__mutmut_76": _SHARED_9,
     f"{_C}HybridKVCacheCoordinatorǁ_eagle_common_hit__mutmut_79": (
         "the mutant also slices the non-full units' hits to [:length], which changes "
         "nothing: each non-full unit is looked up in every pass and no lookup returns more "
@@ -213,7 +216,7 @@ EQUIVALENT: dict[str, str] = {
         "shortening, length L) is g* or after it, and every later group has answered == L "
         "and is skipped too"
     ),
-    f"{_C}HybridKVCacheCoordinatorǁ_longest_common_hit__mutmut_23": _SHARED_6,
+    f"{_C}HybridKVCacheCoordinatorǁ_longest_common_hit__mutmut_23": _SHARED_7,
     f"{_C}HybridKVCacheCoordinatorǁ_longest_common_hit__mutmut_27": (
         "the mutant only asks a group again where the original skips it, i.e. within its "
         "own last answer L, and that ask returns the same blocks: scan_window_hit's answer "
@@ -236,10 +239,10 @@ EQUIVALENT: dict[str, str] = {
         "mutant's one extra pass skips every group and ends with the same hits"
     ),
     f"{_C}HybridKVCacheCoordinatorǁ_longest_common_hit__mutmut_30": _SHARED_4,
-    f"{_C}HybridKVCacheCoordinatorǁ_longest_common_hit__mutmut_6": _SHARED_6,
-    f"{_C}KVCacheCoordinatorǁadd_hits__mutmut_11": _SHARED_9,
-    f"{_C}KVCacheCoordinatorǁadd_hits__mutmut_12": _SHARED_9,
-    f"{_C}KVCacheCoordinatorǁadd_hits__mutmut_8": _SHARED_9,
+    f"{_C}HybridKVCacheCoordinatorǁ_longest_common_hit__mutmut_6": _SHARED_7,
+    f"{_C}KVCacheCoordinatorǁadd_hits__mutmut_11": _SHARED_10,
+    f"{_C}KVCacheCoordinatorǁadd_hits__mutmut_12": _SHARED_10,
+    f"{_C}KVCacheCoordinatorǁadd_hits__mutmut_8": _SHARED_10,
     f"{_M}__init____mutmut_24": (
         "`and` -> `or` in an assert: check_manager, called just before, already refused a "
         "max_model_len that is not an int and an enable_caching that is not a bool with a "
@@ -282,20 +285,20 @@ EQUIVALENT: dict[str, str] = {
         "coordinator.add_hits, whose `if hits and hits[0]` is false for both, so it takes "
         "the same branch"
     ),
-    f"{_M}_check_hits__mutmut_30": _SHARED_16,
-    f"{_M}_check_hits__mutmut_33": _SHARED_16,
-    f"{_M}_check_hits__mutmut_34": _SHARED_16,
+    f"{_M}_check_hits__mutmut_30": _SHARED_17,
+    f"{_M}_check_hits__mutmut_33": _SHARED_17,
+    f"{_M}_check_hits__mutmut_34": _SHARED_17,
     f"{_M}_check_invariants__mutmut_2": (
         "null_block is read only to leave null blocks out of `holders`; with None they are "
         "counted under block id 0 (a pool's block 0 is its null block), and holders[0] is "
         "never read: the ref_cnt loop runs over pool.blocks[1:] only"
     ),
-    f"{_M}_check_request__mutmut_21": _SHARED_17,
-    f"{_M}_check_request__mutmut_24": _SHARED_17,
-    f"{_M}_check_request__mutmut_25": _SHARED_17,
-    f"{_M}_check_request__mutmut_60": _SHARED_17,
-    f"{_M}_check_request__mutmut_63": _SHARED_17,
-    f"{_M}_check_request__mutmut_64": _SHARED_17,
+    f"{_M}_check_request__mutmut_21": _SHARED_18,
+    f"{_M}_check_request__mutmut_24": _SHARED_18,
+    f"{_M}_check_request__mutmut_25": _SHARED_18,
+    f"{_M}_check_request__mutmut_60": _SHARED_18,
+    f"{_M}_check_request__mutmut_63": _SHARED_18,
+    f"{_M}_check_request__mutmut_64": _SHARED_18,
     f"{_M}_check_request__mutmut_76": (
         "num_cached is an int (num_cached_block holds only the int num_full) and "
         "len(stored) an int, so num_cached > min(T / B, len(stored)) holds exactly when "
@@ -309,8 +312,8 @@ EQUIVALENT: dict[str, str] = {
         "_forget_if_done removes one, together with its request, so pop(request) finds the "
         "key"
     ),
-    f"{_M}_get_computed_blocks__mutmut_24": _SHARED_13,
-    f"{_M}_get_computed_blocks__mutmut_26": _SHARED_13,
+    f"{_M}_get_computed_blocks__mutmut_24": _SHARED_14,
+    f"{_M}_get_computed_blocks__mutmut_26": _SHARED_14,
     f"{_M}allocate_slots__mutmut_105": (
         "the mutant only makes the decode fast path decline in more cases (here a step "
         "whose slots end exactly at the end of one new block), and the full path then makes"
@@ -322,8 +325,8 @@ EQUIVALENT: dict[str, str] = {
         '`record is not None and ...` fails whatever _first_blocks.get("XXXX") returns (a '
         "dict lookup, no side effect), and the full path runs as before"
     ),
-    f"{_M}allocate_slots__mutmut_59": _SHARED_10,
-    f"{_M}allocate_slots__mutmut_60": _SHARED_10,
+    f"{_M}allocate_slots__mutmut_59": _SHARED_11,
+    f"{_M}allocate_slots__mutmut_60": _SHARED_11,
     f"{_M}allocate_slots__mutmut_64": (
         "the mutant only makes the decode fast path decline in more cases, and the full "
         "path then makes the same changes and returns the same blocks (the fast path acts "
@@ -358,26 +361,26 @@ EQUIVALENT: dict[str, str] = {
         "the result is [] as before; top never drops below -1, where both loops stop"
     ),
     f"{_CHUNKED}find_longest_cache_hit__mutmut_1": _SHARED_3,
-    f"{_CHUNKED}find_longest_cache_hit__mutmut_3": _SHARED_15,
+    f"{_CHUNKED}find_longest_cache_hit__mutmut_3": _SHARED_16,
     f"{_CHUNKED}scan_hit__mutmut_1": _SHARED_3,
     f"{_FULL}find_longest_cache_hit__mutmut_1": _SHARED_3,
     f"{_FULL}scan_hit__mutmut_1": _SHARED_3,
-    f"{_WINDOW}find_longest_cache_hit__mutmut_3": _SHARED_15,
+    f"{_WINDOW}find_longest_cache_hit__mutmut_3": _SHARED_16,
     f"{_WINDOW}scan_hit__mutmut_1": (
         "the default of `for_eagle` is never used: scan_hit's only callers, "
         "SlidingWindowManager.find_longest_cache_hit and "
         "HybridKVCacheCoordinator._eagle_common_hit, pass it explicitly"
     ),
-    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_1": _SHARED_11,
-    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_10": _SHARED_11,
-    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_13": _SHARED_11,
-    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_16": _SHARED_11,
-    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_17": _SHARED_11,
-    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_18": _SHARED_11,
-    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_3": _SHARED_11,
-    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_4": _SHARED_11,
-    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_5": _SHARED_11,
-    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_7": _SHARED_11,
-    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_8": _SHARED_11,
+    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_1": _SHARED_12,
+    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_10": _SHARED_12,
+    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_13": _SHARED_12,
+    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_16": _SHARED_12,
+    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_17": _SHARED_12,
+    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_18": _SHARED_12,
+    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_3": _SHARED_12,
+    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_4": _SHARED_12,
+    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_5": _SHARED_12,
+    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_7": _SHARED_12,
+    "pagedkv.vocab.request.xǁRequestǁappend_output_token_ids__mutmut_8": _SHARED_12,
 }
 """Survivor -> why no test can kill it."""

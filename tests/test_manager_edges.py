@@ -396,3 +396,25 @@ def test_full_attention_reads_every_earlier_token_so_skips_no_block() -> None:
     (full,) = manager.coordinator.single_type_managers
     assert not full.allows_null_blocks
     assert [full.num_skipped_blocks(n) for n in (0, 1, 16, 63)] == [0, 0, 0, 0]
+
+
+def test_get_blocks_during_another_call_is_refused_under_its_own_name() -> None:
+    """`get_blocks` called from inside a pool call (a re-entering hash function) is refused
+    with its own name, and the call it interrupted completes."""
+    manager = KVCacheManager(uniform_kv_cache_config(FULL, 10), 64)
+    manager.allocate_slots(Request("a", [1, 2, 3]), 3)
+    names: list[str] = []
+
+    def reentering_hash(value: object) -> int:
+        try:
+            manager.get_blocks("a")
+        except ConcurrentUseError as error:
+            names.append(error.call)
+        return sha256(value)
+
+    pool = manager.block_pool
+    (block,) = pool.get_new_blocks(1)
+    pool.cache_full_blocks(Request("r", [7] * B), [block], [], 0, 1, B, reentering_hash)
+    pool.free_blocks([block])
+    assert names == ["KVCacheManager.get_blocks"]
+    assert [len(group) for group in manager.get_blocks("a")] == [2]  # 3 tokens, blocks of 2
