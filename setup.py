@@ -111,7 +111,9 @@ def stage_sources(modules: Sequence[str]) -> list[str]:
     (package / "py.typed").write_text("")
     config = STAGE / "mypy.ini"
     config.write_text(MYPY_CONFIG)
-    paths = [str(package / f"{name.removeprefix('pagedkv.')}.py") for name in modules]
+    paths = [
+        str(package / f"{name.removeprefix('pagedkv.').replace('.', '/')}.py") for name in modules
+    ]
     return ["--config-file", str(config), *paths]
 
 

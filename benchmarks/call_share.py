@@ -32,10 +32,8 @@ from pagedkv.harness.client import pool as pool_client
 from pagedkv.harness.client import requests
 from pagedkv.harness.comparison import ComparedPair
 from pagedkv.harness.swarm import sampling
-from pagedkv.hybrid_manager import HybridKVCacheManager
 from pagedkv.manager import KVCacheManager
 from pagedkv.spec.block_pool import SpecBlockPool
-from pagedkv.spec.hybrid_manager import SpecHybridKVCacheManager
 from pagedkv.spec.manager import SpecKVCacheManager
 
 SPEC_CALLS = "calls: the spec"
@@ -55,8 +53,6 @@ CHARGED: list[tuple[Any, str, str]] = [
             adapters.ObjectPoolAdapter,
             adapters.SpecManagerAdapter,
             adapters.ObjectManagerAdapter,
-            adapters.SpecHybridManagerAdapter,
-            adapters.ObjectHybridManagerAdapter,
         )
     ),
     *(
@@ -66,8 +62,6 @@ CHARGED: list[tuple[Any, str, str]] = [
             BlockPool,
             SpecKVCacheManager,
             KVCacheManager,
-            SpecHybridKVCacheManager,
-            HybridKVCacheManager,
         )
     ),
     (sampling.ManagerSampler, "generate", "sampling"),

@@ -29,13 +29,36 @@ MAX_MODEL_LEN = 1 << 18  # room for the 128k-token prompt
 VLLM_033 = "0.33.0"
 
 
+def _flat(answer: Any) -> Any:
+    """A flat answer's blocks: the list itself (vLLM 0.8.5's)."""
+    return answer
+
+
+def _first_group(answer: Any) -> Any:
+    """The one KV cache group's blocks of an answer per group (pagedkv's, vLLM 0.33's)."""
+    return answer[0]
+
+
+def _own_num_cached(manager: Any) -> Any:
+    return manager.num_cached_block
+
+
+def _group_num_cached(manager: Any) -> Any:
+    return manager.coordinator.single_type_managers[0].num_cached_block
+
+
 @dataclass(frozen=True)
 class Side:
-    """One manager implementation, as the benchmarks build and feed it."""
+    """One manager implementation, as the benchmarks build and feed it. Each answers in its own
+    shape (the timed calls pass a lookup's hits back as they came); the checks read the one KV
+    cache group's blocks of an answer through `blocks_of`, its cached-block counts through
+    `num_cached`."""
 
     name: str
     make_manager: Callable[[int, str], Any]  # (num_blocks, caching_hash_algo) -> manager
     make_request: Callable[[str, Sequence[int]], Any]  # (request_id, prompt) -> request
+    blocks_of: Callable[[Any], Any] = _flat  # a lookup's hits or new blocks -> a sequence
+    num_cached: Callable[[Any], Any] = _own_num_cached  # manager -> request id -> count
 
 
 def pagedkv_side(name: str, kv_events: bool = False, semantics: str = "pagedkv") -> Side:
@@ -55,7 +78,7 @@ def pagedkv_side(name: str, kv_events: bool = False, semantics: str = "pagedkv")
             extra["semantics"] = SEMANTICS_BY_NAME[semantics]
         return KVCacheManager(config, MAX_MODEL_LEN, caching_hash_algo=hash_algo, **extra)
 
-    return Side(name, make_manager, Request)
+    return Side(name, make_manager, Request, _first_group, _group_num_cached)
 
 
 class _ReadOnlyTokens(Sequence[int]):
@@ -210,7 +233,8 @@ def vllm_033_side(modules: Path) -> Side:
     )
 
     class Vllm033Manager(KVCacheManager):  # type: ignore[misc]
-        """vLLM 0.33.0's manager taking pagedkv's calls: hits and new blocks as lists."""
+        """vLLM 0.33.0's manager taking pagedkv's calls: hits and new blocks one list per KV
+        cache group (its `KVCacheBlocks.blocks`)."""
 
         def __init__(self, num_blocks: int, hasher: Callable[[Any], list[bytes]]) -> None:
             page = spec.page_size_bytes
@@ -224,24 +248,23 @@ def vllm_033_side(modules: Path) -> Side:
                 config, MAX_MODEL_LEN, scheduler_block_size=BLOCK_SIZE, hash_block_size=BLOCK_SIZE
             )
             self.num_gpu_blocks = num_blocks
-            self.num_cached_block = self.coordinator.single_type_managers[0].num_cached_block
             self.hasher = hasher
 
         def get_computed_blocks(self, request: Any) -> tuple[Any, int]:
             request.block_hashes.extend(self.hasher(request))
             blocks, num_tokens, _ = super().get_computed_blocks(request)
-            return blocks.blocks[0], num_tokens
+            return blocks.blocks, num_tokens
 
         def allocate_slots(self, request: Any, num_tokens: int, hits: Any = None) -> Any:
             request.block_hashes.extend(self.hasher(request))
-            if hits:
-                computed = self.create_kv_cache_blocks((hits,))
+            if hits and hits[0]:
+                computed = self.create_kv_cache_blocks(hits)
                 blocks = super().allocate_slots(
-                    request, num_tokens, len(hits) * BLOCK_SIZE, computed
+                    request, num_tokens, len(hits[0]) * BLOCK_SIZE, computed
                 )
             else:
                 blocks = super().allocate_slots(request, num_tokens)
-            return None if blocks is None else blocks.blocks[0] or []
+            return None if blocks is None else blocks.blocks
 
         def free_block_hashes(self, request: Any) -> None:
             """vLLM 0.33.0 keeps hashes on the request: nothing to drop."""
@@ -259,4 +282,4 @@ def vllm_033_side(modules: Path) -> Side:
     def make_request(request_id: str, prompt: Sequence[int]) -> Vllm033ShapedRequest:
         return Vllm033ShapedRequest(request_id, prompt, RequestStatus.RUNNING)
 
-    return Side(f"vLLM {VLLM_033}", make_manager, make_request)
+    return Side(f"vLLM {VLLM_033}", make_manager, make_request, _first_group, _group_num_cached)

@@ -97,14 +97,14 @@ class _Recorder:
             )
         )
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[Any], int]:
+    def get_computed_blocks(self, request: Request) -> tuple[Any, int]:
         hits, num_hit_tokens = self.manager.get_computed_blocks(request)
-        self._log(LOOKUP, request, 0, ([b.block_id for b in hits], num_hit_tokens))
+        self._log(LOOKUP, request, 0, ([b.block_id for b in hits[0]], num_hit_tokens))
         return hits, num_hit_tokens
 
     def allocate_slots(self, request: Request, num_tokens: int, hits: Any = None) -> Any:
         blocks = self.manager.allocate_slots(request, num_tokens, hits)
-        ids = None if blocks is None else [block.block_id for block in blocks]
+        ids = None if blocks is None else [block.block_id for block in blocks[0]]
         self._log(ALLOCATE if hits is None else ALLOCATE_HITS, request, num_tokens, ids)
         return blocks
 
@@ -209,11 +209,13 @@ def check_replay(recording: Recording, side: Side, hash_algo: str) -> tuple[int,
     _run(manager, _steps(recording, side), results)
     for position, (call, result) in enumerate(zip(recording.calls, results, strict=True)):
         if call.kind == LOOKUP:
-            hit_ids = [block.block_id for block in result]
+            hit_ids = [block.block_id for block in side.blocks_of(result)]
             observed: object = (hit_ids, len(hit_ids) * BLOCK_SIZE)
             expected: object = tuple(call.result)
         elif call.kind in (ALLOCATE, ALLOCATE_HITS):
-            observed = None if result is None else [block.block_id for block in result]
+            observed = (
+                None if result is None else [block.block_id for block in side.blocks_of(result)]
+            )
             expected = call.result
         else:
             continue

@@ -8,7 +8,7 @@ first use. Modules:
 
     config          EngineConfig: pool shape, token budget, batch size, runtime checks
     engine_request  EngineRequest: a prompt, max_tokens, stop tokens, status
-    scheduler       continuous batching over KVCacheManager (or HybridKVCacheManager):
+    scheduler       continuous batching over KVCacheManager (one group or several):
                     chunked prefill, prefix lookups, decode, preemption by recompute, finishing
     kv_layout       each layer's KV cache spec, grouped as vLLM 0.33 groups a hybrid model
     evictions       counting prefix-cache evictions through the manager's public state

@@ -1,12 +1,11 @@
 """The engine's KV cache layout: each layer's spec, grouped as vLLM 0.33 groups them.
 
 A model whose layers all share one spec (a Llama: full attention everywhere) has one KV cache
-group, laid out by `uniform_kv_cache_config` and served by `KVCacheManager`, as before hybrid
-models. A model whose layers differ (Gemma-3: sliding-window and full-attention layers;
-Llama-4: chunked local and full attention) has the groups `pagedkv.planning.kv_cache_groups`
-builds as vLLM 0.33 does (layers bucketed by spec, buckets split into groups of one size, the
-j-th layer of every group sharing one tensor), served by `HybridKVCacheManager`: one block
-table per group over one pool of `num_blocks` blocks.
+group, laid out by `uniform_kv_cache_config`. A model whose layers differ (Gemma-3:
+sliding-window and full-attention layers; Llama-4: chunked local and full attention) has the
+groups `pagedkv.planning.kv_cache_groups` builds as vLLM 0.33 does (layers bucketed by spec,
+buckets split into groups of one size, the j-th layer of every group sharing one tensor).
+`KVCacheManager` serves both: one block table per group over one pool of `num_blocks` blocks.
 
     Gemma-3 style, layers (sliding, sliding, full) x 2, window 16:
         group 0  sliding window 16   layers 0, 3

@@ -10,9 +10,9 @@ mappings, positions, query offsets from the manager's block lists), the model's 
 through the executor, argmax, `Scheduler.update_from_output`. Sampling is greedy only.
 
 The model's layers decide the KV cache (`pagedkv.engine.kv_layout`): one spec for every layer
-(a Llama) is one group on `KVCacheManager`; sliding-window beside full-attention layers (a
-Gemma-3), or chunked local beside full (a Llama-4), are vLLM 0.33's groups on
-`HybridKVCacheManager`, and each step then has one block table and slot mapping per group
+(a Llama) is one group; sliding-window beside full-attention layers (a Gemma-3), or chunked local
+beside full (a Llama-4), are vLLM 0.33's groups, all on one `KVCacheManager`; a model of several
+groups then has one block table and slot mapping per group each step
 (`GroupedStepMetadata`), sliding-window and chunked groups' tables holding the null block where
 the window or chunk moved on (checked never to be read).
 """
@@ -41,12 +41,10 @@ from pagedkv.engine.scheduler import Scheduler, SchedulerOutput
 from pagedkv.engine.stage_timer import StageTimer
 from pagedkv.gpu.kv_cache_tensors import allocate_kv_caches
 from pagedkv.gpu.step_metadata import (
-    ScheduledRequest,
     StepMetadata,
     build_step_metadata,
     scheduled_from_manager,
 )
-from pagedkv.hybrid_manager import HybridKVCacheManager
 from pagedkv.manager import KVCacheManager
 from pagedkv.vocab.errors import InvalidArgumentError, InvariantViolation, RequestError
 from pagedkv.vocab.request import Request
@@ -79,8 +77,8 @@ class RunResult:
 
 
 class LLMEngine:
-    """Continuous batching of greedy generation over pagedkv's `KVCacheManager`, or its
-    `HybridKVCacheManager` for a model of several KV cache groups.
+    """Continuous batching of greedy generation over pagedkv's `KVCacheManager` (one KV cache
+    group, or a hybrid model's several).
 
     Args:
         model: a Llama, Gemma-3 or Llama-4 text causal LM (`pagedkv.engine.model.check_model`),
@@ -96,7 +94,7 @@ class LLMEngine:
 
     Attributes:
         layout: the KV cache groups and each layer's group (`kv_layout`).
-        manager: `KVCacheManager` for one group, `HybridKVCacheManager` for several.
+        manager: the `KVCacheManager` of every group.
 
     Raises:
         InvalidArgumentError: max_model_len beyond the model's positions, a bad executor, or the
@@ -133,8 +131,7 @@ class LLMEngine:
         kv_cache_config = self.layout.kv_cache_config
         self.config = config
         self.device: torch.device = weight.device
-        manager_class = KVCacheManager if self.layout.num_groups == 1 else HybridKVCacheManager
-        self.manager: KVCacheManager | HybridKVCacheManager = manager_class(
+        self.manager = KVCacheManager(
             kv_cache_config,
             config.max_model_len,
             enable_caching=config.enable_prefix_caching,
@@ -323,33 +320,22 @@ class LLMEngine:
         """The step's metadata: one `StepMetadata` for one group, else one per group (each from
         the group's block lists, its null blocks checked against the group's window or
         chunk)."""
-        manager = self.manager
         block_size = self.config.block_size
         windows, chunks = self.layout.group_windows, self.layout.group_chunks
-        if not isinstance(manager, HybridKVCacheManager):
-            return build_step_metadata(
-                scheduled_from_manager(manager, requests, num_scheduled),
+        groups = tuple(
+            build_step_metadata(
+                scheduled_from_manager(group, requests, num_scheduled),
                 block_size,
-                sliding_window=windows[0],
-                attention_chunk_size=chunks[0],
+                sliding_window=window,
+                attention_chunk_size=chunk,
             )
-        held = [manager.req_to_blocks[request.request_id] for request in requests]
-        groups = []
-        for group, (window, chunk) in enumerate(zip(windows, chunks, strict=True)):
-            scheduled = [
-                ScheduledRequest(
-                    block_ids=tuple(block.block_id for block in blocks[group]),
-                    num_computed_tokens=request.num_computed_tokens,
-                    num_scheduled_tokens=num_scheduled[request.request_id],
-                )
-                for request, blocks in zip(requests, held, strict=True)
-            ]
-            groups.append(
-                build_step_metadata(
-                    scheduled, block_size, sliding_window=window, attention_chunk_size=chunk
-                )
+            for group, window, chunk in zip(
+                self.manager.coordinator.single_type_managers, windows, chunks, strict=True
             )
-        return GroupedStepMetadata(tuple(groups), self.layout.layer_groups)
+        )
+        if len(groups) == 1:
+            return groups[0]
+        return GroupedStepMetadata(groups, self.layout.layer_groups)
 
     def _record(self, output: SchedulerOutput) -> None:
         scheduler = self.scheduler

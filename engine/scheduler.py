@@ -1,5 +1,5 @@
-"""A continuous-batching scheduler over `KVCacheManager` (or `HybridKVCacheManager` for a model
-of several KV cache groups), vLLM V1's policy in small.
+"""A continuous-batching scheduler over `KVCacheManager` (one KV cache group or several), vLLM
+V1's policy in small.
 
 One step, under a token budget::
 
@@ -14,9 +14,9 @@ After the model ran, `update_from_output` advances `num_computed_tokens`, append
 token, and finishes requests (`free` then `free_block_hashes`). A request whose last scheduled
 token is its last token samples; a prompt chunk that stops short does not.
 
-With `HybridKVCacheManager` the decisions are the same: a lookup's hits (one list per group) go
-back to `allocate_slots` whole, an allocation fits in every group or preempts, and a request
-must fit in the pool on its own with all its groups' blocks together
+Whatever the number of KV cache groups the decisions are the same: a lookup's hits (one list per
+group) go back to `allocate_slots` whole, an allocation fits in every group or preempts, and a
+request must fit in the pool on its own with all its groups' blocks together
 (`pagedkv.engine.kv_layout.max_blocks_per_request`).
 """
 
@@ -26,14 +26,12 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pagedkv.block import KVCacheBlock
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.engine_request import EngineRequest, RequestStatus
 from pagedkv.engine.evictions import EvictionCounter
 from pagedkv.engine.kv_layout import max_blocks_per_request
 from pagedkv.engine.metrics import SchedulerStats
-from pagedkv.hybrid_manager import GroupBlocks, HybridKVCacheManager
-from pagedkv.manager import KVCacheManager
+from pagedkv.manager import KVCacheBlocks, KVCacheManager
 from pagedkv.vocab.errors import InvalidArgumentError, InvariantViolation, RequestError
 
 
@@ -78,13 +76,8 @@ class SchedulerOutput:
         return sum(chunk.num_tokens for chunk in self.scheduled)
 
 
-Hits = list[KVCacheBlock] | GroupBlocks
-"""A lookup's hits: `KVCacheManager`'s list, or `HybridKVCacheManager`'s list per group."""
-
-
 class Scheduler:
-    """Owns the waiting queue and the running list; drives one `KVCacheManager` or
-    `HybridKVCacheManager`.
+    """Owns the waiting queue and the running list; drives one `KVCacheManager`.
 
     Args:
         config: the limits.
@@ -97,7 +90,7 @@ class Scheduler:
     def __init__(
         self,
         config: EngineConfig,
-        manager: KVCacheManager | HybridKVCacheManager,
+        manager: KVCacheManager,
         stats: SchedulerStats | None = None,
     ) -> None:
         if manager.block_size != config.block_size or manager.num_gpu_blocks != config.num_blocks:
@@ -140,16 +133,11 @@ class Scheduler:
                 f"{item.request.num_prompt_tokens} + {item.max_tokens} > "
                 f"{self.config.max_model_len}",
             )
-        groups = ""
-        if isinstance(self.manager, HybridKVCacheManager):
-            needed = max_blocks_per_request(
-                self.manager.kv_cache_config,
-                item.max_total_tokens,
-                self.config.max_num_batched_tokens,
-            )
-            groups = f" in its {self.manager.num_groups} KV cache groups together"
-        else:
-            needed = self.config.blocks_for(item.max_total_tokens)
+        needed = max_blocks_per_request(
+            self.manager.kv_cache_config, item.max_total_tokens, self.config.max_num_batched_tokens
+        )
+        num_groups = self.manager.num_groups
+        groups = f" in its {num_groups} KV cache groups together" if num_groups > 1 else ""
         if needed > self.config.num_usable_blocks:
             raise RequestError(
                 rid,
@@ -246,37 +234,25 @@ class Scheduler:
                 finished.append(item)
         return finished
 
-    def _allocate(self, item: EngineRequest, num_tokens: int, hits: Hits | None = None) -> bool:
+    def _allocate(
+        self, item: EngineRequest, num_tokens: int, hits: KVCacheBlocks | None = None
+    ) -> bool:
         manager = self.manager
         request_id = item.request_id
-        if isinstance(manager, HybridKVCacheManager):
-            assert hits is None or isinstance(hits, tuple)
-            new_groups = manager.allocate_slots(item.request, num_tokens, hits)
-            if new_groups is None:
-                return False
-            self.evictions.after_group_allocation(
-                request_id,
-                manager.req_to_blocks[request_id],
-                new_groups,
-                manager.block_pool.null_block,
-            )
-            return True
-        assert hits is None or isinstance(hits, list)
         new_blocks = manager.allocate_slots(item.request, num_tokens, hits)
         if new_blocks is None:
             return False
-        self.evictions.after_allocation(request_id, manager.req_to_blocks[request_id], new_blocks)
+        self.evictions.after_allocation(
+            request_id,
+            manager.get_blocks(request_id),
+            new_blocks,
+            manager.block_pool.null_block,
+        )
         return True
 
     def _num_positions(self, request_id: str) -> int:
         """Block positions the request holds (the same in every group); 0 for none."""
-        held = self.manager.req_to_blocks.get(request_id)
-        if held is None:
-            return 0
-        if isinstance(self.manager, HybridKVCacheManager):
-            assert isinstance(held, tuple)
-            return len(held[0])
-        return len(held)
+        return len(self.manager.get_blocks(request_id)[0])
 
     def _preempt(self, item: EngineRequest) -> None:
         """Free its blocks (their hashes stay for the recompute's lookup); back to the head."""
@@ -326,7 +302,7 @@ class Scheduler:
                     "a waiting request has status WAITING and nothing computed",
                     f"{item.request_id!r}: {item.status}, {request.num_computed_tokens} computed",
                 )
-            if item.request_id in self.manager.req_to_blocks:
+            if any(self.manager.get_blocks(item.request_id)):
                 raise InvariantViolation(
                     "a waiting request holds no blocks", f"{item.request_id!r} holds blocks"
                 )

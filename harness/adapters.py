@@ -14,18 +14,18 @@ from pagedkv.block_pool import BlockPool
 from pagedkv.harness.divergence import Divergence
 from pagedkv.harness.protocol import (
     NOT_REPORTED,
-    AnyManagerUnderTest,
     ManagerConfig,
     ManagerSnapshot,
+    ManagerUnderTest,
     PoolSnapshot,
     PoolUnderTest,
 )
 from pagedkv.harness.setup_check import SetupError
 from pagedkv.manager import KVCacheManager
 from pagedkv.spec.block_pool import SpecBlockPool
-from pagedkv.spec.hybrid_manager import SpecHybridKVCacheManager
 from pagedkv.spec.manager import SpecKVCacheManager
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
+from pagedkv.vocab.arguments import per_group_error
 from pagedkv.vocab.errors import InvalidArgumentError, InvariantViolation
 from pagedkv.vocab.hashes import BlockHashType, HashFn
 from pagedkv.vocab.kv_events import KVCacheEvent
@@ -197,7 +197,99 @@ class SpecPoolAdapter:
 
 
 class ObjectManagerAdapter:
-    """Drives any manager shaped like vLLM's `KVCacheManager` (block objects) through block ids."""
+    """Drives any manager shaped like pagedkv's `KVCacheManager` (block objects, one sequence
+    per KV cache group; `block_pool`, `coordinator.single_type_managers` each with its
+    `req_to_blocks` and `num_cached_block`, `req_to_block_hashes`, `prefix_cache_stats`)
+    through block ids, one list per group. Hits that are not one list or tuple per group reach
+    the manager unchanged, so that it, not the adapter, must refuse them."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+        self.pool = ObjectPoolAdapter(manager.block_pool)
+
+    def _group_blocks(self, hits: Any) -> Any:
+        if isinstance(hits, (list, tuple)):
+            return type(hits)(self.pool._blocks(group_hits) for group_hits in hits)
+        return hits
+
+    def get_computed_blocks(self, request: Request) -> tuple[tuple[list[int], ...], int]:
+        groups, num_tokens = self.manager.get_computed_blocks(request)
+        return _group_ids(groups), int(num_tokens)
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_tokens: int,
+        new_computed_blocks: Sequence[Sequence[int]] | None = None,
+        num_lookahead_tokens: int = 0,
+    ) -> tuple[list[int], ...] | None:
+        hits = None if new_computed_blocks is None else self._group_blocks(new_computed_blocks)
+        groups = self.manager.allocate_slots(request, num_tokens, hits, num_lookahead_tokens)
+        return None if groups is None else _group_ids(groups)
+
+    def free(self, request: Request) -> None:
+        self.manager.free(request)
+
+    def free_block_hashes(self, request: Request) -> None:
+        self.manager.free_block_hashes(request)
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self.manager.reset_prefix_cache())
+
+    def get_num_common_prefix_blocks(
+        self, request: Request, num_running_requests: int
+    ) -> tuple[int, ...]:
+        counts = self.manager.get_num_common_prefix_blocks(request, num_running_requests)
+        return tuple(int(count) for count in counts)
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        stats: PrefixCacheStats | None = self.manager.make_prefix_cache_stats()
+        return stats
+
+    def take_events(self) -> list[KVCacheEvent]:
+        return list(self.manager.take_events())
+
+    @property
+    def usage(self) -> float:
+        return float(self.manager.usage)
+
+    def snapshot(self) -> ManagerSnapshot:
+        manager = self.manager
+        stats = manager.prefix_cache_stats
+        groups = manager.coordinator.single_type_managers
+        held = [group.req_to_blocks for group in groups]
+        request_ids = {request_id for blocks in held for request_id, b in blocks.items() if b}
+        return ManagerSnapshot(
+            pool=self.pool.snapshot(),
+            blocks={
+                request_id: tuple(
+                    tuple(map(_block_id, blocks.get(request_id, ()))) for blocks in held
+                )
+                for request_id in request_ids
+            },
+            hashes={
+                request_id: tuple(hashes)
+                for request_id, hashes in manager.req_to_block_hashes.items()
+                if hashes
+            },
+            num_cached=dict(groups[0].num_cached_block),
+            stats=_stats_tuple(stats),
+            token_stats=_token_stats(stats),
+        )
+
+    def check_invariants(self) -> None:
+        _check_if_offered(self.manager)
+
+
+def _group_ids(groups: Any) -> tuple[list[int], ...]:
+    return tuple([block.block_id for block in blocks] for blocks in groups)
+
+
+class FlatObjectManagerAdapter:
+    """Drives a manager of one KV cache group shaped like vLLM 0.8.5's `KVCacheManager` (flat
+    lists of block objects; `block_pool`, `req_to_blocks`, `req_to_block_hashes`,
+    `num_cached_block`, `prefix_cache_stats`) through flat lists of block ids: a
+    `FlatManagerUnderTest`, which `OneGroupAdapter` makes a `ManagerUnderTest`."""
 
     def __init__(self, manager: Any) -> None:
         self.manager = manager
@@ -265,57 +357,19 @@ class ObjectManagerAdapter:
         _check_if_offered(self.manager)
 
 
-class SpecManagerAdapter:
-    """The spec manager already speaks ids; this adds `snapshot()`."""
+class OneGroupAdapter:
+    """A `FlatManagerUnderTest` (one KV cache group, flat lists of ids) as a `ManagerUnderTest`:
+    its answers become 1-tuples, the hits it is given lose their one group's tuple, its
+    snapshot's blocks one tuple per group. Hits that are not one list or tuple of one group are
+    refused here, in the spec's words (a flat manager has no per-group argument to refuse)."""
 
-    def __init__(self, manager: SpecKVCacheManager) -> None:
-        self.manager = manager
-        self.pool = SpecPoolAdapter(manager.pool)
-        self.get_computed_blocks = manager.get_computed_blocks
-        self.allocate_slots = manager.allocate_slots
-        self.free = manager.free
-        self.free_block_hashes = manager.free_block_hashes
-        self.reset_prefix_cache = manager.reset_prefix_cache
-        self.get_num_common_prefix_blocks = manager.get_num_common_prefix_blocks
-        self.make_prefix_cache_stats = manager.make_prefix_cache_stats
-        self.take_events = manager.take_events
-        self.check_invariants = manager.check_invariants
-
-    @property
-    def usage(self) -> float:
-        return self.manager.usage
-
-    def snapshot(self) -> ManagerSnapshot:
-        manager = self.manager
-        return ManagerSnapshot(
-            pool=self.pool.snapshot(),
-            blocks={r: tuple(blocks) for r, blocks in manager.blocks.items() if blocks},
-            hashes={r: tuple(hashes) for r, hashes in manager.hashes.items() if hashes},
-            num_cached=dict(manager.num_cached),
-            stats=_stats_tuple(manager.stats),
-            token_stats=_token_stats(manager.stats),
-        )
-
-
-class ObjectHybridManagerAdapter:
-    """Drives a manager of several KV cache groups with block objects (pagedkv's
-    `HybridKVCacheManager`, or one shaped like it: `block_pool`, `req_to_blocks` holding one list
-    of blocks per group, `req_to_block_hashes`, `num_cached_block`, `prefix_cache_stats`)
-    through block ids, one list per group. Hits that are not one list or tuple per group reach
-    the manager unchanged, so that it, not the adapter, must refuse them."""
-
-    def __init__(self, manager: Any) -> None:
-        self.manager = manager
-        self.pool = ObjectPoolAdapter(manager.block_pool)
-
-    def _group_blocks(self, hits: Any) -> Any:
-        if isinstance(hits, (list, tuple)):
-            return type(hits)(self.pool._blocks(group_hits) for group_hits in hits)
-        return hits
+    def __init__(self, flat: Any) -> None:
+        self.flat = flat
+        self.pool = getattr(flat, "pool", None)
 
     def get_computed_blocks(self, request: Request) -> tuple[tuple[list[int], ...], int]:
-        groups, num_tokens = self.manager.get_computed_blocks(request)
-        return _group_ids(groups), int(num_tokens)
+        hits, num_tokens = self.flat.get_computed_blocks(request)
+        return (list(hits),), int(num_tokens)
 
     def allocate_slots(
         self,
@@ -324,68 +378,58 @@ class ObjectHybridManagerAdapter:
         new_computed_blocks: Sequence[Sequence[int]] | None = None,
         num_lookahead_tokens: int = 0,
     ) -> tuple[list[int], ...] | None:
-        hits = None if new_computed_blocks is None else self._group_blocks(new_computed_blocks)
-        groups = self.manager.allocate_slots(request, num_tokens, hits, num_lookahead_tokens)
-        return None if groups is None else _group_ids(groups)
+        hits: Any = new_computed_blocks
+        if hits is not None:
+            if not isinstance(hits, (list, tuple)) or len(hits) != 1:
+                raise per_group_error(
+                    "KVCacheManager.allocate_slots",
+                    "new_computed_blocks",
+                    1,
+                    hits,
+                    context=f" for request {request.request_id!r}",
+                )
+            hits = hits[0]
+        blocks = self.flat.allocate_slots(request, num_tokens, hits, num_lookahead_tokens)
+        return None if blocks is None else (list(blocks),)
 
     def free(self, request: Request) -> None:
-        self.manager.free(request)
+        self.flat.free(request)
 
     def free_block_hashes(self, request: Request) -> None:
-        self.manager.free_block_hashes(request)
+        self.flat.free_block_hashes(request)
 
     def reset_prefix_cache(self) -> bool:
-        return bool(self.manager.reset_prefix_cache())
+        return bool(self.flat.reset_prefix_cache())
 
     def get_num_common_prefix_blocks(
         self, request: Request, num_running_requests: int
     ) -> tuple[int, ...]:
-        counts = self.manager.get_num_common_prefix_blocks(request, num_running_requests)
-        return tuple(int(count) for count in counts)
+        count = self.flat.get_num_common_prefix_blocks(request, num_running_requests)
+        return (count,)
 
-    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
-        stats: PrefixCacheStats | None = self.manager.make_prefix_cache_stats()
-        return stats
+    def make_prefix_cache_stats(self) -> Any:
+        return self.flat.make_prefix_cache_stats()
 
     def take_events(self) -> list[KVCacheEvent]:
-        return list(self.manager.take_events())
+        return list(self.flat.take_events())
 
     @property
     def usage(self) -> float:
-        return float(self.manager.usage)
+        return float(self.flat.usage)
 
     def snapshot(self) -> ManagerSnapshot:
-        manager = self.manager
-        stats = manager.prefix_cache_stats
-        return ManagerSnapshot(
-            pool=self.pool.snapshot(),
-            blocks={
-                request_id: tuple(tuple(map(_block_id, blocks)) for blocks in groups)
-                for request_id, groups in manager.req_to_blocks.items()
-                if any(groups)
-            },
-            hashes={
-                request_id: tuple(hashes)
-                for request_id, hashes in manager.req_to_block_hashes.items()
-                if hashes
-            },
-            num_cached=dict(manager.num_cached_block),
-            stats=_stats_tuple(stats),
-            token_stats=_token_stats(stats),
-        )
+        snapshot: ManagerSnapshot = self.flat.snapshot()
+        blocks: Any = {request_id: (held,) for request_id, held in snapshot.blocks.items()}
+        return dataclasses.replace(snapshot, blocks=blocks)
 
     def check_invariants(self) -> None:
-        _check_if_offered(self.manager)
+        self.flat.check_invariants()
 
 
-def _group_ids(groups: Any) -> tuple[list[int], ...]:
-    return tuple([block.block_id for block in blocks] for blocks in groups)
+class SpecManagerAdapter:
+    """The spec manager already speaks ids per group; this adds `snapshot()`."""
 
-
-class SpecHybridManagerAdapter:
-    """The spec hybrid manager already speaks ids; this adds `snapshot()`."""
-
-    def __init__(self, manager: SpecHybridKVCacheManager) -> None:
+    def __init__(self, manager: SpecKVCacheManager) -> None:
         self.manager = manager
         self.pool = SpecPoolAdapter(manager.pool)
         self.get_computed_blocks = manager.get_computed_blocks
@@ -440,36 +484,23 @@ def _token_stats(stats: Any) -> tuple[int, int] | None:
     return (stats.queried_tokens, stats.hit_tokens)
 
 
-def spec_manager(config: ManagerConfig) -> AnyManagerUnderTest:
-    """The reference manager, as a manager under test: the hybrid one for a config of several
-    KV cache groups."""
-    if len(config.kv_cache_config.kv_cache_groups) > 1:
-        return SpecHybridManagerAdapter(config.build(SpecHybridKVCacheManager))
+def spec_manager(config: ManagerConfig) -> ManagerUnderTest:
+    """The reference manager, as a manager under test."""
     return SpecManagerAdapter(config.build(SpecKVCacheManager))
 
 
-def pagedkv_manager(config: ManagerConfig) -> AnyManagerUnderTest:
-    """pagedkv's `KVCacheManager` (its `HybridKVCacheManager` for a config of several KV cache
-    groups), as a manager under test (the default `--manager-impl`).
+def pagedkv_manager(config: ManagerConfig) -> ManagerUnderTest:
+    """pagedkv's `KVCacheManager`, as a manager under test (the default `--manager-impl`).
 
     Under the spec's own semantics the manager is built with its own default, which must be
     the spec's (`pagedkv.spec.PAGEDKV_SEMANTICS`): a mistake in the shared default switches
     shows here, not only in what the manager then does.
     """
-    from pagedkv.hybrid_manager import HybridKVCacheManager
-
-    hybrid = len(config.kv_cache_config.kv_cache_groups) > 1
-    manager_class: Callable[..., Any] = HybridKVCacheManager if hybrid else KVCacheManager
-    adapter: Callable[[Any], AnyManagerUnderTest] = (
-        ObjectHybridManagerAdapter if hybrid else ObjectManagerAdapter
-    )
     if config.semantics != PAGEDKV_SEMANTICS:
-        return adapter(config.build(manager_class))
-    manager = config.build(manager_class, pass_semantics=False)
-    check_default_semantics(
-        "HybridKVCacheManager" if hybrid else "KVCacheManager", manager.semantics
-    )
-    return adapter(manager)
+        return ObjectManagerAdapter(config.build(KVCacheManager))
+    manager = config.build(KVCacheManager, pass_semantics=False)
+    check_default_semantics("KVCacheManager", manager.semantics)
+    return ObjectManagerAdapter(manager)
 
 
 def spec_pool(

@@ -33,7 +33,7 @@ class Domain:
             request may have reused (a manager never does: vLLM 0.33 chains to the request's
             own hashes then).
         max_groups: the most KV cache groups a configuration has (1: single-group managers
-            only; more: hybrid configurations too, checked through `HybridManagerUnderTest`).
+            only; more: configurations of several groups too, in the hybrid layer).
         eagle_with_hybrid: whether a configuration of several groups may run with `use_eagle`.
         one_length_per_mm_hash: whether a multimodal content hash always comes with one length
             (vLLM's identifiers name one input, so its length: vLLM 0.33 keys an input without

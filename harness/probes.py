@@ -19,17 +19,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pagedkv.harness.adapters import (
-    ObjectHybridManagerAdapter,
     ObjectManagerAdapter,
     ObjectPoolAdapter,
-    SpecHybridManagerAdapter,
     SpecManagerAdapter,
     SpecPoolAdapter,
 )
 from pagedkv.vocab.hashes import BlockHashType
 
 RequestDigest = tuple[tuple[Any, ...], int | None, int]
-"""(block ids (one tuple per group for a hybrid manager), cached-block count or None when
+"""(block ids (one tuple per group; () when it holds none), cached-block count or None when
 untracked, number of stored block hashes)."""
 
 BlockDigest = tuple[int, BlockHashType | None]
@@ -68,10 +66,6 @@ def manager_probe(side: Any) -> Probe:
         return _spec_manager_probe(side)
     if type(side) is ObjectManagerAdapter:  # a subclass may translate what it shows
         return _object_manager_probe(side)
-    if isinstance(side, SpecHybridManagerAdapter):
-        return _spec_hybrid_probe(side)
-    if type(side) is ObjectHybridManagerAdapter:
-        return _object_hybrid_probe(side)
     return _snapshot_manager_probe(side)
 
 
@@ -105,8 +99,9 @@ def _spec_manager_probe(side: SpecManagerAdapter) -> Probe:
     manager = side.manager
 
     def request(request_id: str) -> RequestDigest:
+        held = manager.held(request_id)
         return (
-            tuple(manager.blocks.get(request_id, ())),
+            () if not held or not any(held) else tuple(tuple(blocks) for blocks in held),
             manager.num_cached.get(request_id),
             len(manager.hashes.get(request_id, ())),
         )
@@ -116,40 +111,17 @@ def _spec_manager_probe(side: SpecManagerAdapter) -> Probe:
 
 def _object_manager_probe(side: ObjectManagerAdapter) -> Probe:
     manager = side.manager
+    groups = manager.coordinator.single_type_managers
+    first = groups[0]
 
     def request(request_id: str) -> RequestDigest:
-        return (
-            tuple([block.block_id for block in manager.req_to_blocks.get(request_id, ())]),
-            manager.num_cached_block.get(request_id),
-            len(manager.req_to_block_hashes.get(request_id, ())),
+        held = tuple(
+            tuple([block.block_id for block in group.req_to_blocks.get(request_id, ())])
+            for group in groups
         )
-
-    return Probe(manager.block_pool.get_num_free_blocks, request)
-
-
-def _spec_hybrid_probe(side: SpecHybridManagerAdapter) -> Probe:
-    manager = side.manager
-
-    def request(request_id: str) -> RequestDigest:
         return (
-            tuple(tuple(blocks) for blocks in manager.blocks.get(request_id, ())),
-            manager.num_cached.get(request_id),
-            len(manager.hashes.get(request_id, ())),
-        )
-
-    return Probe(manager.pool.get_num_free_blocks, request)
-
-
-def _object_hybrid_probe(side: ObjectHybridManagerAdapter) -> Probe:
-    manager = side.manager
-
-    def request(request_id: str) -> RequestDigest:
-        return (
-            tuple(
-                tuple([block.block_id for block in blocks])
-                for blocks in manager.req_to_blocks.get(request_id, ())
-            ),
-            manager.num_cached_block.get(request_id),
+            held if any(held) else (),
+            first.num_cached_block.get(request_id),
             len(manager.req_to_block_hashes.get(request_id, ())),
         )
 

@@ -7,9 +7,11 @@ objects look like. A pool shaped like vLLM's `BlockPool` (block objects with `bl
 
 `pagedkv verify --impl module:factory` imports `factory` and calls
 `factory(num_gpu_blocks, enable_caching, semantics)`; it must return a `PoolUnderTest`.
-`--manager-impl module:factory` calls `factory(ManagerConfig)` for a `ManagerUnderTest` (or, for a
-config of several KV cache groups, a `HybridManagerUnderTest`); a manager shaped like vLLM's
-`KVCacheManager` needs only `ObjectManagerAdapter`.
+`--manager-impl module:factory` calls `factory(ManagerConfig)` for a `ManagerUnderTest`: block
+ids per KV cache group, whatever the number of groups. A manager shaped like pagedkv's
+`KVCacheManager` (block objects per group) needs only `ObjectManagerAdapter`; a one-group manager
+that answers in flat lists, like vLLM 0.8.5's `KVCacheManager`, `FlatObjectManagerAdapter` (or,
+speaking ids already, `FlatManagerUnderTest`, `OneGroupAdapter`).
 
 KV cache events (`pagedkv.vocab.kv_events`) are compared only for objects that emit them
 (`EmitsKVEvents`), built with events on (`ManagerConfig.enable_kv_cache_events`, or a
@@ -184,12 +186,12 @@ class ManagerConfig:
         )
 
 
-Hits: TypeAlias = "list[int] | tuple[list[int], ...]"
-"""Block ids a manager call takes or returns: one list for a single KV cache group; one list per
-group, in the config's group order, for a hybrid manager (several groups)."""
+GroupIds: TypeAlias = "tuple[list[int], ...]"
+"""Block ids a manager call takes or returns: one list per KV cache group, in the config's group
+order (a 1-tuple for one group)."""
 
-BlockIds: TypeAlias = "tuple[int, ...] | tuple[tuple[int, ...], ...]"
-"""A request's blocks in a snapshot: a tuple of ids, or one per group for a hybrid manager."""
+BlockIds: TypeAlias = "tuple[tuple[int, ...], ...]"
+"""A request's blocks in a snapshot: a tuple of ids per KV cache group."""
 
 
 @dataclass(frozen=True)
@@ -198,8 +200,8 @@ class ManagerSnapshot:
 
     Attributes:
         pool: the block pool's snapshot.
-        blocks: request id -> its block ids, one tuple per group for a hybrid manager
-            (requests with no blocks left out).
+        blocks: request id -> its block ids, one tuple per group (requests with no blocks in
+            any group left out).
         hashes: request id -> its stored block hashes (empty lists left out).
         num_cached: request id -> its cached-block count.
         stats: (reset, requests, queries, hits) of the pending prefix-cache stats, or None.
@@ -227,7 +229,45 @@ class ManagerSnapshot:
 
 
 class ManagerUnderTest(Protocol):
-    """KVCacheManager's operations over block ids, plus observation (errors: `pagedkv.vocab`)."""
+    """KVCacheManager's operations over block ids, plus observation (errors: `pagedkv.vocab`):
+    hits and new blocks one list per KV cache group, in the config's group order, a common
+    prefix per group; its snapshot's `blocks` hold one tuple per group."""
+
+    def get_computed_blocks(self, request: Request) -> tuple[GroupIds, int]: ...
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_tokens: int,
+        new_computed_blocks: Sequence[Sequence[int]] | None = None,
+        num_lookahead_tokens: int = 0,
+    ) -> GroupIds | None: ...
+
+    def free(self, request: Request) -> None: ...
+
+    def free_block_hashes(self, request: Request) -> None: ...
+
+    def reset_prefix_cache(self) -> bool: ...
+
+    def get_num_common_prefix_blocks(
+        self, request: Request, num_running_requests: int
+    ) -> tuple[int, ...]: ...
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None: ...
+
+    @property
+    def usage(self) -> float: ...
+
+    def snapshot(self) -> ManagerSnapshot: ...
+
+    def check_invariants(self) -> None: ...
+
+
+class FlatManagerUnderTest(Protocol):
+    """A manager of one KV cache group that answers in flat lists of ids (vLLM 0.8.5's shape):
+    as `ManagerUnderTest`, with one list where it has one list per group, one count where it
+    has one per group, and a snapshot whose `blocks` hold one tuple of ids per request.
+    `OneGroupAdapter` makes it a `ManagerUnderTest`."""
 
     def get_computed_blocks(self, request: Request) -> tuple[list[int], int]: ...
 
@@ -257,42 +297,5 @@ class ManagerUnderTest(Protocol):
     def check_invariants(self) -> None: ...
 
 
-class HybridManagerUnderTest(Protocol):
-    """A manager of several KV cache groups (HybridKVCacheManager's operations, over block
-    ids): as `ManagerUnderTest`, with block ids per group, in the config's group order, and a
-    common prefix per group. Its snapshot's `blocks` hold one tuple per group."""
-
-    def get_computed_blocks(self, request: Request) -> tuple[tuple[list[int], ...], int]: ...
-
-    def allocate_slots(
-        self,
-        request: Request,
-        num_tokens: int,
-        new_computed_blocks: Sequence[Sequence[int]] | None = None,
-        num_lookahead_tokens: int = 0,
-    ) -> tuple[list[int], ...] | None: ...
-
-    def free(self, request: Request) -> None: ...
-
-    def free_block_hashes(self, request: Request) -> None: ...
-
-    def reset_prefix_cache(self) -> bool: ...
-
-    def get_num_common_prefix_blocks(
-        self, request: Request, num_running_requests: int
-    ) -> tuple[int, ...]: ...
-
-    def make_prefix_cache_stats(self) -> PrefixCacheStats | None: ...
-
-    @property
-    def usage(self) -> float: ...
-
-    def snapshot(self) -> ManagerSnapshot: ...
-
-    def check_invariants(self) -> None: ...
-
-
-AnyManagerUnderTest: TypeAlias = "ManagerUnderTest | HybridManagerUnderTest"
-
-ManagerFactory = Callable[[ManagerConfig], AnyManagerUnderTest]
+ManagerFactory = Callable[[ManagerConfig], ManagerUnderTest]
 """`factory(config)` -> a fresh manager under test."""

@@ -3,11 +3,12 @@
 One campaign per layer: the block pool (`--impl module:factory`; `factory(num_gpu_blocks,
 enable_caching, semantics)` returns a `pagedkv.harness.PoolUnderTest`), then the request-level
 manager, full attention and sliding window drawn run by run (`--manager-impl module:factory`;
-`factory(ManagerConfig)` returns a `ManagerUnderTest`), then the hybrid manager: configurations
+`factory(ManagerConfig)` returns a `ManagerUnderTest`), then the hybrid layer: configurations
 of 2 to `--max-groups` KV cache groups (full attention, sliding windows, chunked local attention)
-over one pool, for which the same factory returns a `HybridManagerUnderTest` (pagedkv's own
-managers and vLLM 0.33's; a third-party factory only with `--max-groups`). Wrap vLLM-shaped
-objects in `ObjectPoolAdapter`, `ObjectManagerAdapter` or `ObjectHybridManagerAdapter`. A
+over one pool, through the same factory and protocol (pagedkv's own manager and vLLM 0.33's; a
+third-party factory only with `--max-groups`). Wrap objects in `ObjectPoolAdapter`,
+`ObjectManagerAdapter` (a manager shaped like pagedkv's) or `FlatObjectManagerAdapter` (a
+one-group manager shaped like vLLM 0.8.5's, whose answers are flat lists). A
 campaign is a sequence of seeded swarm runs (`pagedkv.harness.swarm`), each a simulated client
 (`pagedkv.harness.client`) driving the spec and the implementation in lock-step.
 

@@ -27,8 +27,7 @@ if TYPE_CHECKING:
     from pagedkv.block_pool import BlockPool
     from pagedkv.events.prefix_caching_metrics import PrefixCachingMetrics
     from pagedkv.free_queue import FreeKVCacheBlockQueue
-    from pagedkv.hybrid_manager import HybridKVCacheManager
-    from pagedkv.manager import KVCacheManager
+    from pagedkv.manager import KVCacheBlocks, KVCacheManager
     from pagedkv.planning.kv_cache_config import (
         check_enough_kv_cache_memory,
         estimate_max_model_len,
@@ -88,8 +87,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "pagedkv.block_pool": ("BlockPool",),
     "pagedkv.events.prefix_caching_metrics": ("PrefixCachingMetrics",),
     "pagedkv.free_queue": ("FreeKVCacheBlockQueue",),
-    "pagedkv.hybrid_manager": ("HybridKVCacheManager",),
-    "pagedkv.manager": ("KVCacheManager",),
+    "pagedkv.hybrid_manager": ("HybridKVCacheManager",),  # deprecated: not in __all__
+    "pagedkv.manager": ("KVCacheBlocks", "KVCacheManager"),
     "pagedkv.planning.kv_cache_config": (
         "check_enough_kv_cache_memory",
         "estimate_max_model_len",
@@ -137,7 +136,8 @@ _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 
 def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use (and kept here after)."""
+    """A public name, imported from its module on first use (and kept here after, except a
+    deprecated one, which warns each time)."""
     if name in ("COMPILED", "COMPILED_MODULES"):
         from pagedkv._build_info import MYPYC_MODULES, compiled_modules
 
@@ -148,7 +148,8 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'pagedkv' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
+    if module != "pagedkv.hybrid_manager":  # a deprecated name warns on every use: not kept
+        globals()[name] = value
     return value
 
 
@@ -175,10 +176,10 @@ __all__ = [
     "FrozenRequestFieldError",
     "FullAttentionSpec",
     "GroupKey",
-    "HybridKVCacheManager",
     "InvalidArgumentError",
     "InvariantViolation",
     "KVCacheBlock",
+    "KVCacheBlocks",
     "KVCacheConfig",
     "KVCacheConfigError",
     "KVCacheGroupSpec",

@@ -11,13 +11,17 @@ import importlib
 from importlib.machinery import ExtensionFileLoader
 
 MYPYC_MODULES: tuple[str, ...] = (
-    "pagedkv.attention",
     "pagedkv.block",
     "pagedkv.block_counts",
     "pagedkv.block_hash",
     "pagedkv.block_pool",
     "pagedkv.free_queue",
+    "pagedkv.kv_cache_coordinator",
     "pagedkv.manager",
+    "pagedkv.single_type.base",
+    "pagedkv.single_type.chunked_local",
+    "pagedkv.single_type.full_attention",
+    "pagedkv.single_type.sliding_window",
 )
 """The hot modules, by measurement (`./dev bench vllm`). `pagedkv.vocab.request` stays
 interpreted: a compiled `Request` cannot be copied (`copy.copy` raises TypeError) and refuses

@@ -72,8 +72,10 @@ class BlockPool:
     (`cache_next_full_block_locked`, `append_new_block_locked`), which make their whole change
     or return False (None) having changed nothing; and the checks of a request's prefix hits
     (`intern_hashes_locked`, `check_hits_locked`). Besides those it reads `blocks`,
-    `null_block` and the O(1) queries, and `tests/test_pool_surface.py` holds `pagedkv.manager`
-    to exactly that surface: every ref_cnt, free-queue and index write happens in the pool.
+    `null_block`, the O(1) queries and, for a lookup, the index (`cached_block`,
+    `cached_block_hash_to_block`), and `tests/test_pool_surface.py` holds the manager's modules
+    (its coordinators and per-type managers with it) to exactly that surface: every ref_cnt,
+    free-queue and index write happens in the pool.
 
     Args:
         num_gpu_blocks: number of blocks, the null block included (>= 1).

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pagedkv.vocab import refusals
 from pagedkv.vocab.arguments import (
     argument_error,
     is_int,
@@ -26,14 +27,9 @@ from pagedkv.vocab.arguments import (
     require_iterable,
     require_str,
 )
-from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError, KVCacheConfigError
+from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError
 from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey
-from pagedkv.vocab.kv_cache_interface import (
-    ChunkedLocalAttentionSpec,
-    FullAttentionSpec,
-    KVCacheConfig,
-    SlidingWindowSpec,
-)
+from pagedkv.vocab.kv_cache_interface import KVCacheConfig
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
 
@@ -43,7 +39,6 @@ class itself (`KVCacheBlock`), tested with isinstance and no call per item."""
 
 POOL = "BlockPool"
 MANAGER = "KVCacheManager"
-HYBRID = "HybridKVCacheManager"
 
 
 def is_block_id(value: object) -> bool:
@@ -191,6 +186,17 @@ def check_cache_full_blocks(
 
 # -- the manager ---------------------------------------------------------------------------------
 
+VLLM_0_8_5_ONLY = (
+    "null_block_refcounted",
+    "capacity_counts_null_blocks",
+    "vllm_new_block_mm_keys",
+    "cap_at_max_model_len",
+    "eagle_window_hit_one_short",
+    "mm_keys_without_position",
+)
+"""The semantics switches of vLLM 0.8.5's behaviour: with one KV cache group only (0.8.5 had no
+hybrid manager)."""
+
 
 def check_manager(
     kv_cache_config: object,
@@ -201,10 +207,18 @@ def check_manager(
     log_stats: object,
     semantics: object,
     enable_kv_cache_events: object = False,
-) -> None:
-    """KVCacheManager's constructor arguments: their types, then one KV cache group in the
-    config (KVCacheConfigError). The hash algorithm's name is checked by `get_hash_fn`."""
-    require_instance(MANAGER, "kv_cache_config", kv_cache_config, KVCacheConfig)
+) -> KVCacheConfig:
+    """KVCacheManager's constructor arguments: their types, then (KVCacheConfigError) one block
+    size in every group. The hash algorithm's name is checked by `get_hash_fn`, each group's
+    spec by the registry of per-type managers (`pagedkv.single_type`), the semantics by
+    `check_semantics`.
+
+    Returns:
+        The config.
+
+    Complexity: O(KV cache groups).
+    """
+    config = require_instance(MANAGER, "kv_cache_config", kv_cache_config, KVCacheConfig)
     require_int(MANAGER, "max_model_len", max_model_len, 1)
     require_bool(MANAGER, "enable_caching", enable_caching)
     require_str(MANAGER, "caching_hash_algo", caching_hash_algo)
@@ -212,30 +226,37 @@ def check_manager(
     require_bool(MANAGER, "log_stats", log_stats)
     require_instance(MANAGER, "semantics", semantics, Semantics)
     require_bool(MANAGER, "enable_kv_cache_events", enable_kv_cache_events)
-    assert isinstance(kv_cache_config, KVCacheConfig)
-    num_groups = len(kv_cache_config.kv_cache_groups)
-    if num_groups != 1:
-        raise KVCacheConfigError(
-            f"KVCacheManager needs exactly one KV cache group, got {num_groups}; "
-            "HybridKVCacheManager serves several"
-        )
+    block_sizes = sorted({group.kv_cache_spec.block_size for group in config.kv_cache_groups})
+    if len(block_sizes) != 1:
+        raise refusals.groups_of_several_block_sizes(block_sizes)
+    return config
 
 
-def check_request(method: str, request: object, manager: str = MANAGER) -> Request:
-    """`request` if it is a Request (every request-level call of `manager` takes one)."""
-    return require_instance(f"{manager}.{method}", "request", request, Request)
+def check_semantics(semantics: Semantics, num_groups: int) -> None:
+    """vLLM 0.8.5's switches only with one KV cache group (KVCacheConfigError).
+
+    Complexity: O(1).
+    """
+    if num_groups > 1:
+        switches = [name for name in VLLM_0_8_5_ONLY if getattr(semantics, name)]
+        if switches:
+            raise refusals.vllm_0_8_5_switches_with_groups(num_groups, switches)
+
+
+def check_request(method: str, request: object) -> Request:
+    """`request` if it is a Request (every request-level call of the manager takes one)."""
+    return require_instance(f"{MANAGER}.{method}", "request", request, Request)
 
 
 def request_context(request: Request) -> str:
     return f" for request {request.request_id!r}"
 
 
-def check_lookup(request: object, manager: str = MANAGER) -> Request:
-    """KVCacheManager.get_computed_blocks(request) (or `manager`'s): a Request whose
-    prompt_logprobs is a bool."""
-    checked = check_request("get_computed_blocks", request, manager)
+def check_lookup(request: object) -> Request:
+    """KVCacheManager.get_computed_blocks(request): a Request whose prompt_logprobs is a bool."""
+    checked = check_request("get_computed_blocks", request)
     require_bool(
-        f"{manager}.get_computed_blocks",
+        f"{MANAGER}.get_computed_blocks",
         "request.prompt_logprobs",
         checked.prompt_logprobs,
         context=request_context(checked),
@@ -248,18 +269,19 @@ def check_allocation(
     num_tokens: object,
     new_computed_blocks: object,
     num_lookahead_tokens: object,
+    num_groups: int,
     is_block: IsBlock,
-) -> list[Any]:
+) -> tuple[list[Any], ...]:
     """KVCacheManager.allocate_slots' argument checks, in order.
 
     A Request; num_tokens an int >= 1; num_lookahead_tokens an int >= 0; the request's
-    num_computed_tokens an int and its spec_token_ids a list; new_computed_blocks None or an
-    iterable of blocks.
+    num_computed_tokens an int and its spec_token_ids a list; new_computed_blocks None or one
+    iterable of blocks per KV cache group, in a list or a tuple of `num_groups` of them.
 
     Returns:
-        The hits as a new list (empty for None).
+        The hits, one new list per group; an empty tuple for None (no hits in any group).
 
-    Complexity: O(1) plus the hits.
+    Complexity: O(KV cache groups) plus the hits.
     """
     if (
         type(num_tokens) is int
@@ -270,151 +292,30 @@ def check_allocation(
         and type(request.num_computed_tokens) is int
         and type(request.spec_token_ids) is list
     ):
-        # Every check passed, in one test: no hits, or a list of blocks (the common calls).
+        # Every check passed, in one test: no hits, or a lookup's hits (the common calls).
         if new_computed_blocks is None:
-            return []
+            return ()
         if (
-            type(new_computed_blocks) is list
+            type(new_computed_blocks) is tuple
+            and len(new_computed_blocks) == num_groups
             and isinstance(is_block, type)
-            and all(map(is_block.__instancecheck__, new_computed_blocks))
         ):
-            return new_computed_blocks.copy()
-    checked = check_request("allocate_slots", request)
+            hits: list[list[Any]] = []
+            for group_hits in new_computed_blocks:
+                if type(group_hits) is not list and type(group_hits) is not tuple:
+                    break
+                if not all(map(is_block.__instancecheck__, group_hits)):
+                    break
+                hits.append(list(group_hits))
+            else:
+                return tuple(hits)
     call = f"{MANAGER}.allocate_slots"
+    checked = check_request("allocate_slots", request)
     context = request_context(checked)
     require_int(call, "num_tokens", num_tokens, 1, context=context)
     require_int(call, "num_lookahead_tokens", num_lookahead_tokens, 0, context=context)
     require_int(call, "request.num_computed_tokens", checked.num_computed_tokens, context=context)
     require_instance(call, "request.spec_token_ids", checked.spec_token_ids, list, context=context)
-    if new_computed_blocks is None:
-        return []
-    return block_list(call, "new_computed_blocks", new_computed_blocks, is_block, context=context)
-
-
-def check_common_prefix(
-    request: object, num_running_requests: object, manager: str = MANAGER
-) -> Request:
-    """KVCacheManager.get_num_common_prefix_blocks(request, num_running_requests) (or
-    `manager`'s): a Request and an int >= 0."""
-    checked = check_request("get_num_common_prefix_blocks", request, manager)
-    if type(num_running_requests) is not int or num_running_requests < 0:
-        require_int(
-            f"{manager}.get_num_common_prefix_blocks",
-            "num_running_requests",
-            num_running_requests,
-            0,
-            context=request_context(checked),
-        )
-    return checked
-
-
-# -- the hybrid manager --------------------------------------------------------------------------
-
-HYBRID_SPECS = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec)
-"""The layer specs a hybrid manager has an attention policy for."""
-
-VLLM_0_8_5_ONLY = (
-    "null_block_refcounted",
-    "capacity_counts_null_blocks",
-    "vllm_new_block_mm_keys",
-    "cap_at_max_model_len",
-    "eagle_window_hit_one_short",
-    "mm_keys_without_position",
-)
-"""The semantics switches of vLLM 0.8.5's behaviour: 0.8.5 had no hybrid manager."""
-
-
-def check_hybrid_manager(
-    kv_cache_config: object,
-    max_model_len: object,
-    enable_caching: object,
-    caching_hash_algo: object,
-    use_eagle: object,
-    log_stats: object,
-    semantics: object,
-    enable_kv_cache_events: object,
-) -> KVCacheConfig:
-    """HybridKVCacheManager's constructor arguments: the types KVCacheManager's takes; then
-    (KVCacheConfigError) one block size in every group, in each group a full-attention,
-    sliding-window or chunked-local spec, no EAGLE with chunked local attention, and none of
-    vLLM 0.8.5's semantics switches. The hash algorithm's name is checked by `get_hash_fn`.
-
-    Returns:
-        The config.
-
-    Complexity: O(KV cache groups).
-    """
-    config = require_instance(HYBRID, "kv_cache_config", kv_cache_config, KVCacheConfig)
-    require_int(HYBRID, "max_model_len", max_model_len, 1)
-    require_bool(HYBRID, "enable_caching", enable_caching)
-    require_str(HYBRID, "caching_hash_algo", caching_hash_algo)
-    require_bool(HYBRID, "use_eagle", use_eagle)
-    require_bool(HYBRID, "log_stats", log_stats)
-    checked = require_instance(HYBRID, "semantics", semantics, Semantics)
-    require_bool(HYBRID, "enable_kv_cache_events", enable_kv_cache_events)
-    specs = [group.kv_cache_spec for group in config.kv_cache_groups]
-    block_sizes = sorted({spec.block_size for spec in specs})
-    if len(block_sizes) != 1:
-        raise KVCacheConfigError(
-            f"HybridKVCacheManager needs one block size in every group, got {block_sizes}"
-        )
-    for spec in specs:
-        if not isinstance(spec, HYBRID_SPECS):
-            raise KVCacheConfigError(f"no attention manager for {type(spec).__name__}")
-        if use_eagle and isinstance(spec, ChunkedLocalAttentionSpec):
-            raise KVCacheConfigError("EAGLE is not supported with chunked local attention")
-    switches = [name for name in VLLM_0_8_5_ONLY if getattr(checked, name)]
-    if switches:
-        raise KVCacheConfigError(
-            "HybridKVCacheManager takes no vLLM 0.8.5 switch (0.8.5 had no hybrid manager): "
-            + ", ".join(switches)
-        )
-    return config
-
-
-def check_hybrid_allocation(
-    request: object,
-    num_tokens: object,
-    new_computed_blocks: object,
-    num_lookahead_tokens: object,
-    num_groups: int,
-    is_block: IsBlock,
-) -> tuple[list[Any], ...]:
-    """HybridKVCacheManager.allocate_slots' argument checks, in order: as KVCacheManager's
-    (`check_allocation`), with the hits None or one iterable of blocks per KV cache group, in a
-    list or a tuple of `num_groups` of them.
-
-    Returns:
-        The hits, one new list per group; an empty tuple for None (no hits in any group).
-
-    Complexity: O(KV cache groups) plus the hits.
-    """
-    if (
-        new_computed_blocks is None
-        and type(num_tokens) is int
-        and num_tokens > 0
-        and type(num_lookahead_tokens) is int
-        and num_lookahead_tokens >= 0
-        and isinstance(request, Request)
-        and type(request.num_computed_tokens) is int
-        and type(request.spec_token_ids) is list
-    ):
-        return ()  # every check passed, in one test: the common call
-    call = f"{HYBRID}.allocate_slots"
-    checked = check_request("allocate_slots", request, HYBRID)
-    context = request_context(checked)
-    if type(num_tokens) is not int or num_tokens < 1:
-        require_int(call, "num_tokens", num_tokens, 1, context=context)
-    if type(num_lookahead_tokens) is not int or num_lookahead_tokens < 0:
-        require_int(call, "num_lookahead_tokens", num_lookahead_tokens, 0, context=context)
-    if type(checked.num_computed_tokens) is not int:
-        require_int(
-            call, "request.num_computed_tokens", checked.num_computed_tokens, context=context
-        )
-    if type(checked.spec_token_ids) is not list:
-        require_instance(
-            call, "request.spec_token_ids", checked.spec_token_ids, list, context=context
-        )
     if new_computed_blocks is None:
         return ()
     if not isinstance(new_computed_blocks, (list, tuple)) or len(new_computed_blocks) != num_groups:
@@ -425,3 +326,18 @@ def check_hybrid_allocation(
         block_list(call, f"new_computed_blocks[{group}]", group_hits, is_block, context=context)
         for group, group_hits in enumerate(new_computed_blocks)
     )
+
+
+def check_common_prefix(request: object, num_running_requests: object) -> Request:
+    """KVCacheManager.get_num_common_prefix_blocks(request, num_running_requests): a Request
+    and an int >= 0."""
+    checked = check_request("get_num_common_prefix_blocks", request)
+    if type(num_running_requests) is not int or num_running_requests < 0:
+        require_int(
+            f"{MANAGER}.get_num_common_prefix_blocks",
+            "num_running_requests",
+            num_running_requests,
+            0,
+            context=request_context(checked),
+        )
+    return checked

@@ -1,6 +1,7 @@
-"""KVCacheManager: what a scheduler asks of the KV cache, request by request.
+"""KVCacheManager: what a scheduler asks of the KV cache, request by request, for any number of
+KV cache groups.
 
-Layout of one request's blocks during `allocate_slots` (B tokens a block):
+Layout of one request's blocks during `allocate_slots` (B tokens a block), in every group:
 
     | computed | new computed (prefix hits) | new (this step) | lookahead |
     |<------------------------- required ---------------------------->|
@@ -8,7 +9,13 @@ Layout of one request's blocks during `allocate_slots` (B tokens a block):
 
 The scheduler looks a waiting request up (`get_computed_blocks`), reserves slots for the tokens
 it schedules (`allocate_slots`, None when they do not fit), and releases a request's blocks when
-it is preempted (`free`) or finished (`free` + `free_block_hashes`).
+it is preempted (`free`) or finished (`free` + `free_block_hashes`). Every answer holds one
+entry per KV cache group (`KVCacheBlocks`), in the config's group order.
+
+The manager checks each call's preconditions and keeps what is the request's (its identity, its
+stored block hashes, the stats, the call token, the decode fast path); its coordinator
+(`pagedkv.kv_cache_coordinator`) makes the changes through one per-type manager per group
+(`pagedkv.single_type`), all drawing from one `BlockPool`.
 """
 
 from __future__ import annotations
@@ -18,12 +25,6 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from pagedkv.attention import (
-    FullAttentionManager,
-    SlidingWindowManager,
-    SpecializedManager,
-    first_useful_block,
-)
 from pagedkv.block import KVCacheBlock
 from pagedkv.block_counts import cdiv, fits, num_full_blocks, num_new_blocks, num_required_blocks
 from pagedkv.block_hash import Sha256Memo, hash_request_tokens
@@ -35,21 +36,24 @@ from pagedkv.call_arguments import (
     check_lookup,
     check_manager,
     check_request,
+    check_semantics,
 )
+from pagedkv.kv_cache_coordinator import KVCacheCoordinator, kv_cache_coordinator
 from pagedkv.vocab import refusals
-from pagedkv.vocab.arguments import require_int
-from pagedkv.vocab.errors import (
-    ConcurrentUseError,
-    InvalidArgumentError,
-    InvariantViolation,
-    KVCacheConfigError,
-)
-from pagedkv.vocab.hashes import BlockHashType, get_hash_fn, sha256
-from pagedkv.vocab.kv_cache_interface import FullAttentionSpec, KVCacheConfig, SlidingWindowSpec
+from pagedkv.vocab.arguments import require_int, require_str
+from pagedkv.vocab.errors import ConcurrentUseError, InvalidArgumentError, InvariantViolation
+from pagedkv.vocab.hashes import BlockHashType, cache_key, get_hash_fn, sha256
+from pagedkv.vocab.kv_cache_interface import KVCacheConfig
 from pagedkv.vocab.kv_events import KVCacheEvent
 from pagedkv.vocab.prefix_cache_stats import PrefixCacheStats
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import PAGEDKV, Semantics
+
+KVCacheBlocks = tuple[Sequence[KVCacheBlock], ...]
+"""Blocks per KV cache group, in the config's group order (vLLM's `KVCacheBlocks.blocks`): what
+`get_computed_blocks` and `allocate_slots` answer, and the hits `allocate_slots` takes back. A
+group's entry is a list, or an empty tuple in an answer that holds no block (one shared,
+immutable answer: the decode step allocates nothing for it)."""
 
 SHA256_MEMO_TOKENS = 1 << 18
 """How many tokens' worth of blocks a manager's sha256 memo (`Sha256Memo`) remembers: 16,384
@@ -77,14 +81,23 @@ class _Record:
 
 
 class KVCacheManager:
-    """Request-level KV cache management over one `BlockPool` and one attention type.
+    """Request-level KV cache management over one `BlockPool`, for one or more KV cache groups.
 
-    Per request it keeps the block list (`req_to_blocks`), the chained block hashes
-    (`req_to_block_hashes`, kept across preemption, dropped by `free_block_hashes`) and how many
-    of its blocks are cached (`num_cached_block`). A request id names one `Request` object from
-    its first use until it is freed and its hashes are dropped; since a request's tokens only
-    grow, stored hashes can never go stale. Every public method checks its preconditions,
-    argument types included (`pagedkv.call_arguments`), before changing anything.
+    Per request it keeps the chained block hashes (`req_to_block_hashes`: one chain for every
+    group, kept across preemption, dropped by `free_block_hashes`); each group's per-type
+    manager (`coordinator.single_type_managers`) keeps the request's block list of that group
+    (one length in every group; positions a sliding window or a chunk no longer reads hold the
+    pool's null block, as a prefix) and how many of its positions are cached. A request id
+    names one `Request` object from its first use until it is freed and its hashes are dropped;
+    since a request's tokens only grow, stored hashes can never go stale. Every public method
+    checks its preconditions, argument types included (`pagedkv.call_arguments`), in the
+    spec's order, before changing anything: a refused call changes nothing in any group.
+
+    With one group, a hit is the group's own (with EAGLE, found for a window one block wider
+    under a sliding window, less its last block); with several, the longest every group allows,
+    as vLLM 0.33's coordinators find them (`pagedkv.kv_cache_coordinator`). Allocation is all or
+    nothing: the blocks every group lacks must fit together, and every group's hits are touched
+    before any group takes a new block.
 
     Not thread-safe, but never silently corrupted: a call that overlaps another call on the
     same manager or its pool (from another thread, or re-entering from a hash function) raises
@@ -95,21 +108,30 @@ class KVCacheManager:
     Invariants: `check_invariants()`, mirroring the spec's manager.
 
     Args:
-        kv_cache_config: one KV cache group, full attention or sliding window.
+        kv_cache_config: one or more KV cache groups of one block size, each of an attention
+            type the registry of per-type managers serves (full attention, sliding window,
+            chunked local attention).
         max_model_len: the longest request, in tokens.
         enable_caching: prefix caching on or off.
         caching_hash_algo: "sha256" (pagedkv's default; memoized, see `SHA256_MEMO_TOKENS`)
             or "builtin" (vLLM 0.8.5's).
-        use_eagle: drop the last matched block of a hit (EAGLE needs its hidden states).
+        use_eagle: drop the last matched block of a hit (EAGLE needs its hidden states); not
+            with chunked local attention.
         log_stats: gather `PrefixCacheStats`.
-        semantics: pagedkv's or vLLM 0.8.5's side of the deliberate differences.
-        enable_kv_cache_events: queue KV cache events (`pagedkv.vocab.kv_events`) for
+        semantics: pagedkv's side of the deliberate differences, vLLM 0.33's, or (with one
+            group only: it had no hybrid manager) vLLM 0.8.5's.
+        enable_kv_cache_events: queue KV cache events (each names its group) for
             `take_events()`.
         debug_invariants: run `check_invariants()` after state-changing calls (for
             deployments that prefer an exception to a silent corruption): True or 1 after every
             call, an int n > 1 after every n-th call (the check is O(num_gpu_blocks) plus
             rehashing the tokens of the requests holding blocks), False or 0 never. None reads
             the `PAGEDKV_CHECK_INVARIANTS` environment variable (an int).
+
+    Raises:
+        ArgumentTypeError, InvalidArgumentError: an argument of the wrong type or value.
+        KVCacheConfigError: groups of different block sizes, a spec no per-type manager serves,
+            EAGLE with chunked local attention, or a vLLM 0.8.5 switch with several groups.
     """
 
     def __init__(
@@ -128,7 +150,7 @@ class KVCacheManager:
         # Arguments a caller supplies are typed `object` and checked here, so that a compiled
         # build refuses a wrong type with the same typed error as the pure one (mypyc would
         # raise a bare TypeError before the body runs). The same holds for every public call.
-        check_manager(
+        config = check_manager(
             kv_cache_config,
             max_model_len,
             enable_caching,
@@ -140,9 +162,12 @@ class KVCacheManager:
         )
         assert isinstance(max_model_len, int) and isinstance(enable_caching, bool)
         assert isinstance(use_eagle, bool) and isinstance(log_stats, bool)
-        kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
-        self.block_size = kv_cache_spec.block_size
-        self.num_gpu_blocks = kv_cache_config.num_blocks
+        assert isinstance(enable_kv_cache_events, bool)
+        specs = [group.kv_cache_spec for group in config.kv_cache_groups]
+        self.kv_cache_config = config
+        self.num_groups = len(specs)
+        self.block_size = specs[0].block_size
+        self.num_gpu_blocks = config.num_blocks
         self.max_model_len = max_model_len
         self.max_num_blocks_per_req = cdiv(max_model_len, self.block_size)
         self.enable_caching = enable_caching
@@ -159,23 +184,25 @@ class KVCacheManager:
         self.block_pool = BlockPool(
             self.num_gpu_blocks, enable_caching, semantics, enable_kv_cache_events
         )
-        self.specialized_manager: SpecializedManager
-        self._sliding_window = 0  # tokens; 0 under full attention (the decode fast path asks)
-        if isinstance(kv_cache_spec, SlidingWindowSpec):
-            self.specialized_manager = SlidingWindowManager(kv_cache_spec, self.block_pool)
-            self._sliding_window = kv_cache_spec.sliding_window
-        elif isinstance(kv_cache_spec, FullAttentionSpec):
-            self.specialized_manager = FullAttentionManager(kv_cache_spec, self.block_pool)
-        else:
-            raise KVCacheConfigError(f"no attention manager for {type(kv_cache_spec).__name__}")
-        # The policy a lookup finds its hit with (EAGLE: a window one block wider, so that the
-        # hit keeps a whole window once EAGLE drops its last block; not under vLLM 0.8.5).
-        self._lookup_policy: SpecializedManager = self.specialized_manager
-        if use_eagle and not semantics.eagle_window_hit_one_short:
-            self._lookup_policy = self.specialized_manager.for_eagle()
-        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # A lookup with EAGLE finds a hit that, less its last block, keeps a whole window
+        # (`for_eagle`; not under vLLM 0.8.5, whose window hit is one block short).
+        self._eagle_lookup = use_eagle and not semantics.eagle_window_hit_one_short
+        self.coordinator: KVCacheCoordinator = kv_cache_coordinator(
+            specs, self.block_pool, use_eagle, self._eagle_lookup
+        )
+        check_semantics(semantics, self.num_groups)
+        single_type_managers = self.coordinator.single_type_managers
+        # The decode fast path's view of the one group (a manager of several takes the full
+        # path): its per-type manager and the dicts it keeps.
+        first = single_type_managers[0]
+        self._unitary = self.num_groups == 1
+        self._first = first
+        self._first_blocks = first.req_to_blocks
+        self._first_cached = first.num_cached_block
+        self._first_skips = first.allows_null_blocks
+        # The answer of a step that allocates no block, shared (immutable).
+        self._no_blocks: KVCacheBlocks = tuple(() for _ in specs)
         self.req_to_block_hashes: dict[str, list[BlockHashType]] = {}
-        self.num_cached_block: dict[str, int] = {}
         self._requests: dict[str, Request] = {}
         self._records: dict[Request, _Record] = {}  # the fast path's, by request object
         if debug_invariants is None:
@@ -204,11 +231,16 @@ class KVCacheManager:
 
     @property
     def usage(self) -> float:
-        """Fraction of blocks in use, the null block counted. Complexity: O(1)."""
+        """Fraction of blocks in use, every group's together, the null block counted.
+        Complexity: O(1)."""
         return self.block_pool.get_usage()
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
-        """The stats gathered since the last call (renewed), or None without `log_stats`."""
+        """The stats gathered since the last call (renewed), or None without `log_stats`.
+
+        Raises:
+            ConcurrentUseError: another call on this manager is running.
+        """
         self._enter("KVCacheManager.make_prefix_cache_stats")
         try:
             if self.prefix_cache_stats is None:
@@ -220,19 +252,25 @@ class KVCacheManager:
             self._call_token.append(None)
 
     def take_events(self) -> list[KVCacheEvent]:
-        """The KV cache events since the last call, oldest first (see `pagedkv.vocab.kv_events`);
-        always empty unless `enable_kv_cache_events`. Complexity: O(events taken)."""
+        """The KV cache events since the last call, oldest first, each naming its group
+        (`pagedkv.vocab.kv_events`); always empty unless `enable_kv_cache_events`.
+        Complexity: O(events taken)."""
         return self.block_pool.take_events()
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
-        """The cached blocks a waiting request can reuse, and how many tokens they hold.
+    # -- lookups -----------------------------------------------------------------------------
 
-        Hashes every full block of the request once and stores the list. No hit when caching
-        is off or the request wants prompt logprobs. When every token lies in full blocks, the
-        last block is not looked up (it is recomputed, so the last token yields logits); with
-        `use_eagle` one more block is dropped from a non-empty hit, found under a sliding
-        window for a window one block wider (`SlidingWindowManager.for_eagle`), so that a
-        whole window stays. Nothing is touched yet:
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """The cached blocks a waiting request can reuse in every group, and how many tokens
+        they hold (the same number of blocks in every group).
+
+        Hashes every full block of the request once and stores the list (one chain for every
+        group). No hit when caching is off or the request wants prompt logprobs. When every
+        token lies in full blocks, the last block is not looked up (it is recomputed, so the
+        last token yields logits). With one group the hit is the group's own; with several, the
+        longest every group allows (`pagedkv.kv_cache_coordinator`); a sliding-window or
+        chunked group's hit starts with null blocks where it skips positions. With `use_eagle`
+        one more block is dropped from a non-empty hit, found under a sliding window for a
+        window one block wider, so that a whole window stays. Nothing is touched yet:
         `allocate_slots` does that if the request gets scheduled.
 
         Raises:
@@ -240,7 +278,9 @@ class KVCacheManager:
             RequestError: another Request object already uses this request id.
             ConcurrentUseError: another call on this manager is running.
 
-        Complexity: O(num_tokens) the first time, O(full blocks) after.
+        Complexity: O(num_tokens) the first time, then O(full blocks * groups) lookups plus,
+        for each time a sliding-window or chunked group shortens a hit of several groups, one
+        more scan of those groups.
         """
         self._enter("KVCacheManager.get_computed_blocks")
         try:
@@ -249,24 +289,25 @@ class KVCacheManager:
         finally:
             self._call_token.append(None)
 
-    def _get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+    def _get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
         if not self.enable_caching:
-            return [], 0
+            return self._no_blocks, 0
         self._check_identity(request)
         request_id = request.request_id
+        block_size = self.block_size
         block_hashes = self.req_to_block_hashes.get(request_id)
         if not block_hashes:
             block_hashes = hash_request_tokens(
-                self.caching_hash_fn, self.block_size, request, mm_position=self._mm_position
+                self.caching_hash_fn, block_size, request, mm_position=self._mm_position
             )
             self.req_to_block_hashes[request_id] = block_hashes
             self._track(request_id, request)
         elif (
             self.semantics.lookup_hashes_every_full_block
-            and len(block_hashes) * self.block_size <= request.num_tokens - self.block_size
+            and len(block_hashes) * block_size <= request.num_tokens - block_size
         ):  # blocks generated before a preemption (vLLM 0.33's lookup)
             chain = hash_request_tokens(
-                self.caching_hash_fn, self.block_size, request, mm_position=self._mm_position
+                self.caching_hash_fn, block_size, request, mm_position=self._mm_position
             )
             block_hashes.extend(chain[len(block_hashes) :])
         stats = self.prefix_cache_stats
@@ -274,87 +315,93 @@ class KVCacheManager:
             stats.requests += 1
         if request.prompt_logprobs:
             self._after_call()
-            return [], 0
+            return self._no_blocks, 0
         # Every token in full blocks: leave the last one out, so one block is recomputed.
-        last_left_out = len(block_hashes) * self.block_size == request.num_tokens
+        last_left_out = len(block_hashes) * block_size == request.num_tokens
         lookup = block_hashes[:-1] if last_left_out else block_hashes
-        hits = self._lookup_policy.find_longest_cache_hit(lookup)
-        if hits:  # allocate_slots' check of these hits becomes an identity test
-            self.block_pool.intern_hashes_locked(hits, block_hashes)
-        if self.use_eagle and hits:
-            hits.pop()  # EAGLE recomputes the last matched block for its hidden states
-        num_hit_tokens = len(hits) * self.block_size
+        hits = self.coordinator.find_longest_cache_hit(lookup, block_hashes)
+        num_hits = len(hits[0])
+        if num_hits:
+            # Group 0's blocks carry the hashes themselves: allocate_slots' check of them
+            # becomes an identity test.
+            self.block_pool.intern_hashes_locked(hits[0], block_hashes)
         if stats is not None:
             stats.queries += len(lookup)
-            stats.hits += len(hits)
+            stats.hits += num_hits
             stats.queried_tokens += request.num_tokens
-            stats.hit_tokens += num_hit_tokens
+            stats.hit_tokens += num_hits * block_size
         self._after_call()
-        return hits, num_hit_tokens
+        return hits, num_hits * block_size
+
+    # -- allocation --------------------------------------------------------------------------
 
     def allocate_slots(
         self,
         request: Request,
         num_tokens: object,
-        new_computed_blocks: Sequence[KVCacheBlock] | None = None,
+        new_computed_blocks: Sequence[Sequence[KVCacheBlock]] | None = None,
         num_lookahead_tokens: object = 0,
-    ) -> list[KVCacheBlock] | None:
-        """Reserve slots for `num_tokens` scheduled tokens (and lookahead slots) of `request`.
+    ) -> KVCacheBlocks | None:
+        """Reserve slots for `num_tokens` scheduled tokens (and lookahead slots) of `request`
+        in every group; None when the blocks every group lacks do not fit in the pool together.
 
-        First frees the blocks the attention type no longer needs (even if the request then
-        does not fit). Then, if the new blocks fit (evictable prefix hits do not count as free),
-        touches the prefix hits, appends them, allocates the rest, and caches every block that
-        became full, speculative tokens excluded.
+        First frees, group by group, the blocks a window or chunk no longer reads (even if the
+        request then does not fit). Then, if the new blocks fit (evictable prefix hits do not
+        count as free), touches every group's hits, then group by group appends the hits,
+        allocates the rest from the free queue's head and caches every block that became full,
+        speculative tokens excluded. A None leaves every group as the first step left it.
 
         Args:
             request: the request; its `num_computed_tokens` and `spec_token_ids` are read.
             num_tokens: tokens scheduled this step (> 0), speculative ones included.
-            new_computed_blocks: the hits from `get_computed_blocks`, for a request that holds
-                no blocks yet.
+            new_computed_blocks: the hits from `get_computed_blocks` (one sequence per group),
+                for a request that holds no blocks yet.
             num_lookahead_tokens: extra slots for a speculative proposer (>= 0).
 
         Returns:
-            The newly allocated blocks (maybe none), or None if they do not fit.
+            The newly allocated blocks per group (the same number in each, maybe none), or None.
 
         Raises:
             ArgumentTypeError, InvalidArgumentError: an argument of the wrong type or out of
                 range (`check_allocation`: num_tokens an int >= 1, lookahead an int >= 0, the
-                request's num_computed_tokens an int and spec_token_ids a list, hits blocks);
-                more speculative tokens than num_tokens; hits with caching off; more tokens
-                scheduled than the request has.
+                request's num_computed_tokens an int and spec_token_ids a list, the hits a list
+                or tuple of one iterable of blocks per group); more speculative tokens than
+                num_tokens; hits with caching off; more tokens scheduled than the request has.
             RequestError: another Request object uses the id; num_computed_tokens outside the
-                request's slots; hits for a request that already holds blocks; a hit that is not
-                the request's cached block at its position, or a hit of a shape the attention
-                type cannot produce; fewer full blocks than already cached.
-            BlockStateError: a hit that does not belong to the pool, or a null hit under full
-                attention.
+                request's slots; hits for a request that already holds blocks; hits of unequal
+                lengths; a hit that is not the request's cached block of its group at its
+                position, or a hit of a shape its group's attention cannot produce; fewer full
+                blocks than already cached.
+            BlockStateError: a hit that does not belong to the pool, or a null hit in a full
+                attention group.
             MaxModelLenExceededError: the request would need more than
                 cdiv(max_model_len, block_size) blocks.
             ConcurrentUseError: another call on this manager is running.
 
-        Complexity: O(new blocks + hits + blocks to cache * block_size); O(1) for a decode step
-        that stays inside its last block or needs a new one, O(block_size) for one that fills
-        its last block.
+        Complexity: O(groups + new blocks + hits + dropped blocks + blocks to cache *
+        block_size); with one group, O(1) for a decode step that stays inside its last block or
+        needs a new one, O(block_size) for one that fills its last block.
         """
         try:
             self._call_token.pop()
         except IndexError:
             raise ConcurrentUseError("KVCacheManager.allocate_slots") from None
         try:
-            # The decode fast path: a running request, no hits, nothing skipped, and a step
-            # that stays inside its last block (changes nothing), fills it (caches that one
-            # block) or needs one new block (allocates it). It acts only once it has seen that
-            # every check of the full path below would pass (a request never holds more than
-            # max_num_blocks_per_req blocks, so the slots it holds are within max_model_len),
-            # and makes exactly the full path's changes. Anything else (a value of another
-            # type, a rule broken, more blocks to allocate or cache, extra keys, events on, a
-            # window to slide, invariant checks on) takes the full path, which raises.
-            if new_computed_blocks is None and type(request) is Request:
+            # The decode fast path, for one group: a running request, no hits, nothing skipped,
+            # and a step that stays inside its last block (changes nothing), fills it (caches
+            # that one block) or needs one new block (allocates it). It acts only once it has
+            # seen that every check of the full path below would pass (a request never holds
+            # more than max_num_blocks_per_req blocks, so the slots it holds are within
+            # max_model_len), and makes exactly the full path's changes. Anything else (a value
+            # of another type, a rule broken, more blocks to allocate or cache, extra keys,
+            # events on, a window or chunk to drop, invariant checks on) takes the full path,
+            # which raises.
+            if self._unitary and new_computed_blocks is None and type(request) is Request:
                 # This very object's record (another with its id has none): id and identity
                 # check in one lookup.
                 record = self._records.get(request)
                 request_id = "" if record is None else record.request_id
-                blocks = self.req_to_blocks.get(request_id)
+                blocks = self._first_blocks.get(request_id)
                 # The fields the scheduler sets, read untyped: a compiled build would check the
                 # declared type on reading and raise a bare TypeError; the full path refuses.
                 fields: Any = request
@@ -381,17 +428,17 @@ class KVCacheManager:
                         and num_real <= len(record.token_ids)
                         and not self.debug_invariants
                         and (
-                            not self._sliding_window
-                            or not self._skips_a_block(blocks, num_computed)
+                            not self._first_skips
+                            or not self._first.skips_a_block(blocks, num_computed)
                         )
                     ):
-                        num_cached = self.num_cached_block.get(request_id)
+                        num_cached = self._first_cached.get(request_id)
                         num_full = num_real // block_size
                         # Whether the step completes no block (caching off: none is cached).
                         completes_none = not self.enable_caching or num_full == num_cached
                         if num_slots <= num_held_slots:
                             if completes_none:
-                                return []  # inside the last block
+                                return self._no_blocks  # inside the last block
                             stored = self.req_to_block_hashes.get(request_id)
                             if (
                                 num_cached is not None
@@ -406,8 +453,8 @@ class KVCacheManager:
                                     self.caching_hash_fn,
                                 )
                             ):
-                                self.num_cached_block[request_id] = num_full
-                                return []  # fills its last block
+                                self._first_cached[request_id] = num_full
+                                return self._no_blocks  # fills its last block
                         elif (
                             completes_none
                             and num_slots <= num_held_slots + block_size
@@ -416,20 +463,12 @@ class KVCacheManager:
                             # Needs one new block, which fits when one is free.
                             block = self.block_pool.append_new_block_locked(blocks)
                             if block is not None:
-                                return [block]
+                                return ([block],)
             return self._allocate_slots(
                 request, num_tokens, new_computed_blocks, num_lookahead_tokens
             )
         finally:
             self._call_token.append(None)
-
-    def _skips_a_block(self, blocks: list[KVCacheBlock], num_computed_tokens: int) -> bool:
-        """Whether the sliding window drops a block of `blocks` at this step (the fast path's
-        question; `SlidingWindowManager.remove_skipped_blocks` drops it)."""
-        first_useful = first_useful_block(
-            num_computed_tokens, self._sliding_window, self.block_size
-        )
-        return first_useful > 0 and blocks[first_useful - 1] is not self.block_pool.null_block
 
     def _allocate_slots(
         self,
@@ -437,10 +476,15 @@ class KVCacheManager:
         num_tokens: object,
         new_computed_blocks: object,
         num_lookahead_tokens: object,
-    ) -> list[KVCacheBlock] | None:
-        """allocate_slots' full path: every check in order, then the changes."""
+    ) -> KVCacheBlocks | None:
+        """allocate_slots' full path: every check in the spec's order, then the changes."""
         hits = check_allocation(
-            request, num_tokens, new_computed_blocks, num_lookahead_tokens, KVCacheBlock
+            request,
+            num_tokens,
+            new_computed_blocks,
+            num_lookahead_tokens,
+            self.num_groups,
+            KVCacheBlock,
         )
         assert isinstance(request, Request) and isinstance(num_tokens, int)
         assert isinstance(num_lookahead_tokens, int)
@@ -453,14 +497,17 @@ class KVCacheManager:
         known = self._requests.get(request_id)  # _check_identity, inline
         if known is not None and known is not request:
             raise refusals.id_in_use(request_id)
-        req_blocks = self.req_to_blocks.get(request_id, [])
-        num_held = len(req_blocks)
+        held = self._first_blocks.get(request_id)
+        num_held = 0 if held is None else len(held)
         num_computed = request.num_computed_tokens
         if not 0 <= num_computed <= num_held * block_size:
             raise refusals.computed_outside_slots(request_id, num_computed, num_held, block_size)
-        if hits:
+        if hits and any(hits):
             self._check_hits(request, num_held, hits)
-        num_computed_tokens = num_computed + len(hits) * block_size
+        else:
+            hits = ()
+        num_hits = len(hits[0]) if hits else 0
+        num_computed_tokens = num_computed + num_hits * block_size
         num_scheduled_real = num_computed_tokens + num_tokens - num_spec
         if num_scheduled_real > request.num_tokens:
             raise refusals.more_tokens_than_request(
@@ -471,7 +518,7 @@ class KVCacheManager:
         )
         if num_required > self.max_num_blocks_per_req and (
             not self.semantics.cap_at_max_model_len
-            or num_held + len(hits) >= self.max_num_blocks_per_req
+            or num_held + num_hits >= self.max_num_blocks_per_req
         ):
             raise refusals.past_max_model_len(
                 request_id,
@@ -481,58 +528,91 @@ class KVCacheManager:
                 block_size,
             )
         num_full = num_full_blocks(num_computed_tokens, num_tokens, num_spec, block_size)
-        num_cached = self.num_cached_block.get(request_id, len(hits))
+        num_cached = self._first_cached.get(request_id, num_hits)
         if self.enable_caching and num_full < num_cached:
             raise refusals.cached_blocks_lost(request_id, num_full, num_cached)
         # -- every precondition holds: from here on nothing can fail --
+        coordinator = self.coordinator
         pool = self.block_pool
-        if self._sliding_window:  # full attention skips nothing
-            removed = self.specialized_manager.remove_skipped_blocks(req_blocks, num_computed)
-            if removed:
-                pool.free_blocks_locked(removed)
-        num_new = num_new_blocks(num_required, len(req_blocks), len(hits))
-        num_evictable_hits = self._num_evictable_hits(hits) if hits else 0
-        if not fits(num_new, pool.get_num_free_blocks(), num_evictable_hits):
+        if held is not None:
+            coordinator.remove_skipped_blocks(request_id, num_computed)
+        num_new = num_new_blocks(num_required, num_held, num_hits)
+        # Every group takes its blocks: together they must fit in the free blocks the hits
+        # leave.
+        num_evictable = self._num_evictable_hits(hits) if num_hits else 0
+        num_to_allocate = coordinator.get_num_blocks_to_allocate(num_new)
+        if not fits(num_to_allocate, pool.get_num_free_blocks(), num_evictable):
             if self.debug_invariants:
                 self._after_call()
             return None
-        if hits:
-            if self.enable_caching:
-                pool.touch_owned_locked(hits)
-            req_blocks.extend(hits)
-        self.req_to_blocks[request_id] = req_blocks
+        coordinator.add_hits(request_id, hits)
         self._track(request_id, request)
-        new_blocks: list[KVCacheBlock] = []
         if num_new > 0:
+            # A no-op but under vLLM 0.8.5's capped allocation (cap_at_max_model_len, one
+            # group): as many blocks as are free and max_model_len leaves room for.
             num_new = min(
                 num_new,
                 pool.get_num_free_blocks(),
-                self.max_num_blocks_per_req - len(req_blocks),
+                self.max_num_blocks_per_req - num_held - num_hits,
             )
-            new_blocks = pool.get_new_blocks_locked(num_new)
-            req_blocks.extend(new_blocks)
-        if self.enable_caching:
-            # min(): only vLLM's capped allocation (cap_at_max_model_len) can hold fewer blocks.
-            num_blocks = len(req_blocks)
-            stored = self.req_to_block_hashes.setdefault(request_id, [])
-            if min(num_full, num_blocks) > min(num_cached, num_blocks):
-                pool.cache_full_blocks_locked(
-                    request,
-                    req_blocks,
-                    stored,
-                    min(num_cached, num_blocks),
-                    min(num_full, num_blocks),
-                    block_size,
-                    self.caching_hash_fn,
-                )
-            self.num_cached_block[request_id] = num_full
+        caching = self.enable_caching
+        stored = self.req_to_block_hashes.setdefault(request_id, []) if caching else []
+        new_blocks = coordinator.allocate_new_blocks(
+            request,
+            num_new,
+            stored,
+            num_cached,
+            num_full,
+            self.caching_hash_fn if caching else None,
+        )
         if self.debug_invariants:
             self._after_call()
         return new_blocks
 
+    def _check_hits(
+        self, request: Request, num_held: int, hits: tuple[list[KVCacheBlock], ...]
+    ) -> None:
+        """Prefix hits are what `get_computed_blocks` could have returned: one length in every
+        group, each group's the request's cached blocks of that group, position by position,
+        in a shape its attention can produce."""
+        request_id = request.request_id
+        if not self.enable_caching:
+            raise refusals.hits_without_caching(request_id)
+        if num_held or request.num_computed_tokens:
+            raise refusals.hits_for_running_request(request_id)
+        lengths = [len(group_hits) for group_hits in hits]
+        if len(set(lengths)) != 1:
+            raise refusals.hits_of_unequal_length(request_id, lengths)
+        stored = self.req_to_block_hashes.get(request_id, [])
+        if lengths[0] > len(stored):
+            raise refusals.more_hits_than_hashes(request_id, lengths[0], len(stored))
+        pool = self.block_pool
+        for manager, group_hits in zip(self.coordinator.single_type_managers, hits, strict=True):
+            pool.check_hits_locked(
+                request_id, group_hits, stored, manager.allows_null_blocks, manager.group_id
+            )
+            shape_error = manager.hit_shape_error(group_hits, self.use_eagle, self._eagle_lookup)
+            if shape_error is not None:
+                raise refusals.hit_shape(request_id, shape_error)
+
+    def _num_evictable_hits(self, hits: tuple[list[KVCacheBlock], ...]) -> int:
+        """Hits with ref_cnt 0: touching takes them off the free queue, so they are not free
+        for this step. Null hits count only under vLLM 0.8.5 semantics (difference 2)."""
+        null_block = self.block_pool.null_block
+        count_null = self.semantics.capacity_counts_null_blocks
+        return sum(
+            1
+            for group_hits in hits
+            for block in group_hits
+            if block.ref_cnt == 0 and (count_null or block is not null_block)
+        )
+
+    # -- release -----------------------------------------------------------------------------
+
     def free(self, request: Request) -> None:
-        """Release the request's blocks: tail first when caching (evicted first), else in order
-        (tail first as well under `free_tail_first_without_caching`).
+        """Release the request's blocks group by group, each group's tail first when caching
+        (evicted first), else in order (tail first as well under
+        `free_tail_first_without_caching`).
 
         Keeps its block hashes (a preempted request reuses them). An unknown request is a no-op.
 
@@ -541,25 +621,19 @@ class KVCacheManager:
             RequestError: another Request object uses this request id.
             ConcurrentUseError: another call on this manager is running.
 
-        Complexity: O(blocks held).
+        Complexity: O(groups + blocks held).
         """
         self._enter("KVCacheManager.free")
         try:
             check_request("free", request)
-            self._free(request)
+            self._check_identity(request)
+            request_id = request.request_id
+            tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
+            self.coordinator.free(request_id, tail_first)
+            self._forget_if_done(request_id)
+            self._after_call()
         finally:
             self._call_token.append(None)
-
-    def _free(self, request: Request) -> None:
-        self._check_identity(request)
-        request_id = request.request_id
-        blocks = self.req_to_blocks.get(request_id, [])
-        tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
-        self.block_pool.free_blocks_locked(blocks[::-1] if tail_first else blocks)
-        self.req_to_blocks.pop(request_id, None)
-        self.num_cached_block.pop(request_id, None)
-        self._forget_if_done(request_id)
-        self._after_call()
 
     def free_block_hashes(self, request: Request) -> None:
         """Drop the request's stored block hashes (when it finishes, not when preempted).
@@ -574,7 +648,7 @@ class KVCacheManager:
         try:
             check_request("free_block_hashes", request)
             self._check_identity(request)
-            if request.request_id in self.req_to_blocks:
+            if request.request_id in self._first_blocks:
                 raise refusals.hashes_dropped_while_held(request.request_id)
             self.req_to_block_hashes.pop(request.request_id, None)
             self._forget_if_done(request.request_id)
@@ -583,10 +657,13 @@ class KVCacheManager:
             self._call_token.append(None)
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached hash if no request holds blocks; else refuse (False).
+        """Forget every cached hash of every group if no request holds blocks; else refuse
+        (False).
 
         Raises:
             ConcurrentUseError: another call on this manager is running.
+
+        Complexity: O(num_gpu_blocks).
         """
         self._enter("KVCacheManager.reset_prefix_cache")
         try:
@@ -599,8 +676,11 @@ class KVCacheManager:
         finally:
             self._call_token.append(None)
 
-    def get_num_common_prefix_blocks(self, request: Request, num_running_requests: object) -> int:
-        """Leading blocks of `request` whose ref_cnt equals `num_running_requests`.
+    def get_num_common_prefix_blocks(
+        self, request: Request, num_running_requests: object
+    ) -> tuple[int, ...]:
+        """Per group, the leading blocks of `request` whose ref_cnt equals
+        `num_running_requests` (a null block's ref_cnt is 0).
 
         With every running request holding them, these blocks are a prefix common to all.
 
@@ -609,60 +689,62 @@ class KVCacheManager:
                 `num_running_requests` not an int >= 0.
             ConcurrentUseError: another call on this manager is running.
 
-        Complexity: O(common prefix).
+        Complexity: O(groups + the common prefix of each group).
         """
+        self._enter("KVCacheManager.get_num_common_prefix_blocks")
         try:
-            self._call_token.pop()
-        except IndexError:
-            raise ConcurrentUseError("KVCacheManager.get_num_common_prefix_blocks") from None
-        try:
-            check_common_prefix(request, num_running_requests)
-            count = 0
-            for block in self.req_to_blocks.get(request.request_id, []):
-                if block.ref_cnt != num_running_requests:
-                    break
-                count += 1
-            return count
+            checked = check_common_prefix(request, num_running_requests)
+            assert isinstance(num_running_requests, int)
+            return self.coordinator.num_common_prefix_blocks(
+                checked.request_id, num_running_requests
+            )
         finally:
             self._call_token.append(None)
 
-    # -- checks ------------------------------------------------------------------------------
+    def get_blocks(self, request_id: object) -> KVCacheBlocks:
+        """The blocks `request_id` holds, one sequence per group (the null block where a
+        group's attention skipped a position); empty for a request that holds none. The
+        sequences are the manager's own: read them, never change them.
+
+        Raises:
+            ArgumentTypeError: `request_id` is not a str.
+            ConcurrentUseError: another call on this manager is running.
+
+        Complexity: O(groups).
+        """
+        self._enter("KVCacheManager.get_blocks")
+        try:
+            checked = require_str(f"{MANAGER}.get_blocks", "request_id", request_id)
+            return tuple(
+                manager.req_to_blocks.get(checked, ())
+                for manager in self.coordinator.single_type_managers
+            )
+        finally:
+            self._call_token.append(None)
+
+    def get_block_ids(self, request_id: object) -> tuple[list[int], ...]:
+        """The ids of the blocks `request_id` holds, one list per group (the null block's id
+        is 0); empty lists for a request that holds none.
+
+        Raises:
+            ArgumentTypeError: `request_id` is not a str.
+            ConcurrentUseError: another call on this manager is running.
+
+        Complexity: O(groups + blocks held).
+        """
+        self._enter("KVCacheManager.get_block_ids")
+        try:
+            checked = require_str(f"{MANAGER}.get_block_ids", "request_id", request_id)
+            return self.coordinator.block_ids(checked)
+        finally:
+            self._call_token.append(None)
+
+    # -- helpers -----------------------------------------------------------------------------
 
     def _check_identity(self, request: Request) -> None:
         known = self._requests.get(request.request_id)
         if known is not None and known is not request:
             raise refusals.id_in_use(request.request_id)
-
-    def _num_evictable_hits(self, new_computed: list[KVCacheBlock]) -> int:
-        """Hits with ref_cnt 0: touching takes them off the free queue, so they are not free
-        for this step. Null hits count only under vLLM semantics (difference 2)."""
-        null_block = self.block_pool.null_block
-        count_null = self.semantics.capacity_counts_null_blocks
-        return sum(
-            1
-            for block in new_computed
-            if block.ref_cnt == 0 and (count_null or block is not null_block)
-        )
-
-    def _check_hits(
-        self, request: Request, num_held: int, new_computed: list[KVCacheBlock]
-    ) -> None:
-        """Prefix hits are the request's cached blocks, position by position."""
-        request_id = request.request_id
-        if not self.enable_caching:
-            raise refusals.hits_without_caching(request_id)
-        if num_held or request.num_computed_tokens:
-            raise refusals.hits_for_running_request(request_id)
-        stored = self.req_to_block_hashes.get(request_id, [])
-        if len(new_computed) > len(stored):
-            raise refusals.more_hits_than_hashes(request_id, len(new_computed), len(stored))
-        policy = self._lookup_policy
-        self.block_pool.check_hits_locked(
-            request_id, new_computed, stored, policy.allows_null_blocks
-        )
-        shape_error = policy.hit_shape_error(new_computed, self.use_eagle)
-        if shape_error is not None:
-            raise refusals.hit_shape(request_id, shape_error)
 
     def _track(self, request_id: str, request: Request) -> None:
         """Track `request` under its id (it passed `_check_identity`), with its fast-path
@@ -672,7 +754,7 @@ class KVCacheManager:
             self._records[request] = _Record(request_id, request.live_token_ids())
 
     def _forget_if_done(self, request_id: str) -> None:
-        if request_id not in self.req_to_blocks and request_id not in self.req_to_block_hashes:
+        if request_id not in self._first_blocks and request_id not in self.req_to_block_hashes:
             request = self._requests.pop(request_id, None)
             if type(request) is Request:
                 self._records.pop(request, None)
@@ -685,18 +767,28 @@ class KVCacheManager:
             self._calls_until_check = self.debug_invariants
             self._check_invariants()
 
-    def check_invariants(self) -> None:
-        """The pool's invariants and the request-level ones (the spec manager states them).
+    # -- invariants --------------------------------------------------------------------------
 
-        All but prefix closure: that needs each hash's parent, which only the spec keeps (as
-        ghost state); the lock-step harness holds this index equal to the spec's.
+    def check_invariants(self) -> None:
+        """The pool's invariants, then the request-level ones the spec manager states: a
+        block's ref_cnt is the number of block lists holding it, and a block two of them hold
+        is cached; a request's lists have one length; null blocks only as a prefix, and only in
+        groups whose attention skips positions; at most cdiv(max_model_len, B) positions; with
+        caching, the cached positions are full blocks with stored hashes, each group's cached
+        block carries its group's key of the stored hash, and the stored hashes are the chain
+        of the request's tokens; every tracked request holds blocks or stored hashes, and has
+        its own fast-path record.
+
+        All but prefix closure of the full-attention groups: that needs each hash's parent,
+        which only the spec keeps (as ghost state); the lock-step harness holds this index
+        equal to the spec's.
 
         Raises:
             InvariantViolation: the first broken invariant and the state that breaks it.
             ConcurrentUseError: another call on this manager is running.
 
-        Complexity: O(num_gpu_blocks + tokens of the requests holding blocks), the tokens
-        rehashed to check the stored chains.
+        Complexity: O(num_gpu_blocks + blocks held + tokens of the requests holding blocks),
+        the tokens rehashed to check the stored chains.
         """
         self._enter("KVCacheManager.check_invariants")
         try:
@@ -708,26 +800,11 @@ class KVCacheManager:
         pool = self.block_pool
         pool.check_invariants_locked()
         null_block = pool.null_block
+        managers = self.coordinator.single_type_managers
         holders: Counter[int] = Counter()
-        null_blocks_allowed = self.specialized_manager.allows_null_blocks
-        for request_id, blocks in self.req_to_blocks.items():
-            nulls = [i for i, block in enumerate(blocks) if block is null_block]
-            if nulls and (not null_blocks_allowed or nulls != list(range(len(nulls)))):
-                raise InvariantViolation(
-                    "null blocks only as a prefix, and only under sliding window",
-                    f"request {request_id!r}: null at positions {nulls}",
-                )
-            if (
-                len(blocks) > self.max_num_blocks_per_req
-                and not self.semantics.cap_at_max_model_len
-            ):
-                raise InvariantViolation(
-                    "a request holds at most cdiv(max_model_len, block_size) blocks",
-                    f"request {request_id!r}: {len(blocks)} blocks",
-                )
-            holders.update(block.block_id for block in blocks if block is not null_block)
-            if self.enable_caching:
-                self._check_cached_blocks(request_id, blocks)
+        for manager in managers:
+            for blocks in manager.req_to_blocks.values():
+                holders.update(block.block_id for block in blocks if block is not null_block)
         for block in pool.blocks[1:]:
             if block.ref_cnt != holders[block.block_id]:
                 raise InvariantViolation(
@@ -737,13 +814,80 @@ class KVCacheManager:
                 )
             if block.ref_cnt >= 2 and block.block_hash is None:
                 raise InvariantViolation("a block held by two requests is cached", repr(block))
-        known = self.req_to_blocks.keys() | self.req_to_block_hashes.keys()
-        if self._requests.keys() != known or not self.num_cached_block.keys() <= known:
+        for request_id in self._first_blocks:
+            self._check_request(request_id)
+        known = self._first_blocks.keys() | self.req_to_block_hashes.keys()
+        held_anywhere = set().union(*(manager.req_to_blocks.keys() for manager in managers))
+        cached_anywhere = set().union(*(manager.num_cached_block.keys() for manager in managers))
+        if (
+            self._requests.keys() != known
+            or not held_anywhere <= known
+            or not cached_anywhere <= known
+        ):
             raise InvariantViolation(
                 "every tracked request has blocks or stored hashes",
                 f"requests {sorted(self._requests)}, with blocks or hashes {sorted(known)}",
             )
         self._check_records()
+
+    def _check_request(self, request_id: str) -> None:
+        managers = self.coordinator.single_type_managers
+        held = [manager.req_to_blocks.get(request_id) for manager in managers]
+        lengths = [None if blocks is None else len(blocks) for blocks in held]
+        if len(set(lengths)) != 1:
+            raise InvariantViolation(
+                "a request's block lists cover the same positions in every group",
+                f"request {request_id!r}: {lengths} blocks",
+            )
+        null_block = self.block_pool.null_block
+        group_blocks = [blocks for blocks in held if blocks is not None]
+        for manager, blocks in zip(managers, group_blocks, strict=True):
+            nulls = [i for i, block in enumerate(blocks) if block is null_block]
+            if nulls and (not manager.allows_null_blocks or nulls != list(range(len(nulls)))):
+                raise InvariantViolation(
+                    "null blocks only as a prefix, and only under sliding window",
+                    f"request {request_id!r}, group {manager.group_id}: null at positions {nulls}",
+                )
+        num_blocks = len(group_blocks[0])
+        if num_blocks > self.max_num_blocks_per_req and not self.semantics.cap_at_max_model_len:
+            raise InvariantViolation(
+                "a request holds at most cdiv(max_model_len, block_size) blocks",
+                f"request {request_id!r}: {num_blocks} blocks",
+            )
+        if not self.enable_caching:
+            return
+        request = self._requests[request_id]
+        stored = self.req_to_block_hashes.get(request_id, [])
+        for manager, blocks in zip(managers, group_blocks, strict=True):
+            num_cached = manager.num_cached_block.get(request_id, 0)
+            if num_cached > min(request.num_tokens // self.block_size, len(stored)):
+                raise InvariantViolation(
+                    "a request's cached blocks are full blocks with stored hashes",
+                    f"request {request_id!r}, group {manager.group_id}: {num_cached} cached, "
+                    f"{request.num_tokens} tokens, {len(stored)} stored hashes",
+                )
+            for position, block in enumerate(blocks[:num_cached]):
+                if block is not null_block and block.block_hash != cache_key(
+                    stored[position], manager.group_id
+                ):
+                    raise InvariantViolation(
+                        "a request's cached block carries the hash its tokens chain to",
+                        f"request {request_id!r}, group {manager.group_id}, position "
+                        f"{position}: {block!r}, stored {stored[position]}",
+                    )
+        if self.semantics.vllm_new_block_mm_keys:
+            return  # vLLM 0.8.5 stores some hashes with other multimodal keys than the chain's
+        expected = hash_request_tokens(
+            self.caching_hash_fn, self.block_size, request, mm_position=self._mm_position
+        )
+        for position, block_hash in enumerate(stored):
+            chained = expected[position] if position < len(expected) else None
+            if block_hash != chained:
+                raise InvariantViolation(
+                    "stored hashes are the chain of the request's tokens",
+                    f"request {request_id!r}, position {position}: stored {block_hash}, "
+                    f"its tokens chain to {chained}",
+                )
 
     def _check_records(self) -> None:
         """Each tracked `Request` has one fast-path record, with its id and its token list."""
@@ -774,34 +918,3 @@ class KVCacheManager:
                 "the fast path's record of a tracked request is its own",
                 f"{len(self._records)} records, {num_expected} tracked requests",
             )
-
-    def _check_cached_blocks(self, request_id: str, blocks: list[KVCacheBlock]) -> None:
-        request = self._requests[request_id]
-        num_cached = self.num_cached_block.get(request_id, 0)
-        stored = self.req_to_block_hashes.get(request_id, [])
-        if num_cached * self.block_size > request.num_tokens or num_cached > len(stored):
-            raise InvariantViolation(
-                "a request's cached blocks are full blocks with stored hashes",
-                f"request {request_id!r}: {num_cached} cached, {request.num_tokens} tokens, "
-                f"{len(stored)} stored hashes",
-            )
-        for position, block in enumerate(blocks[:num_cached]):
-            if block is not self.block_pool.null_block and block.block_hash != stored[position]:
-                raise InvariantViolation(
-                    "a request's cached block carries the hash its tokens chain to",
-                    f"request {request_id!r}, position {position}: {block!r}, stored "
-                    f"{stored[position]}",
-                )
-        if self.semantics.vllm_new_block_mm_keys:
-            return  # vLLM 0.8.5 stores some hashes with other multimodal keys than the chain's
-        expected = hash_request_tokens(
-            self.caching_hash_fn, self.block_size, request, mm_position=self._mm_position
-        )
-        for position, block_hash in enumerate(stored):
-            chained = expected[position] if position < len(expected) else None
-            if block_hash != chained:
-                raise InvariantViolation(
-                    "stored hashes are the chain of the request's tokens",
-                    f"request {request_id!r}, position {position}: stored {block_hash}, "
-                    f"its tokens chain to {chained}",
-                )

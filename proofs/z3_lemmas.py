@@ -552,7 +552,10 @@ def formulas_match_code() -> list[str]:
     Returns the mismatches (none expected)."""
     from pagedkv.block_counts import cdiv
     from pagedkv.planning.kv_cache_config import get_kv_cache_config
-    from pagedkv.spec.attention import contiguous_blocks_needed, sliding_window_skipped
+    from pagedkv.spec.single_type.sliding_window import (
+        contiguous_blocks_needed,
+        sliding_window_skipped,
+    )
     from pagedkv.vocab.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
     m = Arithmetic()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pagedkv.vocab import refusals
 from pagedkv.vocab.arguments import (
     argument_error,
     is_int,
@@ -22,19 +23,12 @@ from pagedkv.vocab.arguments import (
     require_iterable,
     require_str,
 )
-from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError, KVCacheConfigError
+from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError
 from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey
-from pagedkv.vocab.kv_cache_interface import (
-    ChunkedLocalAttentionSpec,
-    FullAttentionSpec,
-    KVCacheConfig,
-    SlidingWindowSpec,
-)
+from pagedkv.vocab.kv_cache_interface import KVCacheConfig
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
 
-HYBRID_SPECS = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec)
-"""The layer specs a hybrid manager serves."""
 VLLM_0_8_5_ONLY = (
     "null_block_refcounted",
     "capacity_counts_null_blocks",
@@ -43,11 +37,11 @@ VLLM_0_8_5_ONLY = (
     "eagle_window_hit_one_short",
     "mm_keys_without_position",
 )
-"""The semantics switches of vLLM 0.8.5's behaviour, which had no hybrid manager."""
+"""The semantics switches of vLLM 0.8.5's behaviour: one KV cache group only (it had no hybrid
+manager)."""
 
 POOL = "BlockPool"
 MANAGER = "KVCacheManager"
-HYBRID = "HybridKVCacheManager"
 
 
 def not_a_block(call: str, argument: str, value: object, context: str = "") -> ArgumentTypeError:
@@ -177,8 +171,9 @@ def check_manager(
     enable_kv_cache_events: object,
 ) -> KVCacheConfig:
     """KVCacheManager(...): a KVCacheConfig; max_model_len an int >= 1; flags that are bools; a
-    str hash algorithm (its name is checked by `get_hash_fn`); a Semantics; then one KV cache
-    group in the config (KVCacheConfigError)."""
+    str hash algorithm (its name is checked by `get_hash_fn`); a Semantics; then one block size
+    in every group (KVCacheConfigError). Each group's spec is checked next, by the registry of
+    per-type managers (`pagedkv.spec.single_type`), then the semantics (`check_semantics`)."""
     config = require_instance(MANAGER, "kv_cache_config", kv_cache_config, KVCacheConfig)
     require_int(MANAGER, "max_model_len", max_model_len, 1)
     require_bool(MANAGER, "enable_caching", enable_caching)
@@ -187,17 +182,22 @@ def check_manager(
     require_bool(MANAGER, "log_stats", log_stats)
     require_instance(MANAGER, "semantics", semantics, Semantics)
     require_bool(MANAGER, "enable_kv_cache_events", enable_kv_cache_events)
-    if len(config.kv_cache_groups) != 1:
-        raise KVCacheConfigError(
-            f"KVCacheManager needs exactly one KV cache group, got "
-            f"{len(config.kv_cache_groups)}; HybridKVCacheManager serves several"
-        )
+    block_sizes = sorted({group.kv_cache_spec.block_size for group in config.kv_cache_groups})
+    if len(block_sizes) != 1:
+        raise refusals.groups_of_several_block_sizes(block_sizes)
     return config
 
 
-def check_request(method: str, request: object, manager: str = MANAGER) -> Request:
+def check_semantics(semantics: Semantics, num_groups: int) -> None:
+    """None of vLLM 0.8.5's switches with several KV cache groups (KVCacheConfigError)."""
+    switches = [name for name in VLLM_0_8_5_ONLY if getattr(semantics, name)]
+    if switches and num_groups > 1:
+        raise refusals.vllm_0_8_5_switches_with_groups(num_groups, switches)
+
+
+def check_request(method: str, request: object) -> Request:
     """Every request-level call takes a Request first."""
-    return require_instance(f"{manager}.{method}", "request", request, Request)
+    return require_instance(f"{MANAGER}.{method}", "request", request, Request)
 
 
 def for_request(request: Request) -> str:
@@ -205,11 +205,11 @@ def for_request(request: Request) -> str:
     return f" for request {request.request_id!r}"
 
 
-def check_lookup(request: object, manager: str = MANAGER) -> Request:
+def check_lookup(request: object) -> Request:
     """KVCacheManager.get_computed_blocks(request): a Request whose prompt_logprobs is a bool."""
-    checked = check_request("get_computed_blocks", request, manager)
+    checked = check_request("get_computed_blocks", request)
     require_bool(
-        f"{manager}.get_computed_blocks",
+        f"{MANAGER}.get_computed_blocks",
         "request.prompt_logprobs",
         checked.prompt_logprobs,
         context=for_request(checked),
@@ -222,102 +222,18 @@ def check_allocation(
     num_tokens: object,
     new_computed_blocks: object,
     num_lookahead_tokens: object,
-) -> list[int]:
-    """KVCacheManager.allocate_slots(...), in order: a Request; num_tokens an int >= 1;
-    num_lookahead_tokens an int >= 0; the request's num_computed_tokens an int and its
-    spec_token_ids a list; new_computed_blocks None or an iterable of block ids.
-
-    Returns:
-        The hits as a new list (empty for None).
-    """
-    checked = check_request("allocate_slots", request)
-    call = f"{MANAGER}.allocate_slots"
-    context = for_request(checked)
-    require_int(call, "num_tokens", num_tokens, 1, context=context)
-    require_int(call, "num_lookahead_tokens", num_lookahead_tokens, 0, context=context)
-    require_int(call, "request.num_computed_tokens", checked.num_computed_tokens, context=context)
-    require_instance(call, "request.spec_token_ids", checked.spec_token_ids, list, context=context)
-    if new_computed_blocks is None:
-        return []
-    return require_block_ids(call, "new_computed_blocks", new_computed_blocks, context)
-
-
-def check_common_prefix(
-    request: object, num_running_requests: object, manager: str = MANAGER
-) -> Request:
-    """KVCacheManager.get_num_common_prefix_blocks(request, num_running_requests): a Request and
-    an int >= 0."""
-    checked = check_request("get_num_common_prefix_blocks", request, manager)
-    require_int(
-        f"{manager}.get_num_common_prefix_blocks",
-        "num_running_requests",
-        num_running_requests,
-        0,
-        context=for_request(checked),
-    )
-    return checked
-
-
-# -- the hybrid manager ------------------------------------------------------------------------
-
-
-def check_hybrid_manager(
-    kv_cache_config: object,
-    max_model_len: object,
-    enable_caching: object,
-    caching_hash_algo: object,
-    use_eagle: object,
-    log_stats: object,
-    semantics: object,
-    enable_kv_cache_events: object,
-) -> KVCacheConfig:
-    """HybridKVCacheManager(...): the types KVCacheManager's constructor takes; then one block
-    size in every group, a full-attention, sliding-window or chunked-local spec in each, no
-    EAGLE with chunked local attention, and none of vLLM 0.8.5's switches (it had no hybrid
-    manager) (KVCacheConfigError)."""
-    config = require_instance(HYBRID, "kv_cache_config", kv_cache_config, KVCacheConfig)
-    require_int(HYBRID, "max_model_len", max_model_len, 1)
-    require_bool(HYBRID, "enable_caching", enable_caching)
-    require_str(HYBRID, "caching_hash_algo", caching_hash_algo)
-    require_bool(HYBRID, "use_eagle", use_eagle)
-    require_bool(HYBRID, "log_stats", log_stats)
-    checked = require_instance(HYBRID, "semantics", semantics, Semantics)
-    require_bool(HYBRID, "enable_kv_cache_events", enable_kv_cache_events)
-    specs = [group.kv_cache_spec for group in config.kv_cache_groups]
-    block_sizes = sorted({spec.block_size for spec in specs})
-    if len(block_sizes) != 1:
-        raise KVCacheConfigError(
-            f"HybridKVCacheManager needs one block size in every group, got {block_sizes}"
-        )
-    for spec in specs:
-        if not isinstance(spec, HYBRID_SPECS):
-            raise KVCacheConfigError(f"no attention manager for {type(spec).__name__}")
-        if use_eagle and isinstance(spec, ChunkedLocalAttentionSpec):
-            raise KVCacheConfigError("EAGLE is not supported with chunked local attention")
-    vllm_0_8_5 = [name for name in VLLM_0_8_5_ONLY if getattr(checked, name)]
-    if vllm_0_8_5:
-        raise KVCacheConfigError(
-            f"HybridKVCacheManager takes no vLLM 0.8.5 switch (0.8.5 had no hybrid manager): "
-            f"{', '.join(vllm_0_8_5)}"
-        )
-    return config
-
-
-def check_hybrid_allocation(
-    request: object,
-    num_tokens: object,
-    new_computed_blocks: object,
-    num_lookahead_tokens: object,
     num_groups: int,
 ) -> tuple[list[int], ...]:
-    """HybridKVCacheManager.allocate_slots(...), in order: as KVCacheManager's, with the hits
-    None or one iterable of block ids per KV cache group (a list or a tuple of them).
+    """KVCacheManager.allocate_slots(...), in order: a Request; num_tokens an int >= 1;
+    num_lookahead_tokens an int >= 0; the request's num_computed_tokens an int and its
+    spec_token_ids a list; new_computed_blocks None or one iterable of block ids per KV cache
+    group (a list or a tuple of `num_groups` of them).
 
     Returns:
         The hits, one new list per group (empty lists for None).
     """
-    checked = check_request("allocate_slots", request, HYBRID)
-    call = f"{HYBRID}.allocate_slots"
+    checked = check_request("allocate_slots", request)
+    call = f"{MANAGER}.allocate_slots"
     context = for_request(checked)
     require_int(call, "num_tokens", num_tokens, 1, context=context)
     require_int(call, "num_lookahead_tokens", num_lookahead_tokens, 0, context=context)
@@ -333,3 +249,17 @@ def check_hybrid_allocation(
         require_block_ids(call, f"new_computed_blocks[{group}]", group_hits, context)
         for group, group_hits in enumerate(new_computed_blocks)
     )
+
+
+def check_common_prefix(request: object, num_running_requests: object) -> Request:
+    """KVCacheManager.get_num_common_prefix_blocks(request, num_running_requests): a Request and
+    an int >= 0."""
+    checked = check_request("get_num_common_prefix_blocks", request)
+    require_int(
+        f"{MANAGER}.get_num_common_prefix_blocks",
+        "num_running_requests",
+        num_running_requests,
+        0,
+        context=for_request(checked),
+    )
+    return checked

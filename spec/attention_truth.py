@@ -42,7 +42,8 @@ ATTENTION_TRUTH = "every position a request reads holds its own KV"
 
 
 class ReadPolicy(Protocol):
-    """What the invariant needs of an attention policy (`pagedkv.spec.attention`)."""
+    """What the invariant needs of an attention type (its per-type manager,
+    `pagedkv.spec.single_type`)."""
 
     @property
     def kind(self) -> str:

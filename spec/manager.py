@@ -1,17 +1,38 @@
-"""The reference KV cache manager: every KVCacheManager operation over the spec pool, in ids.
+"""The reference KV cache manager: every KVCacheManager operation over the spec pool, in ids, for
+one or more KV cache groups.
 
-Per request it keeps a block-id list, the stored chain of block hashes, and how many blocks are
-cached. Each operation is written as its preconditions, in the order its docstring lists them
-(the first one broken raises, before anything changes), then the state it leads to. The spec
+A model with several attention types (full attention, sliding window, chunked local) has one KV
+cache group per type; each group's per-type manager (`pagedkv.spec.single_type`) keeps its block
+table over the one pool: a request holds one block-id list per group, position p of every list
+covering the same tokens. Blocks are cached per group (index key `GroupKey(g, hash)`, plain
+`hash` for group 0) under the request's one chain of hashes, which this manager stores.
+
+- **A hit covers the same token prefix in every group.** With one group it is the group's own
+  longest hit (with EAGLE found for EAGLE, then less its last block). With several, the longest
+  L such that every group allows a hit of L blocks: start from the longest lookup, then shorten
+  to each group's longest hit within the current length, full attention first, until no group
+  shortens it (a window or chunk that allowed L may not allow a shorter L, hence the
+  repetition); with EAGLE, vLLM 0.33's procedure (`eagle_common_hit`).
+- **Allocation is all or nothing.** Blocks a window or chunk no longer reads are freed first
+  (group by group, newest first), then the blocks every group still lacks must fit in the free
+  blocks the hits leave: otherwise None, nothing else changed. Else every group's hits are
+  touched before any group takes a new block (so no group's allocation evicts another's hit),
+  then each group takes its blocks from the free queue's head, group by group, and caches its
+  full blocks.
+- **Free** releases group by group, each group's blocks tail first (with caching).
+
+Each operation is written as its preconditions, in the order its docstring lists them (the first
+one broken raises, before anything changes in any group), then the state it leads to. The spec
 decides every rule itself, arguments included (`pagedkv.spec.arguments`); only the wording of a
 refusal is shared (`pagedkv.vocab.refusals`), so both sides refuse alike in the same words.
 `check_invariants()` adds the request-level invariants to the pool's, among them prefix
-closure for full attention, checked against a ghost map of every hash's parent that only the
-spec keeps.
+closure of the full-attention groups, checked against a ghost map of every hash's parent that
+only the spec keeps, and the attention-truth invariant (`pagedkv.spec.attention_truth`).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
@@ -22,8 +43,8 @@ from pagedkv.spec.arguments import (
     check_lookup,
     check_manager,
     check_request,
+    check_semantics,
 )
-from pagedkv.spec.attention import AttentionPolicy, FullAttention, SlidingWindow
 from pagedkv.spec.attention_truth import AttentionTruth
 from pagedkv.spec.block_counts import (
     ceil_div,
@@ -36,8 +57,9 @@ from pagedkv.spec.block_hash import request_block_hashes
 from pagedkv.spec.block_pool import NULL_BLOCK_ID, SpecBlockPool
 from pagedkv.spec.known_bugs import known_bugs, known_bugs_fatal
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
+from pagedkv.spec.single_type import SpecSingleTypeManager, spec_single_type_manager
 from pagedkv.vocab import refusals
-from pagedkv.vocab.errors import InvariantViolation, KVCacheConfigError
+from pagedkv.vocab.errors import InvariantViolation
 from pagedkv.vocab.hashes import (
     BlockHashType,
     CacheKey,
@@ -47,11 +69,14 @@ from pagedkv.vocab.hashes import (
     key_group,
     key_hash,
 )
-from pagedkv.vocab.kv_cache_interface import FullAttentionSpec, KVCacheConfig, SlidingWindowSpec
+from pagedkv.vocab.kv_cache_interface import KVCacheConfig
 from pagedkv.vocab.kv_events import KVCacheEvent
 from pagedkv.vocab.prefix_cache_stats import PrefixCacheStats
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
+
+GroupBlocks = tuple[list[int], ...]
+"""One list of block ids per KV cache group, in the config's group order."""
 
 
 @dataclass(frozen=True)
@@ -59,15 +84,17 @@ class Step:
     """What one `allocate_slots` call asks for, once its preconditions hold.
 
     Attributes:
-        hits: the prefix hits (block ids, nulls first under a sliding window).
-        num_required: blocks the request must hold after the step, lookahead included.
+        hits: the prefix hits, one list per group (block ids, nulls first where a group's
+            attention skips positions).
+        num_required: blocks the request must hold after the step in each group, lookahead
+            included.
         num_full: its full blocks after the step, speculative tokens left out: cached after it.
         num_cached: its blocks cached before the step.
         num_computed: its tokens computed before the step, the hits' included.
         num_tokens: the tokens the step computes (drafts included).
     """
 
-    hits: list[int]
+    hits: GroupBlocks
     num_required: int
     num_full: int
     num_cached: int
@@ -75,19 +102,40 @@ class Step:
     num_tokens: int
 
 
-class SpecKVCacheManager:
-    """Reference model of `pagedkv.KVCacheManager`.
+@dataclass(frozen=True)
+class HitTrace:
+    """How a common hit was found (`SpecKVCacheManager.trace_common_hit`).
 
     Attributes:
-        pool: the spec block pool.
-        attention: the attention policy (which hits are usable, which blocks are dropped).
-        lookup_policy: the policy a lookup finds its hit with: `attention`, or with use_eagle
-            its `for_eagle()` (unless `eagle_window_hit_one_short`), whose hit then loses its
-            last block.
-        blocks: request id -> its block ids, in position order (null block 0 = skipped).
-        hashes: request id -> its stored block hashes (kept across preemption).
-        num_cached: request id -> how many of its blocks are cached.
-        requests: request id -> the one Request object that id names while it is tracked.
+        alone: each group's longest hit on its own, in blocks.
+        length: the common hit, in blocks (at most every entry of `alone`).
+        passes: passes over the groups, the last one shortening nothing (1: the longest lookup
+            held in every group; 3 or more: a group shortened a length an earlier pass had
+            already shortened, so the hit had to be checked again).
+        undercut: a group shortened a length that a windowed or chunked group had accepted
+            before it, so that group's hit had to be found again at the shorter length (its
+            hit at the longer length, cut, may be no hit at all).
+    """
+
+    alone: tuple[int, ...]
+    length: int
+    passes: int
+    undercut: bool
+
+
+class SpecKVCacheManager:
+    """Reference model of `pagedkv.KVCacheManager` (module docstring).
+
+    Attributes:
+        pool: the one spec pool every group takes its blocks from.
+        specs: each group's KV cache spec, in group order.
+        managers: each group's per-type manager (its block lists, its attention's rules), in
+            group order.
+        eagle_lookup: with use_eagle, hits are found for EAGLE (`for_eagle`), unless
+            `eagle_window_hit_one_short`.
+        hashes: request id -> its stored block hashes (one chain for every group, kept across
+            preemption).
+        requests: request id -> the one Request object the id names while it is tracked.
         parent_of: ghost state: every block hash ever stored -> the hash before it in its chain.
         truth: ghost state: what every block holds, and the attention-truth checks.
     """
@@ -104,7 +152,7 @@ class SpecKVCacheManager:
         semantics: Semantics = PAGEDKV_SEMANTICS,
         enable_kv_cache_events: bool = False,
     ) -> None:
-        check_manager(
+        config = check_manager(
             kv_cache_config,
             max_model_len,
             enable_caching,
@@ -114,39 +162,53 @@ class SpecKVCacheManager:
             semantics,
             enable_kv_cache_events,
         )
-        layer_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
-        self.block_size = layer_spec.block_size
-        self.attention: AttentionPolicy
-        if isinstance(layer_spec, SlidingWindowSpec):
-            self.attention = SlidingWindow(layer_spec.sliding_window, self.block_size)
-        elif isinstance(layer_spec, FullAttentionSpec):
-            self.attention = FullAttention()
-        else:
-            raise KVCacheConfigError(f"no attention manager for {type(layer_spec).__name__}")
-        self.lookup_policy = self.attention
-        if use_eagle and not semantics.eagle_window_hit_one_short:
-            self.lookup_policy = self.attention.for_eagle()  # a whole window after the drop
+        self.specs = tuple(group.kv_cache_spec for group in config.kv_cache_groups)
+        self.num_groups = len(self.specs)
+        self.block_size = self.specs[0].block_size
+        self.pool = SpecBlockPool(
+            config.num_blocks, enable_caching, semantics, enable_kv_cache_events
+        )
+        self.managers: tuple[SpecSingleTypeManager, ...] = tuple(
+            spec_single_type_manager(spec, self.pool, group, use_eagle)
+            for group, spec in enumerate(self.specs)
+        )
+        check_semantics(semantics, self.num_groups)
         self.max_model_len = max_model_len
         self.max_num_blocks_per_req = ceil_div(max_model_len, self.block_size)
         self.enable_caching = enable_caching
         self.hash_fn: HashFn = get_hash_fn(caching_hash_algo)
         self.use_eagle = use_eagle
+        self.eagle_lookup = use_eagle and not semantics.eagle_window_hit_one_short
         self.stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
         self.semantics = semantics
-        self.pool = SpecBlockPool(
-            kv_cache_config.num_blocks, enable_caching, semantics, enable_kv_cache_events
-        )
-        self.blocks: dict[str, list[int]] = {}
         self.hashes: dict[str, list[BlockHashType]] = {}
-        self.num_cached: dict[str, int] = {}
         self.requests: dict[str, Request] = {}
         self.parent_of: dict[BlockHashType, BlockHashType | None] = {}
         self.truth = AttentionTruth(
-            (self.attention,),
+            self.managers,
             self.block_size,
             known_bugs(semantics),
             fatal_known_bugs=known_bugs_fatal(),
         )
+
+    @property
+    def blocks(self) -> dict[str, GroupBlocks]:
+        """Request id -> its block-id lists, one per group (the per-type managers' lists)."""
+        return {
+            request_id: tuple(manager.blocks[request_id] for manager in self.managers)
+            for request_id in self.managers[0].blocks
+        }
+
+    def held(self, request_id: str) -> GroupBlocks | None:
+        """The request's block-id lists, one per group; None if it holds none."""
+        if request_id not in self.managers[0].blocks:
+            return None
+        return tuple(manager.blocks[request_id] for manager in self.managers)
+
+    @property
+    def num_cached(self) -> dict[str, int]:
+        """Request id -> how many of its positions are cached (in every group)."""
+        return self.managers[0].num_cached
 
     @property
     def usage(self) -> float:
@@ -160,29 +222,29 @@ class SpecKVCacheManager:
         return stats
 
     def take_events(self) -> list[KVCacheEvent]:
-        """The pool's KV cache events not yet taken."""
+        """The pool's KV cache events not yet taken (each names its group)."""
         return self.pool.take_events()
 
     # -- lookups -----------------------------------------------------------------------------
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
-        """The blocks a waiting request may reuse, and the tokens they hold.
+    def get_computed_blocks(self, request: Request) -> tuple[GroupBlocks, int]:
+        """The blocks a waiting request may reuse in every group, and the tokens they hold.
 
-        Caching off: ([], 0), nothing stored. Otherwise the request's full-block hashes are
-        stored (computed unless already stored and non-empty; with
-        `lookup_hashes_every_full_block`, the stored ones extended to every full block); a
-        lookup is counted; a request
-        wanting prompt logprobs gets ([], 0); the lookup leaves out the last hash if every token
-        lies in full blocks; with use_eagle a non-empty hit loses its last block, and a sliding
-        window's hit is found for a window one block wider first (unless
-        `eagle_window_hit_one_short`), so that a whole window stays.
+        Caching off: an empty list per group, 0 tokens, nothing stored. Otherwise the
+        request's full-block hashes are stored (computed unless already stored and non-empty;
+        with `lookup_hashes_every_full_block`, the stored ones extended to every full block); a
+        lookup is counted; a request wanting prompt logprobs gets empty hits; the lookup leaves
+        out the last hash if every token lies in full blocks; the hit is the module
+        docstring's: with one group `unitary_hit`, with several `longest_common_hit`, or with
+        use_eagle `eagle_common_hit`.
 
         Preconditions: `check_lookup` (ArgumentTypeError); the id names no other Request object
         (RequestError).
         """
         check_lookup(request)
+        empty: GroupBlocks = tuple([] for _ in self.managers)
         if not self.enable_caching:
-            return [], 0
+            return empty, 0
         self._require_same_request(request)
         request_id = request.request_id
         if not self.hashes.get(request_id):
@@ -197,21 +259,157 @@ class SpecKVCacheManager:
         if self.stats is not None:
             self.stats.requests += 1
         if request.prompt_logprobs:
-            return [], 0
+            return empty, 0
         if len(stored) * self.block_size == request.num_tokens:
             lookup = stored[:-1]  # recompute the last block, so the last token yields logits
         else:
             lookup = list(stored)
-        hits = self.lookup_policy.longest_hit(self.pool.get_cached_block_unchecked, lookup)
-        if self.use_eagle and hits:
-            hits = hits[:-1]
-        self.truth.check_hit(request, (hits,), len(hits) * self.block_size, eagle=self.use_eagle)
+        if self.num_groups == 1:
+            hits: GroupBlocks = (self.unitary_hit(lookup),)
+        elif self.use_eagle:
+            hits = self.eagle_common_hit(len(lookup), stored)
+        else:
+            hits = self.longest_common_hit(lookup)
+        num_hits = len(hits[0])
+        self.truth.check_hit(request, hits, num_hits * self.block_size, eagle=self.use_eagle)
         if self.stats is not None:
             self.stats.queries += len(lookup)
-            self.stats.hits += len(hits)
+            self.stats.hits += num_hits
             self.stats.queried_tokens += request.num_tokens
-            self.stats.hit_tokens += len(hits) * self.block_size
-        return hits, len(hits) * self.block_size
+            self.stats.hit_tokens += num_hits * self.block_size
+        return hits, num_hits * self.block_size
+
+    def unitary_hit(self, block_hashes: Sequence[BlockHashType]) -> list[int]:
+        """One group's hit (vLLM 0.33's unitary coordinator): its longest hit within
+        `block_hashes`, found for EAGLE with `eagle_lookup`; with use_eagle a non-empty hit
+        loses its last block, so that a sliding window keeps a whole window."""
+        hits = self._group_hit(0, block_hashes, self.eagle_lookup)
+        return hits[:-1] if self.use_eagle and hits else hits
+
+    def longest_common_hit(self, block_hashes: Sequence[BlockHashType]) -> GroupBlocks:
+        """Each group's hit at the longest length every group allows (module docstring)."""
+        length = self.trace_common_hit(block_hashes).length
+        hits = tuple(self._group_hit(g, block_hashes[:length]) for g in range(self.num_groups))
+        assert all(len(hit) == length for hit in hits), "a fixed point: every group allows it"
+        return hits
+
+    def trace_common_hit(self, block_hashes: Sequence[BlockHashType]) -> HitTrace:
+        """How the common hit within `block_hashes` is found: passes over the groups (full
+        attention first), each group shortening the length to its longest hit within it, until
+        a pass shortens nothing. Reads the pool only."""
+        order = sorted(
+            range(self.num_groups), key=lambda group: self.managers[group].allows_null_blocks
+        )
+        alone = tuple(len(self._group_hit(g, block_hashes)) for g in range(self.num_groups))
+        length, passes, undercut = len(block_hashes), 0, False
+        while True:
+            passes += 1
+            shortened, windowed_accepted = length, None
+            for group in order:
+                shortened = min(shortened, len(self._group_hit(group, block_hashes[:shortened])))
+                if windowed_accepted is not None and shortened < windowed_accepted:
+                    undercut = True
+                if self.managers[group].allows_null_blocks:
+                    windowed_accepted = shortened
+            if shortened == length:
+                return HitTrace(alone, length, passes, undercut)
+            length = shortened
+
+    def eagle_common_hit(
+        self, num_lookup: int, block_hashes: Sequence[BlockHashType]
+    ) -> GroupBlocks:
+        """The hit of several groups with use_eagle, found as vLLM 0.33's coordinator finds it
+        (a procedure: its answer depends on the order of its steps, so it is stated as those
+        steps).
+
+        Groups of equal specs form one unit, looked up together (a position is cached for the
+        unit only if it is in every one of its groups); full-attention units go first. The
+        length starts at `num_lookup` blocks (the lookup without EAGLE). Passes go over the
+        units until one shortens nothing (with one full-attention unit and one other, a single
+        pass): a full-attention unit asked before is only cut to the length; a unit not yet
+        asked at this length ("unverified") finds its hit for EAGLE (`for_eagle`) within one
+        block more than the length (at most the request's full blocks, `block_hashes`) and
+        drops that hit's last block: a sliding window keeps a whole window of cached blocks; a
+        verified unit finds its own hit within the length, and if it shortens the length every
+        unit is unverified again. Full-attention groups are cut to the final length; the others
+        keep their last hit, which has that length.
+
+        Args:
+            num_lookup: the blocks a lookup without EAGLE covers.
+            block_hashes: the request's stored hashes (every full block's under vLLM 0.33).
+        """
+        units: list[list[int]] = []
+        for group, spec in enumerate(self.specs):
+            member_of = [unit for unit in units if self.specs[unit[0]] == spec]
+            if member_of:
+                member_of[0].append(group)
+            else:
+                units.append([group])
+        units.sort(key=lambda unit: self.managers[unit[0]].allows_null_blocks)
+        full = [not self.managers[unit[0]].allows_null_blocks for unit in units]
+        single_pass = len(units) == 2 and full[0]
+        found: dict[int, list[list[int]]] = {}
+        verified: set[int] = set()
+        length = num_lookup
+        while True:
+            current = length
+            for index, groups in enumerate(units):
+                if full[index] and index in found:
+                    current = min(current, len(found[index][0]))
+                    continue
+                if index not in verified:
+                    limit = min(current + 1, len(block_hashes))
+                    hits = self._unit_hit(groups, block_hashes[:limit], for_eagle=True)
+                    hits = [group_hits[:-1] for group_hits in hits] if hits[0] else hits
+                    verified.add(index)
+                else:
+                    hits = self._unit_hit(groups, block_hashes[:current], for_eagle=False)
+                    if len(hits[0]) < current:
+                        verified.clear()
+                current = len(hits[0])
+                found[index] = hits
+            if current >= length or single_pass:
+                length = current
+                break
+            length = current
+        result: list[list[int]] = [[] for _ in self.managers]
+        for index, groups in enumerate(units):
+            for group, group_hits in zip(groups, found[index], strict=True):
+                result[group] = group_hits[:length] if full[index] else group_hits
+        return tuple(result)
+
+    def _unit_hit(
+        self, groups: Sequence[int], block_hashes: Sequence[BlockHashType], *, for_eagle: bool
+    ) -> list[list[int]]:
+        """The first group's attention's hit within `block_hashes` for groups looked up
+        together: a position is cached if every group caches it; each group's own blocks, in
+        group order."""
+
+        def cached_in_every_group(block_hash: BlockHashType) -> int | None:
+            found = [
+                self.pool.get_cached_block_unchecked(cache_key(block_hash, group))
+                for group in groups
+            ]
+            return found[0] if None not in found else None
+
+        hit = self.managers[groups[0]].longest_hit(cached_in_every_group, block_hashes, for_eagle)
+        nulls = len(list(itertools.takewhile(lambda block_id: block_id == NULL_BLOCK_ID, hit)))
+        result = []
+        for group in groups:
+            cached = [
+                self.pool.get_cached_block_unchecked(cache_key(block_hash, group))
+                for block_hash in block_hashes[nulls : len(hit)]
+            ]
+            result.append([NULL_BLOCK_ID] * nulls + [b for b in cached if b is not None])
+        return result
+
+    def _group_hit(
+        self, group: int, block_hashes: Sequence[BlockHashType], for_eagle: bool = False
+    ) -> list[int]:
+        def lookup(block_hash: BlockHashType) -> int | None:
+            return self.pool.get_cached_block_unchecked(cache_key(block_hash, group))
+
+        return self.managers[group].longest_hit(lookup, block_hashes, for_eagle)
 
     # -- allocation --------------------------------------------------------------------------
 
@@ -219,38 +417,42 @@ class SpecKVCacheManager:
         self,
         request: Request,
         num_tokens: int,
-        new_computed_blocks: Sequence[int] | None = None,
+        new_computed_blocks: Sequence[Sequence[int]] | None = None,
         num_lookahead_tokens: int = 0,
-    ) -> list[int] | None:
-        """Reserve slots for `num_tokens` scheduled tokens; None when they do not fit.
+    ) -> GroupBlocks | None:
+        """Reserve slots for `num_tokens` scheduled tokens in every group; None when they do
+        not fit in the pool, every group counted together.
 
         Preconditions, in order:
           1. `check_allocation`: a Request; num_tokens an int >= 1; num_lookahead_tokens an
              int >= 0; the request's num_computed_tokens an int and spec_token_ids a list; the
-             hits None or an iterable of block ids (ArgumentTypeError, InvalidArgumentError);
+             hits None or one iterable of block ids per group (ArgumentTypeError,
+             InvalidArgumentError);
           2. no more speculative tokens than num_tokens (InvalidArgumentError);
           3. the id names no other Request object (RequestError);
-          4. 0 <= num_computed_tokens <= blocks held * B (RequestError);
+          4. 0 <= num_computed_tokens <= blocks held per group * B (RequestError);
           5. if there are hits: caching is on (InvalidArgumentError); the request holds no
-             blocks and has no computed tokens (RequestError); there are no more hits than
-             stored hashes (RequestError); each hit, in order, is a block of the pool
-             (BlockStateError), is the null block only if the attention allows null blocks
-             (BlockStateError), and unless it is the null block is cached under the request's
-             stored hash at its position (RequestError); the hits have a shape the attention
-             can produce: under sliding window, null hits first, then contiguous_blocks_needed
-             cached blocks of the lookup's window (`lookup_policy`), one fewer with use_eagle
-             (RequestError);
+             blocks and has no computed tokens; every group has as many hits; there are no more
+             hits than stored hashes (RequestError); then group by group, each hit, in order,
+             is a block of the pool (BlockStateError), is the null block only if the group's
+             attention allows null blocks (BlockStateError), and unless it is the null block
+             is cached in the group under the request's stored hash at its position
+             (RequestError); the group's hits have a shape its attention can produce when
+             found with `eagle_lookup`, less the last block with use_eagle (RequestError);
           6. computed tokens after the step, speculative ones excluded, do not exceed the
              request's tokens (InvalidArgumentError);
           7. the blocks required, lookahead included, do not exceed cdiv(max_model_len, B)
-             (MaxModelLenExceededError; under vLLM semantics only when nothing could be added);
+             (MaxModelLenExceededError; under vLLM 0.8.5's `cap_at_max_model_len` only when
+             nothing could be added);
           8. with caching, full blocks after the step are at least the blocks already cached
              (RequestError).
 
         Then, in three steps: `_drop_skipped_blocks` (even if the request then does not fit);
-        `_fits`, or None; `_grow`, which returns the new blocks.
+        `_fits`, or None; `_grow`, which returns the new blocks of each group.
         """
-        hits = check_allocation(request, num_tokens, new_computed_blocks, num_lookahead_tokens)
+        hits = check_allocation(
+            request, num_tokens, new_computed_blocks, num_lookahead_tokens, self.num_groups
+        )
         step = self._allocation_step(request, num_tokens, hits, num_lookahead_tokens)
         self._drop_skipped_blocks(request)
         if not self._fits(request, step):
@@ -258,7 +460,7 @@ class SpecKVCacheManager:
         return self._grow(request, step)
 
     def _allocation_step(
-        self, request: Request, num_tokens: int, hits: list[int], num_lookahead_tokens: int
+        self, request: Request, num_tokens: int, hits: GroupBlocks, num_lookahead_tokens: int
     ) -> Step:
         """Preconditions 2-8 of `allocate_slots`; the step they allow. Changes nothing."""
         request_id = request.request_id
@@ -266,21 +468,21 @@ class SpecKVCacheManager:
         if num_spec > num_tokens:
             raise refusals.more_drafts_than_scheduled(request_id, num_spec, num_tokens)
         self._require_same_request(request)
-        held = self.blocks.get(request_id, [])
-        slots = len(held) * self.block_size
-        if request.num_computed_tokens not in range(slots + 1):
+        num_held = len(self.managers[0].blocks.get(request_id, []))
+        if request.num_computed_tokens not in range(num_held * self.block_size + 1):
             raise refusals.computed_outside_slots(
-                request_id, request.num_computed_tokens, len(held), self.block_size
+                request_id, request.num_computed_tokens, num_held, self.block_size
             )
-        if hits:
-            self._require_hits(request, held, hits)
-        computed = request.num_computed_tokens + len(hits) * self.block_size
+        if any(group_hits for group_hits in hits):
+            self._require_hits(request, num_held, hits)
+        num_hits = len(hits[0])
+        computed = request.num_computed_tokens + num_hits * self.block_size
         if computed + num_tokens - num_spec > request.num_tokens:
             raise refusals.more_tokens_than_request(
                 request_id, computed + num_tokens - num_spec, request.num_tokens
             )
         required = num_required_blocks(computed, num_tokens, num_lookahead_tokens, self.block_size)
-        could_grow = len(held) + len(hits) < self.max_num_blocks_per_req
+        could_grow = num_held + num_hits < self.max_num_blocks_per_req
         capped = self.semantics.cap_at_max_model_len and could_grow  # vLLM allocates fewer
         if required > self.max_num_blocks_per_req and not capped:
             raise refusals.past_max_model_len(
@@ -291,109 +493,106 @@ class SpecKVCacheManager:
                 self.block_size,
             )
         full = num_full_blocks(computed, num_tokens, num_spec, self.block_size)
-        cached = self.num_cached.get(request_id, len(hits))
+        cached = self.num_cached.get(request_id, num_hits)
         if self.enable_caching and full < cached:
             raise refusals.cached_blocks_lost(request_id, full, cached)
         return Step(hits, required, full, cached, computed, num_tokens)
 
-    def _require_hits(self, request: Request, held: list[int], hits: list[int]) -> None:
+    def _require_hits(self, request: Request, num_held: int, hits: GroupBlocks) -> None:
         """Precondition 5: the hits are what `get_computed_blocks` could have returned."""
         request_id = request.request_id
         if not self.enable_caching:
             raise refusals.hits_without_caching(request_id)
-        if held or request.num_computed_tokens:
+        if num_held or request.num_computed_tokens:
             raise refusals.hits_for_running_request(request_id)
+        lengths = [len(group_hits) for group_hits in hits]
+        if len(set(lengths)) != 1:
+            raise refusals.hits_of_unequal_length(request_id, lengths)
         stored = self.hashes.get(request_id, [])
-        if len(hits) > len(stored):
-            raise refusals.more_hits_than_hashes(request_id, len(hits), len(stored))
-        for position, block_id in enumerate(hits):
-            if block_id not in range(self.pool.num_gpu_blocks):
-                raise refusals.foreign_block(block_id)
-            if block_id == NULL_BLOCK_ID:
-                if not self.attention.allows_null_blocks:
-                    raise refusals.null_hit(block_id)
-            elif self.pool.block_hash[block_id] != stored[position]:
-                raise refusals.hit_not_cached(request_id, block_id, position)
-        shape_error = self.lookup_policy.hit_shape_error(hits, self.use_eagle)
-        if shape_error is not None:
-            raise refusals.hit_shape(request_id, shape_error)
+        if lengths[0] > len(stored):
+            raise refusals.more_hits_than_hashes(request_id, lengths[0], len(stored))
+        for group, (manager, group_hits) in enumerate(zip(self.managers, hits, strict=True)):
+            for position, block_id in enumerate(group_hits):
+                if block_id not in range(self.pool.num_gpu_blocks):
+                    raise refusals.foreign_block(block_id)
+                if block_id == NULL_BLOCK_ID:
+                    if not manager.allows_null_blocks:
+                        raise refusals.null_hit(block_id)
+                elif self.pool.block_hash[block_id] != cache_key(stored[position], group):
+                    raise refusals.hit_not_cached(request_id, block_id, position)
+            shape_error = manager.hit_shape_error(group_hits, self.use_eagle, self.eagle_lookup)
+            if shape_error is not None:
+                raise refusals.hit_shape(request_id, shape_error)
 
     def _drop_skipped_blocks(self, request: Request) -> None:
-        """The positions the next token no longer reads hold the null block afterwards; the
-        blocks they held are freed, the newest first."""
-        held = self.blocks.get(request.request_id)
-        if held is None:
-            return
-        skipped = min(self.attention.num_skipped(request.num_computed_tokens), len(held))
-        dropped = [block_id for block_id in held[:skipped] if block_id != NULL_BLOCK_ID]
-        self.pool.free_blocks_unchecked(dropped[::-1])
-        held[:skipped] = [NULL_BLOCK_ID] * skipped
+        """Group by group, the positions the next token no longer reads hold the null block;
+        the blocks they held are freed, the newest first."""
+        for manager in self.managers:
+            manager.drop_skipped_blocks(request.request_id, request.num_computed_tokens)
 
     def _fits(self, request: Request, step: Step) -> bool:
-        """The blocks still missing fit in the free blocks the hits leave: a hit at ref_cnt 0
-        leaves the free queue when touched (a null hit only under vLLM semantics)."""
-        num_held = len(self.blocks.get(request.request_id, []))
-        missing = num_new_blocks(step.num_required, num_held, len(step.hits))
+        """The blocks still missing in every group fit, together, in the free blocks the hits
+        leave: a hit at ref_cnt 0 leaves the free queue when touched (a null hit only under
+        vLLM 0.8.5's `capacity_counts_null_blocks`)."""
+        num_held = len(self.managers[0].blocks.get(request.request_id, []))
+        missing = num_new_blocks(step.num_required, num_held, len(step.hits[0]))
         free_hits = [
             block_id
-            for block_id in step.hits
+            for group_hits in step.hits
+            for block_id in group_hits
             if self.pool.ref_cnt[block_id] == 0
             and (block_id != NULL_BLOCK_ID or self.semantics.capacity_counts_null_blocks)
         ]
-        return fits(missing, self.pool.get_num_free_blocks(), len(free_hits))
+        return fits(missing * self.num_groups, self.pool.get_num_free_blocks(), len(free_hits))
 
-    def _grow(self, request: Request, step: Step) -> list[int]:
-        """The state after a step that fits: the request holds its blocks, then the hits (one
-        more reference each), then the missing blocks from the head of the free queue (as many
-        as max_model_len leaves room for); with caching, its blocks [cached, full) are cached
-        and `num_cached` is `full`."""
+    def _grow(self, request: Request, step: Step) -> GroupBlocks:
+        """The state after a step that fits: the hits of every group get one more reference
+        each (every group's before any group's new blocks); each group's list holds its blocks,
+        then its hits, then (group by group) the missing blocks from the head of the free queue
+        (as many as max_model_len leaves room for), and with caching its blocks [cached, full)
+        are cached and `num_full` positions count as cached."""
         request_id = request.request_id
         if self.enable_caching:
-            self.pool.touch_unchecked(step.hits)
-        blocks = self.blocks.get(request_id, []) + step.hits
-        room = self.max_num_blocks_per_req - len(blocks)
-        missing = num_new_blocks(step.num_required, len(blocks), 0)
-        new_blocks = self.pool.get_new_blocks_unchecked(
-            max(min(missing, self.pool.get_num_free_blocks(), room), 0)
-        )
-        self.truth.handed_out(new_blocks)
-        blocks += new_blocks
-        self.blocks[request_id] = blocks
+            for group_hits in step.hits:
+                self.pool.touch_unchecked(group_hits)
+        for manager, group_hits in zip(self.managers, step.hits, strict=True):
+            manager.add_hits(request_id, group_hits)
+        num_blocks = len(self.managers[0].blocks[request_id])
+        room = self.max_num_blocks_per_req - num_blocks
+        missing = num_new_blocks(step.num_required, num_blocks, 0)
+        num_new = max(min(missing, self.pool.get_num_free_blocks(), room), 0)
+        num_recorded = len(self.hashes.get(request_id, []))
+        new_blocks: list[list[int]] = []
+        for manager in self.managers:
+            taken = manager.take_new_blocks(request_id, num_new)
+            self.truth.handed_out(taken)
+            new_blocks.append(taken)
+            if self.enable_caching:
+                stored = self.hashes.setdefault(request_id, [])
+                manager.cache_blocks(request, stored, step.num_cached, step.num_full, self.hash_fn)
         self.requests[request_id] = request
-        self.truth.check_step(request, (blocks,), step.num_computed)
-        self.truth.computed(request, (blocks,), step.num_computed, step.num_tokens)
+        tables = tuple(manager.blocks[request_id] for manager in self.managers)
+        self.truth.check_step(request, tables, step.num_computed)
+        self.truth.computed(request, tables, step.num_computed, step.num_tokens)
         if self.enable_caching:
-            stored = self.hashes.setdefault(request_id, [])
-            num_recorded = len(stored)
-            self.pool.cache_full_blocks_unchecked(
-                request,
-                blocks,
-                stored,
-                min(step.num_cached, len(blocks)),
-                min(step.num_full, len(blocks)),
-                self.block_size,
-                self.hash_fn,
-            )
-            self._record_parents(stored, num_recorded)
-            self.num_cached[request_id] = step.num_full
-        return new_blocks
+            self._record_parents(self.hashes[request_id], num_recorded)
+        return tuple(new_blocks)
 
     # -- release -----------------------------------------------------------------------------
 
     def free(self, request: Request) -> None:
-        """Free the request's blocks, last first when caching (first evicted), else in order
-        (last first as well under `free_tail_first_without_caching`).
+        """Free the request's blocks group by group, each group's last first when caching, else
+        in order (last first as well under `free_tail_first_without_caching`). Its stored hashes
+        stay. Unknown request: nothing happens.
 
-        Its stored hashes stay. Unknown request: nothing happens.
         Preconditions: a Request (ArgumentTypeError); the id names no other Request object
         (RequestError).
         """
         check_request("free", request)
         self._require_same_request(request)
-        held = self.blocks.pop(request.request_id, [])
         tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
-        self.pool.free_blocks_unchecked(held[::-1] if tail_first else held)
-        self.num_cached.pop(request.request_id, None)
+        for manager in self.managers:
+            manager.free(request.request_id, tail_first)
         self.truth.freed(request.request_id)
         self._forget_if_done(request.request_id)
 
@@ -405,7 +604,7 @@ class SpecKVCacheManager:
         """
         check_request("free_block_hashes", request)
         self._require_same_request(request)
-        if request.request_id in self.blocks:
+        if request.request_id in self.managers[0].blocks:
             raise refusals.hashes_dropped_while_held(request.request_id)
         self.hashes.pop(request.request_id, None)
         self._forget_if_done(request.request_id)
@@ -418,15 +617,18 @@ class SpecKVCacheManager:
             self.stats.reset = True
         return True
 
-    def get_num_common_prefix_blocks(self, request: Request, num_running_requests: int) -> int:
-        """Leading blocks of the request with ref_cnt == num_running_requests.
+    def get_num_common_prefix_blocks(
+        self, request: Request, num_running_requests: int
+    ) -> tuple[int, ...]:
+        """Per group, the leading blocks of the request with ref_cnt == num_running_requests.
 
         Preconditions: `check_common_prefix` (ArgumentTypeError, InvalidArgumentError).
         """
         check_common_prefix(request, num_running_requests)
-        held = self.blocks.get(request.request_id, [])
-        shared = [self.pool.ref_cnt[block_id] == num_running_requests for block_id in held]
-        return shared.index(False) if False in shared else len(shared)
+        return tuple(
+            manager.num_common_prefix_blocks(request.request_id, num_running_requests)
+            for manager in self.managers
+        )
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -445,7 +647,7 @@ class SpecKVCacheManager:
             raise refusals.id_in_use(request.request_id)
 
     def _forget_if_done(self, request_id: str) -> None:
-        if request_id not in self.blocks and request_id not in self.hashes:
+        if request_id not in self.managers[0].blocks and request_id not in self.hashes:
             self.requests.pop(request_id, None)
             self.truth.forget(request_id)
 
@@ -464,8 +666,12 @@ class SpecKVCacheManager:
             InvariantViolation: the first broken invariant and the state that breaks it.
         """
         self.pool.check_invariants()
-        # ref_cnt of each block = the number of request block lists holding it.
-        holders_of = Counter(block_id for held in self.blocks.values() for block_id in held)
+        holders_of = Counter(
+            block_id
+            for manager in self.managers
+            for held in manager.blocks.values()
+            for block_id in held
+        )
         for block_id in range(1, self.pool.num_gpu_blocks):
             holders = holders_of.get(block_id, 0)
             if self.pool.ref_cnt[block_id] != holders:
@@ -475,59 +681,72 @@ class SpecKVCacheManager:
                 )
             if holders >= 2 and self.pool.block_hash[block_id] is None:
                 raise InvariantViolation("a block held by two requests is cached", str(block_id))
-        for request_id, held in self.blocks.items():
-            self._check_request(request_id, held)
-            self.truth.check_table(self.requests[request_id], (held,))
-        tracked = self.blocks.keys() | self.hashes.keys()
-        if self.requests.keys() != tracked or not self.num_cached.keys() <= tracked:
+        for request_id in self.managers[0].blocks:
+            tables = self._check_request(request_id)
+            self.truth.check_table(self.requests[request_id], tables)
+        tracked = self.managers[0].blocks.keys() | self.hashes.keys()
+        anywhere = set().union(
+            *(manager.blocks.keys() | manager.num_cached.keys() for manager in self.managers)
+        )
+        if self.requests.keys() != tracked or not anywhere <= tracked:
             raise InvariantViolation(
                 "every tracked request has blocks or stored hashes", repr(sorted(tracked))
             )
-        if not self.attention.allows_null_blocks and self.enable_caching:
-            self._check_prefix_closure()
+        if self.enable_caching:
+            closed = [group for group, m in enumerate(self.managers) if m.prefix_closed]
+            check_prefix_closure(self.pool.index, self.parent_of, closed)
 
-    def _check_request(self, request_id: str, held: list[int]) -> None:
-        nulls = [position for position, block_id in enumerate(held) if block_id == NULL_BLOCK_ID]
-        if nulls and (not self.attention.allows_null_blocks or nulls != list(range(len(nulls)))):
+    def _check_request(self, request_id: str) -> GroupBlocks:
+        """The request's invariants in every group; its tables."""
+        found = [manager.blocks.get(request_id) for manager in self.managers]
+        lengths = [None if blocks is None else len(blocks) for blocks in found]
+        if len(set(lengths)) != 1:
             raise InvariantViolation(
-                "null blocks only as a prefix, and only under sliding window",
-                f"request {request_id!r}: {held}",
+                "a request's block lists cover the same positions in every group",
+                f"request {request_id!r}: {lengths} blocks",
             )
-        if len(held) > self.max_num_blocks_per_req and not self.semantics.cap_at_max_model_len:
+        held = tuple(blocks for blocks in found if blocks is not None)
+        for group, (manager, blocks) in enumerate(zip(self.managers, held, strict=True)):
+            nulls = [position for position, block_id in enumerate(blocks) if block_id == 0]
+            if nulls and (not manager.allows_null_blocks or nulls != list(range(len(nulls)))):
+                raise InvariantViolation(
+                    "null blocks only as a prefix, and only under sliding window",
+                    f"request {request_id!r}, group {group}: {blocks}",
+                )
+        if len(held[0]) > self.max_num_blocks_per_req and not self.semantics.cap_at_max_model_len:
             raise InvariantViolation(
                 "a request holds at most cdiv(max_model_len, block_size) blocks", repr(held)
             )
         if not self.enable_caching:
-            return
+            return held
         request = self.requests[request_id]
-        num_cached = self.num_cached.get(request_id, 0)
         stored = self.hashes.get(request_id, [])
-        num_full = request.num_tokens // self.block_size
-        if num_cached > min(num_full, len(stored)):
-            raise InvariantViolation(
-                "a request's cached blocks are full blocks with stored hashes",
-                f"request {request_id!r}: {num_cached} cached of {num_full} full blocks and "
-                f"{len(stored)} stored hashes",
-            )
-        carried = [self.pool.block_hash[block_id] for block_id in held[:num_cached]]
-        for position, block_hash in enumerate(carried):
-            if held[position] != NULL_BLOCK_ID and block_hash != stored[position]:
+        for group, (manager, blocks) in enumerate(zip(self.managers, held, strict=True)):
+            num_cached = manager.num_cached.get(request_id, 0)
+            if num_cached > min(request.num_tokens // self.block_size, len(stored)):
                 raise InvariantViolation(
-                    "a request's cached block carries the hash its tokens chain to",
-                    f"request {request_id!r}, position {position}, block {held[position]}",
+                    "a request's cached blocks are full blocks with stored hashes",
+                    f"request {request_id!r}, group {group}: {num_cached} cached, "
+                    f"{len(stored)} stored hashes",
                 )
+            for position, block_id in enumerate(blocks[:num_cached]):
+                if block_id != NULL_BLOCK_ID and self.pool.block_hash[block_id] != cache_key(
+                    stored[position], group
+                ):
+                    raise InvariantViolation(
+                        "a request's cached block carries the hash its tokens chain to",
+                        f"request {request_id!r}, group {group}, position {position}, "
+                        f"block {block_id}",
+                    )
         if self.semantics.vllm_new_block_mm_keys:
-            return  # vLLM 0.8.5 stores some hashes with other multimodal keys than the chain's
+            return held  # vLLM 0.8.5 stores some hashes with other multimodal keys than the chain's
         chain = self._chain(request)
         if stored != chain[: len(stored)]:  # the stored hashes are a prefix of the chain
             raise InvariantViolation(
                 "stored hashes are the chain of the request's tokens",
                 f"request {request_id!r}: stored {stored}, its tokens chain to {chain}",
             )
-
-    def _check_prefix_closure(self) -> None:
-        """Full attention: every cached hash's parent is cached too (tail-first freeing)."""
-        check_prefix_closure(self.pool.index, self.parent_of, groups=(0,))
+        return held
 
 
 def check_prefix_closure(

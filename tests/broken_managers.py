@@ -6,11 +6,11 @@ broken_managers:NAME`, with `tests/` on PYTHONPATH).
 
 from __future__ import annotations
 
-from pagedkv.attention import SlidingWindowManager
 from pagedkv.block import KVCacheBlock
 from pagedkv.harness.adapters import ObjectManagerAdapter
 from pagedkv.harness.protocol import ManagerConfig, ManagerUnderTest
 from pagedkv.manager import KVCacheManager
+from pagedkv.single_type import SlidingWindowManager
 from pagedkv.vocab.request import Request
 
 
@@ -22,23 +22,23 @@ class ForwardFreeManager(KVCacheManager):
     """free releases blocks head first even with caching: prefixes are evicted before tails."""
 
     def free(self, request: Request) -> None:
-        blocks = self.req_to_blocks.pop(request.request_id, [])
-        self.block_pool.free_blocks(blocks)
-        self.num_cached_block.pop(request.request_id, None)
-        self._forget_if_done(request.request_id)
+        request_id = request.request_id
+        for group in self.coordinator.single_type_managers:
+            group.free(request_id, tail_first=False)
+        self._forget_if_done(request_id)
 
 
 class NoLastBlockRuleManager(KVCacheManager):
     """get_computed_blocks looks up every hash, so a fully cached prompt computes nothing."""
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+    def get_computed_blocks(self, request: Request) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        hits, num_hit_tokens = super().get_computed_blocks(request)
         if not self.enable_caching:
-            return [], 0
-        hits, _ = super().get_computed_blocks(request)
+            return hits, num_hit_tokens  # type: ignore[return-value]
         hashes = self.req_to_block_hashes[request.request_id]
         if not request.prompt_logprobs and len(hashes) * self.block_size == request.num_tokens:
-            hits = self.specialized_manager.find_longest_cache_hit(hashes)
-        return hits, len(hits) * self.block_size
+            hits = self.coordinator.find_longest_cache_hit(hashes, hashes)
+        return hits, len(hits[0]) * self.block_size  # type: ignore[return-value]
 
 
 class WindowOffByOneManager(KVCacheManager):
@@ -46,9 +46,9 @@ class WindowOffByOneManager(KVCacheManager):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        manager = self.specialized_manager
-        if isinstance(manager, SlidingWindowManager):
-            manager.sliding_window -= manager.block_size
+        for group in self.coordinator.single_type_managers:
+            if isinstance(group, SlidingWindowManager):
+                group.sliding_window -= group.block_size
 
 
 def forward_free(config: ManagerConfig) -> ManagerUnderTest:

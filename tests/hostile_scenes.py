@@ -75,7 +75,7 @@ class ManagerScene:
     manager: Any  # KVCacheManager or SpecKVCacheManager
     running: Request
     waiting: Request
-    hits: list[Any]
+    hits: tuple[list[Any], ...]  # one list per KV cache group (one group here)
 
 
 def manager_scene(side: str, *, sliding: bool = False, hash_algo: str = "sha256") -> ManagerScene:
@@ -96,6 +96,6 @@ def manager_scene(side: str, *, sliding: bool = False, hash_algo: str = "sha256"
     running.append_output_token_ids(8)
     waiting = Request("waiting", [1, 2, 3, 4, 5, 6, 9], cache_salt="tenant-a")
     hits, _ = manager.get_computed_blocks(waiting)
-    assert hits
+    assert hits[0]
     manager.check_invariants()
     return ManagerScene(manager, running, waiting, hits)

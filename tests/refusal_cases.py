@@ -22,6 +22,7 @@ from pagedkv import (
     BlockPool,
     FullAttentionSpec,
     KVCacheBlock,
+    KVCacheBlocks,
     KVCacheConfig,
     KVCacheManager,
     PagedKVError,
@@ -62,8 +63,9 @@ def _running() -> tuple[KVCacheManager, Request, Snapshot]:
     return manager, request, ObjectManagerAdapter(manager).snapshot
 
 
-def _waiting_with_hits() -> tuple[KVCacheManager, Request, list[KVCacheBlock], Snapshot]:
-    """A freed request left its two full blocks cached; a new one with the same prompt hits them."""
+def _waiting_with_hits() -> tuple[KVCacheManager, Request, KVCacheBlocks, Snapshot]:
+    """A freed request left its two full blocks cached; a new one with the same prompt hits them
+    (one group: one list of two blocks)."""
     manager = _manager()
     first = Request("first", list(range(9)))
     assert manager.allocate_slots(first, 9) is not None
@@ -71,7 +73,7 @@ def _waiting_with_hits() -> tuple[KVCacheManager, Request, list[KVCacheBlock], S
     manager.free_block_hashes(first)
     second = Request("second", list(range(9)))
     hits, _ = manager.get_computed_blocks(second)
-    assert len(hits) == 2
+    assert [len(group_hits) for group_hits in hits] == [2]
     return manager, second, hits, ObjectManagerAdapter(manager).snapshot
 
 
@@ -202,6 +204,9 @@ CASES: dict[str, Case] = {
     "allocate_slots with hits: num_tokens float": _allocate_with_hits(1.0),
     "allocate_slots with hits: num_tokens NaN": _allocate_with_hits(NAN),
     "allocate_slots: hits are not blocks": _manager_call(
+        "allocate_slots", Request("h", [1]), 1, [[1]]
+    ),
+    "allocate_slots: hits are not one list per group": _manager_call(
         "allocate_slots", Request("h", [1]), 1, [1]
     ),
     "allocate_slots: request None": _manager_call("allocate_slots", None, 1),

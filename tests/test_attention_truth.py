@@ -13,13 +13,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from pagedkv import HybridKVCacheManager, KVCacheManager
+from pagedkv import KVCacheManager
 from pagedkv.harness.swarm.runs import hybrid_kv_cache_config
-from pagedkv.spec.attention import FullAttention, SlidingWindow
 from pagedkv.spec.attention_truth import ATTENTION_TRUTH, AttentionTruth
-from pagedkv.spec.hybrid_manager import SpecHybridKVCacheManager
+from pagedkv.spec.block_pool import SpecBlockPool
 from pagedkv.spec.known_bugs import FATAL_ENV, KNOWN_BUGS, known_bugs
 from pagedkv.spec.manager import SpecKVCacheManager
+from pagedkv.spec.single_type import FullAttention, SlidingWindow
 from pagedkv.vocab.hashes import MultimodalKey
 from pagedkv.vocab.kv_cache_interface import (
     FullAttentionSpec,
@@ -38,6 +38,20 @@ FULL4 = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype="floa
 FOUR_BLOCKS = [token for token in range(4) for _ in range(16)]
 
 
+def _full() -> FullAttention:
+    """What full attention reads (a per-type manager of block size 2, over a pool of its own)."""
+    spec = FullAttentionSpec(block_size=2, num_kv_heads=1, head_size=1, dtype="float32")
+    return FullAttention(spec, SpecBlockPool(4, True), 0)
+
+
+def _window(sliding_window: int) -> SlidingWindow:
+    """What a sliding window of block size 2 reads."""
+    spec = SlidingWindowSpec(
+        block_size=2, num_kv_heads=1, head_size=1, dtype="float32", sliding_window=sliding_window
+    )
+    return SlidingWindow(spec, SpecBlockPool(4, True), 0)
+
+
 def _ids(blocks: Sequence[object]) -> list[int]:
     return [block if isinstance(block, int) else block.block_id for block in blocks]  # type: ignore[attr-defined]
 
@@ -52,7 +66,7 @@ def _eagle_window_hit(
     manager.allocate_slots(first, 71, hits)
     first.num_computed_tokens = 71
     hits, num_tokens = manager.get_computed_blocks(Request("b", [*FOUR_BLOCKS, *[6] * 5]))
-    return _ids(hits), num_tokens
+    return _ids(hits[0]), num_tokens
 
 
 @pytest.mark.parametrize("cls", [SpecKVCacheManager, KVCacheManager])
@@ -95,7 +109,7 @@ def test_a_known_bug_fails_like_any_untruth_when_asked(monkeypatch: pytest.Monke
     )
 
 
-@pytest.mark.parametrize("cls", [SpecHybridKVCacheManager, HybridKVCacheManager])
+@pytest.mark.parametrize("cls", [SpecKVCacheManager, KVCacheManager])
 def test_an_eagle_hit_over_several_groups_keeps_every_window_whole(cls: type) -> None:
     """A full-attention group and a 32-token window: the window group's hit is [null, 7, 8]
     (vLLM 0.33's coordinator), never [null, null, 8]."""
@@ -108,7 +122,7 @@ def test_an_eagle_hit_over_several_groups_keeps_every_window_whole(cls: type) ->
     assert ([_ids(group) for group in hits], num_tokens) == ([[1, 2, 3], [0, 7, 8]], 48)
 
 
-@pytest.mark.parametrize("cls", [SpecHybridKVCacheManager, HybridKVCacheManager])
+@pytest.mark.parametrize("cls", [SpecKVCacheManager, KVCacheManager])
 def test_an_eagle_hit_over_several_groups_may_use_the_last_full_block(cls: type) -> None:
     """A prompt of whole blocks: EAGLE matches one block past the lookup (its last full block)
     and drops it, so the hit is one block longer than a lookup without EAGLE less one."""
@@ -137,9 +151,9 @@ def test_the_same_image_elsewhere_in_a_block_is_no_hit(cls: type) -> None:
     first = _image_at("a", 1)
     hits, _ = manager.get_computed_blocks(first)
     manager.allocate_slots(first, 8, hits)
-    assert manager.get_computed_blocks(_image_at("b", 2)) == ([], 0)
+    assert manager.get_computed_blocks(_image_at("b", 2)) == (([],), 0)
     hits, num_tokens = manager.get_computed_blocks(_image_at("c", 1))
-    assert (_ids(hits), num_tokens) == ([1], 4)
+    assert (_ids(hits[0]), num_tokens) == ([1], 4)
 
 
 def test_a_multimodal_key_names_the_input_its_place_and_its_length() -> None:
@@ -155,7 +169,7 @@ def test_vllm_0_8_5_hits_the_same_image_elsewhere(cls: type) -> None:
     hits, _ = manager.get_computed_blocks(first)
     manager.allocate_slots(first, 8, hits)
     hits, num_tokens = manager.get_computed_blocks(_image_at("b", 2))
-    assert (_ids(hits), num_tokens) == ([1], 4)  # the KV of another placement of the image
+    assert (_ids(hits[0]), num_tokens) == ([1], 4)  # the KV of another placement of the image
 
 
 def test_the_spec_names_that_hit_a_known_bug_of_vllm_0_8_5() -> None:
@@ -187,7 +201,7 @@ def _report(truth: AttentionTruth, request: Request, table: list[int]) -> str:
 
 
 def test_a_request_reads_its_own_kv_from_its_blocks() -> None:
-    truth = AttentionTruth((FullAttention(),), 2)
+    truth = AttentionTruth((_full(),), 2)
     request = Request("r", [1, 2, 3, 4])
     _computed(truth, request, [1, 2])
     truth.check_table(request, ([1, 2],))  # no violation
@@ -195,7 +209,7 @@ def test_a_request_reads_its_own_kv_from_its_blocks() -> None:
 
 
 def test_the_null_block_holds_no_ones_kv() -> None:
-    truth = AttentionTruth((FullAttention(),), 2)
+    truth = AttentionTruth((_full(),), 2)
     request = Request("r", [1, 2, 3, 4])
     _computed(truth, request, [1, 2])
     assert _report(truth, request, [0, 2]) == (
@@ -205,7 +219,7 @@ def test_the_null_block_holds_no_ones_kv() -> None:
 
 
 def test_a_block_handed_out_again_holds_nothing_of_its_old_kv() -> None:
-    truth = AttentionTruth((FullAttention(),), 2)
+    truth = AttentionTruth((_full(),), 2)
     request = Request("r", [1, 2, 3, 4])
     _computed(truth, request, [1, 2])
     truth.handed_out([2])
@@ -217,7 +231,7 @@ def test_a_block_handed_out_again_holds_nothing_of_its_old_kv() -> None:
 
 
 def test_another_prefixs_kv_is_not_the_requests_own() -> None:
-    truth = AttentionTruth((FullAttention(),), 2)
+    truth = AttentionTruth((_full(),), 2)
     _computed(truth, Request("s", [1, 9, 3, 4], lora_id=3, cache_salt="tenant"), [3, 4])
     request = Request("r", [1, 2, 3, 4, 5], lora_id=3, cache_salt="tenant")
     invariant, detail = invariant_report(
@@ -233,7 +247,7 @@ def test_another_prefixs_kv_is_not_the_requests_own() -> None:
 
 
 def test_another_tenants_kv_of_the_same_tokens_is_not_the_requests_own() -> None:
-    truth = AttentionTruth((FullAttention(),), 2)
+    truth = AttentionTruth((_full(),), 2)
     _computed(truth, Request("s", [1, 2], cache_salt="tenant-1"), [1])
     request = Request("r", [1, 2, 3], cache_salt="tenant-2")
     invariant, _ = invariant_report(lambda: truth.check_hit(request, ([1],), 2, eagle=False))
@@ -243,7 +257,7 @@ def test_another_tenants_kv_of_the_same_tokens_is_not_the_requests_own() -> None
 def test_tokens_claimed_computed_but_never_scheduled_are_the_callers_claim() -> None:
     """A caller that counts tokens no step scheduled: they were computed elsewhere, into the
     request's blocks (not a decision of the manager's), and counted as such."""
-    truth = AttentionTruth((FullAttention(),), 2)
+    truth = AttentionTruth((_full(),), 2)
     request = Request("r", [1, 2, 3])
     truth.handed_out([1, 2])
     truth.computed(request, ([1, 2],), 0, 2)
@@ -255,7 +269,7 @@ def test_tokens_claimed_computed_but_never_scheduled_are_the_callers_claim() -> 
 
 
 def test_a_position_past_the_table_is_held_by_no_block() -> None:
-    truth = AttentionTruth((FullAttention(),), 2)
+    truth = AttentionTruth((_full(),), 2)
     request = Request("r", [1, 2, 3, 4])
     _computed(truth, request, [1, 2])
     assert _report(truth, request, [1]) == (
@@ -266,7 +280,7 @@ def test_a_position_past_the_table_is_held_by_no_block() -> None:
 
 
 def test_a_window_reads_only_its_last_tokens_and_a_chunk_only_its_own() -> None:
-    window = AttentionTruth((SlidingWindow(3, 2),), 2)
+    window = AttentionTruth((_window(3),), 2)
     request = Request("r", [1, 2, 3, 4, 5])
     _computed(window, request, [1, 2, 3])
     window.check_table(request, ([0, 2, 3],))  # token 5 reads positions 3 and 4 only
@@ -275,7 +289,7 @@ def test_a_window_reads_only_its_last_tokens_and_a_chunk_only_its_own() -> None:
 
 def test_draft_tokens_are_computed_as_the_drafts_they_are() -> None:
     """A step's drafts are computed into their slots; accepted, they are the request's own."""
-    truth = AttentionTruth((FullAttention(),), 2)
+    truth = AttentionTruth((_full(),), 2)
     request = Request("r", [1, 2, 3])
     truth.handed_out([1, 2])
     request.spec_token_ids = [7]
@@ -306,7 +320,7 @@ def test_a_tainted_request_poisons_what_it_computes_until_it_is_freed() -> None:
     hits, _ = manager.get_computed_blocks(reader)  # again: the same known bug's state
     manager.allocate_slots(reader, 21, hits)  # computes its blocks 3 and 4 poisoned
     title = KNOWN_BUGS["eagle_window_hit_one_short"].title
-    new_block = manager.blocks["b"][3]
+    new_block = manager.blocks["b"][0][3]
     held = manager.truth.ghost.holds(new_block, 0)
     assert held is not None
     assert manager.truth.ghost.histories.poisoned_by(held[1]) == title

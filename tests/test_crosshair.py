@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from pagedkv import attention, block_counts, block_hash
+from pagedkv import block_counts, block_hash
 from pagedkv.planning import kv_cache_config
+from pagedkv.single_type import sliding_window
 from pagedkv.vocab import kv_cache_interface
 from proofs.crosshair import contracts as crosshair_contracts
 from proofs.crosshair import pairs as crosshair_pairs
@@ -62,9 +63,9 @@ PURE_FUNCTIONS: list[Callable[..., Any]] = [
     block_counts.num_new_blocks,
     block_counts.fits,
     block_counts.num_full_blocks,
-    attention.first_useful_block,
-    attention.num_window_blocks,
-    attention.scan_window_hit,
+    sliding_window.first_useful_block,
+    sliding_window.num_window_blocks,
+    sliding_window.scan_window_hit,
     block_hash.mm_inputs_in_block,
     kv_cache_interface.attention_page_size_bytes,
     kv_cache_interface.full_attention_max_blocks,

@@ -69,7 +69,9 @@ def test_a_step_inside_a_block_still_checks_invariants_when_asked() -> None:
     spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype="float16")
     manager = KVCacheManager(config_of(spec, 10), 64, debug_invariants=True)
     request = Request("r", range(5))
-    assert [block.block_id for block in manager.allocate_slots(request, 5) or []] == [1, 2]
+    assert manager.get_block_ids("r") == ([],)
+    assert manager.allocate_slots(request, 5) is not None
+    assert manager.get_block_ids("r") == ([1, 2],)
     request.num_computed_tokens = 5
     request.append_output_token_ids(7)
     manager.block_pool.blocks[2].ref_cnt += 1  # a corruption only the invariant check sees
@@ -195,8 +197,11 @@ def test_decode_steps_that_fill_or_open_a_block_take_the_fast_path(
     for token in range(11):  # tokens 5..15: three fills, two new blocks, the rest inside
         request.num_computed_tokens = request.num_tokens
         request.append_output_token_ids(token)
-        results.append([block.block_id for block in manager.allocate_slots(request, 1) or []])
+        new = manager.allocate_slots(request, 1)
+        assert new is not None
+        (group,) = new
+        results.append([block.block_id for block in group])
     assert full_path_calls == [5]
     assert results == [[], [], [], [3], [], [], [], [4], [], [], []]
-    assert manager.num_cached_block["r"] == 4
+    assert manager.coordinator.single_type_managers[0].num_cached_block["r"] == 4
     manager.check_invariants()

@@ -81,7 +81,7 @@ def test_preemption_takes_the_newest_running_request_and_puts_it_first_in_line()
     assert list(scheduler.waiting) == [b, c]
     assert b.status is RequestStatus.WAITING and b.num_preemptions == 1
     assert b.request.num_computed_tokens == 0
-    assert "b" not in scheduler.manager.req_to_blocks
+    assert scheduler.manager.get_block_ids("b") == ([],)
     assert list(b.output_token_ids) == [100, 101, 102]  # kept: recomputed, not regenerated
 
 
@@ -113,7 +113,7 @@ def test_a_preempted_request_is_recomputed_with_its_outputs_and_hits_its_own_blo
     # a's fourth block evicted b's second; b's first (tokens 0-3) stayed cached: b recomputes
     # 4-8, in its old second block and a's third (cached when a finished: a second eviction).
     assert scheduler.evictions.num_evictions == 2
-    assert [block.block_id for block in scheduler.manager.req_to_blocks["b"]] == [3, 4, 5]
+    assert scheduler.manager.get_block_ids("b") == ([3, 4, 5],)
     assert [(c.num_computed_tokens, c.num_tokens) for c in readmitted] == [(4, 5)]
     assert readmitted[0].samples and not readmitted[0].is_decode
     assert b.request.num_tokens == 10  # the 9 recomputed tokens and the one sampled after them
@@ -177,7 +177,8 @@ def test_finishing_frees_the_blocks_and_drops_the_hashes() -> None:
     assert a.finish_reason is FinishReason.LENGTH and list(a.output_token_ids) == [100, 101]
     assert b.finish_reason is FinishReason.STOP and list(b.output_token_ids) == [100, 101]
     manager = scheduler.manager
-    assert not manager.req_to_blocks and not manager.req_to_block_hashes
+    (group,) = manager.coordinator.single_type_managers
+    assert not group.req_to_blocks and not manager.req_to_block_hashes
     assert scheduler.stats.num_finished == 2 and not scheduler.has_unfinished_requests
     assert manager.block_pool.get_num_free_blocks() == 8
     scheduler.add_request(request("a", [1], 1))  # a finished request's id may be reused
@@ -312,7 +313,6 @@ def test_engine_config_and_requests_are_validated() -> None:
 def make_hybrid(*, num_blocks: int = 12, budget: int = 64) -> Scheduler:
     """Two KV cache groups over one pool: a sliding window of 4 tokens and full attention,
     blocks of 2 tokens."""
-    from pagedkv import HybridKVCacheManager
     from pagedkv.vocab.kv_cache_interface import (
         KVCacheConfig,
         KVCacheGroupSpec,
@@ -333,7 +333,7 @@ def make_hybrid(*, num_blocks: int = 12, budget: int = 64) -> Scheduler:
     config = EngineConfig(
         num_blocks=num_blocks, block_size=2, max_num_batched_tokens=budget, max_model_len=32
     )
-    manager = HybridKVCacheManager(kv_cache_config, 32, debug_invariants=1)
+    manager = KVCacheManager(kv_cache_config, 32, debug_invariants=1)
     return Scheduler(config, manager)
 
 
@@ -343,10 +343,10 @@ def test_a_hybrid_manager_gives_each_group_its_blocks_and_the_window_drops_its_o
     scheduler.add_request(a)
     assert scheduled(step(scheduler)) == [("a", 0, 8)]
     manager = scheduler.manager
-    assert manager.get_block_ids("a") == ([1, 2, 3, 4], [5, 6, 7, 8])  # type: ignore[attr-defined]
+    assert manager.get_block_ids("a") == ([1, 2, 3, 4], [5, 6, 7, 8])
     assert scheduled(step(scheduler)) == [("a", 8, 1)]
     # Token 8 reads tokens 5-8: the window's blocks 0 and 1 (tokens 0-3) are nulled and freed.
-    window, full = manager.get_block_ids("a")  # type: ignore[attr-defined]
+    window, full = manager.get_block_ids("a")
     assert window[:2] == [0, 0] and 0 not in full
     assert len(window) == len(full) == 5
     while a.status is not RequestStatus.FINISHED:

@@ -85,7 +85,9 @@ def test_window_search_reaches_states_holding_null_blocks() -> None:
 
     def visit(world: ManagerWorld) -> None:
         nonlocal with_nulls
-        with_nulls += any(0 in blocks for blocks in world.pair.state.blocks.values())
+        with_nulls += any(
+            0 in group for groups in world.pair.state.blocks.values() for group in groups
+        )
 
     assert explore_manager(pagedkv_manager, WINDOW, visit=visit).ok
     assert with_nulls > 0

@@ -300,9 +300,9 @@ MANAGER_CALLS: dict[str, tuple[st.SearchStrategy[object], ManagerCall]] = {
         st.one_of(bad_counts, huge_ints, st.just(0)),
         lambda s, v: s.manager.allocate_slots(s.waiting, v, s.hits),
     ),
-    "allocate_slots(new_computed_blocks)": (
+    "allocate_slots(new_computed_blocks)": (  # the value as the one group's hits
         not_hit_lists,
-        lambda s, v: s.manager.allocate_slots(s.waiting, 1, v),
+        lambda s, v: s.manager.allocate_slots(s.waiting, 1, (v,)),
     ),
     "allocate_slots(num_lookahead_tokens)": (
         st.one_of(bad_counts, huge_ints),
@@ -648,7 +648,7 @@ def test_a_multimodal_hash_cannot_stand_for_a_salt(side: str, sliding: bool) -> 
             mm_positions=[PlaceholderRange(0, 7)],
             mm_hashes=[mm_hash],
         )
-        hits, _ = scene.manager.get_computed_blocks(forger)
+        (hits,), _ = scene.manager.get_computed_blocks(forger)
         null = 0 if side == "spec" else scene.manager.block_pool.null_block
         assert all(block == null for block in hits), "a forged key reached tenant-a's blocks"
     lora = Request("lora", [1, 2, 3, 4, 5, 6, 9], lora_id=1)

@@ -1,6 +1,6 @@
-"""HybridKVCacheManager's smaller promises, which the scenario tests leave open: the defaults it
-is built with, the call a refused overlapping call names, and the cadence of `debug_invariants`
-(argument and environment variable)."""
+"""The smaller promises of a manager of several KV cache groups, which the scenario tests leave
+open: the defaults it is built with, the call a refused overlapping call names, and the cadence of
+`debug_invariants` (argument and environment variable)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 from pagedkv import (
     ArgumentTypeError,
     FullAttentionSpec,
-    HybridKVCacheManager,
     InvalidArgumentError,
     InvariantViolation,
     KVCacheConfig,
+    KVCacheManager,
     KVCacheSpec,
     Request,
     SlidingWindowSpec,
@@ -20,7 +20,7 @@ from pagedkv import (
 )
 from pagedkv.block_hash import Sha256Memo
 from pagedkv.harness.swarm.runs import hybrid_kv_cache_config
-from pagedkv.hybrid_manager import CHECK_INVARIANTS_ENV, SHA256_MEMO_TOKENS
+from pagedkv.manager import CHECK_INVARIANTS_ENV, SHA256_MEMO_TOKENS
 from pagedkv.vocab.errors import ConcurrentUseError
 
 
@@ -38,7 +38,7 @@ def _config(block_size: int = 2) -> KVCacheConfig:
     return hybrid_kv_cache_config(specs, 20)
 
 
-def _admit(manager: HybridKVCacheManager, request: Request) -> None:
+def _admit(manager: KVCacheManager, request: Request) -> None:
     """get_computed_blocks, then allocate_slots for the rest of the prompt: two calls."""
     hits, num_hit_tokens = manager.get_computed_blocks(request)
     assert manager.allocate_slots(request, request.num_tokens - num_hit_tokens, hits) is not None
@@ -50,20 +50,20 @@ def _admit(manager: HybridKVCacheManager, request: Request) -> None:
 
 def test_a_manager_keeps_its_config_and_gathers_no_stats_unless_asked() -> None:
     config = _config()
-    manager = HybridKVCacheManager(config, 32)
+    manager = KVCacheManager(config, 32)
     assert manager.kv_cache_config is config
     assert manager.log_stats is False
     assert manager.make_prefix_cache_stats() is None
-    logging = HybridKVCacheManager(config, 32, log_stats=True)
+    logging = KVCacheManager(config, 32, log_stats=True)
     assert logging.log_stats is True
     assert logging.make_prefix_cache_stats() is not None
 
 
 def test_the_sha256_memo_holds_the_memo_budget_in_blocks_and_at_least_one() -> None:
-    manager = HybridKVCacheManager(_config(), 32)
+    manager = KVCacheManager(_config(), 32)
     assert isinstance(manager.caching_hash_fn, Sha256Memo)
     assert manager.caching_hash_fn.maxsize == SHA256_MEMO_TOKENS // 2
-    huge = HybridKVCacheManager(_config(SHA256_MEMO_TOKENS), SHA256_MEMO_TOKENS)
+    huge = KVCacheManager(_config(SHA256_MEMO_TOKENS), SHA256_MEMO_TOKENS)
     assert isinstance(huge.caching_hash_fn, Sha256Memo)
     assert huge.caching_hash_fn.maxsize == 1  # one block of 2**18 tokens fills the budget
 
@@ -74,7 +74,7 @@ def test_the_sha256_memo_holds_the_memo_budget_in_blocks_and_at_least_one() -> N
 def test_a_call_re_entering_the_manager_is_refused_under_its_own_name() -> None:
     """A hash function that calls back into the manager is refused, and the refusal names the
     call that was refused (what a user reads to find the offending callback)."""
-    manager = HybridKVCacheManager(_config(), 32)
+    manager = KVCacheManager(_config(), 32)
     running = Request("running", range(4))
     _admit(manager, running)
     refused: list[str] = []
@@ -98,12 +98,12 @@ def test_a_call_re_entering_the_manager_is_refused_under_its_own_name() -> None:
     manager.caching_hash_fn = reentering_hash
     manager.get_computed_blocks(Request("newcomer", [3, 3, 3]))  # one full block: one hash
     assert refused == [
-        "HybridKVCacheManager.make_prefix_cache_stats",
-        "HybridKVCacheManager.free_block_hashes",
-        "HybridKVCacheManager.reset_prefix_cache",
-        "HybridKVCacheManager.get_num_common_prefix_blocks",
-        "HybridKVCacheManager.get_block_ids",
-        "HybridKVCacheManager.check_invariants",
+        "KVCacheManager.make_prefix_cache_stats",
+        "KVCacheManager.free_block_hashes",
+        "KVCacheManager.reset_prefix_cache",
+        "KVCacheManager.get_num_common_prefix_blocks",
+        "KVCacheManager.get_block_ids",
+        "KVCacheManager.check_invariants",
     ]
     manager.check_invariants()
 
@@ -111,7 +111,7 @@ def test_a_call_re_entering_the_manager_is_refused_under_its_own_name() -> None:
 # -- debug_invariants ----------------------------------------------------------------------------
 
 
-def _corrupt(manager: HybridKVCacheManager) -> None:
+def _corrupt(manager: KVCacheManager) -> None:
     manager._requests["ghost"] = Request("ghost", [1])  # tracked with neither blocks nor hashes
 
 
@@ -122,10 +122,10 @@ def test_debug_invariants_checks_after_every_nth_call(
     """Every 2nd state-changing call ends with the check: a corruption made right after one
     is found by the 2nd call after it, not the 1st."""
     if how == "argument":
-        manager = HybridKVCacheManager(_config(), 32, debug_invariants=2)
+        manager = KVCacheManager(_config(), 32, debug_invariants=2)
     else:
         monkeypatch.setenv(CHECK_INVARIANTS_ENV, " 2 ")
-        manager = HybridKVCacheManager(_config(), 32)
+        manager = KVCacheManager(_config(), 32)
     assert manager.debug_invariants == 2
     _admit(manager, Request("a", range(4)))  # 2 calls: checked, and counting afresh
     _corrupt(manager)
@@ -139,8 +139,8 @@ def test_debug_invariants_zero_and_an_empty_variable_are_off(
 ) -> None:
     monkeypatch.setenv(CHECK_INVARIANTS_ENV, "  ")
     for manager in (
-        HybridKVCacheManager(_config(), 32),
-        HybridKVCacheManager(_config(), 32, debug_invariants=0),
+        KVCacheManager(_config(), 32),
+        KVCacheManager(_config(), 32, debug_invariants=0),
     ):
         assert manager.debug_invariants == 0
         _admit(manager, Request("a", range(4)))
@@ -151,11 +151,11 @@ def test_debug_invariants_zero_and_an_empty_variable_are_off(
 
 def test_debug_invariants_of_the_wrong_type_or_value_are_refused_by_name() -> None:
     with pytest.raises(ArgumentTypeError) as wrong_type:
-        HybridKVCacheManager(_config(), 32, debug_invariants="2")
+        KVCacheManager(_config(), 32, debug_invariants="2")
     with pytest.raises(InvalidArgumentError) as negative:
-        HybridKVCacheManager(_config(), 32, debug_invariants=-1)
+        KVCacheManager(_config(), 32, debug_invariants=-1)
     for error in (wrong_type.value, negative.value):
-        assert str(error).startswith("HybridKVCacheManager"), str(error)
+        assert str(error).startswith("KVCacheManager"), str(error)
         assert "debug_invariants" in str(error)
         assert "an int >= 0" in str(error)
 
@@ -163,7 +163,7 @@ def test_debug_invariants_of_the_wrong_type_or_value_are_refused_by_name() -> No
 def test_a_variable_that_is_no_number_of_calls_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CHECK_INVARIANTS_ENV, "often")
     with pytest.raises(InvalidArgumentError) as info:
-        HybridKVCacheManager(_config(), 32)
+        KVCacheManager(_config(), 32)
     assert str(info.value) == (
         f"{CHECK_INVARIANTS_ENV} must be a number of calls (0: off), got 'often'"
     )

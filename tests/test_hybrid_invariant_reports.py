@@ -1,9 +1,11 @@
-"""HybridKVCacheManager.check_invariants() names the broken invariant and the state that breaks it.
+"""KVCacheManager.check_invariants() over several KV cache groups names the broken invariant and
+the state that breaks it.
 
-The hybrid twin of `tests/test_invariant_reports.py`: each test builds a manager of two KV cache
-groups by ordinary calls, corrupts one thing, and compares the whole report `(invariant, detail)`
-(what a deployment reads when `debug_invariants` trips). Where a field's default is part of the
-contract (a request without a cached count has none cached), a test shows the check passing.
+The twin of `tests/test_invariant_reports.py` for several groups: each test builds a manager of
+two KV cache groups by ordinary calls, corrupts one thing, and compares the whole report
+`(invariant, detail)` (what a deployment reads when `debug_invariants` trips). Where a field's
+default is part of the contract (a request without a cached count has none cached), a test shows
+the check passing.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from manager_fixtures import invariant_report
 from pagedkv import (
     BlockHashType,
     FullAttentionSpec,
-    HybridKVCacheManager,
+    KVCacheBlock,
+    KVCacheManager,
     KVCacheSpec,
     Request,
     SlidingWindowSpec,
@@ -34,15 +37,24 @@ def _window() -> SlidingWindowSpec:
     )
 
 
-def _manager(
-    *specs: KVCacheSpec, caching: bool = True, max_model_len: int = 32
-) -> HybridKVCacheManager:
+def _manager(*specs: KVCacheSpec, caching: bool = True, max_model_len: int = 32) -> KVCacheManager:
     """A manager of 20 blocks over `specs` (default: a sliding window, then full attention)."""
     config = hybrid_kv_cache_config(list(specs or (_window(), _full())), 20)
-    return HybridKVCacheManager(config, max_model_len=max_model_len, enable_caching=caching)
+    return KVCacheManager(config, max_model_len=max_model_len, enable_caching=caching)
 
 
-def _run(manager: HybridKVCacheManager, request: Request) -> Request:
+def _held(manager: KVCacheManager, request_id: str) -> tuple[list[KVCacheBlock], ...]:
+    """The request's block lists themselves, one per group (the per-type managers')."""
+    groups = manager.coordinator.single_type_managers
+    return tuple(group.req_to_blocks[request_id] for group in groups)
+
+
+def _cached(manager: KVCacheManager, group: int = 0) -> dict[str, int]:
+    """Group `group`'s cached-block counts themselves."""
+    return manager.coordinator.single_type_managers[group].num_cached_block
+
+
+def _run(manager: KVCacheManager, request: Request) -> Request:
     """Admit `request` with its whole prompt computed."""
     hits, num_hit_tokens = manager.get_computed_blocks(request)
     assert manager.allocate_slots(request, request.num_tokens - num_hit_tokens, hits) is not None
@@ -57,7 +69,7 @@ def _run(manager: HybridKVCacheManager, request: Request) -> Request:
 def test_a_ref_cnt_that_is_not_the_number_of_holders_is_reported() -> None:
     manager = _manager()
     _run(manager, Request("a", range(5)))  # 3 blocks a group
-    block = manager.req_to_blocks["a"][0][0]
+    block = _held(manager, "a")[0][0]
     assert block.block_id == 1  # the first block handed out: the first the check reads
     block.ref_cnt = 2
     assert invariant_report(manager.check_invariants) == (
@@ -71,8 +83,8 @@ def test_a_block_held_twice_without_a_hash_is_reported() -> None:
     manager = _manager(caching=False)
     _run(manager, Request("a", range(2)))  # one block a group
     _run(manager, Request("b", range(2)))
-    shared = manager.req_to_blocks["a"][0][0]
-    blocks_of_b = manager.req_to_blocks["b"][0]
+    shared = _held(manager, "a")[0][0]
+    blocks_of_b = _held(manager, "b")[0]
     own = blocks_of_b.pop()  # b gives its own block back ...
     own.ref_cnt = 0
     manager.block_pool.free_block_queue.append(own)
@@ -97,7 +109,7 @@ def test_a_request_tracked_without_blocks_or_hashes_is_reported() -> None:
 def test_a_cached_count_for_an_unknown_request_is_reported() -> None:
     manager = _manager()
     _run(manager, Request("a", range(5)))
-    manager.num_cached_block["ghost"] = 0
+    _cached(manager)["ghost"] = 0
     assert invariant_report(manager.check_invariants) == (
         "every tracked request has blocks or stored hashes",
         "requests ['a'], with blocks or hashes ['a']",
@@ -111,7 +123,7 @@ def test_block_lists_of_different_lengths_are_reported() -> None:
     manager = _manager()
     _run(manager, Request("a", range(5)))
     null_block = manager.block_pool.null_block
-    manager.req_to_blocks["a"][1].insert(0, null_block)  # holders unchanged: the null block
+    _held(manager, "a")[1].insert(0, null_block)  # holders unchanged: the null block
     assert invariant_report(manager.check_invariants) == (
         "a request's block lists cover the same positions in every group",
         "request 'a': [3, 4] blocks",
@@ -124,7 +136,7 @@ def test_a_trailing_null_block_is_reported_in_the_first_group_that_has_one() -> 
     manager = _manager()
     _run(manager, Request("a", range(5)))
     null_block = manager.block_pool.null_block
-    for blocks in manager.req_to_blocks["a"]:
+    for blocks in _held(manager, "a"):
         blocks.append(null_block)
     assert invariant_report(manager.check_invariants) == (
         "null blocks only as a prefix, and only under sliding window",
@@ -136,7 +148,7 @@ def test_too_many_blocks_for_max_model_len_are_reported() -> None:
     manager = _manager(_window(), _window(), max_model_len=6)
     _run(manager, Request("a", range(6)))  # 3 blocks a group: the most 6 tokens take
     null_block = manager.block_pool.null_block
-    for blocks in manager.req_to_blocks["a"]:
+    for blocks in _held(manager, "a"):
         blocks.insert(0, null_block)  # a leading null block: allowed under a window
     assert invariant_report(manager.check_invariants) == (
         "a request holds at most cdiv(max_model_len, block_size) blocks",
@@ -150,10 +162,10 @@ def test_too_many_blocks_for_max_model_len_are_reported() -> None:
 def test_more_cached_blocks_than_full_ones_are_reported() -> None:
     manager = _manager()
     _run(manager, Request("a", range(5)))  # two full blocks a group, two stored hashes
-    manager.num_cached_block["a"] = 3
+    _cached(manager)["a"] = 3
     assert invariant_report(manager.check_invariants) == (
         "a request's cached blocks are full blocks with stored hashes",
-        "request 'a': 3 cached, 5 tokens, 2 stored hashes",
+        "request 'a', group 0: 3 cached, 5 tokens, 2 stored hashes",
     )
 
 
@@ -161,7 +173,7 @@ def test_a_cached_block_with_another_hash_is_reported_in_group_0() -> None:
     manager = _manager(_full(), _full())
     _run(manager, Request("a", range(5)))
     manager.req_to_block_hashes["a"][1] = H
-    block = manager.req_to_blocks["a"][0][1]
+    block = _held(manager, "a")[0][1]
     assert invariant_report(manager.check_invariants) == (
         "a request's cached block carries the hash its tokens chain to",
         f"request 'a', group 0, position 1: {block!r}, stored {H}",
@@ -197,6 +209,7 @@ def test_a_request_without_a_cached_count_or_stored_hashes_has_none() -> None:
     """The defaults the check reads for a request with neither entry: 0 cached, no hashes."""
     manager = _manager()
     _run(manager, Request("a", range(1)))  # no full block: nothing cached, nothing stored
-    manager.num_cached_block.pop("a", None)
+    for group in (0, 1):
+        _cached(manager, group).pop("a", None)
     manager.req_to_block_hashes.pop("a", None)
     manager.check_invariants()

@@ -1,11 +1,12 @@
-"""HybridKVCacheManager scenarios, spec and impl side by side, then a seeded differential run.
+"""The manager over several KV cache groups: scenarios, spec and impl side by side, then a seeded
+differential run.
 
-Every scenario runs on `SpecHybridKVCacheManager` (block ids) and on `HybridKVCacheManager`
-(its blocks mapped to ids by `ImplIds` below; the harness speaks one group), with exact block
-ids per group and free-queue orders. Block size 2 unless stated; the free queue starts as
-1..N-1 (block 0 is the null block). Where a scenario needs a cache state no request sequence
-makes simply (one group caching a block another group lacks), `seed` caches a chain through
-the pool's own `cache_full_blocks(..., group_id)`, null blocks marking the positions left out.
+Every scenario runs on `SpecKVCacheManager` (block ids) and on `KVCacheManager` (its blocks
+mapped to ids by `ImplIds` below), with exact block ids per group and free-queue orders. Block
+size 2 unless stated; the free queue starts as 1..N-1 (block 0 is the null block). Where a
+scenario needs a cache state no request sequence makes simply (one group caching a block another
+group lacks), `seed` caches a chain through the pool's own `cache_full_blocks(..., group_id)`,
+null blocks marking the positions left out.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from pagedkv import (
     ChunkedLocalAttentionSpec,
     ConcurrentUseError,
     FullAttentionSpec,
-    HybridKVCacheManager,
     InvariantViolation,
     KVCacheBlock,
     KVCacheConfig,
@@ -38,7 +38,6 @@ from pagedkv import (
     sha256,
 )
 from pagedkv.harness.adapters import free_order
-from pagedkv.spec.hybrid_manager import SpecHybridKVCacheManager
 from pagedkv.spec.manager import SpecKVCacheManager
 from pagedkv.vocab.hashes import GroupKey
 from pagedkv.vocab.kv_events import BlockRemoved, BlockStored
@@ -88,9 +87,9 @@ Ids = tuple[list[int], ...]
 
 
 class SpecIds:
-    """The spec hybrid manager, which speaks ids already, and its observable state."""
+    """The spec manager, which speaks ids already, and its observable state."""
 
-    def __init__(self, manager: SpecHybridKVCacheManager) -> None:
+    def __init__(self, manager: SpecKVCacheManager) -> None:
         self.manager = manager
         self.pool = manager.pool
 
@@ -137,10 +136,10 @@ class SpecIds:
 
 
 class ImplIds:
-    """HybridKVCacheManager in block ids: hits go in as the pool's blocks (an id outside the
-    pool as a fresh KVCacheBlock, which the manager must refuse), results come out as ids."""
+    """KVCacheManager in block ids: hits go in as the pool's blocks (an id outside the pool as
+    a fresh KVCacheBlock, which the manager must refuse), results come out as ids."""
 
-    def __init__(self, manager: HybridKVCacheManager) -> None:
+    def __init__(self, manager: KVCacheManager) -> None:
         self.manager = manager
         self.pool = manager.block_pool
 
@@ -188,6 +187,7 @@ class ImplIds:
 
     def state(self) -> dict[str, Any]:
         pool, manager = self.pool, self.manager
+        groups = manager.coordinator.single_type_managers
         return {
             "free_order": free_order(pool.free_block_queue, len(pool.blocks)),
             "ref_cnt": tuple(block.ref_cnt for block in pool.blocks),
@@ -196,11 +196,11 @@ class ImplIds:
                 key: tuple(cached) for key, cached in pool.cached_block_hash_to_block.items()
             },
             "blocks": {
-                r: tuple(tuple(block.block_id for block in blocks) for blocks in held)
-                for r, held in manager.req_to_blocks.items()
+                r: tuple(tuple(block.block_id for block in g.req_to_blocks[r]) for g in groups)
+                for r in groups[0].req_to_blocks
             },
             "hashes": {r: tuple(h) for r, h in manager.req_to_block_hashes.items() if h},
-            "num_cached": dict(manager.num_cached_block),
+            "num_cached": dict(groups[0].num_cached_block),
             "events": tuple(pool.kv_event_queue),
             "stats": manager.prefix_cache_stats,
         }
@@ -211,9 +211,9 @@ Side = SpecIds | ImplIds
 
 def make(side: str, kv_config: KVCacheConfig, max_model_len: int = 64, **kwargs: Any) -> Side:
     if side == "spec":
-        made: Side = SpecIds(SpecHybridKVCacheManager(kv_config, max_model_len, **kwargs))
+        made: Side = SpecIds(SpecKVCacheManager(kv_config, max_model_len, **kwargs))
     else:
-        made = ImplIds(HybridKVCacheManager(kv_config, max_model_len, **kwargs))
+        made = ImplIds(KVCacheManager(kv_config, max_model_len, **kwargs))
     made.check_invariants()
     return made
 
@@ -555,7 +555,7 @@ def test_the_refusals_say_what_is_wrong() -> None:
     )
     assert refusal("impl", SCENES["free of a str"]) == (
         ArgumentTypeError,
-        "HybridKVCacheManager.free: request must be a Request, got 'b' (str)",
+        "KVCacheManager.free: request must be a Request, got 'b' (str)",
     )
 
 
@@ -568,67 +568,75 @@ CONFIG_REFUSALS: dict[str, tuple[KVCacheConfig, dict[str, Any], str]] = {
     "mixed block sizes": (
         config(8, full(2), window(4, block_size=4)),
         {},
-        "HybridKVCacheManager needs one block size in every group, got [2, 4]",
+        "KVCacheManager needs one block size in every group, got [2, 4]",
     ),
-    "a vLLM 0.8.5 switch": (
-        config(8, full()),
+    "a vLLM 0.8.5 switch with two groups": (
+        config(8, full(), window(4)),
         {"semantics": Semantics(cap_at_max_model_len=True)},
-        "HybridKVCacheManager takes no vLLM 0.8.5 switch (0.8.5 had no hybrid manager): "
-        "cap_at_max_model_len",
+        "vLLM 0.8.5's switches need one KV cache group (0.8.5 had no hybrid manager), got 2 "
+        "groups and cap_at_max_model_len",
     ),
 }
 
 
 @pytest.mark.parametrize("case", list(CONFIG_REFUSALS), ids=list(CONFIG_REFUSALS))
-def test_configs_a_hybrid_manager_does_not_serve_are_refused_alike(case: str) -> None:
+def test_configs_a_manager_does_not_serve_are_refused_alike(case: str) -> None:
     kv_config, kwargs, message = CONFIG_REFUSALS[case]
-    for manager_class in (SpecHybridKVCacheManager, HybridKVCacheManager):
+    for manager_class in (SpecKVCacheManager, KVCacheManager):
         with pytest.raises(KVCacheConfigError) as info:
             manager_class(kv_config, 32, **kwargs)  # type: ignore[operator]
         assert str(info.value) == message
 
 
-def test_a_single_group_manager_names_the_hybrid_one_for_several_groups() -> None:
-    kv_config = config(8, full(), window(3))
-    messages = set()
-    for manager_class in (SpecKVCacheManager, KVCacheManager):
-        with pytest.raises(KVCacheConfigError) as info:
-            manager_class(kv_config, 32)  # type: ignore[operator]
-        messages.add(str(info.value))
-    assert messages == {
-        "KVCacheManager needs exactly one KV cache group, got 2; HybridKVCacheManager serves "
-        "several"
-    }
-
-
-def test_the_hybrid_manager_is_exported_and_lists_block_ids_per_group() -> None:
+def test_one_class_serves_one_group_or_several_and_the_old_name_is_deprecated() -> None:
     import pagedkv
 
-    assert pagedkv.HybridKVCacheManager is HybridKVCacheManager
-    manager = HybridKVCacheManager(config(8, full(), chunked(2)), 16)
+    for specs in ([full()], [chunked(2)], [full(), chunked(2)], [window(3), full(), window(5)]):
+        manager = KVCacheManager(config(8, *specs), 16)
+        assert len(manager.coordinator.single_type_managers) == len(specs)
+        SpecKVCacheManager(config(8, *specs), 16)
+    with pytest.warns(DeprecationWarning, match="KVCacheManager serves any number"):
+        assert pagedkv.HybridKVCacheManager is KVCacheManager
+
+
+def test_a_coordinator_states_how_it_finds_hits() -> None:
+    """A coordinator's documented flags, one group or several: with use_eagle, hits found for
+    EAGLE (`eagle_lookup`: no vLLM 0.8.5 switch with these configs)."""
+    for specs in ([full()], [full(), window(3)], [window(3), full(), window(5)]):
+        for use_eagle in (False, True):
+            manager = KVCacheManager(config(8, *specs), 16, use_eagle=use_eagle)
+            coordinator = manager.coordinator
+            flags = (coordinator.num_groups, coordinator.use_eagle, coordinator.eagle_lookup)
+            assert flags == (len(specs), use_eagle, use_eagle)
+
+
+def test_a_manager_lists_block_ids_per_group() -> None:
+    manager = KVCacheManager(config(8, full(), chunked(2)), 16)
     request = Request("a", [1, 2, 3])
     manager.allocate_slots(request, 3)
     assert manager.get_block_ids("a") == ([1, 2], [3, 4])
     assert manager.get_block_ids("z") == ([], [])
+    assert [[b.block_id for b in group] for group in manager.get_blocks("a")] == [[1, 2], [3, 4]]
+    assert manager.get_blocks("z") == ((), ())
     with pytest.raises(ArgumentTypeError, match="get_block_ids: request_id must be a str"):
         manager.get_block_ids(1)
+    with pytest.raises(ArgumentTypeError, match="get_blocks: request_id must be a str"):
+        manager.get_blocks(None)
 
 
 def test_an_overlapping_call_is_refused_and_changes_nothing() -> None:
     """The call token of KVCacheManager: held (here, taken by hand) by a running call, every
     other call on the manager or its pool is refused."""
-    manager = HybridKVCacheManager(config(8, full(), window(3)), 16)
+    manager = KVCacheManager(config(8, full(), window(3)), 16)
     request = Request("a", [1, 2, 3])
     manager.allocate_slots(request, 3)
     token = manager._call_token.pop()
     try:
         for call, name in [
-            (lambda: manager.free(request), "HybridKVCacheManager.free"),
-            (lambda: manager.allocate_slots(request, 1), "HybridKVCacheManager.allocate_slots"),
-            (
-                lambda: manager.get_computed_blocks(request),
-                "HybridKVCacheManager.get_computed_blocks",
-            ),
+            (lambda: manager.free(request), "KVCacheManager.free"),
+            (lambda: manager.allocate_slots(request, 1), "KVCacheManager.allocate_slots"),
+            (lambda: manager.get_computed_blocks(request), "KVCacheManager.get_computed_blocks"),
+            (lambda: manager.get_blocks("a"), "KVCacheManager.get_blocks"),
             (lambda: manager.block_pool.get_new_blocks(1), "BlockPool.get_new_blocks"),
         ]:
             with pytest.raises(ConcurrentUseError, match=name):
@@ -646,7 +654,8 @@ def _held_lists(manager: Side, request_id: str) -> tuple[list[Any], ...]:
     """The request's block lists themselves (ids on the spec's side, blocks on the impl's)."""
     if isinstance(manager, SpecIds):
         return manager.manager.blocks[request_id]
-    return manager.manager.req_to_blocks[request_id]
+    groups = manager.manager.coordinator.single_type_managers
+    return tuple(group.req_to_blocks[request_id] for group in groups)
 
 
 def _null(manager: Side) -> Any:
@@ -690,58 +699,132 @@ def test_each_hybrid_invariant_is_caught_by_name_on_both_sides(case: str) -> Non
 
 
 def test_debug_invariants_checks_after_each_call() -> None:
-    manager = HybridKVCacheManager(config(12, full(), window(5)), 32, debug_invariants=True)
+    manager = KVCacheManager(config(12, full(), window(5)), 32, debug_invariants=True)
     request = Request("a", list(range(5)))
     manager.allocate_slots(request, 5)
-    manager.num_cached_block["a"] = 3  # more cached blocks than full ones
+    groups = manager.coordinator.single_type_managers
+    groups[0].num_cached_block["a"] = 3  # more cached blocks than full ones
     with pytest.raises(InvariantViolation, match="cached blocks are full blocks"):
         manager.free_block_hashes(Request("b", [1]))
 
 
-# -- one group: as KVCacheManager ----------------------------------------------------------------
+# -- one group: vLLM 0.33's unitary coordinator ------------------------------------------------
 
 
-@pytest.mark.parametrize("layer", [full(), window(5)], ids=["full", "window"])
-def test_one_group_behaves_as_the_single_group_manager(layer: KVCacheSpec) -> None:
-    """The same calls on a KVCacheManager and a one-group HybridKVCacheManager: the same blocks,
-    the same free queue, the same events."""
-    kv_config = config(12, layer)
-    single = KVCacheManager(kv_config, 32, enable_kv_cache_events=True, log_stats=True)
-    hybrid = HybridKVCacheManager(kv_config, 32, enable_kv_cache_events=True, log_stats=True)
-    rng = random.Random(7)
-    prompts = [[rng.choice((1, 2)) for _ in range(rng.randint(3, 9))] for _ in range(12)]
+@pytest.mark.parametrize("side", SIDES)
+def test_one_group_finds_an_eagle_hit_without_the_hybrid_margin(side: str) -> None:
+    """vLLM 0.33 looks one group up with its unitary coordinator, several with its hybrid one.
+    With EAGLE, one sliding-window group's hit lies within the lookup (the prompt's last full
+    block left out), found for a window one block wider, less its last block; two groups of
+    that window look one block further first (the hybrid coordinator's margin), so their hit
+    ends one block later."""
+    found = {}
+    for num_groups in (1, 2):
+        manager = make(side, config(16, *[window(3)] * num_groups), 32, use_eagle=True)
+        first = Request("a", list(range(8)))  # 4 full blocks, all cached once computed
+        admit(manager, first)
+        manager.free(first)
+        hits, num_tokens = manager.get_computed_blocks(Request("b", list(range(8))))
+        found[num_groups] = (hits[0], num_tokens)
+        manager.check_invariants()
+    assert found == {1: ([0, 2], 4), 2: ([0, 0, 3], 6)}
 
-    def ids(blocks: Any) -> Any:
-        return None if blocks is None else [block.block_id for block in blocks]
 
-    for index, prompt in enumerate(prompts):
-        one, two = Request(f"r{index}", prompt), Request(f"r{index}", prompt)
-        hits, num = single.get_computed_blocks(one)
-        (group_hits,), group_num = hybrid.get_computed_blocks(two)
-        assert (ids(hits), num) == (ids(group_hits), group_num)
-        new = single.allocate_slots(one, one.num_tokens - num, hits)
-        group_new = hybrid.allocate_slots(two, two.num_tokens - num, (group_hits,))
-        assert ids(new) == (None if group_new is None else ids(group_new[0]))
-        if new is not None:
-            one.num_computed_tokens = two.num_computed_tokens = one.num_tokens
-            one.append_output_token_ids(3)
-            two.append_output_token_ids(3)
-            stepped = single.allocate_slots(one, 1)
-            group_stepped = hybrid.allocate_slots(two, 1)
-            assert ids(stepped) == (None if group_stepped is None else ids(group_stepped[0]))
-            if stepped is not None:
-                one.num_computed_tokens += 1
-                two.num_computed_tokens += 1
-            if index % 3 != 2 or stepped is None:
-                single.free(one)
-                hybrid.free(two)
-        single.check_invariants()  # first: a queue whose links loop is named, not walked
-        hybrid.check_invariants()
-        assert [b.block_id for b in single.block_pool.free_block_queue.get_all_free_blocks()] == [
-            b.block_id for b in hybrid.block_pool.free_block_queue.get_all_free_blocks()
-        ]
-        assert single.take_events() == hybrid.take_events()
-    assert single.make_prefix_cache_stats() == hybrid.make_prefix_cache_stats()
+# -- several groups with EAGLE: vLLM 0.33's procedure (the spec's `eagle_common_hit`) ------------
+
+T, F = True, False
+
+EAGLE_SCENES: dict[str, tuple[tuple[KVCacheSpec, ...], int, dict[int, list[bool]], Ids, int]] = {
+    # 6 hashes looked up. Pass 1: full attention's 6, less the last: 5. Window 3 (its hit ends
+    # in 1 cached block, 2 for EAGLE) within 6: positions 3, 4, less the last: 4. Window 5 (2
+    # cached, 3 for EAGLE) within 5: positions 0..2, less the last: 2. Pass 2 at 2 asks the
+    # windows again without EAGLE's margin: window 3 ends on position 1, window 5 keeps 0, 1.
+    # One pass would leave window 3 at 4 blocks; asking it for EAGLE again (within 3, position
+    # 2 missing) would shorten the hit to 1.
+    "a later window shortens: the earlier one is asked again": (
+        (full(), window(3), window(5)),
+        13,
+        {0: [T] * 6, 1: [T, T, F, T, T, F], 2: [T, T, T, F, T, T]},
+        ([1, 2], [0, 8], [11, 12]),
+        4,
+    ),
+    # Three windows, no full attention. Pass 1: window 3 within 6: 5; window 5 within 6:
+    # positions 3..5, less the last: 5; window 7 (3 cached, 4 for EAGLE) within 6: only the run
+    # 0..2 from the start, less the last: 2. Pass 2 at 2: window 3 keeps 2, so the others stay
+    # verified and keep 2 without EAGLE's margin (asked for EAGLE, window 5 would miss position
+    # 2 and shorten the hit to 1).
+    "a window that keeps the length leaves the others verified": (
+        (window(3), window(5), window(7)),
+        13,
+        {0: [T] * 6, 1: [T, T, F, T, T, T], 2: [T, T, T, F, T, T]},
+        ([0, 2], [7, 8], [12, 13]),
+        4,
+    ),
+    # Full attention is looked up first, whatever the config's order: its 3 blocks less the
+    # last leave 2, and window 3 within 3 (position 2 missing) keeps the run 0, 1 less the
+    # last: 1, in a single pass. The window first would find positions 4, 5 and then settle
+    # at 2 with full attention.
+    "full attention first, in one pass": (
+        (window(3), full()),
+        13,
+        {0: [T, T, F, T, T, T], 1: [T, T, T, F, T, T]},
+        ([1], [6]),
+        2,
+    ),
+    # A window of 1 reads no earlier token: for EAGLE its hit ends on one cached block. Within
+    # 4 (full attention's 4, less the last: 3) the last cached position is 2; less the last: 2
+    # nulls. One full-attention unit and one other make a single pass: asked again without
+    # EAGLE, the window would end on its block at position 1 instead.
+    "a window of one: a single pass": (
+        (full(), window(1)),
+        9,
+        {0: [T] * 4, 1: [T, T, T, F]},
+        ([1, 2], [0, 0]),
+        4,
+    ),
+}
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("scene", list(EAGLE_SCENES), ids=list(EAGLE_SCENES))
+def test_eagle_hits_of_several_groups_follow_vllms_passes(side: str, scene: str) -> None:
+    specs, num_tokens, cached, expected, hit_tokens = EAGLE_SCENES[scene]
+    manager = make(side, config(40, *specs), 32, use_eagle=True)
+    tokens = list(range(num_tokens))
+    seed(manager, tokens, cached)
+    request = Request("a", tokens)
+    hits, num_hit_tokens = manager.get_computed_blocks(request)
+    assert (hits, num_hit_tokens) == (expected, hit_tokens)
+    # The manager takes the hit it found: each group's blocks start with it.
+    assert manager.allocate_slots(request, num_tokens - hit_tokens, hits) is not None
+    held = manager.state()["blocks"]["a"]
+    assert tuple(group[: len(hit)] for group, hit in zip(held, hits, strict=True)) == tuple(
+        map(tuple, expected)
+    )
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_an_eagle_hit_of_nulls_alone_is_refused_for_the_wider_window(side: str) -> None:
+    """With EAGLE a window hit is found for a window one block wider (W = 3: 2 blocks), then
+    drops its last block: after its nulls it keeps 1 cached block, so nulls alone are refused;
+    the hit the lookup found is taken."""
+    manager = make(side, config(16, window(3)), 32, use_eagle=True)
+    first = Request("a", list(range(8)))
+    admit(manager, first)
+    manager.free(first)
+    second = Request("b", list(range(8)))
+    hits, num_tokens = manager.get_computed_blocks(second)
+    assert (hits, num_tokens) == (([0, 2],), 4)
+    before = manager.state()
+    with pytest.raises(RequestError) as info:
+        manager.allocate_slots(second, 4, ([0, 0],))
+    assert str(info.value) == (
+        "request 'b': new_computed_blocks is not a hit this attention type can produce "
+        "(2 null blocks, then 0 blocks; the window needs 1)"
+    )
+    assert manager.state() == before
+    assert manager.allocate_slots(second, 4, hits) is not None
+    manager.check_invariants()
 
 
 # -- a seeded differential run -------------------------------------------------------------------

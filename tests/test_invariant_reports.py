@@ -251,6 +251,16 @@ def _manager(
     )
 
 
+def _blocks(manager: KVCacheManager, request_id: str) -> list[KVCacheBlock]:
+    """The request's block list itself (the one group's per-type manager's)."""
+    return manager.coordinator.single_type_managers[0].req_to_blocks[request_id]
+
+
+def _cached(manager: KVCacheManager) -> dict[str, int]:
+    """The one group's cached-block counts themselves."""
+    return manager.coordinator.single_type_managers[0].num_cached_block
+
+
 def _run(manager: KVCacheManager, request: Request) -> Request:
     """Admit `request` with its whole prompt computed."""
     hits, num_hit_tokens = manager.get_computed_blocks(request)
@@ -263,28 +273,28 @@ def _run(manager: KVCacheManager, request: Request) -> Request:
 def test_a_null_block_under_full_attention_is_reported() -> None:
     manager = _manager()
     _run(manager, Request("a", range(6)))
-    manager.req_to_blocks["a"].insert(0, manager.block_pool.null_block)
+    _blocks(manager, "a").insert(0, manager.block_pool.null_block)
     assert invariant_report(manager.check_invariants) == (
         "null blocks only as a prefix, and only under sliding window",
-        "request 'a': null at positions [0]",
+        "request 'a', group 0: null at positions [0]",
     )
 
 
 def test_a_null_block_after_a_real_one_is_reported_under_a_window() -> None:
     manager = _manager(window=4)
     _run(manager, Request("a", range(6)))
-    manager.req_to_blocks["a"].append(manager.block_pool.null_block)
+    _blocks(manager, "a").append(manager.block_pool.null_block)
     assert invariant_report(manager.check_invariants) == (
         "null blocks only as a prefix, and only under sliding window",
-        "request 'a': null at positions [2]",
+        "request 'a', group 0: null at positions [2]",
     )
 
 
 def test_too_many_blocks_for_max_model_len_are_reported() -> None:
     manager = _manager(max_model_len=8)
     _run(manager, Request("a", range(8)))
-    blocks = manager.req_to_blocks["a"]
-    blocks.append(blocks[0])
+    (taken,) = manager.block_pool.get_new_blocks(1)  # held once: only the length is wrong
+    _blocks(manager, "a").append(taken)
     assert invariant_report(manager.check_invariants) == (
         "a request holds at most cdiv(max_model_len, block_size) blocks",
         "request 'a': 3 blocks",
@@ -306,7 +316,7 @@ def test_a_shared_block_without_a_hash_is_reported() -> None:
     _run(manager, Request("a", range(6)))
     _run(manager, Request("b", range(3)))  # holds block 3
     shared = manager.block_pool.blocks[1]
-    manager.req_to_blocks["b"].append(shared)
+    _blocks(manager, "b").append(shared)
     shared.ref_cnt = 2
     assert invariant_report(manager.check_invariants) == (
         "a block held by two requests is cached",
@@ -327,7 +337,7 @@ def test_a_request_tracked_without_blocks_or_hashes_is_reported() -> None:
 def test_a_cached_count_for_an_unknown_request_is_reported() -> None:
     manager = _manager()
     _run(manager, Request("a", range(6)))
-    manager.num_cached_block["ghost"] = 0
+    _cached(manager)["ghost"] = 0
     assert invariant_report(manager.check_invariants) == (
         "every tracked request has blocks or stored hashes",
         "requests ['a'], with blocks or hashes ['a']",
@@ -372,10 +382,10 @@ def test_more_cached_blocks_than_full_ones_are_reported() -> None:
     manager = _manager()
     _run(manager, Request("a", range(6)))  # one full block, one stored hash
     manager.req_to_block_hashes["a"].append(H)  # a second stored hash
-    manager.num_cached_block["a"] = 2
+    _cached(manager)["a"] = 2
     assert invariant_report(manager.check_invariants) == (
         "a request's cached blocks are full blocks with stored hashes",
-        "request 'a': 2 cached, 6 tokens, 2 stored hashes",
+        "request 'a', group 0: 2 cached, 6 tokens, 2 stored hashes",
     )
 
 
@@ -385,7 +395,7 @@ def test_more_cached_blocks_than_stored_hashes_are_reported() -> None:
     del manager.req_to_block_hashes["a"][1]
     assert invariant_report(manager.check_invariants) == (
         "a request's cached blocks are full blocks with stored hashes",
-        "request 'a': 2 cached, 9 tokens, 1 stored hashes",
+        "request 'a', group 0: 2 cached, 9 tokens, 1 stored hashes",
     )
 
 
@@ -394,10 +404,10 @@ def test_a_cached_block_with_another_hash_is_reported() -> None:
     _run(manager, Request("a", range(9)))
     stored = manager.req_to_block_hashes["a"]
     stored[1] = H
-    block = manager.req_to_blocks["a"][1]
+    block = _blocks(manager, "a")[1]
     assert invariant_report(manager.check_invariants) == (
         "a request's cached block carries the hash its tokens chain to",
-        f"request 'a', position 1: {block!r}, stored {H}",
+        f"request 'a', group 0, position 1: {block!r}, stored {H}",
     )
 
 
@@ -432,5 +442,5 @@ def test_a_windowed_request_passes_over_its_null_blocks() -> None:
     request = _run(manager, Request("a", range(12)))
     request.append_output_token_ids(0)
     assert manager.allocate_slots(request, 1) is not None
-    assert manager.req_to_blocks["a"][:2] == [manager.block_pool.null_block] * 2
+    assert _blocks(manager, "a")[:2] == [manager.block_pool.null_block] * 2
     manager.check_invariants()

@@ -168,20 +168,25 @@ def _admit(manager: SpecKVCacheManager, request_id: str, num_tokens: int) -> Req
     return request
 
 
+def _held(m: SpecKVCacheManager, request_id: str) -> list[int]:
+    """The request's block-id list itself (the one group's per-type manager's)."""
+    return m.managers[0].blocks[request_id]
+
+
 def _null_under_full_attention(m: SpecKVCacheManager) -> None:
     _admit(m, "a", 6)
-    m.blocks["a"].insert(0, 0)
+    _held(m, "a").insert(0, 0)
 
 
 def _null_after_a_real_block(m: SpecKVCacheManager) -> None:
     _admit(m, "a", 6)
-    m.blocks["a"].append(0)
+    _held(m, "a").append(0)
 
 
 def _too_many_blocks(m: SpecKVCacheManager) -> None:
     _admit(m, "a", 8)
-    m.blocks["a"].append(m.blocks["a"][0])
-    m.pool.ref_cnt[m.blocks["a"][0]] += 1  # the extra holder counted, so only the length is off
+    _held(m, "a").append(_held(m, "a")[0])
+    m.pool.ref_cnt[_held(m, "a")[0]] += 1  # the extra holder counted, so only the length is off
 
 
 def _ref_cnt_off(m: SpecKVCacheManager) -> None:
@@ -192,7 +197,7 @@ def _ref_cnt_off(m: SpecKVCacheManager) -> None:
 def _shared_without_hash(m: SpecKVCacheManager) -> None:
     _admit(m, "a", 6)  # blocks 1, 2
     _admit(m, "b", 3)  # block 3
-    m.blocks["b"].append(1)
+    _held(m, "b").append(1)
     m.pool.ref_cnt[1] = 2
 
 

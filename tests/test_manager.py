@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 
 import pytest
-from manager_fixtures import MANAGER_FACTORIES, manager_config
+from manager_fixtures import MANAGER_FACTORIES, OneGroupView, manager_config
 
 from pagedkv import (
     BlockStateError,
@@ -24,7 +24,6 @@ from pagedkv import (
     hash_request_tokens,
     sha256,
 )
-from pagedkv.harness.protocol import ManagerUnderTest
 from pagedkv.vocab.semantics import VLLM_0_8_5
 
 
@@ -33,13 +32,13 @@ def side(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def make(side: str, **kwargs: object) -> ManagerUnderTest:
+def make(side: str, **kwargs: object) -> OneGroupView:
     manager = MANAGER_FACTORIES[side](manager_config(**kwargs))  # type: ignore[arg-type]
     manager.check_invariants()
     return manager
 
 
-def admit(manager: ManagerUnderTest, request: Request, **kwargs: int) -> list[int] | None:
+def admit(manager: OneGroupView, request: Request, **kwargs: int) -> list[int] | None:
     """Look up, then allocate the whole prefill; on success the prompt counts as computed."""
     hits, num_hit_tokens = manager.get_computed_blocks(request)
     new = manager.allocate_slots(request, request.num_tokens - num_hit_tokens, hits, **kwargs)
@@ -49,7 +48,7 @@ def admit(manager: ManagerUnderTest, request: Request, **kwargs: int) -> list[in
     return new
 
 
-def decode(manager: ManagerUnderTest, request: Request, token: int = 0) -> list[int] | None:
+def decode(manager: OneGroupView, request: Request, token: int = 0) -> list[int] | None:
     """Sample one token after a step, then schedule it."""
     request.append_output_token_ids(token)
     new = manager.allocate_slots(request, 1)
@@ -59,7 +58,7 @@ def decode(manager: ManagerUnderTest, request: Request, token: int = 0) -> list[
     return new
 
 
-def free_order(manager: ManagerUnderTest) -> tuple[int, ...]:
+def free_order(manager: OneGroupView) -> tuple[int, ...]:
     return manager.snapshot().pool.free_order
 
 
@@ -315,7 +314,7 @@ def test_sliding_window_hit_falls_back_to_a_short_cached_start(side: str) -> Non
 class Scene:
     """A running request "a" (7 tokens, 6 computed) and a waiting "b" that was looked up."""
 
-    def __init__(self, manager: ManagerUnderTest) -> None:
+    def __init__(self, manager: OneGroupView) -> None:
         self.running = Request("a", range(6))
         admit(manager, self.running)
         self.running.append_output_token_ids(0)
@@ -331,7 +330,7 @@ def _with_drafts(request: Request, drafts: list[int], call: Callable[[], object]
         request.spec_token_ids = []
 
 
-HOSTILE: list[tuple[str, Callable[[ManagerUnderTest, Scene], object], type[Exception], str]] = [
+HOSTILE: list[tuple[str, Callable[[OneGroupView, Scene], object], type[Exception], str]] = [
     ("no tokens", lambda m, s: m.allocate_slots(s.running, 0), InvalidArgumentError, "an int >= 1"),
     (
         "negative tokens",
@@ -413,7 +412,7 @@ HOSTILE: list[tuple[str, Callable[[ManagerUnderTest, Scene], object], type[Excep
 def test_hostile_calls_raise_and_change_nothing(
     side: str,
     name: str,
-    call: Callable[[ManagerUnderTest, Scene], object],
+    call: Callable[[OneGroupView, Scene], object],
     error: type[Exception],
     message: str,
 ) -> None:

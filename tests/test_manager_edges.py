@@ -1,6 +1,6 @@
-"""Edges of both managers' public behaviour that no other test stated.
+"""Edges of the manager's public behaviour that no other test stated.
 
-`KVCacheManager` and `HybridKVCacheManager` (one group or several): the lookup of a request
+`KVCacheManager` (one group or several): the lookup of a request
 that grew since its hashes were stored (vLLM 0.33's `lookup_hashes_every_full_block`: a preempted
 request is looked up over the blocks it generated, and every full block's hash is stored); the
 hit of two full-attention groups with different cached prefixes; the call name a refused
@@ -40,10 +40,10 @@ from pagedkv import (
     BlockPool,
     ConcurrentUseError,
     FullAttentionSpec,
-    HybridKVCacheManager,
     InvalidArgumentError,
     KVCacheConfigError,
     KVCacheManager,
+    PlaceholderRange,
     Request,
     RequestError,
     hash_request_tokens,
@@ -51,27 +51,27 @@ from pagedkv import (
     uniform_kv_cache_config,
 )
 from pagedkv.block_hash import Sha256Memo
-from pagedkv.hybrid_manager import attention_manager
 from pagedkv.manager import SHA256_MEMO_TOKENS
-from pagedkv.vocab.semantics import VLLM_0_33
+from pagedkv.single_type import single_type_manager
+from pagedkv.vocab.semantics import VLLM_0_8_5, VLLM_0_33, Semantics
 
 B = 2
 FULL = FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=1, dtype="float16")
-MANAGERS = [KVCacheManager, HybridKVCacheManager]
-"""Both managers; the hybrid one over the same single full-attention group."""
+GROUPS = [1, 2]
+"""One full-attention group, or two."""
 
 
 def _ids(hits: object) -> list[int]:
-    """Block ids of a hit: KVCacheManager's list, or the hybrid manager's one group's."""
-    if isinstance(hits, tuple):
-        (hits,) = hits
-    assert isinstance(hits, list)
-    return [block.block_id for block in hits]
+    """Block ids of a hit's first group."""
+    assert isinstance(hits, tuple)
+    return [block.block_id for block in hits[0]]
 
 
-def _prefilled(manager_class: type, prompt: list[int]) -> tuple[KVCacheManager, Request]:
-    """A vLLM 0.33 manager (10 blocks of 2 tokens) and a request whose prompt is computed."""
-    manager = manager_class(uniform_kv_cache_config(FULL, 10), 16, semantics=VLLM_0_33)
+def _prefilled(num_groups: int, prompt: list[int]) -> tuple[KVCacheManager, Request]:
+    """A vLLM 0.33 manager (10 blocks of 2 tokens a group, `num_groups` full-attention groups)
+    and a request whose prompt is computed."""
+    kv_config = config(10 * num_groups, *[full()] * num_groups)
+    manager = KVCacheManager(kv_config, 16, semantics=VLLM_0_33)
     request = Request("a", prompt)
     hits, num_hit_tokens = manager.get_computed_blocks(request)
     assert manager.allocate_slots(request, len(prompt) - num_hit_tokens, hits) is not None
@@ -90,13 +90,11 @@ def _schedule_one_draft(manager: KVCacheManager, request: Request) -> None:
 # -- the lookup of a request that grew since its hashes were stored ------------------------------
 
 
-@pytest.mark.parametrize("manager_class", MANAGERS, ids=["single", "hybrid"])
-def test_a_preempted_request_is_looked_up_over_the_blocks_it_generated(
-    manager_class: type,
-) -> None:
+@pytest.mark.parametrize("num_groups", GROUPS, ids=["one group", "two groups"])
+def test_a_preempted_request_is_looked_up_over_the_blocks_it_generated(num_groups: int) -> None:
     """Its draft accepted, block 1 ([3, 4]) is computed but not cached (nor its hash stored)
     when the request is preempted; once b caches that block, a's lookup covers it."""
-    manager, request = _prefilled(manager_class, [1, 2])
+    manager, request = _prefilled(num_groups, [1, 2])
     _schedule_one_draft(manager, request)
     request.num_computed_tokens = 4  # the draft accepted
     request.append_output_token_ids([4, 5])  # tokens 1 2 | 3 4 | 5
@@ -109,19 +107,45 @@ def test_a_preempted_request_is_looked_up_over_the_blocks_it_generated(
 
     hits, num_hit_tokens = manager.get_computed_blocks(request)
 
-    assert (num_hit_tokens, _ids(hits)) == (4, [1, 2])
+    # The block b cached [3, 4] in: its id depends on how many groups took blocks before.
+    assert (num_hit_tokens, _ids(hits)) == (4, [1, 2] if num_groups == 1 else [1, 4])
     assert manager.req_to_block_hashes["a"] == hash_request_tokens(sha256, B, request)
     manager.check_invariants()
 
 
-@pytest.mark.parametrize("manager_class", MANAGERS, ids=["single", "hybrid"])
-def test_the_lookup_stores_the_hash_of_the_last_full_block_it_leaves_out(
-    manager_class: type,
+@pytest.mark.parametrize(
+    "semantics",
+    [VLLM_0_33, Semantics(lookup_hashes_every_full_block=True, mm_keys_without_position=True)],
+    ids=["input keyed with its place", "input keyed alone"],
+)
+def test_the_hashes_a_preempted_lookup_adds_chain_on_from_the_prompts_input_keys(
+    semantics: Semantics,
 ) -> None:
+    """A multimodal input in the prompt's two blocks: the hash of the block generated before
+    the preemption chains on from theirs, keyed as the semantics keys an input."""
+    manager = KVCacheManager(uniform_kv_cache_config(FULL, 10), 64, semantics=semantics)
+    request = Request("a", [1, 2, 3, 4], mm_positions=[PlaceholderRange(1, 2)], mm_hashes=["i"])
+    assert manager.allocate_slots(request, 4) is not None
+    request.num_computed_tokens = 4
+    request.append_output_token_ids([5, 6])
+    manager.free(request)  # preempted
+    request.num_computed_tokens = 0
+
+    manager.get_computed_blocks(request)
+
+    mm_position = not semantics.mm_keys_without_position
+    chain = hash_request_tokens(sha256, B, request, mm_position=mm_position)
+    assert len(chain) == 3
+    assert manager.req_to_block_hashes["a"] == chain
+    assert chain[2] != hash_request_tokens(sha256, B, request, mm_position=not mm_position)[2]
+
+
+@pytest.mark.parametrize("num_groups", GROUPS, ids=["one group", "two groups"])
+def test_the_lookup_stores_the_hash_of_the_last_full_block_it_leaves_out(num_groups: int) -> None:
     """Its draft rejected, the request holds 2 full blocks (1 2 | 3 6) but stored 1 hash when
     preempted: the lookup leaves the last block out (it is recomputed) yet stores its hash,
     exactly one block past the stored ones."""
-    manager, request = _prefilled(manager_class, [1, 2])
+    manager, request = _prefilled(num_groups, [1, 2])
     _schedule_one_draft(manager, request)
     request.num_computed_tokens = 3  # the draft rejected
     request.append_output_token_ids(6)  # tokens 1 2 | 3 6
@@ -216,13 +240,14 @@ def test_more_hits_than_stored_hashes_are_refused_with_both_counts(looked_up: bo
 def test_a_call_overlapping_a_pool_call_is_refused_under_its_own_name() -> None:
     """A hash function that calls the manager while the pool hashes a block with it: each call
     is refused, named, and changes nothing."""
-    manager = HybridKVCacheManager(config(8, full(), window(3)), 16)
+    manager = KVCacheManager(config(8, full(), window(3)), 16)
     request = Request("a", [1, 2, 3])
     manager.allocate_slots(request, 3)
     calls: dict[str, Callable[[], object]] = {
-        "HybridKVCacheManager.get_computed_blocks": lambda: manager.get_computed_blocks(request),
-        "HybridKVCacheManager.allocate_slots": lambda: manager.allocate_slots(request, 1),
-        "HybridKVCacheManager.free": lambda: manager.free(request),
+        "KVCacheManager.get_computed_blocks": lambda: manager.get_computed_blocks(request),
+        "KVCacheManager.allocate_slots": lambda: manager.allocate_slots(request, 1),
+        "KVCacheManager.free": lambda: manager.free(request),
+        "KVCacheManager.get_blocks": lambda: manager.get_blocks("a"),
     }
     refused: dict[str, str] = {}
 
@@ -249,16 +274,16 @@ def test_a_call_overlapping_a_pool_call_is_refused_under_its_own_name() -> None:
     manager.check_invariants()
 
 
-def test_a_negative_hybrid_checking_interval_is_refused() -> None:
+def test_a_negative_checking_interval_is_refused() -> None:
     with pytest.raises(InvalidArgumentError) as info:
-        HybridKVCacheManager(config(8, full()), 16, debug_invariants=-1)
-    assert str(info.value) == "HybridKVCacheManager: debug_invariants must be an int >= 0, got -1"
+        KVCacheManager(config(8, full(), window(3)), 16, debug_invariants=-1)
+    assert str(info.value) == "KVCacheManager: debug_invariants must be an int >= 0, got -1"
 
 
-def test_attention_manager_refuses_a_spec_without_a_policy_by_name() -> None:
+def test_the_registry_refuses_a_spec_without_a_manager_by_name() -> None:
     other = OtherAttentionSpec(block_size=B, num_kv_heads=1, head_size=1, dtype="float16")
     with pytest.raises(KVCacheConfigError) as info:
-        attention_manager(other, BlockPool(4, True), 0)
+        single_type_manager(other, BlockPool(4, True), 0, False)
     assert str(info.value) == "no attention manager for OtherAttentionSpec"
 
 
@@ -318,3 +343,78 @@ def test_a_fast_path_record_with_another_id_and_its_own_token_list_is_reported()
         "the fast path's record of a tracked request is its own",
         "request 'a': a record of 'b' with its token list",
     )
+
+
+def test_a_request_missing_from_a_later_group_is_reported_as_unequal_block_lists() -> None:
+    """Group 1's list of request 'a' moved under another id (every block still held once): the
+    report names 'a' with no list in group 1, not a crash on the missing list."""
+    manager = KVCacheManager(config(10, full(), window(3)), 16)
+    manager.allocate_slots(Request("a", range(5)), 5)
+    lists = manager.coordinator.single_type_managers[1].req_to_blocks
+    lists["b"] = lists.pop("a")
+    assert invariant_report(manager.check_invariants) == (
+        "a request's block lists cover the same positions in every group",
+        "request 'a': [3, None] blocks",
+    )
+
+
+def test_hashes_keyed_without_the_inputs_place_pass_the_stored_chain_check() -> None:
+    """`mm_keys_without_position` alone (vLLM 0.8.5's keys, without its other switches): the
+    stored hashes differ from the chain keyed with the input's place, and the invariant check
+    rehashes the tokens as they were stored, so it passes."""
+    semantics = Semantics(mm_keys_without_position=True)
+    manager = KVCacheManager(uniform_kv_cache_config(FULL, 10), 64, semantics=semantics)
+    request = Request("a", [0] * 6, mm_positions=[PlaceholderRange(1, 2)], mm_hashes=["img"])
+    assert manager.allocate_slots(request, 6) is not None
+    hash_fn = manager.caching_hash_fn
+    stored = manager.req_to_block_hashes["a"]
+    assert stored == hash_request_tokens(hash_fn, B, request, mm_position=False)
+    assert stored[:2] != hash_request_tokens(hash_fn, B, request)[:2]
+    manager.check_invariants()
+
+
+def test_a_capped_allocation_after_hits_stops_at_max_model_len() -> None:
+    """vLLM 0.8.5's cap: max_model_len 8 (4 blocks of 2); b hits a's 3 cached blocks and
+    schedules 6 more tokens (6 blocks needed): it gets the 1 block left, not 3."""
+    manager = KVCacheManager(uniform_kv_cache_config(FULL, 10), 8, semantics=VLLM_0_8_5)
+    first = Request("a", list(range(7)))
+    assert manager.allocate_slots(first, 7) is not None
+    first.num_computed_tokens = 7
+    manager.free(first)
+    second = Request("b", list(range(12)))
+    hits, num_hit_tokens = manager.get_computed_blocks(second)
+    assert num_hit_tokens == 6
+    new = manager.allocate_slots(second, 6, hits)
+    assert new is not None and len(new[0]) == 1
+    assert len(manager.get_blocks("b")[0]) == 4
+
+
+def test_full_attention_reads_every_earlier_token_so_skips_no_block() -> None:
+    """Full attention's per-type manager skips no leading block at any step (its attention reads
+    every earlier token); the coordinator never asks it, but the per-type surface states it."""
+    manager = KVCacheManager(uniform_kv_cache_config(FULL, 10), 64)
+    (full,) = manager.coordinator.single_type_managers
+    assert not full.allows_null_blocks
+    assert [full.num_skipped_blocks(n) for n in (0, 1, 16, 63)] == [0, 0, 0, 0]
+
+
+def test_get_blocks_during_another_call_is_refused_under_its_own_name() -> None:
+    """`get_blocks` called from inside a pool call (a re-entering hash function) is refused
+    with its own name, and the call it interrupted completes."""
+    manager = KVCacheManager(uniform_kv_cache_config(FULL, 10), 64)
+    manager.allocate_slots(Request("a", [1, 2, 3]), 3)
+    names: list[str] = []
+
+    def reentering_hash(value: object) -> int:
+        try:
+            manager.get_blocks("a")
+        except ConcurrentUseError as error:
+            names.append(error.call)
+        return sha256(value)
+
+    pool = manager.block_pool
+    (block,) = pool.get_new_blocks(1)
+    pool.cache_full_blocks(Request("r", [7] * B), [block], [], 0, 1, B, reentering_hash)
+    pool.free_blocks([block])
+    assert names == ["KVCacheManager.get_blocks"]
+    assert [len(group) for group in manager.get_blocks("a")] == [2]  # 3 tokens, blocks of 2

@@ -4,8 +4,8 @@ The CI campaigns (`test_swarm_ci_campaign.py`) are slow and left out of the muta
 run the same engine for a few thousand steps per layer, with misuse and hostile calls, KV cache
 events and both hash functions, on fixed seeds: a mutant that changes what any call returns,
 refuses or leaves behind, in any layer, diverges from the spec here. The hybrid layer (2-4 KV
-cache groups over one pool) is the only check of `HybridKVCacheManager` against the spec's
-besides its scenario tests.
+cache groups over one pool) is the only check of `KVCacheManager`'s several-group path against
+the spec besides its scenario tests.
 """
 
 from __future__ import annotations

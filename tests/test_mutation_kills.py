@@ -45,7 +45,8 @@ def test_manager_defaults_gather_no_stats_and_keep_their_arguments() -> None:
     assert (manager.max_model_len, manager.log_stats, manager.enable_caching) == (64, False, True)
     assert manager.prefix_cache_stats is None
     assert manager.make_prefix_cache_stats() is None
-    assert manager.specialized_manager.kv_cache_spec is FULL
+    (group,) = manager.coordinator.single_type_managers
+    assert (group.kv_cache_spec, group.group_id) == (FULL, 0)
 
 
 def test_the_pool_gets_the_managers_caching_switch_and_semantics() -> None:
@@ -56,7 +57,7 @@ def test_the_pool_gets_the_managers_caching_switch_and_semantics() -> None:
     assert manager.block_pool.semantics is VLLM_0_8_5
 
 
-def test_a_manager_needs_exactly_one_kv_cache_group() -> None:
+def test_vllm_0_8_5s_switches_need_exactly_one_kv_cache_group() -> None:
     window = SlidingWindowSpec(
         block_size=4, num_kv_heads=1, head_size=1, dtype="float16", sliding_window=8
     )
@@ -66,11 +67,13 @@ def test_a_manager_needs_exactly_one_kv_cache_group() -> None:
         {"full": tensor, "window": tensor},
         [KVCacheGroupSpec(("full",), FULL), KVCacheGroupSpec(("window",), window)],
     )
+    assert KVCacheManager(config, 64).num_groups == 2
     with pytest.raises(KVCacheConfigError) as info:
-        KVCacheManager(config, 64)
+        KVCacheManager(config, 64, semantics=VLLM_0_8_5)
     assert str(info.value) == (
-        "KVCacheManager needs exactly one KV cache group, got 2; HybridKVCacheManager serves "
-        "several"
+        "vLLM 0.8.5's switches need one KV cache group (0.8.5 had no hybrid manager), got 2 "
+        "groups and null_block_refcounted, capacity_counts_null_blocks, vllm_new_block_mm_keys, "
+        "cap_at_max_model_len, eagle_window_hit_one_short, mm_keys_without_position"
     )
 
 
@@ -116,7 +119,7 @@ def test_allocate_slots_reserves_no_lookahead_unless_asked() -> None:
     request = Request("a", range(4))
     new = manager.allocate_slots(request, 4)
     assert new is not None
-    assert [block.block_id for block in new] == [1]
+    assert [block.block_id for block in new[0]] == [1]
 
 
 # -- blocks and the free queue ----------------------------------------------------------------

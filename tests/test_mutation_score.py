@@ -7,7 +7,11 @@ out the way mutmut expects.
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from proofs import mutation
 from proofs.mutation import (
@@ -33,6 +37,9 @@ def test_the_committed_score_passes_the_gate() -> None:
     assert score.mutmut == "3.8.1"
     assert score.modules == list(MUTATED_MODULES)
     assert score.tests == list(SELECTED_TESTS)
+    # A module whose mutants' statuses were carried from an earlier full run must not change.
+    for name, digest in score.carried.items():
+        assert mutation.module_sha256(name) == digest, name
 
 
 def test_every_survivor_is_named_with_its_diff_and_its_equivalence_argument_if_any() -> None:
@@ -69,7 +76,8 @@ def test_the_selected_tests_and_mutated_modules_exist() -> None:
 
 
 def test_mutated_modules_are_named_inside_the_package() -> None:
-    assert mutation.module_source("attention.py") == ROOT / "impl" / "attention.py"
+    base = ROOT / "impl" / "single_type" / "base.py"
+    assert mutation.module_source("single_type/base.py") == base
     assert mutation.module_source("vocab/request.py") == ROOT / "vocab" / "request.py"
     assert mutation.module_source("harness/machines/pool.py") == (
         ROOT / "harness" / "machines" / "pool.py"
@@ -164,3 +172,89 @@ def test_a_rerun_merges_the_survivors_new_statuses_into_the_score() -> None:
     ]
     assert merged.sources_sha256 == "abc"
     assert (merged.detected, gate_problems(merged, 0.95)) == (19, [])
+
+
+def test_a_rerun_of_the_unargued_survivors_runs_those_and_keeps_the_argued_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--rerun-survivors --unargued-only` asks mutmut for the survivors no argument covers
+    only; an argued survivor mutmut still lists keeps its status and its argument."""
+    argued = next(iter(EQUIVALENT))
+    diff = "--- a\n+++ b"
+    previous = Score(
+        killed=8,
+        total=10,
+        counts={"killed": 8, "survived": 2, "total": 10},
+        survivors=[
+            Survivor(argued, "survived", diff),
+            Survivor("pagedkv.m.x_f__mutmut_1", "survived", diff),
+        ],
+        date="2026-01-01",
+        seconds=60.0,
+        sources_sha256=mutation.sources_sha256(),
+    )
+    path = tmp_path / "score.json"
+    write_score(previous, path)
+    (tmp_path / "mutants").mkdir()
+    monkeypatch.setattr(mutation, "ROOT", tmp_path)  # no selected test to copy: none exist there
+    monkeypatch.setattr(mutation, "TEST_HELPERS", ())
+    monkeypatch.setattr(mutation, "SELECTED_TESTS", ())
+    calls: list[list[str]] = []
+
+    def fake_mutmut(args: list[str], staging: Path, *, timeout: float | None = None) -> str:
+        calls.append(list(args))
+        return f"    {argued}: survived\n" if args == ["results"] else ""
+
+    monkeypatch.setattr(mutation, "_mutmut", fake_mutmut)
+    merged = mutation.rerun_survivors(2, tmp_path, path, unargued_only=True)
+    assert calls == [["run", "--max-children", "2", "pagedkv.m.x_f__mutmut_1"], ["results"]]
+    assert [(s.name, s.status, s.equivalent) for s in merged.survivors] == [
+        (argued, "survived", EQUIVALENT[argued])
+    ]
+    assert (merged.killed, merged.total) == (9, 10)
+
+
+def test_a_stopped_run_carries_statuses_only_for_modules_unchanged_since_the_scored_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--finish-carrying REV`: an unchecked mutant of a module unchanged since REV takes REV's
+    status (listed there: its status; not listed: killed); checked mutants keep this run's; an
+    unchecked mutant of a changed module is refused."""
+    previous = {
+        "date": "2026-01-01",
+        "modules": ["block.py", "free_queue.py"],
+        "survivors": [{"name": "pagedkv.block.x_f__mutmut_2", "status": "survived"}],
+    }
+    results = [
+        "    pagedkv.block.x_f__mutmut_1: not checked",
+        "    pagedkv.block.x_f__mutmut_2: not checked",
+        "    pagedkv.block.x_f__mutmut_3: survived",
+        "    pagedkv.block_pool.x_g__mutmut_1: killed",
+    ]
+
+    def fake_git(*args: str) -> subprocess.CompletedProcess[str]:
+        if args[0] == "show":
+            return subprocess.CompletedProcess(args, 0, json.dumps(previous), "")
+        if args[0] == "rev-parse":
+            return subprocess.CompletedProcess(args, 0, "c0ffee\n", "")
+        changed = not args[-1].endswith("impl/block.py")  # only block.py is unchanged
+        return subprocess.CompletedProcess(args, int(changed), "", "")
+
+    def fake_mutmut(args: list[str], staging: Path, *, timeout: float | None = None) -> str:
+        if args[0] == "show":
+            return f"# {args[1]}\n--- a\n+++ b"
+        return "\n".join(results) + "\n"
+
+    (tmp_path / "pyproject.toml").write_text("")
+    monkeypatch.setattr(mutation, "_git", fake_git)
+    monkeypatch.setattr(mutation, "_mutmut", fake_mutmut)
+    score = mutation.finish_carrying("v1", tmp_path)
+    assert [(s.name, s.status) for s in score.survivors] == [
+        ("pagedkv.block.x_f__mutmut_2", "survived"),
+        ("pagedkv.block.x_f__mutmut_3", "survived"),
+    ]
+    assert (score.killed, score.total, score.carried_from) == (2, 4, "c0ffee (2026-01-01)")
+    assert list(score.carried) == ["block.py"]
+    results.append("    pagedkv.free_queue.x_h__mutmut_1: not checked")  # free_queue.py changed
+    with pytest.raises(RuntimeError, match=r"free_queue\.x_h__mutmut_1 was not checked"):
+        mutation.finish_carrying("v1", tmp_path)

@@ -157,11 +157,3 @@ def test_spec_and_impl_name_each_shared_invariant_alike() -> None:
     impl = _invariant_names("impl/block_pool.py", "impl/free_queue.py", "impl/manager.py")
     assert REPRESENTATION_ONLY["spec"] <= spec and REPRESENTATION_ONLY["impl"] <= impl
     assert spec - REPRESENTATION_ONLY["spec"] == impl - REPRESENTATION_ONLY["impl"]
-
-
-def test_the_hybrid_managers_name_each_invariant_alike() -> None:
-    """The hybrid invariants the spec states (on top of the pool's), named as the implementation
-    names them."""
-    spec = _invariant_names("spec/hybrid_manager.py")
-    impl = _invariant_names("impl/hybrid_manager.py")
-    assert spec and spec == impl

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv import block_counts, block_pool, hybrid_manager, manager
+from pagedkv import block_counts, block_pool, manager
 from pagedkv.block_pool import BlockPool
 from pagedkv.spec.attention_truth import ATTENTION_TRUTH
 from proofs.planted import bugs as planted_bugs
@@ -85,7 +85,7 @@ def test_a_function_patch_reaches_every_module_that_binds_the_function() -> None
     patch = VARIANTS_BY_NAME["fits_ignores_hits"].patches[0]
     assert isinstance(patch, FunctionPatch)
     owners = {owner for owner, _, _ in patch.bindings()}
-    assert owners == {block_counts, manager, hybrid_manager}
+    assert owners == {block_counts, manager}
 
 
 def test_a_method_patch_replaces_the_method_of_the_class() -> None:

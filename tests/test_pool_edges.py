@@ -27,7 +27,6 @@ from pagedkv import (
     FreeKVCacheBlockQueue,
     FreeQueueError,
     FullAttentionSpec,
-    HybridKVCacheManager,
     KVCacheBlock,
     KVCacheConfig,
     KVCacheGroupSpec,
@@ -36,13 +35,14 @@ from pagedkv import (
     KVCacheTensor,
     PlaceholderRange,
     Request,
+    RequestError,
     SlidingWindowSpec,
     hash_request_tokens,
     sha256,
     uniform_kv_cache_config,
 )
-from pagedkv.attention import ChunkedLocalAttentionManager, SlidingWindowManager
 from pagedkv.block_hash import first_mm_input
+from pagedkv.single_type import ChunkedLocalAttentionManager, SlidingWindowManager
 from pagedkv.vocab.errors import ArgumentTypeError
 from pagedkv.vocab.kv_events import AllBlocksCleared, BlockRemoved, KVCacheEvent
 from pagedkv.vocab.semantics import PAGEDKV, Semantics
@@ -250,7 +250,7 @@ def test_queued_events_that_no_consumer_can_replay_are_reported_with_their_error
 Hits = tuple[list[KVCacheBlock], ...]
 
 
-def _hybrid_with_cached_prefix() -> tuple[HybridKVCacheManager, Request, Hits, int]:
+def _hybrid_with_cached_prefix() -> tuple[KVCacheManager, Request, Hits, int]:
     """A sliding-window group 0 and a full-attention group 1 over 16 blocks; request 'b' looks up
     the 3 blocks request 'a' left cached in each group."""
     specs: list[KVCacheSpec] = [
@@ -264,7 +264,7 @@ def _hybrid_with_cached_prefix() -> tuple[HybridKVCacheManager, Request, Hits, i
         {f"layer.{g}": KVCacheTensor(spec.page_size_bytes * 16) for g, spec in enumerate(specs)},
         [KVCacheGroupSpec([f"layer.{g}"], spec) for g, spec in enumerate(specs)],
     )
-    manager = HybridKVCacheManager(config, 64)
+    manager = KVCacheManager(config, 64)
     first = Request("a", list(range(7)))
     assert manager.allocate_slots(first, 7) is not None
     first.num_computed_tokens = 7
@@ -488,14 +488,14 @@ def test_two_requests_whose_decode_fills_blocks_alike_index_both_blocks_under_th
     manager = KVCacheManager(uniform_kv_cache_config(spec, 10), 64, debug_invariants=False)
     requests = [Request("a", [1, 2, 3]), Request("b", [1, 2, 3])]
     for request in requests:
-        assert manager.get_computed_blocks(request) == ([], 0)
+        assert manager.get_computed_blocks(request) == (([],), 0)
         assert manager.allocate_slots(request, 3) is not None
         request.num_computed_tokens = 3
     for request in requests:
         request.append_output_token_ids(4)
-        assert manager.allocate_slots(request, 1) == []
+        assert manager.allocate_slots(request, 1) == ((),)
         request.num_computed_tokens = 4
-    (first,), (second,) = (manager.req_to_blocks[r.request_id] for r in requests)
+    ((first,),), ((second,),) = (manager.get_blocks(r.request_id) for r in requests)
     (key,) = hash_request_tokens(sha256, 4, requests[0])
     assert manager.block_pool.cached_block_hash_to_block == {
         key: {first.block_id: first, second.block_id: second}
@@ -541,25 +541,25 @@ def test_a_block_appended_to_an_empty_queue_is_its_head_and_tail() -> None:
     assert queue.popleft() is block
 
 
-# -- the attention policies ----------------------------------------------------------------------
+# -- the per-type managers -----------------------------------------------------------------------
 
 
 def _window(pool: BlockPool) -> SlidingWindowManager:
     spec = SlidingWindowSpec(
         block_size=B, num_kv_heads=1, head_size=1, dtype="float16", sliding_window=4
     )
-    return SlidingWindowManager(spec, pool)
+    return SlidingWindowManager(spec, pool, 0)
 
 
 def _chunked(pool: BlockPool) -> ChunkedLocalAttentionManager:
     spec = ChunkedLocalAttentionSpec(
         block_size=B, num_kv_heads=1, head_size=1, dtype="float16", attention_chunk_size=2 * B
     )
-    return ChunkedLocalAttentionManager(spec, pool)
+    return ChunkedLocalAttentionManager(spec, pool, 0)
 
 
 @pytest.mark.parametrize("policy", [_window, _chunked], ids=["sliding window", "chunked local"])
-def test_a_policy_made_without_a_group_looks_up_group_0s_keys(
+def test_a_group_0_manager_looks_up_the_hashes_themselves(
     policy: Callable[[BlockPool], SlidingWindowManager | ChunkedLocalAttentionManager],
 ) -> None:
     pool = BlockPool(6, True)
@@ -589,7 +589,56 @@ def test_a_chunked_local_hit_must_be_null_up_to_its_chunks_first_block(
     pool = BlockPool(4, True)
     cached = pool.get_new_blocks(1)[0]
     blocks = [pool.null_block if kind == "N" else cached for kind in hits]
-    assert _chunked(pool).hit_shape_error(blocks, use_eagle=False) == detail
+    assert _chunked(pool).hit_shape_error(blocks, use_eagle=False, for_eagle=False) == detail
+
+
+def test_a_chunked_local_hit_with_a_null_block_after_its_cached_ones_is_refused() -> None:
+    """Chunks of 4 blocks: a hit of 2 blocks starts at its chunk's first block, so it leads
+    with no null block, and a null block after a cached one is out of place."""
+    pool = BlockPool(4, True)
+    cached = pool.get_new_blocks(1)[0]
+    spec = ChunkedLocalAttentionSpec(
+        block_size=B, num_kv_heads=1, head_size=1, dtype="float16", attention_chunk_size=4 * B
+    )
+    manager = ChunkedLocalAttentionManager(spec, pool, 0)
+    hits = [cached, pool.null_block]
+    assert manager.hit_shape_error(hits, use_eagle=False, for_eagle=False) == (
+        "0 null blocks in a hit of 2 blocks; its chunk starts at block 0"
+    )
+    assert manager.hit_shape_error(hits[:1], use_eagle=False, for_eagle=False) is None
+
+
+@pytest.mark.parametrize(
+    ("num_cached", "for_eagle", "detail"),
+    [
+        (1, True, "1 null blocks, then 1 blocks; the window needs 2"),
+        (2, True, None),
+        (1, False, None),
+    ],
+)
+def test_a_window_hit_found_for_eagle_needs_the_wider_windows_run_less_one(
+    num_cached: int, for_eagle: bool, detail: str | None
+) -> None:
+    """W = 4, B = 2: a run of 2 cached blocks, 3 found `for_eagle`; EAGLE then drops the last
+    block, so a hit after a null block keeps 1, or 2 when found `for_eagle`."""
+    pool = BlockPool(4, True)
+    cached = pool.get_new_blocks(1)[0]
+    hits = [pool.null_block] + [cached] * num_cached
+    assert _window(pool).hit_shape_error(hits, use_eagle=True, for_eagle=for_eagle) == detail
+
+
+def test_hits_are_checked_against_group_0_unless_a_group_is_named() -> None:
+    """Blocks cached without a group id are group 0's: `check_hits_locked` without `group_id`
+    accepts them as hits under their stored hashes, and refuses them for group 1."""
+    pool = BlockPool(4, True)
+    request = Request("a", [1, 2, 3, 4])
+    blocks = pool.get_new_blocks(2)
+    block_hashes: list[BlockHashType] = []
+    pool.cache_full_blocks(request, blocks, block_hashes, 0, 2, B, sha256)
+    pool.check_hits_locked("a", blocks, block_hashes, False)
+    with pytest.raises(RequestError) as info:
+        pool.check_hits_locked("a", blocks, block_hashes, False, 1)
+    assert "block 1 at position 0 is not cached under the request's hash there" in str(info.value)
 
 
 # -- the first multimodal input a block's scan starts from ---------------------------------------

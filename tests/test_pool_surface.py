@@ -1,10 +1,10 @@
-"""The managers talk to their pool through a named surface, and touch no other object's privates.
+"""The manager talks to its pool through a named surface, and touches no other object's privates.
 
-`pagedkv.manager` and `pagedkv.hybrid_manager` may use a private member (`_name`) of `self` only:
-never of their pool, a block, the free queue or a request. Of its pool `pagedkv.manager` uses
-exactly `POOL_SURFACE`, which `BlockPool` documents, and `pagedkv.hybrid_manager` a part of it
-(no decode fast path): every ref_cnt, free-queue and index write happens behind it, inside the
-pool.
+The manager's modules (`pagedkv.manager`, its coordinators `pagedkv.kv_cache_coordinator` and the
+per-type managers of `pagedkv.single_type`) may use a private member (`_name`) of `self` only:
+never of their pool, a block, the free queue or a request. Of its pool they use, together,
+exactly `POOL_SURFACE`, which `BlockPool` documents: every ref_cnt, free-queue and index write
+happens behind it, inside the pool.
 """
 
 from __future__ import annotations
@@ -15,8 +15,13 @@ from pathlib import Path
 
 from pagedkv.block_pool import BlockPool
 
-MANAGER = Path(__file__).resolve().parent.parent / "impl" / "manager.py"
-HYBRID_MANAGER = MANAGER.with_name("hybrid_manager.py")
+IMPL = Path(__file__).resolve().parent.parent / "impl"
+MANAGER_MODULES = (
+    IMPL / "manager.py",
+    IMPL / "kv_cache_coordinator.py",
+    *sorted((IMPL / "single_type").glob("*.py")),
+)
+"""The modules of the manager: the front, its coordinators, the per-type managers."""
 
 POOL_SURFACE = frozenset(
     {
@@ -35,14 +40,16 @@ POOL_SURFACE = frozenset(
         "append_new_block_locked",
         # public calls that take the token themselves (the manager does not hold it then)
         "take_events",
-        # queries and read-only attributes
+        # queries and read-only attributes (a lookup reads the index, block by block)
         "get_usage",
         "get_num_free_blocks",
+        "cached_block",
+        "cached_block_hash_to_block",
         "blocks",
         "null_block",
     }
 )
-"""What `pagedkv.manager` uses of its `BlockPool`, by name."""
+"""What the manager's modules use of their `BlockPool`, together, by name."""
 
 POOL = "self.block_pool"
 
@@ -91,21 +98,17 @@ def pool_members_used(source: str) -> set[str]:
 
 
 def test_the_manager_touches_no_private_member_of_another_object() -> None:
-    assert private_uses(MANAGER.read_text()) == []
+    for module in MANAGER_MODULES:
+        assert private_uses(module.read_text()) == [], module.name
 
 
 def test_the_manager_uses_exactly_the_named_pool_surface() -> None:
-    assert pool_members_used(MANAGER.read_text()) == POOL_SURFACE
-
-
-def test_the_hybrid_manager_touches_no_private_member_of_another_object() -> None:
-    assert private_uses(HYBRID_MANAGER.read_text()) == []
-
-
-def test_the_hybrid_manager_uses_the_named_pool_surface_only() -> None:
-    used = pool_members_used(HYBRID_MANAGER.read_text())
-    assert used <= POOL_SURFACE, sorted(used - POOL_SURFACE)
-    assert {"share_call_token", "cache_full_blocks_locked", "check_hits_locked"} <= used
+    used = set()
+    for module in MANAGER_MODULES:
+        in_module = pool_members_used(module.read_text())
+        assert in_module <= POOL_SURFACE, (module.name, sorted(in_module - POOL_SURFACE))
+        used |= in_module
+    assert used == POOL_SURFACE
 
 
 def test_the_pool_surface_is_public_and_documented() -> None:

@@ -13,12 +13,14 @@ from collections.abc import Iterable
 
 import pytest
 
-from pagedkv import attention as window
 from pagedkv import block_counts, block_hash
 from pagedkv.planning import kv_cache_config
-from pagedkv.spec import attention as spec_attention
+from pagedkv.single_type import chunked_local
+from pagedkv.single_type import sliding_window as window
 from pagedkv.spec import block_counts as spec_counts
 from pagedkv.spec import block_hash as spec_hash
+from pagedkv.spec.single_type import chunked_local as spec_chunk
+from pagedkv.spec.single_type import sliding_window as spec_window
 from pagedkv.vocab import kv_cache_interface
 from pagedkv.vocab.hashes import BlockHashType, MultimodalKey
 from pagedkv.vocab.request import PlaceholderRange, Request
@@ -93,11 +95,11 @@ def test_scan_chunk_hit_scans_forward_from_the_chunk_start_of_the_longest_hit() 
         looked_up.append(position)
         return f"b{position}" if cached[position] else None
 
-    assert window.scan_chunk_hit(5, 8, 4, lookup, "null") == ["null"] * 4
+    assert chunked_local.scan_chunk_hit(5, 8, 4, lookup, "null") == ["null"] * 4
     assert looked_up == [4]
     looked_up.clear()
-    assert window.scan_chunk_hit(4, 8, 4, lookup, "null") == ["null"] * 4
-    assert window.scan_chunk_hit(3, 8, 4, lookup, "null") == ["null", "null", "b2"]
+    assert chunked_local.scan_chunk_hit(4, 8, 4, lookup, "null") == ["null"] * 4
+    assert chunked_local.scan_chunk_hit(3, 8, 4, lookup, "null") == ["null", "null", "b2"]
     assert looked_up == [2]
 
 
@@ -105,10 +107,10 @@ def test_scan_chunk_hit_falls_back_to_an_earlier_chunk() -> None:
     """Chunks of 6 tokens, blocks of 4: a hit of 2 blocks (token 8, chunk start token 6 in
     block 1) needs block 1; it misses, and a hit of 1 block (token 4, chunk 0) needs block 0."""
     cached = [True, False, True]
-    hits = window.scan_chunk_hit(2, 6, 4, lambda i: f"b{i}" if cached[i] else None, "null")
+    hits = chunked_local.scan_chunk_hit(2, 6, 4, lambda i: f"b{i}" if cached[i] else None, "null")
     assert hits == ["b0"]
-    assert window.scan_chunk_hit(0, 6, 4, lambda i: None, "null") == []
-    assert window.chunk_start_block(8, 6, 4) == 1
+    assert chunked_local.scan_chunk_hit(0, 6, 4, lambda i: None, "null") == []
+    assert chunked_local.chunk_start_block(8, 6, 4) == 1
 
 
 def test_scan_chunk_hit_is_the_specs_longest_chunked_hit_on_every_small_input() -> None:
@@ -116,13 +118,13 @@ def test_scan_chunk_hit_is_the_specs_longest_chunked_hit_on_every_small_input() 
     for block_size, chunk, length in itertools.product(range(1, 5), range(1, 13), range(8)):
         for cached in itertools.product((False, True), repeat=length):
             hashes = [BlockHashType(i, (i,)) for i in range(length)]
-            spec = spec_attention.chunked_local_hit(
+            spec = spec_chunk.chunked_local_hit(
                 lambda h, c=cached: h.hash_value + 1 if c[h.hash_value] else None,
                 hashes,
                 chunk,
                 block_size,
             )
-            impl = window.scan_chunk_hit(
+            impl = chunked_local.scan_chunk_hit(
                 length, chunk, block_size, lambda i, c=cached: i + 1 if c[i] else None, 0
             )
             assert impl == spec, (block_size, chunk, cached)
@@ -132,8 +134,8 @@ def test_scan_chunk_hit_is_the_specs_longest_chunked_hit_on_every_small_input() 
 
 def test_the_chunk_start_is_the_specs_skip_count() -> None:
     for computed, chunk, b in itertools.product(range(40), range(1, 13), POSITIVE):
-        expected = spec_attention.chunked_local_skipped(computed, chunk, b)
-        assert window.chunk_start_block(computed, chunk, b) == expected
+        expected = spec_chunk.chunked_local_skipped(computed, chunk, b)
+        assert chunked_local.chunk_start_block(computed, chunk, b) == expected
 
 
 def test_mm_inputs_in_block_and_where_the_next_scan_starts() -> None:
@@ -296,7 +298,7 @@ def test_impl_and_spec_twins_agree_on_every_small_input(pair: pairs.Pair) -> Non
 def test_spec_skip_count_is_the_impl_boundary_clamped_at_zero() -> None:
     for computed, w, b in itertools.product(range(30), range(1, 9), POSITIVE):
         expected = max(window.first_useful_block(computed, w, b), 0)
-        assert spec_attention.sliding_window_skipped(computed, w, b) == expected
+        assert spec_window.sliding_window_skipped(computed, w, b) == expected
 
 
 def test_spec_ceil_div_is_ceiling_division() -> None:

@@ -293,7 +293,7 @@ def test_a_step_of_speculative_tokens_only_is_valid() -> None:
     manager = _manager()
     request = _run(manager, Request("a", range(5)))
     request.spec_token_ids = [7, 7]
-    assert manager.allocate_slots(request, 2) == []  # 7 slots fit in the 2 blocks held
+    assert manager.allocate_slots(request, 2) == ((),)  # 7 slots fit in the 2 blocks held
     manager.check_invariants()
 
 
@@ -316,7 +316,7 @@ def test_more_hits_than_stored_hashes_are_refused() -> None:
     other = Request("b", range(9))
     manager.get_computed_blocks(other)
     blocks = manager.block_pool.blocks
-    error = _request_error(lambda: manager.allocate_slots(other, 1, blocks[1:4]))
+    error = _request_error(lambda: manager.allocate_slots(other, 1, (blocks[1:4],)))
     assert str(error) == (
         "request 'b': new_computed_blocks must be the request's cached blocks "
         "(3 hits but 2 stored block hashes)"
@@ -329,7 +329,7 @@ def test_a_hit_of_other_content_is_refused_with_its_position() -> None:
     other = Request("b", range(9))
     manager.get_computed_blocks(other)
     blocks = manager.block_pool.blocks
-    error = _request_error(lambda: manager.allocate_slots(other, 1, [blocks[2], blocks[1]]))
+    error = _request_error(lambda: manager.allocate_slots(other, 1, ([blocks[2], blocks[1]],)))
     assert str(error) == (
         "request 'b': new_computed_blocks must be the request's cached blocks "
         "(block 2 at position 0 is not cached under the request's hash there)"
@@ -341,7 +341,7 @@ def test_a_hit_just_past_the_pool_is_refused_as_foreign() -> None:
     request = Request("a", range(5))
     manager.get_computed_blocks(request)
     with pytest.raises(BlockStateError) as info:
-        manager.allocate_slots(request, 1, [KVCacheBlock(10)])
+        manager.allocate_slots(request, 1, ([KVCacheBlock(10)],))
     assert str(info.value) == "block 10: block does not belong to this pool"
 
 
@@ -350,7 +350,7 @@ def test_a_null_hit_under_full_attention_is_refused() -> None:
     request = Request("a", range(5))
     manager.get_computed_blocks(request)
     with pytest.raises(BlockStateError) as info:
-        manager.allocate_slots(request, 1, [manager.block_pool.null_block])
+        manager.allocate_slots(request, 1, ([manager.block_pool.null_block],))
     assert str(info.value) == "block 0: a null block is no hit: this attention type never skips one"
 
 
@@ -359,7 +359,7 @@ def _window_scene() -> tuple[KVCacheManager, Request]:
     manager = _manager(window=4, block_size=2)
     _run(manager, Request("a", range(8)))
     other = Request("b", range(9))
-    hits, _ = manager.get_computed_blocks(other)
+    (hits,), _ = manager.get_computed_blocks(other)
     assert [block.block_id for block in hits] == [0, 0, 3, 4]
     return manager, other
 
@@ -367,7 +367,7 @@ def _window_scene() -> tuple[KVCacheManager, Request]:
 def test_a_window_hit_of_other_content_after_null_blocks_is_refused() -> None:
     manager, other = _window_scene()
     null, blocks = manager.block_pool.null_block, manager.block_pool.blocks
-    error = _request_error(lambda: manager.allocate_slots(other, 1, [null, blocks[1]]))
+    error = _request_error(lambda: manager.allocate_slots(other, 1, ([null, blocks[1]],)))
     assert str(error) == (
         "request 'b': new_computed_blocks must be the request's cached blocks "
         "(block 1 at position 1 is not cached under the request's hash there)"
@@ -377,7 +377,9 @@ def test_a_window_hit_of_other_content_after_null_blocks_is_refused() -> None:
 def test_a_window_hit_too_short_after_null_blocks_is_refused_with_its_shape() -> None:
     manager, other = _window_scene()
     null, blocks = manager.block_pool.null_block, manager.block_pool.blocks
-    error = _request_error(lambda: manager.allocate_slots(other, 1, [null, null, null, blocks[4]]))
+    error = _request_error(
+        lambda: manager.allocate_slots(other, 1, ([null, null, null, blocks[4]],))
+    )
     assert str(error) == (
         "request 'b': new_computed_blocks is not a hit this attention type can produce "
         "(3 null blocks, then 1 blocks; the window needs 2)"
@@ -390,7 +392,7 @@ def test_a_short_window_hit_from_position_0_is_valid() -> None:
     _run(manager, Request("a", [0, 1, 9]))
     other = Request("b", [0, 1, 5, 5, 5])
     hits, num_hit_tokens = manager.get_computed_blocks(other)
-    assert ([block.block_id for block in hits], num_hit_tokens) == ([1], 2)
+    assert ([block.block_id for block in hits[0]], num_hit_tokens) == ([1], 2)
     assert manager.allocate_slots(other, 3, hits) is not None
     manager.check_invariants()
 
@@ -508,15 +510,20 @@ def test_manager_argument_refusals_name_the_call_the_request_and_the_rule() -> N
         assert _message(lambda m=method: getattr(manager, m)(None))[1] == (  # type: ignore[misc]
             f"KVCacheManager.{method}: request must be a Request, got None"
         )
-    assert _message(lambda: manager.allocate_slots(request, 1, [1])) == (  # type: ignore[list-item]
+    assert _message(lambda: manager.allocate_slots(request, 1, ([1],))) == (  # type: ignore[list-item]
         "ArgumentTypeError",
-        "KVCacheManager.allocate_slots for request 'r': new_computed_blocks[0] must be a "
+        "KVCacheManager.allocate_slots for request 'r': new_computed_blocks[0][0] must be a "
         "block, got 1",
     )
-    assert _message(lambda: manager.allocate_slots(request, 1, 5)) == (  # type: ignore[arg-type]
+    assert _message(lambda: manager.allocate_slots(request, 1, (5,))) == (  # type: ignore[arg-type]
         "ArgumentTypeError",
-        "KVCacheManager.allocate_slots for request 'r': new_computed_blocks must be an "
+        "KVCacheManager.allocate_slots for request 'r': new_computed_blocks[0] must be an "
         "iterable, got 5",
+    )
+    assert _message(lambda: manager.allocate_slots(request, 1, [])) == (
+        "ArgumentTypeError",
+        "KVCacheManager.allocate_slots for request 'r': new_computed_blocks must be one "
+        "iterable of blocks per KV cache group (1), got a list of 0",
     )
     request.spec_token_ids = (1,)  # type: ignore[assignment]
     assert _message(lambda: manager.allocate_slots(request, 1)) == (

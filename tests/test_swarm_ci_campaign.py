@@ -58,7 +58,7 @@ def test_the_ci_pool_campaign_finds_no_divergence_and_meets_every_target() -> No
 @pytest.mark.slow
 def test_the_ci_hybrid_campaign_finds_no_divergence_and_meets_every_target() -> None:
     """Configurations of 2-4 KV cache groups (full, sliding window, chunked local) over one
-    pool: pagedkv's HybridKVCacheManager against the spec's, with targets of their own."""
+    pool: pagedkv's KVCacheManager against the spec's, with targets of their own."""
     layer = manager_layer(pagedkv_manager, attention="hybrid")
     result = run_campaign(layer, seed=CI_SEED, max_steps=CI_HYBRID_STEPS)
     assert result.failure is None, result.failure

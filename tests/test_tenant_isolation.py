@@ -50,13 +50,13 @@ def test_no_block_crosses_tenants(
         if event == "arrive":
             request = Request(f"r{number}", PROMPT, cache_salt=salt)
             hits, num_hit_tokens = manager.get_computed_blocks(request)
-            for block in hits:
+            for block in hits[0]:
                 if block is not manager.block_pool.null_block:
                     assert owner[block.block_id] == salt, "a hit crossed tenants"
             new = manager.allocate_slots(request, request.num_tokens - num_hit_tokens, hits)
             if new is None:
                 continue
-            for block in new:
+            for block in new[0]:
                 owner[block.block_id] = salt  # its content is computed for this tenant now
             request.num_computed_tokens = request.num_tokens
             live.append(request)
@@ -69,7 +69,7 @@ def test_no_block_crosses_tenants(
         for request in live:
             salts = {
                 owner[b.block_id]
-                for b in manager.req_to_blocks[request.request_id]
+                for b in manager.get_blocks(request.request_id)[0]
                 if b is not manager.block_pool.null_block
             }
             assert salts <= {request.cache_salt}
@@ -85,8 +85,8 @@ def test_the_same_salt_shares_and_another_salt_does_not() -> None:
     other = Request("c", PROMPT, cache_salt="tenant-b")
     unsalted = Request("d", PROMPT)
     assert manager.get_computed_blocks(same)[1] == 8
-    assert manager.get_computed_blocks(other) == ([], 0)
-    assert manager.get_computed_blocks(unsalted) == ([], 0)
+    assert manager.get_computed_blocks(other) == (([],), 0)
+    assert manager.get_computed_blocks(unsalted) == (([],), 0)
 
 
 def test_a_hash_value_collision_alone_never_hits() -> None:
@@ -107,7 +107,7 @@ def test_a_hash_value_collision_alone_never_hits() -> None:
         manager.allocate_slots(victim, victim.num_tokens)
         attacker = Request("attacker", [9, 9, 3, 4, 5, 6, 7], cache_salt="tenant-b")
         assert all(h.hash_value == 7 for h in hash_request_tokens(collide, 2, attacker))
-        hits, _ = manager.get_computed_blocks(attacker)
+        (hits,), _ = manager.get_computed_blocks(attacker)
         assert all(block is manager.block_pool.null_block for block in hits), hits
         # Same tenant, same tokens: the exact key finds the victim's blocks.
         neighbour = Request("neighbour", [1, 2, 3, 4, 5, 6, 7], cache_salt="tenant-a")

@@ -151,7 +151,7 @@ def test_the_differences_outside_the_vllm_0_33_domain_are_still_there() -> None:
     # at another offset is another key ...
     assert report["mm_offset"] == {"spec": [[1], [2]], "vllm": [[1], [2]]}
     # ... an eagle hit in a window asks one more contiguous block, then drops it ...
-    assert report["eagle_sliding_hit"] == {"spec": [[1, 2], 2], "vllm": [[1, 2], 2]}
+    assert report["eagle_sliding_hit"] == {"spec": [[[1, 2]], 2], "vllm": [[[1, 2]], 2]}
     # ... and with several groups the EAGLE lookup looks one block further, then drops one.
     assert report["eagle_hybrid_hit"] == {"spec": 2, "vllm": 2}
     # Under a one-token window vLLM caches nothing; pagedkv caches the full block.

@@ -35,7 +35,6 @@ from typing import Any
 
 from pagedkv import (
     FullAttentionSpec,
-    HybridKVCacheManager,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheManager,
@@ -134,7 +133,7 @@ def _hybrid_batches() -> list[KVEventBatch]:
         {"layers.0": tensor, "layers.1": tensor},
         [KVCacheGroupSpec(["layers.0"], full), KVCacheGroupSpec(["layers.1"], window)],
     )
-    manager = HybridKVCacheManager(config, max_model_len=16, enable_kv_cache_events=True)
+    manager = KVCacheManager(config, max_model_len=16, enable_kv_cache_events=True)
     batches = []
     for step, tokens in enumerate(([1, 2, 3, 4, 5], [6, 6, 6, 6, 6, 6, 6])):
         request = Request(f"r{step}", tokens)

@@ -12,9 +12,34 @@ from __future__ import annotations
 from pagedkv.vocab.errors import (
     BlockStateError,
     InvalidArgumentError,
+    KVCacheConfigError,
     MaxModelLenExceededError,
     RequestError,
 )
+
+# -- the configuration (a manager's construction) ------------------------------------------------
+
+
+def groups_of_several_block_sizes(block_sizes: list[int]) -> KVCacheConfigError:
+    return KVCacheConfigError(
+        f"KVCacheManager needs one block size in every group, got {block_sizes}"
+    )
+
+
+def no_manager_for(spec_type: str) -> KVCacheConfigError:
+    return KVCacheConfigError(f"no attention manager for {spec_type}")
+
+
+def eagle_unsupported(kind: str) -> KVCacheConfigError:
+    return KVCacheConfigError(f"EAGLE is not supported with {kind}")
+
+
+def vllm_0_8_5_switches_with_groups(num_groups: int, switches: list[str]) -> KVCacheConfigError:
+    return KVCacheConfigError(
+        f"vLLM 0.8.5's switches need one KV cache group (0.8.5 had no hybrid manager), got "
+        f"{num_groups} groups and {', '.join(switches)}"
+    )
+
 
 # -- block rules (the pool) ----------------------------------------------------------------------
 

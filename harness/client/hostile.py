@@ -40,8 +40,7 @@ class Scene:
         max_model_len: the managers' max_model_len.
         block_size: tokens a block.
         sliding_window: the window of a single-group manager, or None.
-        num_groups: KV cache groups (2 or more: a hybrid manager, whose hits and results are
-            one list per group).
+        num_groups: KV cache groups (hits and results are one list per group).
         enable_caching: prefix caching on or off.
         arg: picks among the call's variants (any int).
         on_refusal: called with the call's name and the spec's error, if any.
@@ -70,10 +69,8 @@ class Scene:
             self.on_refusal(operation, error)
 
     def group_hits(self, hits: list[int]) -> Any:
-        """`hits` as the manager takes them: the list itself, or the same list for every group
-        of a hybrid manager (so that its first group meets the broken rule)."""
-        if self.num_groups == 1:
-            return hits
+        """`hits` as the manager takes them: the same list for every group (so that the first
+        group meets the broken rule)."""
         return tuple(list(hits) for _ in range(self.num_groups))
 
     def look_up(self) -> Any:
@@ -216,9 +213,9 @@ def hashes_dropped_while_running(scene: Scene) -> None:
 
 
 def hybrid_hits_misshapen(scene: Scene) -> None:
-    """A hybrid manager given a waiting request's own hits, misshapen: one group's list a
-    block short, two groups' lists swapped (each group's blocks are cached under its own key),
-    or one list too few or too many."""
+    """A manager of several groups given a waiting request's own hits, misshapen: one group's
+    list a block short, two groups' lists swapped (each group's blocks are cached under its own
+    key), or one list too few or too many."""
     if scene.num_groups == 1 or scene.running or not scene.enable_caching:
         return
     hits = scene.look_up()

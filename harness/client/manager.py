@@ -20,16 +20,11 @@ record of each request it sent (`harness/client/requests.py`) and holds the `Req
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pagedkv.harness.adapters import (
-    SpecHybridManagerAdapter,
-    SpecManagerAdapter,
-    pagedkv_manager,
-    spec_manager,
-)
+from pagedkv.harness.adapters import SpecManagerAdapter, pagedkv_manager, spec_manager
 from pagedkv.harness.client.events import EventConsumer
 from pagedkv.harness.client.hostile import HOSTILE_CALLS, HostileCall, Scene
 from pagedkv.harness.client.manager_ops import (
@@ -52,12 +47,11 @@ from pagedkv.harness.domain import FULL_DOMAIN, Domain, MultimodalInputs
 from pagedkv.harness.probes import manager_probe
 from pagedkv.harness.protocol import (
     NOT_REPORTED,
-    Hits,
+    GroupIds,
     ManagerConfig,
     ManagerFactory,
     ManagerUnderTest,
 )
-from pagedkv.spec.hybrid_manager import SpecHybridKVCacheManager
 from pagedkv.spec.manager import SpecKVCacheManager
 from pagedkv.vocab.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
@@ -103,7 +97,7 @@ class ManagerClient:
     def __init__(
         self,
         pair: ComparedPair[Any],
-        spec: SpecKVCacheManager | SpecHybridKVCacheManager,
+        spec: SpecKVCacheManager,
         config: ManagerConfig,
         coverage: Coverage,
         *,
@@ -125,7 +119,7 @@ class ManagerClient:
         """The sliding window of a single-group manager (None for full attention, and for a
         hybrid manager, whose groups are in `layers`)."""
         self.max_tokens = -(-config.max_model_len // self.block_size) * self.block_size
-        self.drops_blocks = self.hybrid or self.window is not None
+        self.drops_blocks = any(manager.allows_null_blocks for manager in spec.managers)
         """Whether a request's leading blocks may be dropped for the null block (a window or a
         chunk boundary); under full attention alone they never are (a spec invariant)."""
         self.caching = config.enable_caching
@@ -138,10 +132,6 @@ class ManagerClient:
             (config.kv_cache_config.num_blocks, *map(_layer_key, self.layers), self.caching)
         )
         pair.beyond_snapshots = self.check_requests
-        self._held_key: Callable[[Any], tuple[Any, ...]] = (
-            _group_blocks_key if self.hybrid else tuple
-        )
-        """A request's blocks, hashable: a tuple of ids, or one per group."""
 
     @classmethod
     def build(
@@ -158,7 +148,7 @@ class ManagerClient:
         (pagedkv's own manager must also word each refusal as the spec does)."""
         spec = spec_manager(config)
         impl = factory(config)
-        pair: ComparedPair[Any] = ComparedPair(  # a ManagerUnderTest, or a hybrid one
+        pair: ComparedPair[Any] = ComparedPair(
             spec,
             impl,
             manager_probe,
@@ -166,7 +156,7 @@ class ManagerClient:
             same_messages=factory is pagedkv_manager,
             outcomes=coverage.outcomes,
         )
-        assert isinstance(spec, (SpecManagerAdapter, SpecHybridManagerAdapter))
+        assert isinstance(spec, SpecManagerAdapter)
         return cls(pair, spec.manager, config, coverage, hostile_calls=hostile_calls, domain=domain)
 
     def __getstate__(self) -> dict[str, object]:
@@ -243,7 +233,7 @@ class ManagerClient:
                     self._config_key,
                     spec.pool.get_num_free_blocks(),
                     len(spec.pool.index),
-                    *map(self._held_key, spec.blocks.values()),
+                    *(tuple(held) for group in spec.managers for held in group.blocks.values()),
                 )
             )
         )
@@ -369,7 +359,7 @@ class ManagerClient:
         self,
         record: RequestRecord,
         num_tokens: int,
-        hits: Hits | None,
+        hits: GroupIds | None,
         lookahead: int,
         *,
         decode: bool,
@@ -383,9 +373,9 @@ class ManagerClient:
         block_size = self.block_size
         computed = record.num_computed_tokens
         num_drafts = len(request.spec_token_ids)
-        held = self._lists(spec.blocks.get(request_id))
+        held = spec.held(request_id) or ()
         num_held = len(held[0]) if held else 0
-        hit_lists = self._lists(hits)
+        hit_lists = hits or ()
         num_hits = len(hit_lists[0]) if hit_lists else 0
         nulls_before = [blocks.count(0) for blocks in held] if self.drops_blocks else []
         start = computed + num_hits * block_size
@@ -406,7 +396,7 @@ class ManagerClient:
             if self.hybrid:
                 self._count_hybrid_refusal(request_id, start + num_tokens + lookahead, hit_lists)
             return False
-        new_lists = self._lists(result)
+        new_lists = result
         new_blocks = [block_id for blocks in new_lists for block_id in blocks]
         num_new = len(new_lists[0]) if new_lists else 0
         real_end = start + num_tokens - num_drafts
@@ -457,7 +447,7 @@ class ManagerClient:
     def _count_window_frees(self, request_id: str, nulls_before: list[int]) -> None:
         """Blocks a window (or a chunk boundary) freed in the allocation just made."""
         counts = self.coverage.counts
-        after = self._lists(self.spec.blocks[request_id])
+        after = self.spec.held(request_id) or ()
         for layer, blocks, nulls in zip(self.layers, after, nulls_before, strict=False):
             freed = blocks.count(0) - nulls
             if freed <= 0:
@@ -477,7 +467,7 @@ class ManagerClient:
         counts = self.coverage.counts
         counts["hybrid allocations refused for lack of blocks"] += 1
         pool = self.spec.pool
-        held = self._lists(self.spec.blocks.get(request_id))
+        held = self.spec.held(request_id) or ()
         num_held = len(held[0]) if held else 0
         num_hits = len(hit_lists[0]) if hit_lists else 0
         required = min(-(-end_token // self.block_size), -(-self.max_tokens // self.block_size))
@@ -486,19 +476,10 @@ class ManagerClient:
         if 0 < missing <= pool.get_num_free_blocks() - len(evictable):
             counts["hybrid refusals where each group alone would fit"] += 1
 
-    def _lists(self, blocks: Hits | None) -> tuple[list[int], ...]:
-        """Block ids as one list per group (a single group's list as a 1-tuple); () for None."""
-        if not blocks:
-            return ()
-        if self.hybrid:
-            return tuple(blocks)  # type: ignore[arg-type]
-        return (blocks,)  # type: ignore[return-value]
-
-    def _count_lookup(self, record: RequestRecord, hits: Hits) -> None:
+    def _count_lookup(self, record: RequestRecord, hit_lists: GroupIds) -> None:
         counts = self.coverage.counts
         if record.prompt_logprobs and self.caching:
             counts["prompt-logprobs lookups"] += 1
-        hit_lists = self._lists(hits)
         num_hits = len(hit_lists[0]) if hit_lists else 0
         if self.hybrid and self.caching and not record.prompt_logprobs:
             self._count_hybrid_lookup(record, hit_lists, num_hits)
@@ -522,7 +503,6 @@ class ManagerClient:
     ) -> None:
         """What a hybrid lookup exercised, from how the spec finds the common hit."""
         spec = self.spec
-        assert isinstance(spec, SpecHybridKVCacheManager)
         counts = self.coverage.counts
         stored = spec.hashes.get(record.request_id, [])
         lookup = stored[:-1] if len(stored) * self.block_size == record.num_tokens else stored
@@ -575,7 +555,7 @@ class ManagerClient:
     def _count_free(self, request_id: str) -> None:
         """A hybrid request about to be freed holding blocks in several groups: the frees
         group by group, each tail first, decide the free queue's order."""
-        held = self._lists(self.spec.blocks.get(request_id)) if self.hybrid else ()
+        held = self.spec.held(request_id) or () if self.hybrid else ()
         if sum(1 for blocks in held if any(blocks)) >= 2:
             self.coverage.counts["hybrid requests freed from several groups"] += 1
 
@@ -668,11 +648,6 @@ def _layer_key(layer: KVCacheSpec) -> tuple[int, int, int]:
     (unless PYTHONHASHSEED is set), and the distinct states must not."""
     window = getattr(layer, "sliding_window", None) or getattr(layer, "attention_chunk_size", 0)
     return (zlib.crc32(type(layer).__name__.encode()), layer.block_size, int(window or 0))
-
-
-def _group_blocks_key(held: Any) -> tuple[tuple[int, ...], ...]:
-    """A hybrid request's blocks, hashable: a tuple of ids per group."""
-    return tuple(map(tuple, held))
 
 
 def _stats(manager: ManagerUnderTest) -> Any:

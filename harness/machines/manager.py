@@ -246,7 +246,7 @@ class ManagerMachine(RuleBasedStateMachine):
 
 
 class HybridManagerMachine(ManagerMachine):
-    """The manager machine over 2-4 KV cache groups (a `HybridManagerUnderTest`): the client
+    """The manager machine over 2-4 KV cache groups (the same `ManagerUnderTest`): the client
     and its rules are the same; only the configuration is hybrid."""
 
     @initialize(

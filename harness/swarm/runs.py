@@ -25,11 +25,13 @@ import hashlib
 import itertools
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.protocol import ManagerConfig
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
+from pagedkv.spec.single_type import SPEC_SINGLE_TYPE_MANAGERS
 from pagedkv.vocab.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -140,26 +142,61 @@ def hybrid_kv_cache_config(specs: list[KVCacheSpec], num_blocks: int) -> KVCache
     )
 
 
+def _draw_full(rng: random.Random, block_size: int, domain: Domain) -> KVCacheSpec:
+    return attention_spec(block_size, None)
+
+
+def _draw_window(rng: random.Random, block_size: int, domain: Domain) -> KVCacheSpec:
+    """Windows of 1 to 4 blocks and a bit, or the domain's narrowest."""
+    return attention_spec(
+        block_size, domain.window(_log_uniform(rng, 1, 2 * block_size + 2), block_size)
+    )
+
+
+def _draw_chunked(rng: random.Random, block_size: int, domain: Domain) -> KVCacheSpec:
+    """Chunks of 1-3 blocks."""
+    return chunked_spec(block_size, block_size * rng.randint(1, 3))
+
+
+SpecDraw = Callable[[random.Random, int, Domain], KVCacheSpec]
+"""`draw(rng, block_size, domain)`: one KV cache group's spec of an attention type."""
+
+ATTENTION_DRAWS: dict[type[KVCacheSpec], tuple[float, SpecDraw]] = {
+    FullAttentionSpec: (0.2, _draw_full),
+    SlidingWindowSpec: (0.35, _draw_window),
+    ChunkedLocalAttentionSpec: (0.3, _draw_chunked),
+}
+"""The harness's draw of each attention type (its share of a hybrid run's new groups, and how
+to draw its spec), one entry per entry of the registries of per-type managers
+(`pagedkv.single_type.SINGLE_TYPE_MANAGERS`, `pagedkv.spec.single_type`'s): a new attention
+type is drawn as soon as it is registered here. The shares sum to 0.85: the rest repeats a
+spec drawn before (two groups of one spec, which vLLM looks up together)."""
+
+
 def draw_hybrid_specs(
     rng: random.Random, first: KVCacheSpec, num_groups: int, *, eagle: bool, domain: Domain
 ) -> list[KVCacheSpec]:
-    """`first` and `num_groups - 1` more groups of one block size: full attention, sliding
-    windows (1 to 4 blocks and a bit, or the domain's narrowest) and chunked local attention
-    (chunks of 1-4 blocks; none with EAGLE, which vLLM refuses), two groups of one spec now
-    and then (vLLM looks those up together)."""
+    """`first` and `num_groups - 1` more groups of one block size, each type drawn by its share
+    of `ATTENTION_DRAWS` (an attention type without EAGLE replaced, with EAGLE, by the nearest
+    one before it that has it), two groups of one spec now and then (vLLM looks those up
+    together)."""
     block_size = first.block_size
+    repeat_share = 1 - sum(share for share, _ in ATTENTION_DRAWS.values())
     specs = [first]
     while len(specs) < num_groups:
         roll = rng.random()
-        if roll < 0.15:
+        if roll < repeat_share:
             specs.append(rng.choice(specs))  # one spec in two groups
-        elif roll < 0.35:
-            specs.append(attention_spec(block_size, None))
-        elif roll < 0.7 or eagle:
-            window = domain.window(_log_uniform(rng, 1, 2 * block_size + 2), block_size)
-            specs.append(attention_spec(block_size, window))
-        else:
-            specs.append(chunked_spec(block_size, block_size * rng.randint(1, 3)))
+            continue
+        draw: SpecDraw = _draw_full
+        bound = repeat_share
+        for spec_type, (share, type_draw) in ATTENTION_DRAWS.items():
+            if not eagle or SPEC_SINGLE_TYPE_MANAGERS[spec_type].supports_eagle:
+                draw = type_draw
+            bound += share
+            if roll < bound:
+                break
+        specs.append(draw(rng, block_size, domain))
     return specs
 
 

@@ -249,16 +249,15 @@ class Vllm033Pool(ObjectPoolAdapter):
 
 
 class Vllm033Manager:
-    """vLLM 0.33.0's `KVCacheManager` through block ids and pagedkv requests: a
-    `ManagerUnderTest` for a config of one KV cache group, a `HybridManagerUnderTest` (one list
-    of ids per group; vLLM's hybrid coordinator inside) for a config of several."""
+    """vLLM 0.33.0's `KVCacheManager` through block ids (one list per KV cache group, as vLLM
+    answers) and pagedkv requests: a `ManagerUnderTest` (vLLM's unitary coordinator inside for
+    one group, its hybrid coordinator for several)."""
 
     def __init__(self, manager: Any, api: Any, config: ManagerConfig, hasher: Any) -> None:
         self.manager = manager
         self.api = api
         self.block_size = config.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
         self.num_groups = len(config.kv_cache_config.kv_cache_groups)
-        self.hybrid = self.num_groups > 1
         self.hash_fn = get_hash_fn(config.caching_hash_algo)
         self.pool = Vllm033Pool(manager.block_pool, api, lambda _: hasher)
         self.views = request_views(hasher if config.enable_caching else hashing_off)
@@ -271,10 +270,9 @@ class Vllm033Manager:
         self.pool.pair(request, view, self.hash_fn, self.block_size, self.num_groups)
         return view
 
-    def _ids(self, groups: Sequence[Sequence[Any]]) -> Any:
-        """vLLM's blocks per group as ids: one list for one group, a tuple of lists else."""
-        ids = tuple([block.block_id for block in blocks] for blocks in groups)
-        return ids if self.hybrid else ids[0]
+    def _ids(self, groups: Sequence[Sequence[Any]]) -> tuple[list[int], ...]:
+        """vLLM's blocks per group as ids."""
+        return tuple([block.block_id for block in blocks] for blocks in groups)
 
     def get_computed_blocks(self, request: Request) -> tuple[Any, int]:
         view = self._view(request)
@@ -290,11 +288,8 @@ class Vllm033Manager:
         num_lookahead_tokens: int = 0,
     ) -> Any:
         view = self._view(request)
-        if self.hybrid:
-            hits = new_computed_blocks or tuple([] for _ in range(self.num_groups))
-            lists = tuple(self.pool._blocks(group_hits) for group_hits in hits)
-        else:
-            lists = (self.pool._blocks(new_computed_blocks or ()),)
+        hits = new_computed_blocks or tuple([] for _ in range(self.num_groups))
+        lists = tuple(self.pool._blocks(group_hits) for group_hits in hits)
         blocks = self.manager.allocate_slots(
             view,
             num_tokens,
@@ -321,9 +316,11 @@ class Vllm033Manager:
     def reset_prefix_cache(self) -> bool:
         return bool(self.manager.reset_prefix_cache())
 
-    def get_num_common_prefix_blocks(self, request: Request, num_running_requests: int) -> int:
+    def get_num_common_prefix_blocks(
+        self, request: Request, num_running_requests: int
+    ) -> tuple[int, ...]:
         self.manager.get_num_common_prefix_blocks(request.request_id)  # deprecated: always 0
-        unobserved: int = UNOBSERVED
+        unobserved: tuple[int, ...] = UNOBSERVED
         return unobserved
 
     def make_prefix_cache_stats(self) -> Any:
@@ -343,18 +340,17 @@ class Vllm033Manager:
         )
 
     def _blocks(self) -> dict[str, Any]:
-        """Request id -> its block ids (one tuple per group for a hybrid manager)."""
+        """Request id -> its block ids, one tuple per group."""
         held = [single_type.req_to_blocks for single_type in self.single_types]
         request_ids = {
             request_id for group in held for request_id, blocks in group.items() if blocks
         }
-        groups = {
+        return {
             request_id: tuple(
                 tuple(block.block_id for block in group.get(request_id, ())) for group in held
             )
             for request_id in request_ids
         }
-        return groups if self.hybrid else {r: blocks[0] for r, blocks in groups.items()}
 
     def _num_cached(self) -> dict[str, int]:
         """vLLM records a count once a block is cached; pagedkv records 0 from the first

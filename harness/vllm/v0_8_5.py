@@ -4,7 +4,8 @@ The five modules vLLM 0.8.5's KV cache manager is made of are fetched from its w
 (`pagedkv.harness.vllm.wheel`); the few parts of vllm they import (logger, utils, config, the
 request and stats types) are replaced by the stand-ins below, written for this purpose. The
 adapters translate pagedkv's `Request` into the attributes vLLM reads and vLLM's block objects
-into ids (`ObjectPoolAdapter`, `ObjectManagerAdapter`).
+into ids (`ObjectPoolAdapter`, `FlatObjectManagerAdapter`); its manager answers in flat lists, one
+KV cache group's, which `OneGroupAdapter` makes one list per group, as the harness speaks.
 
 Hash seeding: vLLM and pagedkv each seed every hash chain with a `NONE_HASH` that is random per
 process unless PYTHONHASHSEED is set. `load()` sets vLLM's to pagedkv's, so both chains start
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from pagedkv.harness.adapters import ObjectManagerAdapter, ObjectPoolAdapter
+from pagedkv.harness.adapters import FlatObjectManagerAdapter, ObjectPoolAdapter, OneGroupAdapter
 from pagedkv.harness.domain import Domain
 from pagedkv.harness.protocol import ManagerConfig, ManagerFactory, PoolFactory
 from pagedkv.harness.vllm.views import RequestViews, torch_or_stand_in, vllm_attention_spec
@@ -110,8 +111,8 @@ class Vllm085Pool(ObjectPoolAdapter):
         super().cache_full_blocks(self.views(request), *args)  # type: ignore[arg-type]
 
 
-class Vllm085Manager(ObjectManagerAdapter):
-    """vLLM 0.8.5's `KVCacheManager` through block ids and pagedkv requests."""
+class Vllm085Manager(FlatObjectManagerAdapter):
+    """vLLM 0.8.5's `KVCacheManager` through flat lists of block ids and pagedkv requests."""
 
     def __init__(self, manager: Any, views: RequestViews[VllmRequest]) -> None:
         super().__init__(manager)
@@ -160,7 +161,7 @@ def load(semantics: Semantics) -> tuple[PoolFactory, ManagerFactory]:
     def vllm_pool(num_gpu_blocks: int, enable_caching: bool, _: Semantics) -> Vllm085Pool:
         return Vllm085Pool(BlockPool(num_gpu_blocks, enable_caching), request_views(running))
 
-    def vllm_manager(config: ManagerConfig) -> Vllm085Manager:
+    def vllm_manager(config: ManagerConfig) -> OneGroupAdapter:
         ours = config.kv_cache_config.kv_cache_groups[0].kv_cache_spec
         assert isinstance(ours, AttentionSpec), "the harness builds attention specs only"
         spec = vllm_attention_spec(config, interface, torch, use_mla=ours.use_mla)
@@ -178,6 +179,6 @@ def load(semantics: Semantics) -> tuple[PoolFactory, ManagerFactory]:
             config.use_eagle,
             config.log_stats,
         )
-        return Vllm085Manager(manager, request_views(running))
+        return OneGroupAdapter(Vllm085Manager(manager, request_views(running)))
 
     return vllm_pool, vllm_manager

@@ -20,9 +20,9 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pagedkv import attention as window_impl
 from pagedkv import block_counts, block_hash
 from pagedkv.planning import kv_cache_config
+from pagedkv.single_type import sliding_window as window_impl
 from pagedkv.vocab import kv_cache_interface
 from pagedkv.vocab.kv_cache_interface import (
     DTYPE_SIZES,

@@ -28,6 +28,7 @@ from __future__ import annotations
 from pagedkv.block_hash import hash_request_tokens
 from pagedkv.harness.swarm.runs import attention_spec
 from pagedkv.manager import KVCacheManager
+from pagedkv.single_type import SingleTypeKVCacheManager
 from pagedkv.vocab.kv_cache_interface import uniform_kv_cache_config
 from pagedkv.vocab.request import Request
 from proofs.crosshair.contracts import Contract
@@ -49,6 +50,12 @@ def _manager(block_size: int, num_blocks: int, window: int, use_eagle: bool) -> 
         caching_hash_algo="builtin",
         use_eagle=use_eagle,
     )
+
+
+def _group(manager: KVCacheManager) -> SingleTypeKVCacheManager:
+    """The manager's one KV cache group (its per-type manager: block lists, cached counts)."""
+    (group,) = manager.coordinator.single_type_managers
+    return group
 
 
 def _skipped(num_computed_tokens: int, window: int, block_size: int, num_blocks: int) -> int:
@@ -75,12 +82,12 @@ def _check_after(
     (module docstring); the callers check the free count."""
     block_size = manager.block_size
     pool = manager.block_pool
-    blocks = manager.req_to_blocks[request.request_id]
+    blocks = _group(manager).req_to_blocks[request.request_id]
     required = -(-(computed + scheduled + lookahead) // block_size)
     assert len(blocks) == required, "the request does not hold exactly the blocks it needs"
     assert new == blocks[len(blocks) - len(new) :], "new blocks are not appended last"
     num_full = (computed + scheduled - drafts) // block_size
-    assert manager.num_cached_block[request.request_id] == num_full, "wrong blocks cached"
+    assert _group(manager).num_cached_block[request.request_id] == num_full, "wrong blocks cached"
     chain = hash_request_tokens(manager.caching_hash_fn, block_size, request)
     null = pool.null_block
     for position, block in enumerate(blocks):
@@ -120,7 +127,7 @@ def contract_decode_step(
     request.spec_token_ids = [0] * num_drafts
     pool = manager.block_pool
     free_before = pool.get_num_free_blocks()
-    held = list(manager.req_to_blocks["r"])
+    held = list(_group(manager).req_to_blocks["r"])
     scheduled = 1 + num_drafts
     freed = sum(
         1
@@ -128,12 +135,13 @@ def contract_decode_step(
         if block is not pool.null_block
     )
     required = -(-(prompt_len + scheduled + lookahead) // block_size)
-    new = manager.allocate_slots(request, scheduled, None, lookahead)
-    if new is None:
+    allocated = manager.allocate_slots(request, scheduled, None, lookahead)
+    if allocated is None:
         assert required - len(held) > free_before + freed, "refused although it fits"
         assert pool.get_num_free_blocks() == free_before + freed, "a refusal took blocks"
         return
     assert required - len(held) <= free_before + freed, "allocated although it does not fit"
+    (new,) = allocated
     assert pool.get_num_free_blocks() == free_before + freed - len(new), "free count off"
     _check_after(
         manager,
@@ -172,7 +180,7 @@ def contract_admission_with_hits(
     if first_freed:
         manager.free(first)
     second = Request("b", [*shared, *([1] * extra_tokens)])
-    hits, num_hit_tokens = manager.get_computed_blocks(second)
+    (hits,), num_hit_tokens = manager.get_computed_blocks(second)
     pool = manager.block_pool
     assert num_hit_tokens == len(hits) * block_size
     assert len(hits) <= shared_blocks and num_hit_tokens < second.num_tokens
@@ -181,15 +189,16 @@ def contract_admission_with_hits(
     free_before = pool.get_num_free_blocks()
     scheduled = second.num_tokens - num_hit_tokens
     required = -(-(second.num_tokens + lookahead) // block_size)
-    new = manager.allocate_slots(second, scheduled, hits, lookahead)
-    if new is None:
+    allocated = manager.allocate_slots(second, scheduled, (hits,), lookahead)
+    if allocated is None:
         assert required - len(hits) > free_before - free_hits, "refused although it fits"
         assert [block.ref_cnt for block in hits] == ref_cnt_before, "a refusal touched hits"
         assert pool.get_num_free_blocks() == free_before, "a refusal took blocks"
-        assert "b" not in manager.req_to_blocks, "a refusal gave the request blocks"
+        assert "b" not in _group(manager).req_to_blocks, "a refusal gave the request blocks"
         return
     assert required - len(hits) <= free_before - free_hits, "allocated although it does not fit"
-    blocks = manager.req_to_blocks["b"]
+    (new,) = allocated
+    blocks = _group(manager).req_to_blocks["b"]
     assert blocks[: len(hits)] == hits, "the hits are not the request's first blocks"
     assert [block.ref_cnt for block in hits] == [n + 1 for n in ref_cnt_before], "hits untouched"
     assert pool.get_num_free_blocks() == free_before - free_hits - len(new), "free count off"
@@ -220,11 +229,12 @@ def contract_window_steps(block_size: int, window: int, prompt_len: int, num_ste
     pool = manager.block_pool
     for _ in range(num_steps):
         free_before = pool.get_num_free_blocks()
-        held = manager.req_to_blocks["r"]
+        held = _group(manager).req_to_blocks["r"]
         skipped = _skipped(request.num_computed_tokens, window, block_size, len(held))
         freed = sum(1 for block in held[:skipped] if block is not pool.null_block)
-        new = manager.allocate_slots(request, 1)
-        assert new is not None, "a decode step of a lone request did not fit"
+        allocated = manager.allocate_slots(request, 1)
+        assert allocated is not None, "a decode step of a lone request did not fit"
+        (new,) = allocated
         assert pool.get_num_free_blocks() == free_before + freed - len(new), "free count off"
         _check_after(
             manager,
@@ -238,7 +248,7 @@ def contract_window_steps(block_size: int, window: int, prompt_len: int, num_ste
         )
         request.num_computed_tokens += 1
         request.append_output_token_ids(0)
-    held = manager.req_to_blocks["r"]
+    held = _group(manager).req_to_blocks["r"]
     in_use = sum(1 for block in pool.blocks if block.ref_cnt > 0 and block is not pool.null_block)
     assert in_use == sum(1 for block in held if block is not pool.null_block), "a block leaked"
 

@@ -15,13 +15,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pagedkv import attention as impl_window
 from pagedkv import block_counts as impl_counts
 from pagedkv import block_hash as impl_hash
-from pagedkv.spec import attention as spec_attention
+from pagedkv.single_type import chunked_local as impl_chunk
+from pagedkv.single_type import sliding_window as impl_window
 from pagedkv.spec import block_counts as spec_counts
 from pagedkv.spec import block_hash as spec_hash
 from pagedkv.spec.block_pool import NULL_BLOCK_ID
+from pagedkv.spec.single_type import chunked_local as spec_chunk
+from pagedkv.spec.single_type import sliding_window as spec_window
 from proofs.crosshair.contracts import MAX_BLOCKS, MAX_INPUTS
 
 StepCounts = tuple[int, int, int, bool]
@@ -119,7 +121,7 @@ def spec_window_skipped(
     """The spec's count of positions wholly before the next token's window."""
     if not _window_domain(num_computed_tokens, sliding_window, block_size):
         return None
-    return spec_attention.sliding_window_skipped(num_computed_tokens, sliding_window, block_size)
+    return spec_window.sliding_window_skipped(num_computed_tokens, sliding_window, block_size)
 
 
 def impl_window_hit(
@@ -145,7 +147,7 @@ def spec_window_hit(
     """(length, first hit position) of the spec's usable prefix of the hit pattern."""
     if not _pattern_domain(cached, sliding_window, block_size):
         return None
-    return spec_attention.sliding_window_usable_prefix(cached, sliding_window, block_size)
+    return spec_window.sliding_window_usable_prefix(cached, sliding_window, block_size)
 
 
 # -- chunked local attention -------------------------------------------------------------------
@@ -163,7 +165,7 @@ def impl_chunk_hit(
     if not _chunk_domain(cached, attention_chunk_size, block_size):
         return None
     null = -1
-    hits = impl_window.scan_chunk_hit(
+    hits = impl_chunk.scan_chunk_hit(
         len(cached),
         attention_chunk_size,
         block_size,
@@ -184,7 +186,7 @@ def spec_chunk_hit(
     def lookup(position: Any) -> int | None:
         return position + 1 if cached[position] else None  # block ids from 1: 0 is the null
 
-    hits = spec_attention.chunked_local_hit(lookup, positions, attention_chunk_size, block_size)
+    hits = spec_chunk.chunked_local_hit(lookup, positions, attention_chunk_size, block_size)
     return len(hits), sum(1 for block in hits if block == NULL_BLOCK_ID)
 
 

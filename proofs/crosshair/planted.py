@@ -20,7 +20,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from pagedkv import attention, block_counts
+from pagedkv import block_counts
+from pagedkv.single_type import sliding_window
 from proofs.crosshair import contracts as crosshair_contracts
 from proofs.crosshair import pairs as crosshair_pairs
 from proofs.crosshair.contracts import Contract
@@ -58,7 +59,7 @@ def _rebound(function: Callable[..., Any], **globals_: object) -> Callable[..., 
 
 
 _COUNTS = _module_with(block_counts, num_required_blocks=_floor_required_blocks)
-_WINDOW = _module_with(attention, first_useful_block=_first_useful_block_off_by_one)
+_WINDOW = _module_with(sliding_window, first_useful_block=_first_useful_block_off_by_one)
 
 contract_num_required_blocks = _rebound(
     crosshair_contracts.contract_num_required_blocks, block_counts=_COUNTS

@@ -21,11 +21,10 @@ from __future__ import annotations
 from typing import Any
 
 from pagedkv.harness.adapters import ObjectManagerAdapter, pagedkv_manager
-from pagedkv.harness.protocol import AnyManagerUnderTest, ManagerConfig
+from pagedkv.harness.protocol import ManagerConfig, ManagerUnderTest
 from pagedkv.spec.block_counts import ceil_div
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab.errors import InvariantViolation
-from pagedkv.vocab.kv_cache_interface import SlidingWindowSpec
 from proofs.inductive.algebra import CONCRETE, Table
 from proofs.inductive.manager_model import INVARIANTS, NULL, ManagerParams, ManagerState
 
@@ -34,16 +33,18 @@ def abstract(manager: Any, config: ManagerConfig) -> tuple[ManagerParams, Manage
     """The model's parameters (from the config the manager was built from) and state for a
     `KVCacheManager` (module docstring)."""
     blocks = manager.block_pool.blocks
+    (group,) = manager.coordinator.single_type_managers
+    req_to_blocks = group.req_to_blocks
     layer_spec = config.kv_cache_config.kv_cache_groups[0].kv_cache_spec
     params = ManagerParams(
         n=config.kv_cache_config.num_blocks,
         max_blocks=ceil_div(config.max_model_len, layer_spec.block_size),
-        allows_null=isinstance(layer_spec, SlidingWindowSpec),
+        allows_null=group.allows_null_blocks,
         caching=config.enable_caching,
     )
     holders: dict[int, list[tuple[str, int]]] = {}
     tables, slots = {}, {}
-    for request_id, held in manager.req_to_blocks.items():
+    for request_id, held in req_to_blocks.items():
         table = [block.block_id for block in held]
         tables[request_id] = Table(dict(enumerate(table)), NULL)
         slot = {}
@@ -57,7 +58,7 @@ def abstract(manager: Any, config: ManagerConfig) -> tuple[ManagerParams, Manage
         ref=Table({block.block_id: block.ref_cnt for block in blocks}, 0),
         hashed=Table({block.block_id: block.block_hash is not None for block in blocks}, False),
         table=Table(tables, Table({}, NULL)),
-        length=Table({r: len(held) for r, held in manager.req_to_blocks.items()}, 0),
+        length=Table({r: len(held) for r, held in req_to_blocks.items()}, 0),
         holders=Table({b: len(entries) for b, entries in holders.items()}, 0),
         holder_req=Table(
             {b: Table({j: e[0] for j, e in enumerate(es)}, None) for b, es in holders.items()},
@@ -81,7 +82,9 @@ def check_model_invariants(manager: Any, config: ManagerConfig) -> None:
     params, state = abstract(manager, config)
     for name, holds in INVARIANTS.items():
         if not holds(CONCRETE, params, state):
-            raise InvariantViolation(f"model: {name}", repr(manager.req_to_blocks))
+            raise InvariantViolation(
+                f"model: {name}", repr(manager.coordinator.single_type_managers[0].req_to_blocks)
+            )
 
 
 class ModelCheckedManager(ObjectManagerAdapter):
@@ -96,7 +99,7 @@ class ModelCheckedManager(ObjectManagerAdapter):
         check_model_invariants(self.manager, self.config)
 
 
-def model_checked_manager(config: ManagerConfig) -> AnyManagerUnderTest:
+def model_checked_manager(config: ManagerConfig) -> ManagerUnderTest:
     """`--manager-impl` factory: pagedkv's manager, checked against the model's invariant too
     (one KV cache group, pagedkv's semantics)."""
     if len(config.kv_cache_config.kv_cache_groups) > 1 or config.semantics != PAGEDKV_SEMANTICS:

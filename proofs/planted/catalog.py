@@ -34,17 +34,18 @@ from typing import Any, Literal
 
 import pagedkv
 from pagedkv import (
-    attention,
     block_counts,
     block_hash,
     block_pool,
     free_queue,
-    hybrid_manager,
+    kv_cache_coordinator,
     manager,
 )
 from pagedkv.block import KVCacheBlock
-from pagedkv.spec import attention as spec_attention
+from pagedkv.single_type import base, chunked_local, sliding_window
 from pagedkv.spec import block_hash as spec_block_hash
+from pagedkv.spec.single_type import chunked_local as spec_chunked_local
+from pagedkv.spec.single_type import sliding_window as spec_sliding_window
 from pagedkv.vocab.errors import BlockStateError, FreeQueueError
 from pagedkv.vocab.hashes import BlockHashType, CacheKey, CacheSalt, ExtraKey, key_group, key_hash
 from pagedkv.vocab.kv_events import BlockRemoved
@@ -432,31 +433,31 @@ def _required_blocks_without_lookahead(
 
 
 def _evictable_hits_counting_null(
-    self: manager.KVCacheManager, new_computed: list[KVCacheBlock]
+    self: manager.KVCacheManager, hits: tuple[list[KVCacheBlock], ...]
 ) -> int:
     """_num_evictable_hits as vLLM 0.8.5 counts them, whatever the semantics: the null block's
     ref_cnt is 0 under pagedkv semantics, so each null hit is counted as leaving the queue."""
-    return sum(1 for block in new_computed if block.ref_cnt == 0)
+    return sum(1 for group_hits in hits for block in group_hits if block.ref_cnt == 0)
 
 
-def _free_head_first(self: manager.KVCacheManager, request: Request) -> None:
-    """KVCacheManager._free releasing blocks head first even with caching on (no reversal)."""
-    self._check_identity(request)
-    request_id = request.request_id
-    self.block_pool.free_blocks_locked(self.req_to_blocks.get(request_id, []))
-    self.req_to_blocks.pop(request_id, None)
-    self.num_cached_block.pop(request_id, None)
-    self._forget_if_done(request_id)
-    self._after_call()
+_SINGLE_TYPE_FREE = base.SingleTypeKVCacheManager.free
+
+
+def _free_head_first(
+    self: base.SingleTypeKVCacheManager, request_id: str, tail_first: bool
+) -> None:
+    """SingleTypeKVCacheManager.free releasing blocks head first even with caching on (no
+    reversal)."""
+    _SINGLE_TYPE_FREE(self, request_id, False)
 
 
 def _computed_blocks_without_last_block_rule(
     self: manager.KVCacheManager, request: Request
-) -> tuple[list[KVCacheBlock], int]:
+) -> tuple[tuple[list[KVCacheBlock], ...], int]:
     """_get_computed_blocks looking up every full block, so a fully cached prompt computes
     nothing and yields no logits."""
     if not self.enable_caching:
-        return [], 0
+        return self._no_blocks, 0  # type: ignore[return-value]
     self._check_identity(request)
     request_id = request.request_id
     block_hashes = self.req_to_block_hashes.get(request_id)
@@ -471,15 +472,14 @@ def _computed_blocks_without_last_block_rule(
         stats.requests += 1
     if request.prompt_logprobs:
         self._after_call()
-        return [], 0
-    hits = self.specialized_manager.find_longest_cache_hit(block_hashes)
-    if self.use_eagle and hits:
-        hits.pop()
+        return self._no_blocks, 0  # type: ignore[return-value]
+    hits = self.coordinator.find_longest_cache_hit(block_hashes, block_hashes)
+    num_hits = len(hits[0])
     if stats is not None:
         stats.queries += len(block_hashes)
-        stats.hits += len(hits)
+        stats.hits += num_hits
     self._after_call()
-    return hits, len(hits) * self.block_size
+    return hits, num_hits * self.block_size
 
 
 # -- sliding window ------------------------------------------------------------------------------
@@ -508,7 +508,7 @@ def _window_blocks_floor(sliding_window: int, block_size: int) -> int:
 
 # -- decisions both sides make alike (the attention-truth class) -------------------------------
 
-_SPEC_BLOCKS_NEEDED = spec_attention.contiguous_blocks_needed
+_SPEC_BLOCKS_NEEDED = spec_sliding_window.contiguous_blocks_needed
 _SPEC_EXTRA_KEYS = spec_block_hash.block_extra_keys
 
 
@@ -522,34 +522,34 @@ def _window_run_one_short(sliding_window: int, block_size: int) -> int:
     return max(block_counts.cdiv(sliding_window - 1, block_size) - 1, 1)
 
 
-def _spec_window_freed_early(self: spec_attention.SlidingWindow, num_computed_tokens: int) -> int:
+def _spec_window_freed_early(
+    self: spec_sliding_window.SlidingWindow, num_computed_tokens: int
+) -> int:
     """SlidingWindow.num_skipped for the token after the next one: the block the next token's
     window starts in is freed one token early."""
-    return spec_attention.sliding_window_skipped(
+    return spec_sliding_window.sliding_window_skipped(
         num_computed_tokens + 1, self.sliding_window, self.block_size
     )
 
 
 def _spec_chunk_freed_early(
-    self: spec_attention.ChunkedLocalAttention, num_computed_tokens: int
+    self: spec_chunked_local.ChunkedLocalAttention, num_computed_tokens: int
 ) -> int:
     """ChunkedLocalAttention.num_skipped for the token after the next one: when the next token
     is its chunk's last, the chunk's blocks are freed before it reads them."""
-    return spec_attention.chunked_local_skipped(
+    return spec_chunked_local.chunked_local_skipped(
         num_computed_tokens + 1, self.attention_chunk_size, self.block_size
     )
 
 
 def _chunk_freed_early(
-    self: attention.ChunkedLocalAttentionManager,
-    blocks: list[KVCacheBlock],
-    num_computed_tokens: int,
-) -> list[KVCacheBlock]:
-    """ChunkedLocalAttentionManager.remove_skipped_blocks with the spec's mistake above."""
-    return _REMOVE_CHUNK_SKIPPED(self, blocks, num_computed_tokens + 1)
+    self: chunked_local.ChunkedLocalAttentionManager, num_computed_tokens: int
+) -> int:
+    """ChunkedLocalAttentionManager.num_skipped_blocks with the spec's mistake above."""
+    return _CHUNK_SKIPPED(self, num_computed_tokens + 1)
 
 
-_REMOVE_CHUNK_SKIPPED = attention.ChunkedLocalAttentionManager.remove_skipped_blocks
+_CHUNK_SKIPPED = chunked_local.ChunkedLocalAttentionManager.num_skipped_blocks
 
 
 def _spec_keys_without_place(
@@ -599,16 +599,16 @@ def _token_view_of_a_copy(self: TokenView, tokens: list[int]) -> None:
     self._tokens = list(tokens)
 
 
-# -- the hybrid manager's coordinator ----------------------------------------------------------
+# -- the hybrid coordinator ----------------------------------------------------------------------
 
 
 def _hit_cut_not_found_again(
-    self: hybrid_manager.HybridKVCacheManager, block_hashes: list[BlockHashType]
+    self: kv_cache_coordinator.HybridKVCacheCoordinator, block_hashes: list[BlockHashType]
 ) -> tuple[list[KVCacheBlock], ...]:
     """One pass over the groups, full attention first; each group's hit is then cut to the
     final length instead of being found again at it (a windowed group's cut hit may not be a
     hit: its last blocks before the cut were skipped as null)."""
-    managers = self.managers
+    managers = self.single_type_managers
     hits: list[list[KVCacheBlock]] = [[] for _ in managers]
     length = len(block_hashes)
     for group in (*self._full_groups, *self._skipping_groups):
@@ -619,32 +619,18 @@ def _hit_cut_not_found_again(
     return tuple(hits)
 
 
-def _fits_per_group(
-    self: hybrid_manager.HybridKVCacheManager,
-    num_new: int,
-    hits: tuple[list[KVCacheBlock], ...],
-) -> bool:
-    """Capacity checked for one group's blocks, as if each group had a pool of its own."""
-    num_evictable = self._num_evictable_hits(hits) if hits and hits[0] else 0
-    return block_counts.fits(num_new, self.block_pool.get_num_free_blocks(), num_evictable)
+def _blocks_of_one_group(self: kv_cache_coordinator.KVCacheCoordinator, num_new: int) -> int:
+    """Capacity counted for one group's blocks, as if each group had a pool of its own."""
+    return num_new
 
 
-def _free_last_group_first(self: hybrid_manager.HybridKVCacheManager, request: Request) -> None:
+def _free_last_group_first(
+    self: kv_cache_coordinator.KVCacheCoordinator, request_id: str, tail_first: bool
+) -> None:
     """free, with the groups released last first (each group's tail still first): the free
     queue's order, and so which cached blocks are evicted first, changes."""
-    self._enter("HybridKVCacheManager.free")
-    try:
-        self._check_identity(request)
-        request_id = request.request_id
-        held = self.req_to_blocks.pop(request_id, None)
-        if held is not None:
-            tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
-            for blocks in reversed(held):
-                self.block_pool.free_blocks_locked(blocks[::-1] if tail_first else blocks)
-        self.num_cached_block.pop(request_id, None)
-        self._forget_if_done(request_id)
-    finally:
-        self._call_token.append(None)
+    for single_type in reversed(self.single_type_managers):
+        single_type.free(request_id, tail_first)
 
 
 VARIANTS: tuple[Variant, ...] = (
@@ -707,7 +693,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "forward_free",
         "free releases a request's blocks head first with caching on (prefix evicted first)",
-        (MethodPatch(manager.KVCacheManager, "_free", _free_head_first),),
+        (MethodPatch(base.SingleTypeKVCacheManager, "free", _free_head_first),),
     ),
     Variant(
         "no_last_block_rule",
@@ -733,17 +719,17 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "window_off_by_one",
         "the sliding window's first useful block is one token late: a needed block is freed",
-        (FunctionPatch(attention.first_useful_block, _first_useful_block_off_by_one),),
+        (FunctionPatch(sliding_window.first_useful_block, _first_useful_block_off_by_one),),
     ),
     Variant(
         "window_start_early",
         "the sliding window's first useful block is one token early: a block it left stays held",
-        (FunctionPatch(attention.first_useful_block, _first_useful_block_one_early),),
+        (FunctionPatch(sliding_window.first_useful_block, _first_useful_block_one_early),),
     ),
     Variant(
         "window_blocks_floor",
         "a sliding-window hit needs floor((W - 1) / B) cached blocks instead of the ceiling",
-        (FunctionPatch(attention.num_window_blocks, _window_blocks_floor),),
+        (FunctionPatch(sliding_window.num_window_blocks, _window_blocks_floor),),
     ),
     Variant(
         "salt_ignored",
@@ -777,7 +763,7 @@ VARIANTS: tuple[Variant, ...] = (
         "a hybrid hit is cut to the length a later group allows, not found again at it",
         (
             MethodPatch(
-                hybrid_manager.HybridKVCacheManager,
+                kv_cache_coordinator.HybridKVCacheCoordinator,
                 "_longest_common_hit",
                 _hit_cut_not_found_again,
             ),
@@ -787,13 +773,19 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "hybrid_capacity_per_group",
         "a hybrid allocation's capacity is checked for one group's blocks, not every group's",
-        (MethodPatch(hybrid_manager.HybridKVCacheManager, "_fits", _fits_per_group),),
+        (
+            MethodPatch(
+                kv_cache_coordinator.KVCacheCoordinator,
+                "get_num_blocks_to_allocate",
+                _blocks_of_one_group,
+            ),
+        ),
         layer="hybrid",
     ),
     Variant(
         "hybrid_free_last_group_first",
         "a hybrid request's groups are freed last group first (each group's tail still first)",
-        (MethodPatch(hybrid_manager.HybridKVCacheManager, "free", _free_last_group_first),),
+        (MethodPatch(kv_cache_coordinator.KVCacheCoordinator, "free", _free_last_group_first),),
         layer="hybrid",
     ),
     Variant(
@@ -802,7 +794,7 @@ VARIANTS: tuple[Variant, ...] = (
         "(spec and impl alike)",
         (
             FunctionPatch(_SPEC_BLOCKS_NEEDED, _spec_window_run_one_short, side="spec"),
-            FunctionPatch(attention.num_window_blocks, _window_run_one_short),
+            FunctionPatch(sliding_window.num_window_blocks, _window_run_one_short),
         ),
         decision=True,
     ),
@@ -811,8 +803,8 @@ VARIANTS: tuple[Variant, ...] = (
         "a sliding window frees the block its next token's window starts in, one token early "
         "(spec and impl alike)",
         (
-            MethodPatch(spec_attention.SlidingWindow, "num_skipped", _spec_window_freed_early),
-            FunctionPatch(attention.first_useful_block, _first_useful_block_off_by_one),
+            MethodPatch(spec_sliding_window.SlidingWindow, "num_skipped", _spec_window_freed_early),
+            FunctionPatch(sliding_window.first_useful_block, _first_useful_block_off_by_one),
         ),
         decision=True,
     ),
@@ -822,10 +814,10 @@ VARIANTS: tuple[Variant, ...] = (
         "(spec and impl alike)",
         (
             MethodPatch(
-                spec_attention.ChunkedLocalAttention, "num_skipped", _spec_chunk_freed_early
+                spec_chunked_local.ChunkedLocalAttention, "num_skipped", _spec_chunk_freed_early
             ),
             MethodPatch(
-                attention.ChunkedLocalAttentionManager, "remove_skipped_blocks", _chunk_freed_early
+                chunked_local.ChunkedLocalAttentionManager, "num_skipped_blocks", _chunk_freed_early
             ),
         ),
         layer="hybrid",

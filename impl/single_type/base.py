@@ -1,0 +1,203 @@
+"""SingleTypeKVCacheManager: one KV cache group's blocks over the shared pool, one attention type.
+
+Each attention type is a subclass in a module of its own (`full_attention`, `sliding_window`,
+`chunked_local`), picked by the registry of this package (`pagedkv.single_type`) for the spec
+type of its group. A subclass states what its attention reads: which cached blocks a lookup may
+hit (`find_longest_cache_hit`, `scan_hit`), which hits it could have produced
+(`hit_shape_error`) and how many leading positions the next token no longer reads
+(`num_skipped_blocks`). This base class does the rest for every type, over the request's block
+list it owns: hits added, blocks allocated, full blocks cached, skipped blocks dropped, blocks
+freed. `pagedkv.spec.single_type` states each type's rules plainly.
+
+The coordinator (`pagedkv.kv_cache_coordinator`) calls these methods while the manager holds
+the pool's call token, once every precondition of the call has been checked: they change state
+and never refuse.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import ClassVar, TypeVar
+
+from pagedkv.block import KVCacheBlock
+from pagedkv.block_pool import BlockPool
+from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey, HashFn
+from pagedkv.vocab.kv_cache_interface import KVCacheSpec
+from pagedkv.vocab.request import Request
+
+_new_tuple = tuple.__new__  # GroupKey(group, hash) without the NamedTuple's Python-level __new__
+T = TypeVar("T")
+
+
+class SingleTypeKVCacheManager(ABC):
+    """The blocks of one KV cache group, for one attention type, over a shared block pool.
+
+    Per request it keeps its block list (`req_to_blocks`: one entry per block position; positions
+    the attention no longer reads hold the pool's null block, as a prefix) and how many of its
+    positions are cached (`num_cached_block`).
+
+    Attributes:
+        kind: the attention type's name, as refusals and reports name it.
+        allows_null_blocks: whether a request's block list may start with null blocks (positions
+            the attention no longer reads); a hit may then start with them too.
+        supports_eagle: whether EAGLE's last-block drop is defined for this attention type.
+        group_id: the KV cache group whose blocks it keeps (0 for a single-group manager).
+    """
+
+    kind: ClassVar[str]
+    allows_null_blocks: ClassVar[bool]
+    supports_eagle: ClassVar[bool] = True
+
+    def __init__(self, kv_cache_spec: KVCacheSpec, block_pool: BlockPool, group_id: int) -> None:
+        self.kv_cache_spec = kv_cache_spec
+        self.block_size = kv_cache_spec.block_size
+        self.block_pool = block_pool
+        self.null_block = block_pool.null_block
+        self.group_id = group_id
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached_block: dict[str, int] = {}
+
+    # -- what the attention type reads (its subclass) ----------------------------------------
+
+    def cached_block(self, block_hash: BlockHashType) -> KVCacheBlock | None:
+        """The block cached for this group under `block_hash`, or None. Complexity: O(1)."""
+        key: CacheKey = (
+            _new_tuple(GroupKey, (self.group_id, block_hash)) if self.group_id else block_hash
+        )
+        return self.block_pool.cached_block(key)
+
+    @abstractmethod
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[BlockHashType], for_eagle: bool = False
+    ) -> list[KVCacheBlock]:
+        """The cached blocks a request with these hashes may reuse, skipped ones as null blocks:
+        the longest hit within `block_hashes` (a coordinator may ask again for a shorter prefix).
+        `for_eagle`: the hit that, less its last block, is an EAGLE hit (a sliding window's
+        for a window one block wider, so that a whole window stays after the drop).
+
+        Complexity: O(len(block_hashes)).
+        """
+
+    @abstractmethod
+    def scan_hit(
+        self, num_blocks: int, lookup: Callable[[int], T | None], null: T, for_eagle: bool = False
+    ) -> list[T]:
+        """`find_longest_cache_hit` over any lookup: `lookup(i)` is what position i holds cached
+        (None: not cached), `null` stands for a skipped position (groups of one spec looked up
+        together pass a list of blocks per position). Complexity: O(num_blocks) lookups."""
+
+    def hit_shape_error(
+        self, hits: Sequence[KVCacheBlock], use_eagle: bool, for_eagle: bool
+    ) -> str | None:
+        """Why `hits`, with no null block out of place, cannot be a hit of this attention type
+        found with `for_eagle` (and then, with `use_eagle`, less its last block); None if they
+        can. Complexity: O(len(hits))."""
+        return None
+
+    def num_leading_nulls(self, hits: Sequence[KVCacheBlock]) -> int:
+        """How many null blocks `hits` start with. Complexity: O(the null blocks)."""
+        null_block = self.null_block
+        num_nulls = 0
+        while num_nulls < len(hits) and hits[num_nulls] is null_block:
+            num_nulls += 1
+        return num_nulls
+
+    def num_skipped_blocks(self, num_computed_tokens: int) -> int:
+        """How many leading positions the token at `num_computed_tokens` no longer reads (<= 0:
+        none). Complexity: O(1)."""
+        return 0
+
+    # -- the request's blocks (every type alike) ---------------------------------------------
+
+    def skips_a_block(self, blocks: list[KVCacheBlock], num_computed_tokens: int) -> bool:
+        """Whether `remove_skipped_blocks` would drop a block of `blocks` at this step (the
+        decode fast path's question). Complexity: O(1)."""
+        num_skipped = self.num_skipped_blocks(num_computed_tokens)
+        return num_skipped > 0 and blocks[num_skipped - 1] is not self.null_block
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        """Put the null block at the positions the next token no longer reads, and free the
+        blocks they held, the newest first. Scans from the newest such position back to the
+        first null block (the nulls before it were set by earlier calls).
+
+        Complexity: O(number of blocks dropped).
+        """
+        blocks = self.req_to_blocks.get(request_id)
+        if blocks is None:
+            return
+        null_block = self.null_block
+        removed = []
+        for position in range(self.num_skipped_blocks(num_computed_tokens) - 1, -1, -1):
+            block = blocks[position]
+            if block is null_block:
+                break
+            removed.append(block)
+            blocks[position] = null_block
+        if removed:
+            self.block_pool.free_blocks_locked(removed)
+
+    def add_hits(self, request_id: str, hits: list[KVCacheBlock]) -> None:
+        """Append `hits` (touched already; a list the caller hands over) to the request's
+        blocks; the request's block list exists from here on. Complexity: O(len(hits))."""
+        blocks = self.req_to_blocks.get(request_id)
+        if blocks is None:
+            self.req_to_blocks[request_id] = hits
+        else:
+            blocks.extend(hits)
+
+    def allocate_new_blocks(self, request_id: str, num_blocks: int) -> list[KVCacheBlock]:
+        """Take `num_blocks` (>= 0, free) blocks from the pool's queue head and append them to
+        the request's blocks (`add_hits` made its list). Complexity: O(num_blocks)."""
+        if num_blocks <= 0:
+            return []
+        new_blocks = self.block_pool.get_new_blocks_locked(num_blocks)
+        self.req_to_blocks[request_id].extend(new_blocks)
+        return new_blocks
+
+    def cache_blocks(
+        self,
+        request: Request,
+        block_hashes: list[BlockHashType],
+        num_cached: int,
+        num_full: int,
+        hash_fn: HashFn,
+    ) -> None:
+        """Cache the request's positions [num_cached, num_full) that it holds (the stored
+        `block_hashes` give the hashes known, the pool appends the others) and record `num_full`
+        positions as cached. Complexity: O(blocks cached * block_size)."""
+        blocks = self.req_to_blocks[request.request_id]
+        num_blocks = len(blocks)
+        # min(): only vLLM 0.8.5's capped allocation (cap_at_max_model_len) holds fewer blocks.
+        first, end = min(num_cached, num_blocks), min(num_full, num_blocks)
+        if end > first:
+            self.block_pool.cache_full_blocks_locked(
+                request,
+                blocks,
+                block_hashes,
+                first,
+                end,
+                self.block_size,
+                hash_fn,
+                self.group_id,
+            )
+        self.num_cached_block[request.request_id] = num_full
+
+    def free(self, request_id: str, tail_first: bool) -> None:
+        """Release the request's blocks, the last first (evicted first) or in order; forget it.
+        An unknown request is a no-op. Complexity: O(blocks held)."""
+        blocks = self.req_to_blocks.get(request_id)
+        if blocks is not None:
+            self.block_pool.free_blocks_locked(blocks[::-1] if tail_first else blocks)
+            del self.req_to_blocks[request_id]
+        self.num_cached_block.pop(request_id, None)
+
+    def num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
+        """Leading blocks of the request whose ref_cnt is `num_running_requests` (a null
+        block's is 0). Complexity: O(the common prefix)."""
+        count = 0
+        for block in self.req_to_blocks.get(request_id, ()):
+            if block.ref_cnt != num_running_requests:
+                break
+            count += 1
+        return count

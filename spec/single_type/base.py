@@ -1,0 +1,134 @@
+"""The reference per-type manager: one KV cache group's blocks, in ids, for one attention type.
+
+A subclass (one module per attention type) states plainly what its attention reads: which
+earlier position a token reads first (`first_read`, what the attention-truth invariant holds
+every decision to), which cached blocks a lookup may hit (`longest_hit`, by brute force over
+candidate lengths), which hits it could have produced (`hit_shape_error`) and how many leading
+positions the next token no longer reads (`num_skipped`). This base class keeps, for every type
+alike, each request's block-id list and how many of its positions are cached, and makes the
+changes the spec manager asks for once a call's preconditions hold: hits added, blocks taken,
+full blocks cached, skipped blocks dropped, blocks freed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from pagedkv.spec.block_pool import NULL_BLOCK_ID, SpecBlockPool
+from pagedkv.vocab.hashes import BlockHashType, HashFn
+from pagedkv.vocab.kv_cache_interface import KVCacheSpec
+from pagedkv.vocab.request import Request
+
+Lookup = Callable[[BlockHashType], "int | None"]
+"""The first block cached under a hash, or None (the pool's get_cached_block, for one group)."""
+
+
+class SpecSingleTypeManager:
+    """Reference model of `pagedkv.single_type.SingleTypeKVCacheManager`.
+
+    Attributes:
+        kind: the attention type, in words.
+        allows_null_blocks: whether positions it no longer reads hold the null block (a prefix
+            of a request's list, and of a hit).
+        supports_eagle: whether EAGLE's last-block drop is defined for this attention type.
+        prefix_closed: whether its group's index is prefix-closed (a request frees its blocks
+            tail first and never drops one early: full attention).
+        spec: the group's KV cache spec.
+        block_size: its block size.
+        group_id: the KV cache group.
+        blocks: request id -> its block ids, in position order (null block 0 = skipped).
+        num_cached: request id -> how many of its positions are cached.
+    """
+
+    kind = ""
+    allows_null_blocks = False
+    supports_eagle = True
+    prefix_closed = False
+
+    def __init__(self, spec: KVCacheSpec, pool: SpecBlockPool, group_id: int) -> None:
+        self.spec = spec
+        self.block_size = spec.block_size
+        self.pool = pool
+        self.group_id = group_id
+        self.blocks: dict[str, list[int]] = {}
+        self.num_cached: dict[str, int] = {}
+
+    # -- what the attention type reads (its subclass) ----------------------------------------
+
+    def first_read(self, position: int) -> int:
+        """The first position the token at `position` attends to."""
+        raise NotImplementedError
+
+    def longest_hit(
+        self, lookup: Lookup, block_hashes: Sequence[BlockHashType], for_eagle: bool = False
+    ) -> list[int]:
+        """The longest hit within `block_hashes` (a prefix of the request's), skipped positions
+        as the null block; `for_eagle`: the hit that, less its last block, is an EAGLE hit."""
+        raise NotImplementedError
+
+    def hit_shape_error(self, hits: Sequence[int], use_eagle: bool, for_eagle: bool) -> str | None:
+        """Why `hits` (no null block out of place) cannot be a hit found with `for_eagle`, then
+        less its last block with `use_eagle`; None if they can."""
+        return None
+
+    def num_skipped(self, num_computed_tokens: int) -> int:
+        """Leading positions the token at `num_computed_tokens` no longer reads."""
+        return 0
+
+    # -- the request's blocks (every type alike) ---------------------------------------------
+
+    def drop_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        """The positions the next token no longer reads hold the null block afterwards; the
+        blocks they held are freed, the newest first."""
+        held = self.blocks.get(request_id)
+        if held is None:
+            return
+        skipped = min(self.num_skipped(num_computed_tokens), len(held))
+        dropped = [block_id for block_id in held[:skipped] if block_id != NULL_BLOCK_ID]
+        self.pool.free_blocks_unchecked(dropped[::-1])
+        held[:skipped] = [NULL_BLOCK_ID] * skipped
+
+    def add_hits(self, request_id: str, hits: Sequence[int]) -> None:
+        """The request holds its blocks, then the hits (touched already)."""
+        self.blocks[request_id] = self.blocks.get(request_id, []) + list(hits)
+
+    def take_new_blocks(self, request_id: str, num_blocks: int) -> list[int]:
+        """`num_blocks` blocks from the head of the free queue, appended to the request's."""
+        taken = self.pool.get_new_blocks_unchecked(num_blocks)
+        self.blocks[request_id].extend(taken)
+        return taken
+
+    def cache_blocks(
+        self,
+        request: Request,
+        block_hashes: list[BlockHashType],
+        num_cached: int,
+        num_full: int,
+        hash_fn: HashFn,
+    ) -> None:
+        """The request's positions [num_cached, num_full) that it holds are cached under the
+        stored hashes (extended by the pool), and `num_full` positions count as cached."""
+        held = self.blocks[request.request_id]
+        self.pool.cache_full_blocks_unchecked(
+            request,
+            held,
+            block_hashes,
+            min(num_cached, len(held)),
+            min(num_full, len(held)),
+            self.block_size,
+            hash_fn,
+            self.group_id,
+        )
+        self.num_cached[request.request_id] = num_full
+
+    def free(self, request_id: str, tail_first: bool) -> None:
+        """The request's blocks are freed, last first or in order; it holds none after."""
+        held = self.blocks.pop(request_id, [])
+        self.pool.free_blocks_unchecked(held[::-1] if tail_first else held)
+        self.num_cached.pop(request_id, None)
+
+    def num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
+        """Leading blocks of the request with ref_cnt == num_running_requests."""
+        held = self.blocks.get(request_id, [])
+        shared = [self.pool.ref_cnt[block_id] == num_running_requests for block_id in held]
+        return shared.index(False) if False in shared else len(shared)

@@ -1,0 +1,75 @@
+"""One registry of attention types: each type is one module in impl and one in the spec, picked
+by its spec type, and drawn by the harness; no per-type module repeats another's lines.
+
+A new attention type is one module per side, one entry in each registry and one draw
+(CONTRIBUTING.md); these tests fail until all of them are there.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from pagedkv.harness.swarm.runs import ATTENTION_DRAWS
+from pagedkv.single_type import SINGLE_TYPE_MANAGERS, SingleTypeKVCacheManager
+from pagedkv.spec.single_type import SPEC_SINGLE_TYPE_MANAGERS, SpecSingleTypeManager
+
+ROOT = Path(__file__).resolve().parent.parent
+MIN_RUN = 6
+"""Lines in a row two per-type modules may not share (the issue's measure of repetition)."""
+
+
+def test_every_spec_type_has_a_manager_on_each_side_and_a_draw() -> None:
+    assert set(SINGLE_TYPE_MANAGERS) == set(SPEC_SINGLE_TYPE_MANAGERS) == set(ATTENTION_DRAWS)
+    for spec_type, manager_class in SINGLE_TYPE_MANAGERS.items():
+        spec_class = SPEC_SINGLE_TYPE_MANAGERS[spec_type]
+        assert issubclass(manager_class, SingleTypeKVCacheManager)
+        assert issubclass(spec_class, SpecSingleTypeManager)
+        assert manager_class.kind == spec_class.kind, spec_type
+        assert manager_class.allows_null_blocks == spec_class.allows_null_blocks, spec_type
+        assert manager_class.supports_eagle == spec_class.supports_eagle, spec_type
+
+
+@pytest.mark.parametrize("side", ["impl", "spec"])
+def test_each_attention_type_is_one_module_beside_the_pool(side: str) -> None:
+    """The per-type managers together, in one folder beside the pool they draw from."""
+    registry = SINGLE_TYPE_MANAGERS if side == "impl" else SPEC_SINGLE_TYPE_MANAGERS
+    folder = ROOT / side / "single_type"
+    assert (ROOT / side / "block_pool.py").is_file()
+    modules = {manager_class.__module__ for manager_class in registry.values()}
+    assert len(modules) == len(registry)
+    for module in modules:
+        assert (folder / f"{module.rsplit('.', 1)[1]}.py").is_file(), module
+
+
+def _code_lines(path: Path) -> list[str]:
+    """The module's lines, stripped, blank lines and comments left out."""
+    lines = (line.strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def _shared_run(first: list[str], second: list[str]) -> list[str]:
+    """The longest run of lines both have in a row (an empty list if none)."""
+    best: list[str] = []
+    for i, j in itertools.product(range(len(first)), range(len(second))):
+        length = 0
+        while (
+            i + length < len(first)
+            and j + length < len(second)
+            and first[i + length] == second[j + length]
+        ):
+            length += 1
+        if length > len(best):
+            best = first[i : i + length]
+    return best
+
+
+@pytest.mark.parametrize("side", ["impl", "spec"])
+def test_no_per_type_manager_repeats_another_s_lines(side: str) -> None:
+    folder = ROOT / side / "single_type"
+    modules = sorted(path for path in folder.glob("*.py") if path.name != "__init__.py")
+    for first, second in itertools.combinations(modules, 2):
+        run = _shared_run(_code_lines(first), _code_lines(second))
+        assert len(run) < MIN_RUN, (first.name, second.name, run)
