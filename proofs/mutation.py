@@ -329,16 +329,25 @@ def rerun_survivors(
         match["name"]: match["status"].strip()
         for match in _RESULT.finditer(_mutmut(["results"], staging))
     }
-    return merge_rerun(previous, statuses, previous.seconds + time.monotonic() - start)
+    return merge_rerun(
+        previous, statuses, previous.seconds + time.monotonic() - start, rerun=set(names)
+    )
 
 
-def merge_rerun(previous: Score, statuses: dict[str, str], seconds: float) -> Score:
+def merge_rerun(
+    previous: Score, statuses: dict[str, str], seconds: float, *, rerun: set[str] | None = None
+) -> Score:
     """`previous` with its survivors' statuses after a rerun: `statuses` holds what mutmut's
-    `results` lists (every mutant not killed); a survivor it does not list was killed."""
+    `results` lists (every mutant not killed); a survivor it does not list was killed. `rerun`:
+    the survivors that were run again (None: all); any other keeps its status (mutmut lists a
+    carried one as "not checked": it never ran it in this staging tree)."""
     counts = dict(previous.counts)
     survivors = []
     for survivor in previous.survivors:
-        status = statuses.get(survivor.name, "killed")
+        if rerun is None or survivor.name in rerun:
+            status = statuses.get(survivor.name, "killed")
+        else:
+            status = survivor.status
         counts[survivor.status.replace(" ", "_")] -= 1
         counts[status.replace(" ", "_")] = counts.get(status.replace(" ", "_"), 0) + 1
         if status != "killed":

@@ -258,3 +258,26 @@ def test_a_stopped_run_carries_statuses_only_for_modules_unchanged_since_the_sco
     results.append("    pagedkv.free_queue.x_h__mutmut_1: not checked")  # free_queue.py changed
     with pytest.raises(RuntimeError, match=r"free_queue\.x_h__mutmut_1 was not checked"):
         mutation.finish_carrying("v1", tmp_path)
+
+
+def test_a_survivor_left_out_of_a_rerun_keeps_its_status() -> None:
+    """mutmut lists a mutant it never ran in the staging tree (a carried one) as "not checked":
+    a survivor the rerun did not ask for keeps the status the score gave it."""
+    diff = "--- a\n+++ b"
+    previous = Score(
+        killed=8,
+        total=10,
+        counts={"killed": 8, "survived": 2, "total": 10},
+        survivors=[
+            Survivor("pagedkv.m.x_f__mutmut_1", "survived", diff),
+            Survivor("pagedkv.m.x_f__mutmut_2", "survived", diff),
+        ],
+        date="2026-01-01",
+        seconds=60.0,
+    )
+    statuses = {"pagedkv.m.x_f__mutmut_2": "not checked"}
+    merged = mutation.merge_rerun(previous, statuses, 61, rerun={"pagedkv.m.x_f__mutmut_1"})
+    assert [(s.name, s.status) for s in merged.survivors] == [
+        ("pagedkv.m.x_f__mutmut_2", "survived")
+    ]
+    assert merged.counts == {"killed": 9, "survived": 1, "total": 10}
