@@ -428,6 +428,51 @@ def test_config_refuses_inconsistent_layouts() -> None:
         KVCacheConfig(1, {}, [])
 
 
+def _one_group(spec: KVCacheSpec, interval: object = None) -> KVCacheConfig:
+    return KVCacheConfig(
+        1,
+        {"a": KVCacheTensor(spec.page_size_bytes)},
+        [KVCacheGroupSpec(["a"], spec)],
+        prefix_cache_retention_interval=interval,  # type: ignore[arg-type]
+    )
+
+
+def test_retention_defaults_to_dense_and_survives_copies() -> None:
+    assert config().prefix_cache_retention_interval is None
+    sparse = _one_group(window(), 0)
+    assert sparse.prefix_cache_retention_interval == 0
+    assert sparse.with_num_blocks(1) == sparse
+    assert sparse.with_retention(8).prefix_cache_retention_interval == 8
+    assert dataclasses.replace(sparse, num_blocks=1) == sparse
+    assert pickle.loads(pickle.dumps(sparse)) == sparse
+    assert sparse != sparse.with_retention(None)
+
+
+@pytest.mark.parametrize("interval", [0, 4, 8, 400])
+def test_retention_is_zero_or_a_positive_multiple_of_the_block(interval: int) -> None:
+    assert _one_group(window(), interval).prefix_cache_retention_interval == interval
+
+
+@pytest.mark.parametrize("interval", [-4, 2, 6])
+def test_retention_off_the_block_grid_is_refused(interval: int) -> None:
+    with pytest.raises(KVCacheConfigError, match="must be >= 0 and a multiple of"):
+        _one_group(window(), interval)
+
+
+@pytest.mark.parametrize("interval", [4, -4, 2])
+def test_retention_without_a_window_or_mamba_group_is_refused_unless_zero(interval: int) -> None:
+    # vLLM 0.33 checks this first, so a negative interval gets this refusal too.
+    assert _one_group(full(), 0).prefix_cache_retention_interval == 0
+    with pytest.raises(KVCacheConfigError, match="needs a sliding-window or Mamba group"):
+        _one_group(full(), interval)
+
+
+@pytest.mark.parametrize("interval", [True, 4.0, "4"])
+def test_retention_of_another_type_is_refused(interval: object) -> None:
+    with pytest.raises(ArgumentTypeError, match="prefix_cache_retention_interval"):
+        _one_group(window(), interval)
+
+
 def test_config_block_size_needs_one_block_size() -> None:
     cfg = KVCacheConfig(
         1,

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NewType, TypeAlias
 
+from pagedkv.vocab import refusals
 from pagedkv.vocab.arguments import (
     argument_error,
     is_int,
@@ -638,17 +639,28 @@ class KVCacheConfig:
         num_blocks: blocks the manager may hand out ids for, the null block included (>= 1).
         tensors: layer name -> its tensor (a private copy of the mapping given).
         kv_cache_groups: the groups, each layer in exactly one.
+        prefix_cache_retention_interval: which full blocks of a sliding-window group are put
+            in the prefix cache (vLLM 0.33's name and meaning; a keyword argument). None:
+            every one (dense, vLLM 0.33's `KVCacheConfig` default); 0: only those a later hit
+            can start its window in, at the prompt's replay boundaries and a detected
+            shared-prefix junction (the default of vLLM 0.33's engine); a positive multiple of
+            `scheduler_block_size`: those too, and the window-long tail of every segment of
+            that many tokens. Full-attention and chunked groups always cache every full block.
+            `pagedkv.spec.retention` states the rule.
     """
 
     num_blocks: int
     tensors: dict[str, KVCacheTensor]
     kv_cache_groups: tuple[KVCacheGroupSpec, ...]
+    prefix_cache_retention_interval: int | None
 
     def __init__(
         self,
         num_blocks: int,
         tensors: Mapping[str, KVCacheTensor],
         kv_cache_groups: Iterable[KVCacheGroupSpec],
+        *,
+        prefix_cache_retention_interval: int | None = None,
     ) -> None:
         _check_positive_int("num_blocks", num_blocks)
         if not isinstance(tensors, Mapping):
@@ -677,6 +689,16 @@ class KVCacheConfig:
         object.__setattr__(self, "num_blocks", num_blocks)
         object.__setattr__(self, "tensors", copied)
         object.__setattr__(self, "kv_cache_groups", tuple(groups))
+        interval = prefix_cache_retention_interval
+        if interval is not None and not is_int(interval):
+            raise argument_error(
+                "KVCacheConfig",
+                "prefix_cache_retention_interval",
+                "None or an int",
+                interval,
+                type_ok=False,
+            )
+        object.__setattr__(self, "prefix_cache_retention_interval", interval)
         self._validate()
 
     def _validate(self) -> None:
@@ -705,6 +727,23 @@ class KVCacheConfig:
                 )
             if tensor.shared_by:
                 self._check_shared(name, tensor, group_of)
+        self._check_retention()
+
+    def _check_retention(self) -> None:
+        """vLLM 0.33's rule, in its order: any interval is refused but None and 0 when no group
+        is a sliding window or Mamba (nothing would act on it); then it must be >= 0 and a
+        multiple of `scheduler_block_size`, so that its segments end where hits can."""
+        interval = self.prefix_cache_retention_interval
+        if interval is None:
+            return
+        sparse = (SlidingWindowSpec, MambaSpec)
+        if not any(isinstance(g.kv_cache_spec, sparse) for g in self.kv_cache_groups):
+            if interval == 0:
+                return
+            raise refusals.retention_without_sparse_group(interval)
+        block = self.scheduler_block_size
+        if interval < 0 or interval % block:
+            raise refusals.retention_off_the_block_grid(interval, block)
 
     def _check_shared(self, name: str, tensor: KVCacheTensor, group_of: dict[str, int]) -> None:
         if name not in tensor.shared_by:
@@ -782,7 +821,27 @@ class KVCacheConfig:
 
         Complexity: O(num_layers).
         """
-        return KVCacheConfig(num_blocks, self.tensors, self.kv_cache_groups)
+        return KVCacheConfig(
+            num_blocks,
+            self.tensors,
+            self.kv_cache_groups,
+            prefix_cache_retention_interval=self.prefix_cache_retention_interval,
+        )
+
+    def with_retention(self, interval: int | None) -> KVCacheConfig:
+        """A copy with `prefix_cache_retention_interval` replaced.
+
+        Raises:
+            ArgumentTypeError, KVCacheConfigError: as on construction.
+
+        Complexity: O(num_layers).
+        """
+        return KVCacheConfig(
+            self.num_blocks,
+            self.tensors,
+            self.kv_cache_groups,
+            prefix_cache_retention_interval=interval,
+        )
 
 
 def uniform_kv_cache_config(

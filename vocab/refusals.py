@@ -41,6 +41,20 @@ def vllm_0_8_5_switches_with_groups(num_groups: int, switches: list[str]) -> KVC
     )
 
 
+def retention_without_sparse_group(interval: int) -> KVCacheConfigError:
+    return KVCacheConfigError(
+        f"prefix_cache_retention_interval={interval} needs a sliding-window or Mamba group: "
+        "retention sparsifies only their cached blocks (set it to None or 0)"
+    )
+
+
+def retention_off_the_block_grid(interval: int, scheduler_block_size: int) -> KVCacheConfigError:
+    return KVCacheConfigError(
+        f"prefix_cache_retention_interval={interval} must be >= 0 and a multiple of "
+        f"scheduler_block_size={scheduler_block_size}"
+    )
+
+
 # -- block rules (the pool) ----------------------------------------------------------------------
 
 
