@@ -284,9 +284,16 @@ class SpecBlockPool:
         block_size: int,
         hash_fn: HashFn,
         group_id: int = 0,
+        *,
+        retained: Sequence[bool] | None = None,
     ) -> None:
         """`cache_full_blocks` past its argument checks (precondition 1), for a caller that
-        built the arguments itself (the spec managers); preconditions 2-4 still raise."""
+        built the arguments itself (the spec managers); preconditions 2-4 still raise.
+
+        `retained` (a manager's sparse retention, `pagedkv.spec.retention`): one flag per
+        position of the range; a position flagged False gets no hash and no index entry, like
+        a null block, and a block before the range left unhashed that way chains through the
+        stored hash at its position, as a null block does."""
         if num_cached_blocks == num_full_blocks:
             return
         to_cache = list(checked[num_cached_blocks:num_full_blocks])
@@ -309,6 +316,7 @@ class SpecBlockPool:
             parent_hash = (
                 block_hashes[num_cached_blocks - 1]
                 if parent_id == NULL_BLOCK_ID
+                or (retained is not None and self.block_hash[parent_id] is None)
                 else self.block_hash[parent_id]
             )
             if parent_hash is None:
@@ -346,6 +354,8 @@ class SpecBlockPool:
         entered: list[int] = []  # positions whose key is new to the index
         for position, block_id in enumerate(to_cache, start=num_cached_blocks):
             if block_id == NULL_BLOCK_ID:
+                continue
+            if retained is not None and not retained[position - num_cached_blocks]:
                 continue
             key = cache_key(all_hashes[position], group_id)
             with self._transition(block_id, Event.SEAL):

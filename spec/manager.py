@@ -137,6 +137,12 @@ class SpecKVCacheManager:
             preemption).
         requests: request id -> the one Request object the id names while it is tracked.
         parent_of: ghost state: every block hash ever stored -> the hash before it in its chain.
+        retention_interval: the config's `prefix_cache_retention_interval`
+            (`pagedkv.spec.retention`).
+        junction: request id -> the shared-prefix junction its last lookup found, in tokens
+            (0: none; `junction_of`).
+        retention_counts: what sparse retention did, for a campaign's coverage
+            (`take_retention_counts`).
         truth: ghost state: what every block holds, and the attention-truth checks.
     """
 
@@ -168,8 +174,9 @@ class SpecKVCacheManager:
         self.pool = SpecBlockPool(
             config.num_blocks, enable_caching, semantics, enable_kv_cache_events
         )
+        self.retention_interval = config.prefix_cache_retention_interval
         self.managers: tuple[SpecSingleTypeManager, ...] = tuple(
-            spec_single_type_manager(spec, self.pool, group, use_eagle)
+            spec_single_type_manager(spec, self.pool, group, use_eagle, self.retention_interval)
             for group, spec in enumerate(self.specs)
         )
         check_semantics(semantics, self.num_groups)
@@ -184,6 +191,8 @@ class SpecKVCacheManager:
         self.hashes: dict[str, list[BlockHashType]] = {}
         self.requests: dict[str, Request] = {}
         self.parent_of: dict[BlockHashType, BlockHashType | None] = {}
+        self.junction: dict[str, int] = {}
+        self.retention_counts: Counter[str] = Counter()
         self.truth = AttentionTruth(
             self.managers,
             self.block_size,
@@ -258,6 +267,7 @@ class SpecKVCacheManager:
         stored = self.hashes[request_id]
         if self.stats is not None:
             self.stats.requests += 1
+        self.junction[request_id] = 0
         if request.prompt_logprobs:
             return empty, 0
         if len(stored) * self.block_size == request.num_tokens:
@@ -271,6 +281,9 @@ class SpecKVCacheManager:
         else:
             hits = self.longest_common_hit(lookup)
         num_hits = len(hits[0])
+        if self.num_groups > 1:
+            self.junction[request_id] = self.junction_of(len(lookup), stored, num_hits)
+        self._count_retention_hit(hits, lookup)
         self.truth.check_hit(request, hits, num_hits * self.block_size, eagle=self.use_eagle)
         if self.stats is not None:
             self.stats.queries += len(lookup)
@@ -278,6 +291,68 @@ class SpecKVCacheManager:
             self.stats.queried_tokens += request.num_tokens
             self.stats.hit_tokens += num_hits * self.block_size
         return hits, num_hits * self.block_size
+
+    def junction_of(
+        self, num_lookup: int, block_hashes: Sequence[BlockHashType], num_hits: int
+    ) -> int:
+        """The shared-prefix junction of a hybrid lookup, in tokens (0: none): where the hit of
+        the groups looked up first (vLLM 0.33's first attention group: the groups sharing the
+        first full-attention group's spec, else group 0's) ends, when the common hit of
+        `num_hits` blocks is shorter. Another group cached that longer prefix; the sparse group
+        that cut it short caches the tail ending there (`pagedkv.spec.retention`), so the next
+        request sharing it hits. That first hit is found as the common hit finds it first:
+        within the lookup, or with EAGLE for EAGLE within one block more and less its last."""
+        lead = next(
+            (g for g, manager in enumerate(self.managers) if not manager.allows_null_blocks), 0
+        )
+        groups = [g for g, spec in enumerate(self.specs) if spec == self.specs[lead]]
+        if self.use_eagle:
+            limit = min(num_lookup + 1, len(block_hashes))
+            found = len(self._unit_hit(groups, block_hashes[:limit], for_eagle=True)[0])
+            found = max(found - 1, 0)
+        else:
+            found = len(self._unit_hit(groups, block_hashes[:num_lookup], for_eagle=False)[0])
+        return found * self.block_size if found > num_hits else 0
+
+    def take_retention_counts(self) -> Counter[str]:
+        """What sparse retention did since the last call, renewed."""
+        counts, self.retention_counts = self.retention_counts, Counter()
+        return counts
+
+    def _count_retention_hit(self, hits: GroupBlocks, lookup: Sequence[BlockHashType]) -> None:
+        """Count what sparse retention did to a lookup: a hit in a sliding-window group whose
+        last block was cached as a replay boundary's tail; a group whose hit would have been
+        longer had the blocks retention left out been cached."""
+        sparse = [
+            group
+            for group, manager in enumerate(self.managers)
+            if manager.retention_interval is not None and manager.allows_null_blocks
+        ]
+        if not sparse:
+            return
+        counts = self.retention_counts
+        if hits[0]:
+            counts["retention: hits under sparse retention"] += 1
+            if any(hits[g][-1] in self.managers[g].at_replay_boundary for g in sparse):
+                counts["retention: hits at a replay boundary"] += 1
+        for group in sparse:
+            manager = self.managers[group]
+            would_be = {key: block_id for block_id, key in manager.left_out.items()}
+
+            def lookup_dense(
+                block_hash: BlockHashType,
+                group: int = group,
+                would_be: dict[CacheKey, int] = would_be,
+            ) -> int | None:
+                key = cache_key(block_hash, group)
+                found = self.pool.get_cached_block_unchecked(key)
+                return found if found is not None else would_be.get(key)
+
+            actual = self._group_hit(group, lookup, self.eagle_lookup)
+            dense = manager.longest_hit(lookup_dense, lookup, self.eagle_lookup)
+            if len(dense) > len(actual):
+                counts["retention: hits cut short by blocks not retained"] += 1
+                return
 
     def unitary_hit(self, block_hashes: Sequence[BlockHashType]) -> list[int]:
         """One group's hit (vLLM 0.33's unitary coordinator): its longest hit within
@@ -563,13 +638,20 @@ class SpecKVCacheManager:
         num_new = max(min(missing, self.pool.get_num_free_blocks(), room), 0)
         num_recorded = len(self.hashes.get(request_id, []))
         new_blocks: list[list[int]] = []
+        junction = self.junction.get(request_id, 0)
         for manager in self.managers:
             taken = manager.take_new_blocks(request_id, num_new)
             self.truth.handed_out(taken)
+            for other in self.managers:
+                other.handed_out(taken)
             new_blocks.append(taken)
             if self.enable_caching:
                 stored = self.hashes.setdefault(request_id, [])
-                manager.cache_blocks(request, stored, step.num_cached, step.num_full, self.hash_fn)
+                left_out = manager.cache_blocks(
+                    request, stored, step.num_cached, step.num_full, self.hash_fn, junction
+                )
+                if left_out:
+                    self.retention_counts["retention: blocks left uncached"] += len(left_out)
         self.requests[request_id] = request
         tables = tuple(manager.blocks[request_id] for manager in self.managers)
         self.truth.check_step(request, tables, step.num_computed)
@@ -649,6 +731,7 @@ class SpecKVCacheManager:
     def _forget_if_done(self, request_id: str) -> None:
         if request_id not in self.managers[0].blocks and request_id not in self.hashes:
             self.requests.pop(request_id, None)
+            self.junction.pop(request_id, None)
             self.truth.forget(request_id)
 
     def _record_parents(self, chain: list[BlockHashType], start: int = 0) -> None:
@@ -730,6 +813,9 @@ class SpecKVCacheManager:
                     f"{len(stored)} stored hashes",
                 )
             for position, block_id in enumerate(blocks[:num_cached]):
+                key = cache_key(stored[position], group)
+                if manager.left_out.get(block_id) == key and self.pool.block_hash[block_id] is None:
+                    continue  # retention left it out
                 if block_id != NULL_BLOCK_ID and self.pool.block_hash[block_id] != cache_key(
                     stored[position], group
                 ):

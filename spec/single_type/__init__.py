@@ -39,9 +39,14 @@ SPEC_SINGLE_TYPE_MANAGERS: dict[type[KVCacheSpec], type[SpecSingleTypeManager]] 
 
 
 def spec_single_type_manager(
-    spec: KVCacheSpec, pool: SpecBlockPool, group_id: int, use_eagle: bool
+    spec: KVCacheSpec,
+    pool: SpecBlockPool,
+    group_id: int,
+    use_eagle: bool,
+    retention_interval: int | None = None,
 ) -> SpecSingleTypeManager:
-    """The reference manager of KV cache group `group_id`.
+    """The reference manager of KV cache group `group_id`, with EAGLE and the config's
+    `prefix_cache_retention_interval`.
 
     Preconditions: a spec type the registry serves; EAGLE only with an attention type that
     supports it (KVCacheConfigError).
@@ -51,4 +56,7 @@ def spec_single_type_manager(
         raise refusals.no_manager_for(type(spec).__name__)
     if use_eagle and not manager_class.supports_eagle:
         raise refusals.eagle_unsupported(manager_class.kind)
-    return manager_class(spec, pool, group_id)
+    manager = manager_class(spec, pool, group_id)
+    manager.use_eagle = use_eagle
+    manager.retention_interval = retention_interval
+    return manager

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from pagedkv.spec.block_pool import NULL_BLOCK_ID, SpecBlockPool
-from pagedkv.vocab.hashes import BlockHashType, HashFn
+from pagedkv.vocab.hashes import BlockHashType, CacheKey, HashFn, cache_key
 from pagedkv.vocab.kv_cache_interface import KVCacheSpec
 from pagedkv.vocab.request import Request
 
@@ -36,8 +36,15 @@ class SpecSingleTypeManager:
         spec: the group's KV cache spec.
         block_size: its block size.
         group_id: the KV cache group.
+        use_eagle: hits drop their last block (set by the registry).
+        retention_interval: the config's `prefix_cache_retention_interval` (set by the
+            registry; only a sliding window acts on it, `pagedkv.spec.retention`).
         blocks: request id -> its block ids, in position order (null block 0 = skipped).
         num_cached: request id -> how many of its positions are cached.
+        left_out: ghost state: block id -> the key retention kept it from being cached under,
+            until the block is handed out again.
+        at_replay_boundary: ghost state: the blocks cached as the tail of a request's replay
+            boundary, until handed out again (for a campaign's coverage).
     """
 
     kind = ""
@@ -50,8 +57,12 @@ class SpecSingleTypeManager:
         self.block_size = spec.block_size
         self.pool = pool
         self.group_id = group_id
+        self.use_eagle = False
+        self.retention_interval: int | None = None
         self.blocks: dict[str, list[int]] = {}
         self.num_cached: dict[str, int] = {}
+        self.left_out: dict[int, CacheKey] = {}
+        self.at_replay_boundary: set[int] = set()
 
     # -- what the attention type reads (its subclass) ----------------------------------------
 
@@ -74,6 +85,16 @@ class SpecSingleTypeManager:
     def num_skipped(self, num_computed_tokens: int) -> int:
         """Leading positions the token at `num_computed_tokens` no longer reads."""
         return 0
+
+    def retained(self, request: Request, junction: int, positions: range) -> list[bool] | None:
+        """Which of `positions` a cache call puts in the prefix cache (`junction`: the
+        request's shared-prefix junction, in tokens); None: every one (dense)."""
+        return None
+
+    def replay_tail(self, request: Request) -> set[int]:
+        """The positions sparse retention keeps for the request's replay boundaries (none when
+        it keeps every block)."""
+        return set()
 
     # -- the request's blocks (every type alike) ---------------------------------------------
 
@@ -105,21 +126,45 @@ class SpecSingleTypeManager:
         num_cached: int,
         num_full: int,
         hash_fn: HashFn,
-    ) -> None:
-        """The request's positions [num_cached, num_full) that it holds are cached under the
-        stored hashes (extended by the pool), and `num_full` positions count as cached."""
+        junction: int = 0,
+    ) -> list[int]:
+        """The request's positions [num_cached, num_full) that it holds and `retained` keeps
+        are cached under the stored hashes (extended by the pool), and `num_full` positions
+        count as cached. Returns the blocks retention left out (recorded in `left_out`)."""
         held = self.blocks[request.request_id]
+        first, end = min(num_cached, len(held)), min(num_full, len(held))
+        kept = self.retained(request, junction, range(first, end))
         self.pool.cache_full_blocks_unchecked(
             request,
             held,
             block_hashes,
-            min(num_cached, len(held)),
-            min(num_full, len(held)),
+            first,
+            end,
             self.block_size,
             hash_fn,
             self.group_id,
+            retained=kept,
         )
         self.num_cached[request.request_id] = num_full
+        if kept is None:
+            return []
+        left_out = []
+        replay_tail = self.replay_tail(request)
+        for position, keep in zip(range(first, end), kept, strict=True):
+            if held[position] == NULL_BLOCK_ID:
+                continue
+            if not keep:
+                left_out.append(held[position])
+                self.left_out[held[position]] = cache_key(block_hashes[position], self.group_id)
+            elif position in replay_tail:
+                self.at_replay_boundary.add(held[position])
+        return left_out
+
+    def handed_out(self, block_ids: Sequence[int]) -> None:
+        """Blocks taken from the free queue: retention no longer keeps them from anything."""
+        for block_id in block_ids:
+            self.left_out.pop(block_id, None)
+            self.at_replay_boundary.discard(block_id)
 
     def free(self, request_id: str, tail_first: bool) -> None:
         """The request's blocks are freed, last first or in order; it holds none after."""

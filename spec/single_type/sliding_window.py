@@ -7,12 +7,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
+from pagedkv.spec import retention
 from pagedkv.spec.block_counts import ceil_div
 from pagedkv.spec.block_pool import NULL_BLOCK_ID, SpecBlockPool
 from pagedkv.spec.single_type.base import Lookup, SpecSingleTypeManager
 from pagedkv.vocab.hashes import BlockHashType
 from pagedkv.vocab.kv_cache_interface import SlidingWindowSpec
 from pagedkv.vocab.refusals import window_hit_detail
+from pagedkv.vocab.request import Request
 
 
 def contiguous_blocks_needed(sliding_window: int, block_size: int) -> int:
@@ -107,3 +109,32 @@ class SlidingWindow(SpecSingleTypeManager):
 
     def num_skipped(self, num_computed_tokens: int) -> int:
         return sliding_window_skipped(num_computed_tokens, self.sliding_window, self.block_size)
+
+    def retained(self, request: Request, junction: int, positions: range) -> list[bool] | None:
+        """`pagedkv.spec.retention`'s rule for this window: a hit's run is the window's blocks,
+        one more with EAGLE."""
+        if self.retention_interval is None:
+            return None
+        return retention.retained(
+            positions,
+            interval=self.retention_interval,
+            boundaries=retention.reachable_boundaries(
+                request.num_prompt_tokens, junction, self.block_size, self.use_eagle
+            ),
+            need=contiguous_blocks_needed(self._window(self.use_eagle), self.block_size),
+            block_size=self.block_size,
+            use_eagle=self.use_eagle,
+        )
+
+    def replay_tail(self, request: Request) -> set[int]:
+        if self.retention_interval is None:
+            return set()
+        need = contiguous_blocks_needed(self._window(self.use_eagle), self.block_size)
+        boundaries = retention.replay_boundaries(
+            request.num_prompt_tokens, self.block_size, self.use_eagle
+        )
+        return {
+            position
+            for boundary in boundaries
+            for position in retention.boundary_tail(boundary, need, self.block_size, self.use_eagle)
+        }
