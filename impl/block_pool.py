@@ -408,10 +408,15 @@ class BlockPool:
         block_size: int,
         hash_fn: HashFn,
         group_id: int = 0,
+        retained: list[bool] | None = None,
     ) -> None:
         """`cache_full_blocks` for a caller that holds the call token, with arguments of the
         checked types (`group_id` an int >= 0) and at least one block to cache: the block
         rules, then every hash, then the changes.
+
+        `retained` (a manager's sparse retention): one flag per block of the range; a block
+        flagged False is hashed into the chain but gets no hash and no index entry, and a
+        parent left unhashed that way chains through the stored hash at its position.
 
         Raises:
             ArgumentTypeError, InvalidArgumentError, BlockStateError: as `cache_full_blocks`
@@ -420,7 +425,7 @@ class BlockPool:
         Complexity: as `cache_full_blocks`.
         """
         parent_hash_value = self._check_blocks_to_cache(
-            blocks, block_hashes, num_cached_blocks, num_full_blocks
+            blocks, block_hashes, num_cached_blocks, num_full_blocks, retained is not None
         )
         first_parent = parent_hash_value
         # Compute every hash before changing anything, so a failure leaves no trace.
@@ -479,7 +484,7 @@ class BlockPool:
                 if offset < num_given
                 else new_hashes[offset - num_given]
             )
-            if block is not null_block:
+            if block is not null_block and (retained is None or retained[offset]):
                 # The index key: the hash itself in group 0 (vocab.hashes.cache_key, inline).
                 key: CacheKey = (
                     _new_tuple(GroupKey, (group_id, block_hash)) if group_id else block_hash
@@ -719,9 +724,11 @@ class BlockPool:
         block_hashes: list[BlockHashType],
         num_cached_blocks: int,
         num_full_blocks: int,
+        sparse: bool = False,
     ) -> int | None:
         """cache_full_blocks' block rules in the spec's order; returns the parent's hash value
-        (None at the chain's start)."""
+        (None at the chain's start; `sparse`: an unhashed parent was left out by retention and
+        chains through its stored hash)."""
         null_block = self.null_block
         owned = self.blocks
         num_gpu_blocks = self.num_gpu_blocks
@@ -748,6 +755,8 @@ class BlockPool:
             return block_hashes[num_cached_blocks - 1].hash_value
         parent_key = parent._block_hash
         if parent_key is None:
+            if sparse:
+                return block_hashes[num_cached_blocks - 1].hash_value
             raise refusals.parent_without_hash(parent.block_id)
         # The hash value its key holds (vocab.hashes.key_hash, inline), whichever its group.
         return (

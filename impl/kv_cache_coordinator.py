@@ -38,6 +38,7 @@ class KVCacheCoordinator(ABC):
         single_type_managers: each group's per-type manager, in group order.
         num_groups: how many there are.
         use_eagle: a hit drops its last block (EAGLE needs its hidden states).
+        sparse: a sliding-window group caches under sparse retention.
         eagle_lookup: hits are found `for_eagle` (with use_eagle, unless vLLM 0.8.5's
             `eagle_window_hit_one_short`).
 
@@ -46,6 +47,7 @@ class KVCacheCoordinator(ABC):
         block_pool: the pool every group draws from.
         use_eagle: as the manager's.
         eagle_lookup: as above.
+        retention_interval: the config's `prefix_cache_retention_interval`.
 
     Raises:
         KVCacheConfigError: a spec type no per-type manager serves, or EAGLE with one that
@@ -58,12 +60,15 @@ class KVCacheCoordinator(ABC):
         block_pool: BlockPool,
         use_eagle: bool,
         eagle_lookup: bool,
+        retention_interval: int | None = None,
     ) -> None:
         self.block_pool = block_pool
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
-            single_type_manager(spec, block_pool, group_id, use_eagle)
+            single_type_manager(spec, block_pool, group_id, use_eagle, retention_interval)
             for group_id, spec in enumerate(specs)
         )
+        # Whether a group may leave full blocks out of the prefix cache (sparse retention).
+        self.sparse = any(manager.sparse for manager in self.single_type_managers)
         self.num_groups = len(self.single_type_managers)
         self.use_eagle = use_eagle
         self.eagle_lookup = eagle_lookup
@@ -82,6 +87,14 @@ class KVCacheCoordinator(ABC):
         Complexity: O(len(lookup) * groups) lookups, and more passes when a group shortens
         the hit (the subclass says).
         """
+
+    def junction(
+        self, num_hits: int, lookup: list[BlockHashType], block_hashes: list[BlockHashType]
+    ) -> int:
+        """The shared-prefix junction of a lookup whose hit has `num_hits` blocks, in tokens
+        (0: none; only several groups have one: `HybridKVCacheCoordinator.junction`).
+        Complexity: O(1)."""
+        return 0
 
     def get_num_blocks_to_allocate(self, num_new: int) -> int:
         """The blocks every group takes together when each takes `num_new` (one block size:
@@ -117,10 +130,12 @@ class KVCacheCoordinator(ABC):
         num_cached: int,
         num_full: int,
         hash_fn: HashFn | None,
+        junction: int = 0,
     ) -> GroupBlocks:
         """Group by group, take `num_new` blocks (free: the caller checked) and, with a hash
         function (caching on), cache the full blocks [num_cached, num_full) under the stored
-        `block_hashes` (the first group to cache a new block appends its hash).
+        `block_hashes` (the first group to cache a new block appends its hash; a sparse group
+        those its retention keeps, given the request's `junction`).
 
         Returns:
             The new blocks of each group.
@@ -132,7 +147,7 @@ class KVCacheCoordinator(ABC):
         for manager in self.single_type_managers:
             new_blocks.append(manager.allocate_new_blocks(request_id, num_new))
             if hash_fn is not None:
-                manager.cache_blocks(request, block_hashes, num_cached, num_full, hash_fn)
+                manager.cache_blocks(request, block_hashes, num_cached, num_full, hash_fn, junction)
         return tuple(new_blocks)
 
     def free(self, request_id: str, tail_first: bool) -> None:
@@ -199,8 +214,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         block_pool: BlockPool,
         use_eagle: bool,
         eagle_lookup: bool,
+        retention_interval: int | None = None,
     ) -> None:
-        super().__init__(specs, block_pool, use_eagle, eagle_lookup)
+        super().__init__(specs, block_pool, use_eagle, eagle_lookup, retention_interval)
         # The hit search asks full attention first (its hit shrinks only by trimming), then the
         # others, which may skip positions and drop blocks (sliding window, chunked local).
         managers = self.single_type_managers
@@ -234,6 +250,25 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         if self.use_eagle:
             return self._eagle_common_hit(len(lookup), block_hashes)
         return self._longest_common_hit(lookup)
+
+    def junction(
+        self, num_hits: int, lookup: list[BlockHashType], block_hashes: list[BlockHashType]
+    ) -> int:
+        """Where the hit of the unit looked up first (vLLM 0.33's first attention group: the
+        groups of the first full-attention group's spec, else of group 0's) ends, in tokens,
+        when the common hit of `num_hits` blocks is shorter; else 0. Found as the common hit
+        finds it first: within `lookup`, or with EAGLE `for_eagle` within one block more (at
+        most `block_hashes`) less its last block.
+
+        Complexity: O(len(lookup) * groups of the unit) lookups.
+        """
+        unit = self._eagle_units[0]
+        if self.use_eagle:
+            limit = min(len(lookup) + 1, len(block_hashes))
+            found = len(self._unit_hit(unit, block_hashes, limit, True)[0]) - 1
+        else:
+            found = len(self._unit_hit(unit, lookup, len(lookup), False)[0])
+        return found * unit.manager.block_size if found > num_hits else 0
 
     def _longest_common_hit(self, block_hashes: list[BlockHashType]) -> GroupBlocks:
         """Each group's hit at the longest length L (in blocks) every group allows.
@@ -343,7 +378,11 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
 
 
 def kv_cache_coordinator(
-    specs: Sequence[KVCacheSpec], block_pool: BlockPool, use_eagle: bool, eagle_lookup: bool
+    specs: Sequence[KVCacheSpec],
+    block_pool: BlockPool,
+    use_eagle: bool,
+    eagle_lookup: bool,
+    retention_interval: int | None = None,
 ) -> KVCacheCoordinator:
     """The coordinator of these groups: unitary for one, hybrid for several.
 
@@ -353,5 +392,7 @@ def kv_cache_coordinator(
     Complexity: O(groups).
     """
     if len(specs) == 1:
-        return UnitaryKVCacheCoordinator(specs, block_pool, use_eagle, eagle_lookup)
-    return HybridKVCacheCoordinator(specs, block_pool, use_eagle, eagle_lookup)
+        return UnitaryKVCacheCoordinator(
+            specs, block_pool, use_eagle, eagle_lookup, retention_interval
+        )
+    return HybridKVCacheCoordinator(specs, block_pool, use_eagle, eagle_lookup, retention_interval)

@@ -188,8 +188,16 @@ class KVCacheManager:
         # (`for_eagle`; not under vLLM 0.8.5, whose window hit is one block short).
         self._eagle_lookup = use_eagle and not semantics.eagle_window_hit_one_short
         self.coordinator: KVCacheCoordinator = kv_cache_coordinator(
-            specs, self.block_pool, use_eagle, self._eagle_lookup
+            specs,
+            self.block_pool,
+            use_eagle,
+            self._eagle_lookup,
+            config.prefix_cache_retention_interval,
         )
+        # Sparse retention (a sliding-window group with an interval): the shared-prefix
+        # junction of each request's last lookup, which its caching keeps (several groups).
+        self._sparse = self.coordinator.sparse
+        self._junctions: dict[str, int] = {}
         check_semantics(semantics, self.num_groups)
         single_type_managers = self.coordinator.single_type_managers
         # The decode fast path's view of the one group (a manager of several takes the full
@@ -200,6 +208,8 @@ class KVCacheManager:
         self._first_blocks = first.req_to_blocks
         self._first_cached = first.num_cached_block
         self._first_skips = first.allows_null_blocks
+        # The fast path caches a filled block only when the group caches every full block.
+        self._first_dense = not first.sparse
         # The answer of a step that allocates no block, shared (immutable).
         self._no_blocks: KVCacheBlocks = tuple(() for _ in specs)
         self.req_to_block_hashes: dict[str, list[BlockHashType]] = {}
@@ -314,6 +324,8 @@ class KVCacheManager:
         if stats is not None:
             stats.requests += 1
         if request.prompt_logprobs:
+            if self._sparse:
+                self._junctions[request_id] = 0
             self._after_call()
             return self._no_blocks, 0
         # Every token in full blocks: leave the last one out, so one block is recomputed.
@@ -321,6 +333,8 @@ class KVCacheManager:
         lookup = block_hashes[:-1] if last_left_out else block_hashes
         hits = self.coordinator.find_longest_cache_hit(lookup, block_hashes)
         num_hits = len(hits[0])
+        if self._sparse:
+            self._junctions[request_id] = self.coordinator.junction(num_hits, lookup, block_hashes)
         if num_hits:
             # Group 0's blocks carry the hashes themselves: allocate_slots' check of them
             # becomes an identity test.
@@ -442,6 +456,7 @@ class KVCacheManager:
                             stored = self.req_to_block_hashes.get(request_id)
                             if (
                                 num_cached is not None
+                                and self._first_dense
                                 and num_full == num_cached + 1
                                 and stored is not None
                                 and self.block_pool.cache_next_full_block_locked(
@@ -564,6 +579,7 @@ class KVCacheManager:
             num_cached,
             num_full,
             self.caching_hash_fn if caching else None,
+            self._junctions.get(request_id, 0) if self._sparse else 0,
         )
         if self.debug_invariants:
             self._after_call()
@@ -758,6 +774,7 @@ class KVCacheManager:
             request = self._requests.pop(request_id, None)
             if type(request) is Request:
                 self._records.pop(request, None)
+            self._junctions.pop(request_id, None)
 
     def _after_call(self) -> None:
         if not self.debug_invariants:
@@ -866,7 +883,11 @@ class KVCacheManager:
                     f"request {request_id!r}, group {manager.group_id}: {num_cached} cached, "
                     f"{request.num_tokens} tokens, {len(stored)} stored hashes",
                 )
+            # Under sparse retention a held block may be left out: it then carries no hash.
+            left_out_ok = manager.sparse
             for position, block in enumerate(blocks[:num_cached]):
+                if left_out_ok and block.block_hash is None:
+                    continue
                 if block is not null_block and block.block_hash != cache_key(
                     stored[position], manager.group_id
                 ):

@@ -38,9 +38,14 @@ SINGLE_TYPE_MANAGERS: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = 
 
 
 def single_type_manager(
-    spec: KVCacheSpec, block_pool: BlockPool, group_id: int, use_eagle: bool
+    spec: KVCacheSpec,
+    block_pool: BlockPool,
+    group_id: int,
+    use_eagle: bool,
+    retention_interval: int | None = None,
 ) -> SingleTypeKVCacheManager:
-    """The manager of KV cache group `group_id`, whose layers have spec `spec`.
+    """The manager of KV cache group `group_id`, whose layers have spec `spec`, with EAGLE and
+    the config's `prefix_cache_retention_interval`.
 
     Raises:
         KVCacheConfigError: a spec type no manager serves, or EAGLE with one whose type does
@@ -53,4 +58,8 @@ def single_type_manager(
         raise refusals.no_manager_for(type(spec).__name__)
     if use_eagle and not manager_class.supports_eagle:
         raise refusals.eagle_unsupported(manager_class.kind)
-    return manager_class(spec, block_pool, group_id)
+    manager = manager_class(spec, block_pool, group_id)
+    manager.use_eagle = use_eagle
+    manager.retention_interval = retention_interval
+    manager.sparse = manager_class.acts_on_retention and retention_interval is not None
+    return manager

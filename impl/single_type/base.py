@@ -43,11 +43,18 @@ class SingleTypeKVCacheManager(ABC):
             the attention no longer reads); a hit may then start with them too.
         supports_eagle: whether EAGLE's last-block drop is defined for this attention type.
         group_id: the KV cache group whose blocks it keeps (0 for a single-group manager).
+        use_eagle: hits drop their last block (set by the registry).
+        retention_interval: the config's `prefix_cache_retention_interval` (set by the
+            registry).
+        acts_on_retention: whether the attention type caches sparsely under an interval
+            (`retained`; a sliding window).
+        sparse: it does here: an interval is set (set by the registry).
     """
 
     kind: ClassVar[str]
     allows_null_blocks: ClassVar[bool]
     supports_eagle: ClassVar[bool] = True
+    acts_on_retention: ClassVar[bool] = False
 
     def __init__(self, kv_cache_spec: KVCacheSpec, block_pool: BlockPool, group_id: int) -> None:
         self.kv_cache_spec = kv_cache_spec
@@ -57,6 +64,9 @@ class SingleTypeKVCacheManager(ABC):
         self.group_id = group_id
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
+        self.use_eagle = False
+        self.retention_interval: int | None = None
+        self.sparse = False
 
     # -- what the attention type reads (its subclass) ----------------------------------------
 
@@ -107,6 +117,12 @@ class SingleTypeKVCacheManager(ABC):
         """How many leading positions the token at `num_computed_tokens` no longer reads (<= 0:
         none). Complexity: O(1)."""
         return 0
+
+    def retained(self, request: Request, junction: int, first: int, end: int) -> list[bool]:
+        """For each position of [first, end), whether caching indexes it (`sparse` managers
+        only; `junction`: the request's shared-prefix junction, in tokens, 0 for none).
+        Complexity: O(end - first)."""
+        return [True] * (end - first)
 
     # -- the request's blocks (every type alike) ---------------------------------------------
 
@@ -162,10 +178,12 @@ class SingleTypeKVCacheManager(ABC):
         num_cached: int,
         num_full: int,
         hash_fn: HashFn,
+        junction: int = 0,
     ) -> None:
         """Cache the request's positions [num_cached, num_full) that it holds (the stored
-        `block_hashes` give the hashes known, the pool appends the others) and record `num_full`
-        positions as cached. Complexity: O(blocks cached * block_size)."""
+        `block_hashes` give the hashes known, the pool appends the others), those `retained`
+        keeps when `sparse`, and record `num_full` positions as cached. Complexity: O(blocks
+        cached * block_size)."""
         blocks = self.req_to_blocks[request.request_id]
         num_blocks = len(blocks)
         # min(): only vLLM 0.8.5's capped allocation (cap_at_max_model_len) holds fewer blocks.
@@ -180,6 +198,7 @@ class SingleTypeKVCacheManager(ABC):
                 self.block_size,
                 hash_fn,
                 self.group_id,
+                self.retained(request, junction, first, end) if self.sparse else None,
             )
         self.num_cached_block[request.request_id] = num_full
 

@@ -16,6 +16,7 @@ from pagedkv.single_type.base import SingleTypeKVCacheManager
 from pagedkv.vocab.hashes import BlockHashType
 from pagedkv.vocab.kv_cache_interface import SlidingWindowSpec
 from pagedkv.vocab.refusals import window_hit_detail
+from pagedkv.vocab.request import Request
 
 T = TypeVar("T")
 
@@ -90,6 +91,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
 
     kind = "sliding window"
     allows_null_blocks = True
+    acts_on_retention = True
 
     def __init__(self, kv_cache_spec: SlidingWindowSpec, block_pool: BlockPool, group_id: int):
         super().__init__(kv_cache_spec, block_pool, group_id)
@@ -150,6 +152,47 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         if any(block is null_block for block in cached) or len(cached) < needed:
             return window_hit_detail(num_nulls, len(cached), needed)
         return None
+
+    def retained(self, request: Request, junction: int, first: int, end: int) -> list[bool]:
+        """vLLM 0.33's reachable-block mask (`pagedkv.spec.retention` states it): the run of
+        blocks a hit needs (`need`: the window's, one more with EAGLE) ending at each replay
+        boundary of the prompt and at the junction (a block lower too with EAGLE), each run
+        ending a block further with EAGLE; with a positive interval also the last `need`
+        blocks of every interval-long segment.
+
+        Complexity: O(end - first + need).
+        """
+        block_size = self.block_size
+        eagle = self.use_eagle
+        shift = 1 if eagle else 0
+        need = (
+            self.eagle_contiguous_blocks if eagle else self.sliding_window_contiguous_blocks
+        ) or 1
+        interval = self.retention_interval
+        if interval:
+            per_segment = interval // block_size
+            if need >= per_segment:
+                return [True] * (end - first)
+            low = per_segment - need
+            mask = [i >= shift and (i - shift) % per_segment >= low for i in range(first, end)]
+        else:
+            mask = [False] * (end - first)
+        num_prompt = request.num_prompt_tokens
+        if eagle:
+            resend = (num_prompt - 1) // block_size * block_size
+            extension = num_prompt // block_size * block_size
+            boundaries = [max(resend - block_size, 0), max(extension - block_size, 0)]
+        else:
+            boundaries = [num_prompt - 1]
+        if junction:
+            boundaries.append(junction)
+            if eagle:
+                boundaries.append(junction - block_size)
+        for boundary in boundaries:
+            tail_end = boundary // block_size + shift
+            for i in range(max(first, tail_end - need), min(end, tail_end)):
+                mask[i - first] = True
+        return mask
 
     def num_skipped_blocks(self, num_computed_tokens: int) -> int:
         """The blocks wholly before token `num_computed_tokens - sliding_window + 1`
