@@ -290,6 +290,26 @@ MANAGER_TARGETS: tuple[Target, ...] = (
         25_000,
         "every allocation's tokens read their own KV (windows freed too early show here)",
     ),
+    _t(
+        "retention: blocks left uncached",
+        1_100,
+        "sparse retention leaves a window's unreachable blocks out of the index (issue 35)",
+    ),
+    _t(
+        "retention: hits under sparse retention",
+        300,
+        "each is checked by the attention-truth invariant: a hit uses cached blocks only",
+    ),
+    _t(
+        "retention: hits at a replay boundary",
+        110,
+        "a resend or a longer sibling hits the run kept at the prompt's replay boundary",
+    ),
+    _t(
+        "retention: hits cut short by blocks not retained",
+        150,
+        "a hit a dense cache would have made longer: the blocks left out are really gone",
+    ),
     _t("distinct states", 10_000, "block tables, free and cached counts: the drive goes wide"),
 )
 """The manager campaign's targets: each about half the rate the CI campaign (`CI_SEED`,
@@ -430,6 +450,31 @@ HYBRID_TARGETS: tuple[Target, ...] = (
         "attention truth: steps checked",
         28_000,
         "every allocation's tokens read their own KV in every group",
+    ),
+    _t(
+        "retention: blocks left uncached",
+        7_000,
+        "a sparse window group leaves blocks out while full attention caches them all",
+    ),
+    _t(
+        "retention: hits under sparse retention",
+        950,
+        "each is checked by the attention-truth invariant: a hit uses cached blocks only",
+    ),
+    _t(
+        "retention: hits at a replay boundary",
+        330,
+        "a resend or a longer sibling hits the run kept at the prompt's replay boundary",
+    ),
+    _t(
+        "retention: hits cut short by blocks not retained",
+        600,
+        "a window group's hit shortened (or refused) because its blocks were left out",
+    ),
+    _t(
+        "retention: lookups finding a shared-prefix junction",
+        380,
+        "a hybrid hit cut short by a sparse group pins the junction, whose tail is then kept",
     ),
     _t("distinct states", 20_000, "block tables of every group: the drive goes wide"),
 )

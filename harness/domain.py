@@ -3,6 +3,7 @@ known to differ from the spec outside it for reasons documented in docs/semantic
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 MultimodalInputs = tuple[tuple[int, int, str], ...]
@@ -13,9 +14,17 @@ MAX_GROUPS = 4
 two, Llama-4 two; four leaves room for every mix of the three attention types)."""
 
 
+RETENTION_DRAW = (None, 0, 1, 2, 4)
+"""The prefix-cache retention intervals a run with a sliding-window group draws from when the
+domain leaves it free: dense (None), sparse (0), or one tail per segment of 1, 2 or 4 blocks
+(a positive entry of `Domain.retention_intervals` is in tokens; these are in blocks)."""
+
+
 @dataclass(frozen=True)
 class Domain:
-    """Restrictions on what a client sends; the defaults restrict nothing.
+    """Restrictions on what a client sends; the defaults restrict nothing but retention (dense
+    only, so that an implementation whose adapter predates it is not handed a sparse config):
+    `FULL_DOMAIN` restricts nothing.
 
     Configurations outside the domain are never drawn (`harness/swarm/runs.py`,
     `harness/machines/`), and the client never sends a request outside it
@@ -38,6 +47,10 @@ class Domain:
         one_length_per_mm_hash: whether a multimodal content hash always comes with one length
             (vLLM's identifiers name one input, so its length: vLLM 0.33 keys an input without
             it); the clients then name each drawn input by its hash and length.
+        retention_intervals: the `prefix_cache_retention_interval`s a configuration with a
+            sliding-window group draws from (None: any of `RETENTION_DRAW`): None, 0, or a
+            number of tokens, rounded up to a positive multiple of the run's block size.
+            Configurations without a sliding-window group stay dense.
     """
 
     min_window: int = 1
@@ -49,6 +62,18 @@ class Domain:
     max_groups: int = MAX_GROUPS
     eagle_with_hybrid: bool = True
     one_length_per_mm_hash: bool = False
+    retention_intervals: tuple[int | None, ...] | None = (None,)
+
+    def retention(self, rng: random.Random, block_size: int) -> int | None:
+        """A retention interval the domain allows, for a run of `block_size` with a
+        sliding-window group (the last draw of its seed)."""
+        if self.retention_intervals is None:
+            blocks = rng.choice(RETENTION_DRAW)
+            return None if blocks is None else blocks * block_size
+        drawn = rng.choice(self.retention_intervals)
+        if not drawn:
+            return drawn
+        return max(-(-drawn // block_size), 1) * block_size
 
     def multimodal_inputs(self, drawn: MultimodalInputs) -> MultimodalInputs:
         """Drawn multimodal inputs as the domain allows them: with `one_length_per_mm_hash`,
@@ -86,7 +111,10 @@ class Domain:
             parts.append("no eagle with several groups")
         if self.multimodal and self.one_length_per_mm_hash:
             parts.append("one length per multimodal hash")
+        if self.retention_intervals is not None:
+            named = ", ".join("dense" if i is None else str(i) for i in self.retention_intervals)
+            parts.append(f"retention intervals {named}")
         return ", ".join(parts)
 
 
-FULL_DOMAIN = Domain()
+FULL_DOMAIN = Domain(retention_intervals=None)

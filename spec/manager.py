@@ -283,6 +283,8 @@ class SpecKVCacheManager:
         num_hits = len(hits[0])
         if self.num_groups > 1:
             self.junction[request_id] = self.junction_of(len(lookup), stored, num_hits)
+            if self.junction[request_id] and self.retention_interval is not None:
+                self.retention_counts["retention: lookups finding a shared-prefix junction"] += 1
         self._count_retention_hit(hits, lookup)
         self.truth.check_hit(request, hits, num_hits * self.block_size, eagle=self.use_eagle)
         if self.stats is not None:

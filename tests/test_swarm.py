@@ -29,6 +29,7 @@ from pagedkv.harness.client.pool_ops import TakeEvents as TakePoolEvents
 from pagedkv.harness.comparison import describe_difference
 from pagedkv.harness.coverage import Coverage
 from pagedkv.harness.divergence import Divergence, signature_of
+from pagedkv.harness.domain import Domain
 from pagedkv.harness.protocol import ManagerConfig, ManagerUnderTest, PoolFactory, PoolUnderTest
 from pagedkv.harness.swarm import (
     Layer,
@@ -302,16 +303,23 @@ def test_the_throughput_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> No
 def test_old_seeds_draw_the_same_runs_with_the_events_flag_drawn_last() -> None:
     """Drawing the flag last left every other draw of every seed as it was (the strings are
     these runs' descriptions before events were drawn; "adopt", a pool operation added later,
-    is drawn after the flag, for the same reason)."""
-    manager = draw_manager_run(run_seed(2025, "manager", 4), kv_events=True)
+    is drawn after the flag, for the same reason; so is the retention interval of a run with a
+    sliding window, the last draw of all: pinned dense, the description is the old one)."""
+    dense = Domain(retention_intervals=(None,))
+    manager = draw_manager_run(run_seed(2025, "manager", 4), kv_events=True, domain=dense)
     assert manager.describe() == (
         "sliding window 7; 44 blocks; block size 2; max_model_len 4; caching; builtin; "
         "kv events; features: draft tokens, lora, salts; operations: admit, arrive, hostile, "
         "preempt, step"
     )
-    assert draw_manager_run(run_seed(2025, "manager", 4)).describe() == (
+    assert draw_manager_run(run_seed(2025, "manager", 4), domain=dense).describe() == (
         "sliding window 7; 44 blocks; block size 2; max_model_len 4; caching; builtin; "
         "features: draft tokens, lora, salts; operations: admit, arrive, hostile, preempt, step"
+    )
+    drawn = draw_manager_run(run_seed(2025, "manager", 4))
+    assert drawn.retention == 4
+    assert drawn.describe() == manager.describe().replace(
+        "builtin; kv events", "builtin; retention 4"
     )
     pool = draw_pool_run(run_seed(2025, "pool", 3), kv_events=True)
     assert pool.describe() == (

@@ -227,6 +227,8 @@ class ManagerClient:
         spec = self.spec
         if spec.truth.checks:
             coverage.counts.update(spec.truth.take_checks())
+        if spec.retention_counts:
+            coverage.counts.update(spec.take_retention_counts())
         coverage.states.add(
             hash(
                 (

@@ -36,7 +36,7 @@ from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.machines.storage import keep_out_of_working_directory
 from pagedkv.harness.machines.strategies import arrivals
 from pagedkv.harness.protocol import ManagerConfig, ManagerFactory
-from pagedkv.harness.swarm.runs import attention_spec, hybrid_config
+from pagedkv.harness.swarm.runs import attention_spec, hybrid_config, with_retention
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab.kv_cache_interface import uniform_kv_cache_config
 from pagedkv.vocab.semantics import Semantics
@@ -75,6 +75,7 @@ class ManagerMachine(RuleBasedStateMachine):
         hash_algo=st.sampled_from(("sha256", "builtin")),
         alphabet=st.integers(2, 3),
         kv_events=st.sampled_from((True, True, True, False)),
+        retention_seed=st.integers(0, 255),
     )
     def setup(
         self,
@@ -88,6 +89,7 @@ class ManagerMachine(RuleBasedStateMachine):
         hash_algo: str,
         alphabet: int,
         kv_events: bool,
+        retention_seed: int,
     ) -> None:
         self._setup(
             block_size,
@@ -100,6 +102,7 @@ class ManagerMachine(RuleBasedStateMachine):
             hash_algo,
             alphabet,
             kv_events,
+            retention_seed=retention_seed,
         )
 
     def _setup(
@@ -115,9 +118,13 @@ class ManagerMachine(RuleBasedStateMachine):
         alphabet: int,
         kv_events: bool,
         groups_seed: int | None = None,
+        *,
+        retention_seed: int = 0,
     ) -> None:
         """Build the client; with `groups_seed`, over 2-4 KV cache groups (the first group of
-        the drawn type, the others as the swarm's hybrid runs draw them)."""
+        the drawn type, the others as the swarm's hybrid runs draw them), then a retention
+        interval for a sliding-window group (`with_retention`: from `groups_seed`'s draw,
+        else from `retention_seed`)."""
         domain = self.domain
         sliding = self.sliding_window
         if sliding and not domain.eagle_with_sliding_window:
@@ -133,8 +140,11 @@ class ManagerMachine(RuleBasedStateMachine):
             self.semantics,
             enable_kv_cache_events=kv_events and self.kv_events,
         )
+        rng = random.Random(retention_seed)
         if groups_seed is not None:
-            config = hybrid_config(random.Random(groups_seed), config, domain)
+            rng = random.Random(groups_seed)
+            config = hybrid_config(rng, config, domain)
+        config = with_retention(rng, config, domain)
         self.alphabet = alphabet
         self.block_size = block_size
         self.coverage.runs += 1

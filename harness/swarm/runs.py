@@ -15,6 +15,8 @@ drawn last from the run's seed, so that every other draw of a seed is the same a
 were drawn at all (`harness/client/events.py` says when such a run takes them). A hybrid run
 (`attention="hybrid"`: 2-4 KV cache groups of mixed attention types over one pool) draws the
 single-group configuration first and extends it after every other draw, for the same reason.
+A configuration with a sliding-window group then draws its prefix-cache retention interval
+(`Domain.retention`), the very last draw, for the same reason again.
 """
 
 from __future__ import annotations
@@ -319,6 +321,11 @@ class ManagerRun:
     def hybrid(self) -> bool:
         return len(self.config.kv_cache_config.kv_cache_groups) > 1
 
+    @property
+    def retention(self) -> int | None:
+        """The prefix-cache retention interval (None: dense)."""
+        return self.config.kv_cache_config.prefix_cache_retention_interval
+
     def with_num_blocks(self, num_blocks: int) -> ManagerRun:
         """The same run on a pool of `num_blocks` blocks (shrinking tries smaller pools)."""
         specs = self.specs
@@ -326,7 +333,7 @@ class ManagerRun:
             hybrid_kv_cache_config(specs, num_blocks)
             if self.hybrid
             else uniform_kv_cache_config(specs[0], num_blocks)
-        )
+        ).with_retention(self.retention)
         config = dataclasses.replace(self.config, kv_cache_config=kv_cache_config)
         return dataclasses.replace(self, config=config)
 
@@ -347,6 +354,8 @@ class ManagerRun:
         ]
         if config.use_eagle:
             flags.append("eagle")
+        if self.retention is not None:
+            flags.append(f"retention {self.retention}")
         if config.log_stats:
             flags.append("stats")
         if config.enable_kv_cache_events:
@@ -371,6 +380,7 @@ class ManagerRun:
             f"caching {'on' if self.config.enable_caching else 'off'}",
             f"hash {self.config.caching_hash_algo}",
             f"eagle {'on' if self.config.use_eagle else 'off'}",
+            f"retention {_retention_bucket(self.retention)}",
             f"events {'on' if self.kv_events else 'off'}",
             "full check every step" if self.check_every == 1 else "full check on a cadence",
         ]
@@ -386,6 +396,12 @@ def describe_spec(spec: KVCacheSpec) -> str:
     if isinstance(spec, ChunkedLocalAttentionSpec):
         return f"chunks of {spec.attention_chunk_size}"
     return "full attention"
+
+
+def _retention_bucket(interval: int | None) -> str:
+    if interval is None:
+        return "dense"
+    return "0" if interval == 0 else "per segment"
 
 
 def _size_bucket(num_blocks: int) -> str:
@@ -458,6 +474,7 @@ def draw_manager_run(
         config = dataclasses.replace(config, enable_kv_cache_events=True)
     if attention == "hybrid" and domain.max_groups > 1:
         config = hybrid_config(rng, config, domain)
+    config = with_retention(rng, config, domain)  # the last draw (module docstring)
     return ManagerRun(
         seed=seed,
         config=config,
@@ -470,6 +487,19 @@ def draw_manager_run(
         misuse=misuse,
         domain=domain,
     )
+
+
+def with_retention(rng: random.Random, config: ManagerConfig, domain: Domain) -> ManagerConfig:
+    """`config` with a prefix-cache retention interval the domain allows
+    (`Domain.retention`), if it has a sliding-window group; unchanged otherwise (no draw)."""
+    kv_cache_config = config.kv_cache_config
+    if not any(
+        isinstance(group.kv_cache_spec, SlidingWindowSpec)
+        for group in kv_cache_config.kv_cache_groups
+    ):
+        return config
+    interval = domain.retention(rng, kv_cache_config.scheduler_block_size)
+    return dataclasses.replace(config, kv_cache_config=kv_cache_config.with_retention(interval))
 
 
 def hybrid_config(rng: random.Random, config: ManagerConfig, domain: Domain) -> ManagerConfig:
