@@ -108,6 +108,26 @@ def test_a_hybrid_hit_cut_short_by_the_window_pins_the_shared_prefix_junction(si
     manager.check_invariants()
 
 
+@pytest.mark.parametrize("side", SIDES)
+def test_with_eagle_the_junction_is_a_block_lower_and_so_is_its_second_run(side: str) -> None:
+    """With EAGLE full attention's hit of the 5 shared blocks loses its last: the junction is
+    64 tokens. The second request keeps the runs of 3 ending a block past 96 and 112 (its
+    replay boundaries), 64 and 48 (the junction, and a block lower): blocks 1-7; the third
+    hits 4 blocks, its window's run 2, 3, 4 less the dropped block."""
+    manager = make(side, config(0, full(B), window(32, B)), 1024, use_eagle=True)
+    shared = PROMPT[: 5 * B]
+    assert admit(manager, Request("first", PROMPT)) is not None
+    assert cached_positions(manager, "first", 1) == [4, 5, 6, 7]
+    second = Request("second", [*shared, *([500] * (3 * B))])
+    assert manager.get_computed_blocks(second)[1] == 0
+    assert admit(manager, second) is not None
+    assert cached_positions(manager, "second", 1) == [1, 2, 3, 4, 5, 6, 7]
+    hits, num_tokens = manager.get_computed_blocks(Request("third", [*shared, *([7] * 48)]))
+    assert num_tokens == 4 * B
+    assert hits[1][:2] == [0, 0]
+    manager.check_invariants()
+
+
 def test_the_rule_without_a_manager() -> None:
     assert replay_boundaries(128, B, use_eagle=False) == (127,)
     assert replay_boundaries(128, B, use_eagle=True) == (96, 112)
