@@ -51,6 +51,25 @@ class WindowOffByOneManager(KVCacheManager):
                 group.sliding_window -= group.block_size
 
 
+class DenseDespiteRetentionManager(KVCacheManager):
+    """A sliding-window group caches every full block whatever the retention interval."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        for group in self.coordinator.single_type_managers:
+            group.sparse = False
+        self._first_dense = True
+
+
+class NoJunctionManager(KVCacheManager):
+    """A hybrid lookup cut short by a sparse group pins no shared-prefix junction, so the
+    request's window group never keeps the shared prefix's tail."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.coordinator.junction = lambda *args: 0  # type: ignore[method-assign]
+
+
 def forward_free(config: ManagerConfig) -> ManagerUnderTest:
     return _build(ForwardFreeManager, config)
 
@@ -61,3 +80,11 @@ def no_last_block_rule(config: ManagerConfig) -> ManagerUnderTest:
 
 def window_off_by_one(config: ManagerConfig) -> ManagerUnderTest:
     return _build(WindowOffByOneManager, config)
+
+
+def dense_despite_retention(config: ManagerConfig) -> ManagerUnderTest:
+    return _build(DenseDespiteRetentionManager, config)
+
+
+def no_junction(config: ManagerConfig) -> ManagerUnderTest:
+    return _build(NoJunctionManager, config)

@@ -104,6 +104,8 @@ def test_a_recorded_run_replays_to_the_same_state() -> None:
         (broken_managers.forward_free, "full"),
         (broken_managers.no_last_block_rule, "full"),
         (broken_managers.window_off_by_one, "sliding"),
+        (broken_managers.dense_despite_retention, "sliding"),
+        (broken_managers.no_junction, "hybrid"),
     ],
 )
 def test_a_broken_manager_is_caught_and_shrunk(factory: object, attention: str) -> None:
@@ -113,7 +115,9 @@ def test_a_broken_manager_is_caught_and_shrunk(factory: object, attention: str) 
     assert failure is not None
     shrunk = shrink(layer, failure.run, failure.ops, failure.error)
     assert shrunk.complete
-    assert 1 <= len(shrunk.ops) <= 10, shrunk.render()
+    # A junction needs a prefix cached by one request, cut short for a second, kept for a third.
+    max_ops = 16 if factory is broken_managers.no_junction else 10
+    assert 1 <= len(shrunk.ops) <= max_ops, shrunk.render()
     assert shrunk.run.num_blocks <= failure.run.num_blocks
     failing = replay(layer, shrunk.run, shrunk.ops)[1]
     assert failing is not None  # the shrunk run still fails, and the same way
