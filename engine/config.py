@@ -26,6 +26,9 @@ class EngineConfig:
         enable_prefix_caching: look waiting requests up in the prefix cache.
         runtime_checks: run the manager's and the scheduler's invariant checks after every
             N-th call (0: never); see `KVCacheManager(debug_invariants=N)`.
+        prefix_cache_retention_interval: which full blocks a sliding-window group caches
+            (`KVCacheConfig`'s; None: every one, 0: vLLM 0.33's engine default, only those a
+            later hit can use); the KV cache config refuses what vLLM 0.33 refuses.
     """
 
     num_blocks: int
@@ -35,6 +38,7 @@ class EngineConfig:
     max_model_len: int = 2048
     enable_prefix_caching: bool = True
     runtime_checks: int = 0
+    prefix_cache_retention_interval: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("num_blocks", self.num_blocks, 2)
@@ -48,6 +52,8 @@ class EngineConfig:
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("max_model_len", self.max_model_len, 1)
         _check_int("runtime_checks", self.runtime_checks, 0)
+        if self.prefix_cache_retention_interval is not None:
+            _check_int("prefix_cache_retention_interval", self.prefix_cache_retention_interval, 0)
 
     @property
     def num_usable_blocks(self) -> int:

@@ -129,6 +129,8 @@ class LLMEngine:
         )
         self.layout: KVLayout = kv_layout(specs, config.num_blocks)
         kv_cache_config = self.layout.kv_cache_config
+        if config.prefix_cache_retention_interval is not None:
+            kv_cache_config = kv_cache_config.with_retention(config.prefix_cache_retention_interval)
         self.config = config
         self.device: torch.device = weight.device
         self.manager = KVCacheManager(

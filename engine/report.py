@@ -20,6 +20,21 @@ class RunDescription:
     workload: str
     threads: int | None = None
     kv_cache_groups: str | None = None
+    retention: str | None = None
+
+
+def retention_text(interval: int | None) -> str:
+    """Which full blocks a sliding-window group caches, in words (`--prefix-cache-retention-
+    interval`)."""
+    if interval is None:
+        return "dense: every full block of a sliding-window group is cached"
+    if interval == 0:
+        return (
+            "0: a window group caches only each prompt's replay-boundary run (vLLM 0.33's default)"
+        )
+    return (
+        f"{interval}: a window group caches its replay-boundary runs and one per {interval} tokens"
+    )
 
 
 def _line(name: str, value: str) -> str:
@@ -55,6 +70,8 @@ def format_report(
                 f"{description.kv_cache_groups}; every group's blocks from the one pool",
             )
         )
+    if description.retention is not None:
+        lines.append(_line("prefix retention", description.retention))
     lines += [
         _line("steps", f"{summary.num_steps:,}"),
         _line(

@@ -47,6 +47,7 @@ MINIMUMS = {
     "runtime_checks": 0,
     "threads": 1,
     "metrics_port": 0,
+    "prefix_cache_retention_interval": 0,
 }
 """Each integer option's least value (None, where an option may be left out, is not checked)."""
 
@@ -105,6 +106,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-model-len", type=int, help="longest request (default: the model's positions)"
     )
     pool.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
+    pool.add_argument(
+        "--prefix-cache-retention-interval",
+        type=int,
+        metavar="N",
+        help="cache only the sliding-window blocks a later hit can use: 0 (vLLM 0.33's engine "
+        "default) at each prompt's replay boundary, N > 0 (a multiple of the block size) also "
+        "once per N tokens (default: every full block)",
+    )
     execution = parser.add_argument_group("execution")
     execution.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     execution.add_argument(
@@ -334,6 +343,7 @@ class _Session:
             max_model_len=args.max_model_len or model_config.max_position_embeddings,
             enable_prefix_caching=not args.no_prefix_caching,
             runtime_checks=args.runtime_checks,
+            prefix_cache_retention_interval=args.prefix_cache_retention_interval,
         )
         self.requests, workload = self._load_requests(model_config.vocab_size)
         self.description = RunDescription(
@@ -442,6 +452,11 @@ class _Session:
         )
         if engine.layout.num_groups > 1:
             self.description = replace(self.description, kv_cache_groups=engine.layout.describe())
+        if any(window is not None for window in engine.layout.group_windows):
+            from pagedkv.engine.report import retention_text
+
+            interval = engine.manager.kv_cache_config.prefix_cache_retention_interval
+            self.description = replace(self.description, retention=retention_text(interval))
         for item in self.requests:
             engine.add_request(item)  # every request is checked before the first step
         bar = ProgressBar(

@@ -175,6 +175,14 @@ BAD_ARGUMENTS = [
     (["--json", "/nonexistent/run.json"], "--json /nonexistent/run.json: the directory"),
     (["--metrics-port", "70000"], "--metrics-port must be <= 65535, got 70000"),
     (["--metrics-port", "-1"], "--metrics-port must be >= 0, got -1"),
+    (
+        ["--prefix-cache-retention-interval", "-1"],
+        "--prefix-cache-retention-interval must be >= 0, got -1",
+    ),
+    (
+        ["--prefix-cache-retention-interval", "16"],  # the tiny model has no sliding window
+        "prefix_cache_retention_interval=16 needs a sliding-window or Mamba group",
+    ),
 ]
 
 
@@ -195,6 +203,21 @@ def test_bad_arguments_exit_2_naming_the_option(
 ) -> None:
     assert main([*TINY, *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_sparse_retention_keeps_generation_exact_and_the_report_names_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A Gemma-3 model's window group caching only each prompt's replay-boundary run (vLLM
+    0.33's engine default) serves the same tokens as transformers; a model without a window
+    says nothing of retention."""
+    gemma = [*TINY, "--preset", "gemma3-2group", "--requests", "8", "--check-dense"]
+    assert main([*gemma, "--prefix-cache-retention-interval", "0"]) == 0
+    report = capsys.readouterr().out
+    assert _field(report, "prefix retention").startswith("0: a window group caches only")
+    assert _field(report, "dense check").startswith("OK")
+    assert main([*TINY, "--requests", "2"]) == 0
+    assert "prefix retention" not in capsys.readouterr().out
 
 
 def test_argument_errors_come_before_torch_is_imported() -> None:
