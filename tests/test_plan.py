@@ -202,6 +202,9 @@ def test_sliding_window_model(capsys: pytest.CaptureFixture[str]) -> None:
         "full attention: saves 3,219,128,320 bytes (3.00 GiB) (75.0%)\n"
         "hybrid requests  56.89x (56 whole requests) vs 14.25x (14) all full attention: "
         "+42 requests\n"
+        "retention        vLLM 0.33.0's engine caches a window group's blocks only at each "
+        "prompt's replay boundary (prefix_cache_retention_interval=0); pagedkv's "
+        "KVCacheConfig caches every full block unless given an interval\n"
     )
 
 
@@ -702,6 +705,7 @@ group 1          full attention, 21 layers (1, 3, ..., 41), block size 16: 512 b
 hybrid blocks    7,801 of 2,752,512 bytes (2.62 MiB); 3,900 of 5,505,024 bytes (5.25 MiB) uniform
 per request      2,821,324,800 bytes (2.63 GiB) vs 2,818,572,288 bytes (2.62 GiB) all full attention: costs 2,752,512 bytes (2.62 MiB) (0.1%)
 hybrid requests  7.61x (7 whole requests) vs 7.62x (7) all full attention: +0 requests
+retention        vLLM 0.33.0's engine caches a window group's blocks only at each prompt's replay boundary (prefix_cache_retention_interval=0); pagedkv's KVCacheConfig caches every full block unless given an interval
 """  # noqa: E501
 
 

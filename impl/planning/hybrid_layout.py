@@ -236,6 +236,15 @@ class HybridLayout:
                 f"full attention: {self.more_requests:+,} requests",
             ),
         ]
+        if any(isinstance(group.kv_cache_spec, SlidingWindowSpec) for group in self.groups):
+            rows.append(
+                (
+                    "retention",
+                    f"vLLM {VLLM_VERSION}'s engine caches a window group's blocks only at each "
+                    "prompt's replay boundary (prefix_cache_retention_interval=0); pagedkv's "
+                    "KVCacheConfig caches every full block unless given an interval",
+                )
+            )
         return rows
 
     def as_json(self) -> dict[str, Any]:
