@@ -50,7 +50,12 @@ __all__ = ["DOMAIN", "HASH_SEEDING", "LOGGERS", "MODULES", "STAND_INS", "VERSION
 VERSION = "0.33.0"
 LOGGERS = ("vllm",)
 HASH_SEEDING = "compared through the hash translation, whatever the seeds"
-DOMAIN = Domain(min_window=2, listed_blocks_freed=False, one_length_per_mm_hash=True)
+DOMAIN = Domain(
+    min_window=2,
+    listed_blocks_freed=False,
+    one_length_per_mm_hash=True,
+    retention_intervals=None,
+)
 """Outside it vLLM 0.33.0 differs from every semantics of the spec (docs/semantics.md): a
 one-token window (vLLM caches none of its blocks), a block freed while a request still lists it
 (vLLM chains the request's next block to the request's own hashes, pagedkv to the hash the freed
@@ -276,7 +281,7 @@ class Vllm033Manager:
 
     def get_computed_blocks(self, request: Request) -> tuple[Any, int]:
         view = self._view(request)
-        blocks, num_tokens, _ = self.manager.get_computed_blocks(view)
+        blocks, num_tokens, view.shared_prefix_boundary = self.manager.get_computed_blocks(view)
         self.manager.record_prefix_cache_stats(view, num_tokens)  # as the scheduler does
         return self._ids(blocks.blocks), int(num_tokens)
 
@@ -413,6 +418,9 @@ def load(semantics: Semantics) -> tuple[PoolFactory, ManagerFactory]:
                 interface.KVCacheGroupSpec([n], s, is_eagle_group=config.use_eagle)
                 for n, s in zip(names, specs, strict=True)
             ],
+            prefix_cache_retention_interval=(
+                config.kv_cache_config.prefix_cache_retention_interval
+            ),
         )
         manager = KVCacheManager(
             kv_cache_config,
