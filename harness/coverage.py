@@ -153,7 +153,8 @@ class Target:
         per_100k: the minimum per 100,000 steps (or, without `scales`, the minimum).
         why: why the event matters, in one line.
         needs: the campaign modes it applies to ("misuse", "pagedkv semantics", "kv events":
-            the implementation emits KV cache events); it is shown but not enforced otherwise.
+            the implementation emits KV cache events; "sparse retention": the domain draws a
+            retention interval other than dense); it is shown but not enforced otherwise.
         scales: whether the minimum grows with the campaign's length.
     """
 
@@ -294,21 +295,25 @@ MANAGER_TARGETS: tuple[Target, ...] = (
         "retention: blocks left uncached",
         1_100,
         "sparse retention leaves a window's unreachable blocks out of the index (issue 35)",
+        "sparse retention",
     ),
     _t(
         "retention: hits under sparse retention",
         300,
         "each is checked by the attention-truth invariant: a hit uses cached blocks only",
+        "sparse retention",
     ),
     _t(
         "retention: hits at a replay boundary",
         110,
         "a resend or a longer sibling hits the run kept at the prompt's replay boundary",
+        "sparse retention",
     ),
     _t(
         "retention: hits cut short by blocks not retained",
         150,
         "a hit a dense cache would have made longer: the blocks left out are really gone",
+        "sparse retention",
     ),
     _t("distinct states", 10_000, "block tables, free and cached counts: the drive goes wide"),
 )
@@ -455,26 +460,31 @@ HYBRID_TARGETS: tuple[Target, ...] = (
         "retention: blocks left uncached",
         7_000,
         "a sparse window group leaves blocks out while full attention caches them all",
+        "sparse retention",
     ),
     _t(
         "retention: hits under sparse retention",
         950,
         "each is checked by the attention-truth invariant: a hit uses cached blocks only",
+        "sparse retention",
     ),
     _t(
         "retention: hits at a replay boundary",
         330,
         "a resend or a longer sibling hits the run kept at the prompt's replay boundary",
+        "sparse retention",
     ),
     _t(
         "retention: hits cut short by blocks not retained",
         600,
         "a window group's hit shortened (or refused) because its blocks were left out",
+        "sparse retention",
     ),
     _t(
         "retention: lookups finding a shared-prefix junction",
         380,
         "a hybrid hit cut short by a sparse group pins the junction, whose tail is then kept",
+        "sparse retention",
     ),
     _t("distinct states", 20_000, "block tables of every group: the drive goes wide"),
 )

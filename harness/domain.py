@@ -4,7 +4,9 @@ known to differ from the spec outside it for reasons documented in docs/semantic
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 MultimodalInputs = tuple[tuple[int, int, str], ...]
 """Multimodal inputs as (offset, length, content hash), sorted and disjoint."""
@@ -51,6 +53,8 @@ class Domain:
             sliding-window group draws from (None: any of `RETENTION_DRAW`): None, 0, or a
             number of tokens, rounded up to a positive multiple of the run's block size.
             Configurations without a sliding-window group stay dense.
+        group_plan: how an engine groups one layer per drawn spec, as the specs of its groups
+            in its order (None: as drawn); the hybrid configurations are drawn through it.
     """
 
     min_window: int = 1
@@ -63,6 +67,18 @@ class Domain:
     eagle_with_hybrid: bool = True
     one_length_per_mm_hash: bool = False
     retention_intervals: tuple[int | None, ...] | None = (None,)
+    group_plan: Callable[[list[Any]], list[Any]] | None = field(default=None, compare=False)
+
+    @property
+    def draws_sparse_retention(self) -> bool:
+        """Whether a configuration with a sliding-window group may draw a retention interval
+        other than dense."""
+        intervals = self.retention_intervals
+        return intervals is None or any(interval is not None for interval in intervals)
+
+    def plan_groups(self, specs: list[Any]) -> list[Any]:
+        """The specs of the groups an engine makes of one layer per spec in `specs`."""
+        return specs if self.group_plan is None else self.group_plan(specs)
 
     def retention(self, rng: random.Random, block_size: int) -> int | None:
         """A retention interval the domain allows, for a run of `block_size` with a
@@ -114,6 +130,8 @@ class Domain:
         if self.retention_intervals is not None:
             named = ", ".join("dense" if i is None else str(i) for i in self.retention_intervals)
             parts.append(f"retention intervals {named}")
+        if self.group_plan is not None:
+            parts.append("groups as the engine's planning makes them")
         return ", ".join(parts)
 
 

@@ -298,8 +298,11 @@ class Campaign:
 
     @property
     def modes(self) -> frozenset[str]:
-        """What the coverage targets may assume ("misuse", "pagedkv semantics", "kv events")."""
+        """What the coverage targets may assume ("misuse", "pagedkv semantics", "kv events",
+        "sparse retention")."""
         modes = {"misuse"} if self.misuse else set()
+        if self.domain.draws_sparse_retention:
+            modes.add("sparse retention")
         if self.semantics == PAGEDKV_SEMANTICS:
             modes.add("pagedkv semantics")
         if self.layer.kv_events:
