@@ -206,6 +206,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and the domain",
     )
     parser.add_argument(
+        "--vllm-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="with --against vllm==0.33.0: an engine setting other than vLLM's default, e.g. "
+        "prefix_cache_retention_interval=None for dense retention (repeatable; the report "
+        "names every setting in force)",
+    )
+    parser.add_argument(
         "--no-misuse",
         action="store_true",
         help="only valid calls (for implementations that leave misuse undefined, like vLLM); "
@@ -274,7 +283,7 @@ def plan(args: argparse.Namespace, against: Against | None) -> list[Campaign]:
     semantics = SEMANTICS[args.semantics or "pagedkv"]
     domain = FULL_DOMAIN
     if against is not None:
-        semantics, domain = against.adapter.semantics, against.adapter.domain
+        semantics, domain = against.adapter.semantics, against.domain
     misuse = against is None and not args.no_misuse and semantics == PAGEDKV_SEMANTICS
     unbounded = args.seconds is not None and args.steps is None
     campaigns = []
@@ -406,6 +415,7 @@ def _flags(args: argparse.Namespace, layer: str) -> str:
     flags = [f"--layer {layer}"]
     if args.against is not None:
         flags.append(f"--against {args.against}")
+        flags.extend(f"--vllm-setting {shlex.quote(text)}" for text in args.vllm_setting)
     if layer == "pool" and args.impl != DEFAULT_POOL_IMPL:
         flags.append(f"--impl {args.impl}")
     if layer in ("manager", "hybrid") and args.manager_impl != DEFAULT_MANAGER_IMPL:
@@ -498,6 +508,9 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_SETUP
+    if args.vllm_setting and args.against is None:
+        print("pagedkv verify: --vllm-setting needs --against vllm==VERSION", file=sys.stderr)
+        return EXIT_SETUP
     against = None
     if args.against is not None:
         chosen = [
@@ -513,7 +526,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"pagedkv verify: --against sets {', '.join(chosen)} itself", file=sys.stderr)
             return EXIT_SETUP
         try:
-            against = prepare(args.against)
+            against = prepare(args.against, args.vllm_setting)
         except SetupError as error:
             return report_setup_error(error)
         for note in against.notes:
@@ -604,7 +617,7 @@ def build_layer(arguments: dict[str, Any], name: str) -> Layer:
     args = argparse.Namespace(**arguments)
     against = None
     if args.against is not None:
-        against = prepare(args.against)
+        against = prepare(args.against, args.vllm_setting)
         for logger in against.adapter.loggers:
             logging.getLogger(logger).setLevel(logging.ERROR)
     return next(campaign.layer for campaign in plan(args, against) if campaign.layer.name == name)
@@ -769,7 +782,7 @@ def _merged(
     if first["steps"] is not None:
         argv += ["--steps", str(first["steps"])]
     args = parser.parse_args(argv)
-    against = prepare(args.against) if args.against is not None else None
+    against = prepare(args.against, args.vllm_setting) if args.against is not None else None
     campaign = next(c for c in plan(args, against) if c.layer.name == name)
     coverage = Coverage()
     for part in parts:

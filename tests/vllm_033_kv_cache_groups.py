@@ -25,71 +25,10 @@ from typing import Any
 
 from vllm_campaign import UNREACHABLE, _unreachable
 
-from pagedkv.harness.vllm.stand_ins_0_33 import MODULES, STAND_INS
+from pagedkv.harness.vllm.engine_0_33 import ASYNC_SCHEDULING_BATCHES
+from pagedkv.harness.vllm.stand_ins_0_33 import PLANNING_MODULES, PLANNING_STAND_INS
 from pagedkv.harness.vllm.views import torch_or_stand_in
 from pagedkv.harness.vllm.wheel import FetchError, source_tree
-
-PLANNING_MODULES = (
-    *MODULES,
-    "vllm/v1/core/kv_cache_planning.py",
-    "vllm/v1/core/kv_cache_config_builder.py",
-)
-
-# What the planning module imports beyond the harness's modules, written for this purpose.
-PLANNING_STAND_INS = dict(STAND_INS)
-PLANNING_STAND_INS["vllm/config/__init__.py"] = """
-class VllmConfig:
-    pass
-
-
-class SpeculativeConfig:
-    pass
-
-
-def get_current_vllm_config_or_none():
-    return None
-"""
-PLANNING_STAND_INS["vllm/utils/mem_utils.py"] = """
-def format_gib(num_bytes):
-    return round(num_bytes / (1 << 30), 2)
-"""
-PLANNING_STAND_INS["vllm/utils/import_utils.py"] = """
-import importlib
-
-
-def resolve_obj_by_qualname(qualname):
-    module, _, name = qualname.rpartition(".")
-    return getattr(importlib.import_module(module), name)
-"""
-PLANNING_STAND_INS["vllm/v1/hisparse/layout.py"] = """
-def get_hisparse_host_pool_bytes(vllm_config):
-    raise NotImplementedError("HiSparse is off in pagedkv's stand-in")
-
-
-def get_hisparse_kv_cache_config(*args):
-    raise NotImplementedError("HiSparse is off in pagedkv's stand-in")
-
-
-def get_hisparse_kv_cache_groups(vllm_config, kv_cache_spec):
-    return []
-"""
-PLANNING_STAND_INS["vllm/v1/attention/backend.py"] = """
-class MultipleOf:
-    def __init__(self, base):
-        self.base = base
-"""
-PLANNING_STAND_INS["vllm/platforms/__init__.py"] = """
-class _Platform:
-    def register_custom_kv_cache_specs(self, vllm_config):
-        pass
-
-    def get_kv_cache_config_builder_cls(self, vllm_config):
-        return "vllm.v1.core.kv_cache_planning.DefaultKVCacheConfigBuilder"
-
-
-current_platform = _Platform()
-"""
-ASYNC_SCHEDULING_BATCHES = 2  # vLLM 0.33's default: async scheduling, one pipeline stage
 
 
 def vllm_config(case: dict[str, Any], layout: Any) -> Any:

@@ -1,6 +1,6 @@
 """A short swarm campaign against a vllm release, run in a process of its own.
 
-    python tests/vllm_campaign.py vllm==0.8.5 STEPS [SEMANTICS|-] [LAYER,...]
+    python tests/vllm_campaign.py vllm==0.8.5 STEPS [SEMANTICS|-] [LAYER,...|-] [NAME=VALUE,...]
 
 Each vllm release is imported as the package `vllm`, so two releases cannot share a process:
 the tests run this script once per release. It runs the block pool's and the manager's swarm
@@ -9,7 +9,8 @@ campaigns (seed 1, STEPS steps each, valid calls only, the release's domain) exa
 states, outcome counts and the failure, if any (its first line and signature). SEMANTICS (a
 `--semantics` name, or NAME~SWITCH: that semantics with one switch flipped) replaces the
 release's own, to show that the campaign tells them apart; LAYER,... (pool, manager,
-hybrid) runs only those layers. A release with a hybrid coordinator (0.33.0) also runs the
+hybrid) runs only those layers; NAME=VALUE,... are `--vllm-setting`s (the report's notes name
+the engine settings in force). A release with a hybrid coordinator (0.33.0) also runs the
 hybrid layer. Exit status: 0 no divergence, 1 a
 divergence, 2 a setup error, 3 the package index is unreachable and nothing is cached (the test
 skips, saying so).
@@ -45,10 +46,14 @@ def _unreachable(error: BaseException) -> bool:
 
 
 def run(
-    against: str, steps: int, semantics_name: str | None, only: str | None = None
+    against: str,
+    steps: int,
+    semantics_name: str | None,
+    only: str | None = None,
+    settings: tuple[str, ...] = (),
 ) -> tuple[int, dict[str, object]]:
     try:
-        target = prepare(against)
+        target = prepare(against, settings)
     except SetupError as error:
         status = UNREACHABLE if _unreachable(error) else 2
         return status, {"setup_error": f"{error} (cause: {error.__cause__!r})"}
@@ -60,7 +65,7 @@ def run(
         semantics = SEMANTICS[name]
         if flipped:
             semantics = replace(semantics, **{flipped: not getattr(semantics, flipped)})
-    domain = target.adapter.domain
+    domain = target.domain
     layers = [
         pool_layer(target.pool_factory, semantics=semantics, misuse=False, domain=domain),
         manager_layer(target.manager_factory, semantics=semantics, misuse=False, domain=domain),
@@ -77,7 +82,11 @@ def run(
         )
     if only is not None:
         layers = [layer for layer in layers if layer.name in only.split(",")]
-    report: dict[str, object] = {"version": target.version, "semantics": semantics.name}
+    report: dict[str, object] = {
+        "version": target.version,
+        "semantics": semantics.name,
+        "notes": list(target.notes),
+    }
     status = 0
     for layer in layers:
         with quiet_refusal_warnings():
@@ -106,7 +115,8 @@ def run(
 
 if __name__ == "__main__":
     semantics_arg = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
-    only_arg = sys.argv[4] if len(sys.argv) > 4 else None
-    status, report = run(sys.argv[1], int(sys.argv[2]), semantics_arg, only_arg)
+    only_arg = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] != "-" else None
+    settings_arg = tuple(sys.argv[5].split(",")) if len(sys.argv) > 5 else ()
+    status, report = run(sys.argv[1], int(sys.argv[2]), semantics_arg, only_arg, settings_arg)
     print(json.dumps(report))
     sys.exit(status)

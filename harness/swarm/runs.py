@@ -510,6 +510,7 @@ def hybrid_config(rng: random.Random, config: ManagerConfig, domain: Domain) -> 
     num_groups = rng.randint(2, domain.max_groups)
     first = kv_cache_config.kv_cache_groups[0].kv_cache_spec
     specs = draw_hybrid_specs(rng, first, num_groups, eagle=config.use_eagle, domain=domain)
+    specs = domain.plan_groups(specs)  # no draw: the same stream with or without a plan
     # Every group takes a block at each boundary: a pool as many times larger keeps the
     # pressure (exhaustion, eviction) of the single-group draw.
     num_blocks = kv_cache_config.num_blocks * num_groups

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.protocol import ManagerFactory, PoolFactory
 from pagedkv.harness.setup_check import SetupError
 from pagedkv.harness.vllm import v0_8_5, v0_33
+from pagedkv.harness.vllm.engine_0_33 import Loaded
 from pagedkv.harness.vllm.wheel import (
     FetchError,
     newest_release,
@@ -40,10 +42,12 @@ class VllmAdapter:
         semantics: the spec's semantics that the release conforms to.
         modules: the wheel members to fetch.
         stand_ins: our replacements for the rest of vllm, path -> source.
-        load: builds the factories once the fetched tree is importable.
+        load: builds the factories once the fetched tree is importable, from the semantics,
+            the tree's folder and the user's `--vllm-setting`s.
         loggers: vllm's loggers to quiet (a refused reset logs a warning each time).
         domain: where the campaigns draw from: outside it the release differs from every
-            semantics the spec has, for reasons docs/semantics.md lists.
+            semantics the spec has, for reasons docs/semantics.md lists (`load` may narrow it
+            to the engine settings in force).
         hash_seeding: how both sides' hash chains are made to start alike, for the user.
     """
 
@@ -51,7 +55,7 @@ class VllmAdapter:
     semantics: Semantics
     modules: tuple[str, ...]
     stand_ins: Mapping[str, str]
-    load: Callable[[Semantics], tuple[PoolFactory, ManagerFactory]]
+    load: Callable[[Semantics, Path, Sequence[str]], Loaded]
     loggers: tuple[str, ...] = ()
     domain: Domain = FULL_DOMAIN
     hash_seeding: str = ""
@@ -84,12 +88,14 @@ NEWEST_TESTED = max(ADAPTERS, key=release_key)
 
 @dataclass(frozen=True)
 class Against:
-    """A vllm release ready to be checked: its factories, semantics, and what to tell the user."""
+    """A vllm release ready to be checked: its factories, semantics, the domain its campaigns
+    draw from, and what to tell the user."""
 
     version: str
     adapter: VllmAdapter
     pool_factory: PoolFactory
     manager_factory: ManagerFactory
+    domain: Domain
     notes: tuple[str, ...]
 
     @property
@@ -110,12 +116,14 @@ def parse_against(text: str) -> str:
     return "latest" if version in LATEST_ALIASES else version
 
 
-def prepare(text: str) -> Against:
-    """Fetch the release named by `text`, import it, and build its factories.
+def prepare(text: str, settings: Sequence[str] = ()) -> Against:
+    """Fetch the release named by `text`, import it, and build its factories, with the
+    engine settings `settings` (`NAME=VALUE`s, `--vllm-setting`) over the release's defaults.
 
     Raises:
         SetupError: a malformed `text`, a release without an adapter, a failed fetch or import,
-            or vllm already imported from elsewhere in this process. The cause is chained.
+            a setting the release's adapter refuses, or vllm already imported from elsewhere in
+            this process. The cause is chained.
     """
     version = parse_against(text)
     asked_latest = version == "latest"
@@ -150,11 +158,21 @@ def prepare(text: str) -> Against:
         )
     sys.path.insert(0, str(root))
     try:
-        pool_factory, manager_factory = adapter.load(adapter.semantics)
+        built = adapter.load(adapter.semantics, root, tuple(settings))
+    except SetupError:
+        raise
     except Exception as error:
         raise SetupError(f"cannot import vllm {version}'s KV cache modules: {error!r}") from error
     notes.append(f"vllm {version}'s KV cache modules from {root}")
+    notes.extend(built.notes)
     notes.append(f"hash chains: {adapter.hash_seeding} (PYTHONHASHSEED not needed)")
-    if adapter.domain.describe():
-        notes.append(f"checked on {adapter.domain.describe()} (docs/semantics.md says why)")
-    return Against(version, adapter, pool_factory, manager_factory, tuple(notes))
+    if built.domain.describe():
+        notes.append(f"checked on {built.domain.describe()} (docs/semantics.md says why)")
+    return Against(
+        version,
+        adapter,
+        built.pool_factory,
+        built.manager_factory,
+        built.domain,
+        tuple(notes),
+    )

@@ -187,3 +187,69 @@ class MambaAttentionBackendEnum(enum.Enum):
     MAMBA1 = "mamba1"
     MAMBA2 = "mamba2"
 """
+
+
+# vLLM's planning (`kv_cache_planning.py`, its config builder) as the engine runs it, with
+# what it imports beyond the modules above, written for this purpose; and the config classes
+# whose defaults `engine_0_33` reads (never imported).
+PLANNING_MODULES = (
+    *MODULES,
+    "vllm/config/cache.py",
+    "vllm/config/scheduler.py",
+    "vllm/v1/core/kv_cache_planning.py",
+    "vllm/v1/core/kv_cache_config_builder.py",
+)
+
+PLANNING_STAND_INS = dict(STAND_INS)
+PLANNING_STAND_INS["vllm/config/__init__.py"] = """
+class VllmConfig:
+    pass
+
+
+class SpeculativeConfig:
+    pass
+
+
+def get_current_vllm_config_or_none():
+    return None
+"""
+PLANNING_STAND_INS["vllm/utils/mem_utils.py"] = """
+def format_gib(num_bytes):
+    return round(num_bytes / (1 << 30), 2)
+"""
+PLANNING_STAND_INS["vllm/utils/import_utils.py"] = """
+import importlib
+
+
+def resolve_obj_by_qualname(qualname):
+    module, _, name = qualname.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+"""
+PLANNING_STAND_INS["vllm/v1/hisparse/layout.py"] = """
+def get_hisparse_host_pool_bytes(vllm_config):
+    raise NotImplementedError("HiSparse is off in pagedkv's stand-in")
+
+
+def get_hisparse_kv_cache_config(*args):
+    raise NotImplementedError("HiSparse is off in pagedkv's stand-in")
+
+
+def get_hisparse_kv_cache_groups(vllm_config, kv_cache_spec):
+    return []
+"""
+PLANNING_STAND_INS["vllm/v1/attention/backend.py"] = """
+class MultipleOf:
+    def __init__(self, base):
+        self.base = base
+"""
+PLANNING_STAND_INS["vllm/platforms/__init__.py"] = """
+class _Platform:
+    def register_custom_kv_cache_specs(self, vllm_config):
+        pass
+
+    def get_kv_cache_config_builder_cls(self, vllm_config):
+        return "vllm.v1.core.kv_cache_planning.DefaultKVCacheConfigBuilder"
+
+
+current_platform = _Platform()
+"""

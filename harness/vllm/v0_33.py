@@ -24,8 +24,10 @@ stats' counts (vLLM counts tokens, and counts preempted requests apart), and
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -33,15 +35,22 @@ from pagedkv.harness.adapters import ObjectPoolAdapter
 from pagedkv.harness.domain import Domain
 from pagedkv.harness.protocol import (
     ManagerConfig,
-    ManagerFactory,
     ManagerSnapshot,
-    PoolFactory,
     PoolSnapshot,
 )
-from pagedkv.harness.vllm.stand_ins_0_33 import MODULES, STAND_INS
+from pagedkv.harness.vllm.engine_0_33 import (
+    EnginePath,
+    EngineSettings,
+    Loaded,
+    UnplannableError,
+    engine_defaults,
+)
+from pagedkv.harness.vllm.stand_ins_0_33 import PLANNING_MODULES as MODULES
+from pagedkv.harness.vllm.stand_ins_0_33 import PLANNING_STAND_INS as STAND_INS
 from pagedkv.harness.vllm.views import RequestViews, torch_or_stand_in, vllm_layer_spec
 from pagedkv.spec.block_hash import request_block_hashes
 from pagedkv.vocab.hashes import BlockHashType, CacheKey, HashFn, cache_key, get_hash_fn
+from pagedkv.vocab.kv_cache_interface import SlidingWindowSpec
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
 
@@ -372,8 +381,14 @@ class Vllm033Manager:
         """vLLM's manager has no invariant check of its own."""
 
 
-def load(semantics: Semantics) -> tuple[PoolFactory, ManagerFactory]:
-    """Pool and manager factories over vLLM 0.33.0's classes (its tree must be on sys.path)."""
+def load(semantics: Semantics, root: Path, settings: Sequence[str]) -> Loaded:
+    """Pool and manager factories over vLLM 0.33.0's classes (its tree, at `root`, must be on
+    sys.path); the manager built as the engine builds it (`engine_0_33`), with the engine's
+    defaults unless `settings` (`NAME=VALUE`s) say otherwise.
+
+    Raises:
+        SetupError: a malformed or unmodelled setting.
+    """
     torch = torch_or_stand_in()  # before vLLM's modules import it
     from vllm.utils.hashing import sha256
     from vllm.v1 import kv_cache_interface as interface
@@ -382,6 +397,8 @@ def load(semantics: Semantics) -> tuple[PoolFactory, ManagerFactory]:
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.request import RequestStatus
 
+    engine_settings = EngineSettings.resolve(engine_defaults(root), settings)
+    path = EnginePath(engine_settings, interface, torch)
     kv_cache_utils.init_none_hash(sha256)
     api = SimpleNamespace(
         make_block_hash_with_group_id=kv_cache_utils.make_block_hash_with_group_id,
@@ -397,40 +414,67 @@ def load(semantics: Semantics) -> tuple[PoolFactory, ManagerFactory]:
         pool = BlockPool(num_gpu_blocks, enable_caching, hash_block_size=1)  # see _views
         return Vllm033Pool(pool, api, hasher)
 
+    def vllm_specs(specs: Sequence[Any], use_eagle: bool) -> list[Any]:
+        draft = {"is_draft": True} if use_eagle else {}
+        return [vllm_layer_spec(spec, interface, torch, **draft) for spec in specs]
+
+    def plan(specs: list[Any]) -> list[Any]:
+        """pagedkv's specs of the groups vLLM's planning makes of one layer per spec, in its
+        order (the swarm's hybrid configurations are drawn through it)."""
+        block_size = specs[0].block_size
+        config = path.vllm_config(block_size, block_size, False, None, True)
+        groups = path.plan_groups(vllm_specs(specs, False), config)
+        return [specs[int(group.layer_names[0].rpartition(".")[2])] for group in groups]
+
     def vllm_manager(config: ManagerConfig) -> Vllm033Manager:
-        groups = config.kv_cache_config.kv_cache_groups
-        specs = [vllm_layer_spec(g.kv_cache_spec, interface, torch) for g in groups]
-        spec = specs[0]
-        num_blocks = config.kv_cache_config.num_blocks
-        names = [f"layers.{index}" for index in range(len(specs))]
-        kv_cache_config = interface.KVCacheConfig(
-            num_blocks,
-            [
-                interface.KVCacheTensor(
-                    s.page_size_bytes * num_blocks,
-                    [n],
-                    s.page_size_bytes * num_blocks,
-                    s.page_size_bytes,
-                )
-                for n, s in zip(names, specs, strict=True)
-            ],
-            [
-                interface.KVCacheGroupSpec([n], s, is_eagle_group=config.use_eagle)
-                for n, s in zip(names, specs, strict=True)
-            ],
-            prefix_cache_retention_interval=(
-                config.kv_cache_config.prefix_cache_retention_interval
-            ),
+        ours = config.kv_cache_config
+        specs = [group.kv_cache_spec for group in ours.kv_cache_groups]
+        retention = (
+            ours.prefix_cache_retention_interval
+            if any(isinstance(spec, SlidingWindowSpec) for spec in specs)
+            else engine_settings.retention  # acts on sliding-window groups only
+        )
+        engine_config = path.vllm_config(
+            specs[0].block_size,
+            config.max_model_len,
+            config.use_eagle,
+            retention,
+            config.enable_caching,
+            ours.num_blocks,
+        )
+        groups = path.plan_groups(vllm_specs(specs, config.use_eagle), engine_config)
+        planned = [tuple(group.layer_names) for group in groups]
+        if planned != [(f"layers.{g}",) for g in range(len(specs))]:
+            raise UnplannableError(
+                f"vLLM's planning groups the layers as {planned}, not one group per layer in "
+                "the drawn order: draw hybrid configurations through DOMAIN's plan"
+            )
+        kv_cache_config, scheduler_block_size, hash_block_size = path.kv_cache_config(
+            groups, ours.num_blocks, engine_config
         )
         manager = KVCacheManager(
             kv_cache_config,
             config.max_model_len,
-            scheduler_block_size=spec.block_size,
-            hash_block_size=spec.block_size,
+            max_in_flight_tokens=engine_settings.max_in_flight_tokens,
             enable_caching=config.enable_caching,
             use_eagle=config.use_eagle,
+            num_hash_lookahead_tokens=0,
+            num_prefill_lookahead=0,
             log_stats=config.log_stats,
+            enable_kv_cache_events=False,
+            dcp_world_size=1,
+            pcp_world_size=1,
+            scheduler_block_size=scheduler_block_size,
+            hash_block_size=hash_block_size,
+            watermark=engine_settings.values["watermark"],
+            enable_mamba_shared_prefix_checkpoint=engine_settings.values[
+                "enable_mamba_shared_prefix_checkpoint"
+            ],
         )
-        return Vllm033Manager(manager, api, config, hasher(spec.block_size))
+        return Vllm033Manager(manager, api, config, hasher(hash_block_size))
 
-    return vllm_pool, vllm_manager
+    domain = dataclasses.replace(
+        DOMAIN, retention_intervals=(engine_settings.retention,), group_plan=plan
+    )
+    notes = (f"vllm 0.33.0's manager built as its engine builds it: {engine_settings.describe()}",)
+    return Loaded(vllm_pool, vllm_manager, domain, notes)

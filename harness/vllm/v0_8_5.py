@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from pagedkv.harness.adapters import FlatObjectManagerAdapter, ObjectPoolAdapter, OneGroupAdapter
 from pagedkv.harness.domain import Domain
-from pagedkv.harness.protocol import ManagerConfig, ManagerFactory, PoolFactory
+from pagedkv.harness.protocol import ManagerConfig
+from pagedkv.harness.setup_check import SetupError
+from pagedkv.harness.vllm.engine_0_33 import Loaded
 from pagedkv.harness.vllm.views import RequestViews, torch_or_stand_in, vllm_attention_spec
 from pagedkv.vocab.hashes import NONE_HASH
 from pagedkv.vocab.kv_cache_interface import AttentionSpec
@@ -147,8 +150,19 @@ class Vllm085Manager(FlatObjectManagerAdapter):
         return self.manager.make_prefix_cache_stats()
 
 
-def load(semantics: Semantics) -> tuple[PoolFactory, ManagerFactory]:
-    """Pool and manager factories over vLLM 0.8.5's classes (its tree must be on sys.path)."""
+def load(semantics: Semantics, root: Path, settings: Sequence[str]) -> Loaded:
+    """Pool and manager factories over vLLM 0.8.5's classes (its tree, at `root`, must be on
+    sys.path). Its manager takes its arguments by hand, as 0.8.5's engine gives them: there is
+    no engine setting to choose.
+
+    Raises:
+        SetupError: `settings` given.
+    """
+    if settings:
+        raise SetupError(
+            "--vllm-setting applies to vllm 0.33.0's engine configuration; vllm 0.8.5's manager "
+            "takes no setting pagedkv does not already draw"
+        )
     torch = torch_or_stand_in()  # before vLLM's modules import it
     from vllm.v1 import kv_cache_interface as interface
     from vllm.v1.core import kv_cache_utils
@@ -181,4 +195,4 @@ def load(semantics: Semantics) -> tuple[PoolFactory, ManagerFactory]:
         )
         return OneGroupAdapter(Vllm085Manager(manager, request_views(running)))
 
-    return vllm_pool, vllm_manager
+    return Loaded(vllm_pool, vllm_manager, DOMAIN)
