@@ -47,10 +47,14 @@ def run(*args: str, what: str) -> subprocess.CompletedProcess[str]:
 
 
 def campaign(
-    against: str, steps: int, semantics: str | None = None, layers: str | None = None
+    against: str,
+    steps: int,
+    semantics: str | None = None,
+    layers: str | None = None,
+    settings: str | None = None,
 ) -> tuple[int, Any]:
     """Exit status and JSON report of `vllm_campaign.py` (see there)."""
-    extra = [semantics or "-", *([layers] if layers else [])]
+    extra = [semantics or "-", layers or "-", *([settings] if settings else [])]
     completed = run(str(CAMPAIGN), against, str(steps), *extra, what=against)
     assert completed.stdout, completed.stderr
     return completed.returncode, json.loads(completed.stdout.splitlines()[-1])
@@ -68,7 +72,7 @@ def test_vllm_0_8_5_conforms_to_the_spec_under_its_semantics() -> None:
     manager = set(report["manager"]["outcomes"])
     assert {"allocate_slots: returned None", "get_computed_blocks: returned"} <= manager
     counts = report["manager"]["counts"]
-    assert counts["prefix hits, sliding window"] > 0 and counts["prefix hits, full attention"] > 0
+    assert counts["hybrid hits with leading null blocks, windowed group"] > 0 and counts["prefix hits, full attention"] > 0
     assert "get_new_blocks: returned" in report["pool"]["outcomes"]
 
 
@@ -114,6 +118,31 @@ def test_vllm_0_33_conforms_to_the_spec_under_its_semantics_and_domain() -> None
     assert hybrid["hybrid hits cut short by one group"] > 0
     assert hybrid["hybrid refusals where each group alone would fit"] > 0
     assert hybrid["hybrid hits with leading null blocks, chunked group"] > 0
+    # Built as the engine builds it: sparse retention (CacheConfig's default 0) in force.
+    assert any(
+        "prefix_cache_retention_interval=0 (CacheConfig default)" in note
+        for note in report["notes"]
+    ), report["notes"]
+    for layer in ("manager", "hybrid"):
+        assert report[layer]["counts"]["retention: hits under sparse retention"] > 0
+        assert report[layer]["counts"]["retention: hits cut short by blocks not retained"] > 0
+
+
+@pytest.mark.slow
+def test_vllm_0_33_conforms_in_dense_retention_when_the_user_sets_it() -> None:
+    """`--vllm-setting prefix_cache_retention_interval=None`: every block cached, no divergence;
+    the report says the setting came from the user."""
+    status, report = campaign(
+        "vllm==0.33.0", 5_000, layers="hybrid", settings="prefix_cache_retention_interval=None"
+    )
+    assert status == 0, json.dumps(report, indent=1)
+    assert any(
+        "prefix_cache_retention_interval=None (--vllm-setting)" in note for note in report["notes"]
+    ), report["notes"]
+    counts = report["hybrid"]["counts"]
+    assert report["hybrid"]["steps"] >= 5_000
+    assert counts.get("retention: blocks left uncached", 0) == 0
+    assert counts["hybrid hits with leading null blocks, windowed group"] > 0
 
 
 def _is_layer(report: dict[str, Any], name: str) -> bool:

@@ -1,0 +1,162 @@
+"""The engine settings `--against vllm==0.33.0` builds vLLM's manager with (`engine_0_33`), and
+the domain hooks that make the swarm draw what the engine plans.
+
+These need no vLLM: the defaults are read from source text, the settings parsed and checked,
+and the hooks tried with stand-in plans. `test_vllm_conformance.py` runs them on vLLM itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+from manager_fixtures import manager_config
+
+from pagedkv.harness.domain import FULL_DOMAIN, Domain
+from pagedkv.harness.setup_check import SetupError
+from pagedkv.harness.swarm.runs import attention_spec, hybrid_config, with_retention
+from pagedkv.harness.vllm.engine_0_33 import (
+    ASYNC_SCHEDULING_BATCHES,
+    SETTINGS,
+    EngineSettings,
+    class_defaults,
+    parse_setting,
+)
+from pagedkv.harness.vllm.v0_33 import DOMAIN
+from pagedkv.vocab.kv_cache_interface import SlidingWindowSpec
+
+CONFIG_SOURCE = """
+class CacheConfig:
+    LIMIT: ClassVar[int] = 2048
+    block_size: int = Field(default=None, gt=0)
+    prefix_cache_retention_interval: int | None = Field(default=0, ge=0)
+    enable_prefix_caching: bool = True
+    budget: int = Field(default=LIMIT, ge=1)
+    factory: list[str] = field(default_factory=list)
+    no_default: int
+
+
+class Other:
+    prefix_cache_retention_interval: int | None = None
+"""
+
+DEFAULTS: dict[str, object] = {
+    "prefix_cache_retention_interval": 0,
+    "prefix_match_unit": None,
+    "enable_mamba_shared_prefix_checkpoint": False,
+    "watermark": 0.0,
+    "max_num_batched_tokens": 2048,
+}
+
+
+def test_defaults_are_read_from_the_class_not_another() -> None:
+    fields = class_defaults(CONFIG_SOURCE, "CacheConfig")
+    assert fields == {
+        "block_size": None,
+        "prefix_cache_retention_interval": 0,
+        "enable_prefix_caching": True,
+        "budget": 2048,  # a ClassVar constant named as the default
+    }
+    assert class_defaults(CONFIG_SOURCE, "Other") == {"prefix_cache_retention_interval": None}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("prefix_cache_retention_interval=None", ("prefix_cache_retention_interval", None)),
+        ("prefix-cache-retention-interval=dense", ("prefix_cache_retention_interval", None)),
+        ("prefix_cache_retention_interval=64", ("prefix_cache_retention_interval", 64)),
+        ("watermark=0.0", ("watermark", 0.0)),
+        (
+            "enable_mamba_shared_prefix_checkpoint=false",
+            ("enable_mamba_shared_prefix_checkpoint", False),
+        ),
+    ],
+)
+def test_a_setting_is_parsed_to_its_value(text: str, expected: tuple[str, object]) -> None:
+    assert parse_setting(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("block_size=16", "NAME one of"),
+        ("prefix_cache_retention_interval", "NAME=VALUE"),
+        ("watermark=lots", "not a number"),
+    ],
+)
+def test_a_malformed_or_unknown_setting_is_refused_by_name(text: str, says: str) -> None:
+    with pytest.raises(SetupError, match=says):
+        parse_setting(text)
+
+
+def test_the_defaults_hold_unless_the_user_sets_one_and_the_report_says_which() -> None:
+    settings = EngineSettings.resolve(DEFAULTS, [])
+    assert settings.retention == 0
+    assert settings.max_in_flight_tokens == ASYNC_SCHEDULING_BATCHES * 2048
+    assert "prefix_cache_retention_interval=0 (CacheConfig default)" in settings.describe()
+    dense = EngineSettings.resolve(DEFAULTS, ["prefix_cache_retention_interval=None"])
+    assert dense.retention is None
+    assert "prefix_cache_retention_interval=None (--vllm-setting)" in dense.describe()
+    assert "watermark=0.0 (SchedulerConfig default)" in dense.describe()
+    assert set(dense.values) == set(SETTINGS)
+
+
+@pytest.mark.parametrize(
+    ("texts", "says"),
+    [
+        (["watermark=0.1"], "models only 0.0"),
+        (["prefix_match_unit=4"], "models only None"),
+        (["prefix_cache_retention_interval=-16"], ">= 0"),
+        (["prefix_cache_retention_interval=1.5"], "whole number"),
+        (["max_num_batched_tokens=0"], ">= 1"),
+        (["watermark=0.0", "watermark=0.0"], "given twice"),
+    ],
+)
+def test_a_setting_pagedkv_does_not_model_is_refused(texts: list[str], says: str) -> None:
+    with pytest.raises(SetupError, match=says):
+        EngineSettings.resolve(DEFAULTS, texts)
+
+
+def test_a_domain_without_a_plan_keeps_the_drawn_groups() -> None:
+    specs = [attention_spec(4, None), attention_spec(4, 8)]
+    assert Domain().plan_groups(specs) is specs
+    assert "planning" not in Domain().describe()
+
+
+def test_the_retention_the_engine_uses_is_the_only_one_drawn() -> None:
+    engine = dataclasses.replace(DOMAIN, retention_intervals=(0,))
+    dense = dataclasses.replace(DOMAIN, retention_intervals=(None,))
+    assert engine.draws_sparse_retention and FULL_DOMAIN.draws_sparse_retention
+    assert not dense.draws_sparse_retention and not Domain().draws_sparse_retention
+    rng = random.Random(5)
+    assert {engine.retention(rng, 4) for _ in range(20)} == {0}
+    assert {dense.retention(rng, 4) for _ in range(20)} == {None}
+
+
+def test_hybrid_configurations_are_drawn_through_the_plan_and_nothing_else_moves() -> None:
+    """The plan reorders and merges groups; the rest of the draw (pool size, lengths, the
+    retention drawn after it) is what it would have been without the plan."""
+    reverse = dataclasses.replace(
+        DOMAIN, retention_intervals=(0,), group_plan=lambda specs: list(reversed(specs))
+    )
+    plain = dataclasses.replace(DOMAIN, retention_intervals=(0,))
+    for seed in range(30):
+        base = manager_config(
+            block_size=1 + seed % 5, sliding_window=None if seed % 2 else seed % 3 + 2
+        )
+        planned = with_retention(
+            random.Random(seed), hybrid_config(random.Random(seed), base, reverse), reverse
+        )
+        drawn = with_retention(
+            random.Random(seed), hybrid_config(random.Random(seed), base, plain), plain
+        )
+        ours = [g.kv_cache_spec for g in planned.kv_cache_config.kv_cache_groups]
+        theirs = [g.kv_cache_spec for g in drawn.kv_cache_config.kv_cache_groups]
+        assert ours == list(reversed(theirs))
+        assert planned.max_model_len == drawn.max_model_len
+        assert planned.kv_cache_config.num_blocks == drawn.kv_cache_config.num_blocks
+        windowed = any(isinstance(spec, SlidingWindowSpec) for spec in ours)
+        retention = planned.kv_cache_config.prefix_cache_retention_interval
+        assert retention == (0 if windowed else None)
