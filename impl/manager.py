@@ -596,20 +596,27 @@ class KVCacheManager:
             raise refusals.hits_without_caching(request_id)
         if num_held or request.num_computed_tokens:
             raise refusals.hits_for_running_request(request_id)
-        lengths = [len(group_hits) for group_hits in hits]
-        if len(set(lengths)) != 1:
-            raise refusals.hits_of_unequal_length(request_id, lengths)
+        num_hits = len(hits[0])
+        if len(hits) > 1:
+            lengths = [len(group_hits) for group_hits in hits]
+            if len(set(lengths)) != 1:
+                raise refusals.hits_of_unequal_length(request_id, lengths)
         stored = self.req_to_block_hashes.get(request_id, [])
-        if lengths[0] > len(stored):
-            raise refusals.more_hits_than_hashes(request_id, lengths[0], len(stored))
+        if num_hits > len(stored):
+            raise refusals.more_hits_than_hashes(request_id, num_hits, len(stored))
         pool = self.block_pool
-        for manager, group_hits in zip(self.coordinator.single_type_managers, hits, strict=True):
+        managers = self.coordinator.single_type_managers  # as many as hits (check_allocation)
+        for group, group_hits in enumerate(hits):
+            manager = managers[group]
             pool.check_hits_locked(
                 request_id, group_hits, stored, manager.allows_null_blocks, manager.group_id
             )
-            shape_error = manager.hit_shape_error(group_hits, self.use_eagle, self._eagle_lookup)
-            if shape_error is not None:
-                raise refusals.hit_shape(request_id, shape_error)
+            if manager.allows_null_blocks:  # only a type that skips positions has a shape
+                shape_error = manager.hit_shape_error(
+                    group_hits, self.use_eagle, self._eagle_lookup
+                )
+                if shape_error is not None:
+                    raise refusals.hit_shape(request_id, shape_error)
 
     def _num_evictable_hits(self, hits: tuple[list[KVCacheBlock], ...]) -> int:
         """Hits with ref_cnt 0: touching takes them off the free queue, so they are not free

@@ -32,6 +32,14 @@ def test_every_spec_type_has_a_manager_on_each_side_and_a_draw() -> None:
         assert manager_class.supports_eagle == spec_class.supports_eagle, spec_type
 
 
+def test_only_a_type_whose_hits_may_hold_null_blocks_checks_a_hit_shape() -> None:
+    """`allocate_slots` asks for a hit's shape only where `allows_null_blocks` (a full-attention
+    hit has one shape: its cached prefix); a type that checks one without nulls must say so."""
+    for manager_class in SINGLE_TYPE_MANAGERS.values():
+        overrides = manager_class.hit_shape_error is not SingleTypeKVCacheManager.hit_shape_error
+        assert overrides == manager_class.allows_null_blocks, manager_class.__name__
+
+
 @pytest.mark.parametrize("side", ["impl", "spec"])
 def test_each_attention_type_is_one_module_beside_the_pool(side: str) -> None:
     """The per-type managers together, in one folder beside the pool they draw from."""

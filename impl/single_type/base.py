@@ -102,7 +102,8 @@ class SingleTypeKVCacheManager(ABC):
     ) -> str | None:
         """Why `hits`, with no null block out of place, cannot be a hit of this attention type
         found with `for_eagle` (and then, with `use_eagle`, less its last block); None if they
-        can. Complexity: O(len(hits))."""
+        can. Asked only of a type that `allows_null_blocks` (a hit without nulls is a cached
+        prefix, of one shape). Complexity: O(len(hits))."""
         return None
 
     def num_leading_nulls(self, hits: Sequence[KVCacheBlock]) -> int:
