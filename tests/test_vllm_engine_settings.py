@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from typing import Any
 
 import pytest
 from manager_fixtures import manager_config
@@ -160,3 +161,23 @@ def test_hybrid_configurations_are_drawn_through_the_plan_and_nothing_else_moves
         windowed = any(isinstance(spec, SlidingWindowSpec) for spec in ours)
         retention = planned.kv_cache_config.prefix_cache_retention_interval
         assert retention == (0 if windowed else None)
+
+
+def test_a_campaign_is_held_to_the_retention_targets_only_where_it_draws_sparse_retention() -> None:
+    from types import SimpleNamespace
+
+    from pagedkv.harness.coverage import MANAGER_TARGETS
+    from pagedkv.harness.swarm.engine import Campaign
+    from pagedkv.vocab.semantics import VLLM_0_33
+
+    def modes(domain: Domain) -> frozenset[str]:
+        layer: Any = SimpleNamespace(kv_events=False)
+        campaign = Campaign("t", "i", layer, VLLM_0_33, False, domain, 1, MANAGER_TARGETS, "")
+        return campaign.modes
+
+    engine = dataclasses.replace(DOMAIN, retention_intervals=(0,))
+    dense = dataclasses.replace(DOMAIN, retention_intervals=(None,))
+    assert "sparse retention" in modes(engine) and "sparse retention" in modes(FULL_DOMAIN)
+    assert "sparse retention" not in modes(dense)
+    needing = [t.counter for t in MANAGER_TARGETS if "sparse retention" in t.needs]
+    assert "retention: hits under sparse retention" in needing
