@@ -1,9 +1,9 @@
 """The full tier (`./dev test --full`, `pytest --full`; nightly): each kind of check the gate runs
 at gate size, here at full size.
 
-- the whole planted-bug table: every checker on every variant (the gate stops a variant once
-  two checkers caught it), and no step-bounded checker misses a variant the committed table
-  says it catches;
+- the whole planted-bug table: every checker on every variant, at least two catching each (the
+  gate runs only the CI campaign on each), and no step-bounded checker misses a variant the
+  committed table says it catches;
 - `pagedkv verify --seed 2025` at its default size on every layer (the gate runs fewer steps);
 - the exhaustive search's `nightly` scope (the gate searches the `ci` scope).
 

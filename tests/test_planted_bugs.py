@@ -1,10 +1,13 @@
 """Planted bugs: every deliberately broken variant of impl is caught by at least two checkers.
 
-The gate (`test_every_variant_is_caught_by_two_checkers`) runs the checkers against every variant
-in worker processes, two at a time, each variant until two checkers caught it, and prints the
-table; the CI swarm campaign must be among the catches of every variant. The
-other tests keep the machinery honest: planting is undone, a patch reaches every binding, the
-scenario checker passes with nothing planted, and the committed table lists the catalog.
+The gate (`test_every_variant_is_caught_by_the_ci_campaign`) runs the CI swarm campaign against
+every variant in worker processes, two at a time, and prints the table: the campaign must catch
+each (a decision variant by the attention-truth invariant). That at least two checkers catch
+each is the committed table's claim (`python -m proofs.planted --write`), re-proved by the full
+tier with every checker on every variant (`tests/test_full_tier.py`; about 70 minutes on 2
+cores, the two-checker rerun that used to be here 6 of the gate's 22). The other tests keep the
+machinery honest: planting is undone, a patch reaches every binding, the scenario checker
+passes with nothing planted, and the committed table lists the catalog and two catches each.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from proofs.planted.bugs import (
     GATE_ORDER,
     MIN_CATCHES,
     TABLE_PATH,
-    catches,
     problems,
     read_table,
     render_document,
@@ -38,14 +40,13 @@ from proofs.planted.crosshair_checks import CHECKS_BY_VARIANT
 
 
 @pytest.mark.slow
-def test_every_variant_is_caught_by_two_checkers() -> None:
-    """The gate: the campaign first, then each checker until two have caught the variant (the
-    whole table, every checker on every variant, is `python -m proofs.planted --write`)."""
-    results = run_all([variant.name for variant in VARIANTS], jobs=2, stop_after=MIN_CATCHES)
+def test_every_variant_is_caught_by_the_ci_campaign() -> None:
+    """The gate: the campaign runs first on every variant and must catch it; the other checkers
+    are skipped once it has (`--stop-after 1`; the two-checker proof is the full tier's)."""
+    results = run_all([variant.name for variant in VARIANTS], jobs=2, stop_after=1)
     print()
     print(render_table(results))
-    assert problems(results) == []
-    assert all(catches(verdicts) >= MIN_CATCHES for verdicts in results.values())
+    assert problems(results, min_catches=1) == []
     column = CHECKERS.index("campaign")
     for name, verdicts in results.items():
         assert verdicts[column].status == "caught", name
