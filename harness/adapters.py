@@ -136,6 +136,10 @@ class ObjectPoolAdapter:
     def reset_prefix_cache(self) -> bool:
         return bool(self.pool.reset_prefix_cache())
 
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Ids pass through (vLLM 0.33's pool takes ids too)."""
+        self.pool.evict_blocks(block_ids)
+
     def get_num_free_blocks(self) -> int:
         return int(self.pool.get_num_free_blocks())
 
@@ -178,6 +182,7 @@ class SpecPoolAdapter:
         self.cache_full_blocks = pool.cache_full_blocks
         self.get_cached_block = pool.get_cached_block
         self.reset_prefix_cache = pool.reset_prefix_cache
+        self.evict_blocks = pool.evict_blocks
         self.get_num_free_blocks = pool.get_num_free_blocks
         self.get_usage = pool.get_usage
         self.take_events = pool.take_events
@@ -235,6 +240,9 @@ class ObjectManagerAdapter:
 
     def reset_prefix_cache(self) -> bool:
         return bool(self.manager.reset_prefix_cache())
+
+    def evict_blocks(self, block_ids: Sequence[int]) -> None:
+        self.manager.evict_blocks(block_ids)
 
     def get_num_common_prefix_blocks(
         self, request: Request, num_running_requests: int
@@ -401,6 +409,9 @@ class OneGroupAdapter:
     def reset_prefix_cache(self) -> bool:
         return bool(self.flat.reset_prefix_cache())
 
+    def evict_blocks(self, block_ids: Sequence[int]) -> None:
+        self.flat.evict_blocks(block_ids)
+
     def get_num_common_prefix_blocks(
         self, request: Request, num_running_requests: int
     ) -> tuple[int, ...]:
@@ -437,6 +448,7 @@ class SpecManagerAdapter:
         self.free = manager.free
         self.free_block_hashes = manager.free_block_hashes
         self.reset_prefix_cache = manager.reset_prefix_cache
+        self.evict_blocks = manager.evict_blocks
         self.get_num_common_prefix_blocks = manager.get_num_common_prefix_blocks
         self.make_prefix_cache_stats = manager.make_prefix_cache_stats
         self.take_events = manager.take_events

@@ -21,6 +21,7 @@ from pagedkv.call_arguments import (
     check_cache_key,
     check_get_new_blocks,
     check_pool,
+    is_block_id,
 )
 from pagedkv.events.index import (
     HashCount,
@@ -409,6 +410,7 @@ class BlockPool:
         hash_fn: HashFn,
         group_id: int = 0,
         retained: list[bool] | None = None,
+        parent_from_stored: bool = False,
     ) -> None:
         """`cache_full_blocks` for a caller that holds the call token, with arguments of the
         checked types (`group_id` an int >= 0) and at least one block to cache: the block
@@ -417,6 +419,8 @@ class BlockPool:
         `retained` (a manager's sparse retention): one flag per block of the range; a block
         flagged False is hashed into the chain but gets no hash and no index entry, and a
         parent left unhashed that way chains through the stored hash at its position.
+        `parent_from_stored` (a manager, whose stored hashes are the chain): so does a parent
+        whose hash `evict_blocks` took.
 
         Raises:
             ArgumentTypeError, InvalidArgumentError, BlockStateError: as `cache_full_blocks`
@@ -425,7 +429,11 @@ class BlockPool:
         Complexity: as `cache_full_blocks`.
         """
         parent_hash_value = self._check_blocks_to_cache(
-            blocks, block_hashes, num_cached_blocks, num_full_blocks, retained is not None
+            blocks,
+            block_hashes,
+            num_cached_blocks,
+            num_full_blocks,
+            retained is not None or parent_from_stored,
         )
         first_parent = parent_hash_value
         # Compute every hash before changing anything, so a failure leaves no trace.
@@ -727,8 +735,8 @@ class BlockPool:
         sparse: bool = False,
     ) -> int | None:
         """cache_full_blocks' block rules in the spec's order; returns the parent's hash value
-        (None at the chain's start; `sparse`: an unhashed parent was left out by retention and
-        chains through its stored hash)."""
+        (None at the chain's start; `sparse`: an unhashed parent was left out by retention, or
+        lost its hash to `evict_blocks`, and chains through its stored hash)."""
         null_block = self.null_block
         owned = self.blocks
         num_gpu_blocks = self.num_gpu_blocks
@@ -764,6 +772,52 @@ class BlockPool:
             if isinstance(parent_key, GroupKey)
             else parent_key.hash_value
         )
+
+    def evict_blocks(self, block_ids: object) -> None:
+        """Take each listed block's hash out of the prefix cache, the block staying where it is:
+        its references, and its place in the free queue if it is free (vLLM 0.33's
+        `BlockPool.evict_blocks`, which a KV connector calls for blocks whose load failed). A
+        block without a hash, the null block among them, is passed over; so is a block listed
+        again. A key that leaves the index is announced by a BlockRemoved.
+
+        Raises:
+            ArgumentTypeError: `block_ids` is not iterable, or an item is not an int.
+            BlockStateError: an id is not a block of this pool (nothing changed).
+            ConcurrentUseError: another call on this pool is running.
+
+        Complexity: O(len(block_ids)).
+        """
+        self._enter("BlockPool.evict_blocks")
+        try:
+            self.evict_blocks_locked(
+                block_list("BlockPool.evict_blocks", "block_ids", block_ids, is_block_id)
+            )
+        finally:
+            self._idle.append(None)
+
+    def evict_blocks_locked(self, block_ids: list[int]) -> list[KVCacheBlock]:
+        """`evict_blocks` for a caller that holds the call token, with a list of ints.
+
+        Returns:
+            The blocks that lost their hash, in order.
+
+        Raises:
+            BlockStateError: an id is not a block of this pool (nothing changed).
+
+        Complexity: O(len(block_ids)).
+        """
+        num_gpu_blocks = self.num_gpu_blocks
+        for block_id in block_ids:
+            if not 0 <= block_id < num_gpu_blocks:
+                raise refusals.foreign_block(block_id)
+        blocks = self.blocks
+        evicted = []
+        for block_id in block_ids:
+            block = blocks[block_id]
+            if block._block_hash is not None:
+                self._maybe_evict_cached_block(block)
+                evicted.append(block)
+        return evicted
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash, if no block but the null block is in use.

@@ -31,12 +31,14 @@ from pagedkv.block_hash import Sha256Memo, hash_request_tokens
 from pagedkv.block_pool import BlockPool
 from pagedkv.call_arguments import (
     MANAGER,
+    block_list,
     check_allocation,
     check_common_prefix,
     check_lookup,
     check_manager,
     check_request,
     check_semantics,
+    is_block_id,
 )
 from pagedkv.kv_cache_coordinator import KVCacheCoordinator, kv_cache_coordinator
 from pagedkv.vocab import refusals
@@ -215,6 +217,9 @@ class KVCacheManager:
         self.req_to_block_hashes: dict[str, list[BlockHashType]] = {}
         self._requests: dict[str, Request] = {}
         self._records: dict[Request, _Record] = {}  # the fast path's, by request object
+        # Request id -> the (group, position, block id) it held when evict_blocks took that
+        # block's hash, until it is freed: what the invariant checks excuse (`evict_blocks`).
+        self._evicted: dict[str, set[tuple[int, int, int]]] = {}
         if debug_invariants is None:
             setting = os.environ.get(CHECK_INVARIANTS_ENV, "0").strip() or "0"
             if not setting.isdigit():
@@ -653,6 +658,8 @@ class KVCacheManager:
             request_id = request.request_id
             tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
             self.coordinator.free(request_id, tail_first)
+            if self._evicted:
+                self._evicted.pop(request_id, None)
             self._forget_if_done(request_id)
             self._after_call()
         finally:
@@ -675,6 +682,39 @@ class KVCacheManager:
                 raise refusals.hashes_dropped_while_held(request.request_id)
             self.req_to_block_hashes.pop(request.request_id, None)
             self._forget_if_done(request.request_id)
+            self._after_call()
+        finally:
+            self._call_token.append(None)
+
+    def evict_blocks(self, block_ids: object) -> None:
+        """Take each listed block's hash out of the prefix cache (vLLM 0.33's
+        `KVCacheManager.evict_blocks`, a KV connector's call for blocks whose load failed). A
+        block stays held, or queued, where it is; one without a hash is passed over. The
+        requests holding one keep their count of cached positions, so they never cache it
+        again, and a later lookup stops where it was.
+
+        Raises:
+            ArgumentTypeError: `block_ids` is not iterable, or an item is not an int.
+            BlockStateError: an id is not a block of the pool (nothing changed).
+            ConcurrentUseError: another call on this manager is running.
+
+        Complexity: O(len(block_ids)), and O(blocks held) when a block loses its hash (the
+        holders are found for the invariant checks' record).
+        """
+        self._enter("KVCacheManager.evict_blocks")
+        try:
+            evicted = self.block_pool.evict_blocks_locked(
+                block_list(f"{MANAGER}.evict_blocks", "block_ids", block_ids, is_block_id)
+            )
+            if evicted:
+                lost = {block.block_id for block in evicted}
+                for group, manager in enumerate(self.coordinator.single_type_managers):
+                    for request_id, blocks in manager.req_to_blocks.items():
+                        for position, block in enumerate(blocks):
+                            if block.block_id in lost:
+                                self._evicted.setdefault(request_id, set()).add(
+                                    (group, position, block.block_id)
+                                )
             self._after_call()
         finally:
             self._call_token.append(None)
@@ -829,6 +869,7 @@ class KVCacheManager:
         for manager in managers:
             for blocks in manager.req_to_blocks.values():
                 holders.update(block.block_id for block in blocks if block is not null_block)
+        evicted = {entry[2] for lost in self._evicted.values() for entry in lost}
         for block in pool.blocks[1:]:
             if block.ref_cnt != holders[block.block_id]:
                 raise InvariantViolation(
@@ -836,8 +877,11 @@ class KVCacheManager:
                     f"block {block.block_id}: ref_cnt {block.ref_cnt}, held "
                     f"{holders[block.block_id]} times",
                 )
-            if block.ref_cnt >= 2 and block.block_hash is None:
-                raise InvariantViolation("a block held by two requests is cached", repr(block))
+            if block.ref_cnt >= 2 and block.block_hash is None and block.block_id not in evicted:
+                raise InvariantViolation(
+                    "a block held by two requests is cached (unless evict_blocks took its hash)",
+                    repr(block),
+                )
         for request_id in self._first_blocks:
             self._check_request(request_id)
         known = self._first_blocks.keys() | self.req_to_block_hashes.keys()
@@ -890,10 +934,14 @@ class KVCacheManager:
                     f"request {request_id!r}, group {manager.group_id}: {num_cached} cached, "
                     f"{request.num_tokens} tokens, {len(stored)} stored hashes",
                 )
-            # Under sparse retention a held block may be left out: it then carries no hash.
+            # Under sparse retention a held block may be left out: it then carries no hash; so
+            # does one whose hash evict_blocks took.
             left_out_ok = manager.sparse
+            evicted = self._evicted.get(request_id, ())
             for position, block in enumerate(blocks[:num_cached]):
-                if left_out_ok and block.block_hash is None:
+                if block.block_hash is None and (
+                    left_out_ok or (manager.group_id, position, block.block_id) in evicted
+                ):
                     continue
                 if block is not null_block and block.block_hash != cache_key(
                     stored[position], manager.group_id

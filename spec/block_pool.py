@@ -286,6 +286,7 @@ class SpecBlockPool:
         group_id: int = 0,
         *,
         retained: Sequence[bool] | None = None,
+        parent_from_stored: bool = False,
     ) -> None:
         """`cache_full_blocks` past its argument checks (precondition 1), for a caller that
         built the arguments itself (the spec managers); preconditions 2-4 still raise.
@@ -293,7 +294,9 @@ class SpecBlockPool:
         `retained` (a manager's sparse retention, `pagedkv.spec.retention`): one flag per
         position of the range; a position flagged False gets no hash and no index entry, like
         a null block, and a block before the range left unhashed that way chains through the
-        stored hash at its position, as a null block does."""
+        stored hash at its position, as a null block does. `parent_from_stored` (a manager,
+        whose stored hashes are the chain): so does a parent whose hash `evict_blocks` took,
+        as vLLM 0.33 chains through the request's hashes, never the parent block's."""
         if num_cached_blocks == num_full_blocks:
             return
         to_cache = list(checked[num_cached_blocks:num_full_blocks])
@@ -316,7 +319,10 @@ class SpecBlockPool:
             parent_hash = (
                 block_hashes[num_cached_blocks - 1]
                 if parent_id == NULL_BLOCK_ID
-                or (retained is not None and self.block_hash[parent_id] is None)
+                or (
+                    (retained is not None or parent_from_stored)
+                    and self.block_hash[parent_id] is None
+                )
                 else self.block_hash[parent_id]
             )
             if parent_hash is None:
@@ -368,6 +374,36 @@ class SpecBlockPool:
             self._emit_stored(
                 request, all_hashes, entered, num_cached_blocks, first_parent, block_size, group_id
             )
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Take each listed block's hash out of the prefix cache, the block staying where it is:
+        its references, and its place in the free queue if it is free (vLLM 0.33's
+        `BlockPool.evict_blocks`, which a KV connector calls for blocks whose load failed). A
+        block without a hash, the null block among them, is passed over; so is a block listed
+        again. A key that leaves the index is announced by a BlockRemoved.
+
+        Preconditions: `block_ids` is an iterable (read once) of ints (ArgumentTypeError);
+        every id is a block of this pool (BlockStateError), checked for all before any changes.
+        """
+        self.evict_blocks_unchecked(
+            require_block_ids("BlockPool.evict_blocks", "block_ids", block_ids)
+        )
+
+    def evict_blocks_unchecked(self, evicted: list[int]) -> list[tuple[int, CacheKey]]:
+        """`evict_blocks` past its argument check (the spec manager's call); the range check
+        still raises. Returns each block that lost its hash, with the key it lost, in order."""
+        for block_id in evicted:
+            self._require_block(block_id)
+        dropped: list[tuple[int, CacheKey]] = []
+        for block_id in evicted:
+            key = self.block_hash[block_id]
+            if key is None:
+                continue
+            with self._transition(block_id, Event.EVICT):
+                self._unindex(block_id, key)
+                self.block_hash[block_id] = None
+            dropped.append((block_id, key))
+        return dropped
 
     def reset_prefix_cache(self) -> bool:
         """Forget every hash, if no block but the null block is in use; else log and refuse."""

@@ -36,6 +36,7 @@ class Event(enum.Enum):
     RELEASE = "free_blocks"  # one reference fewer; at 0 the block joins the queue tail
     SEAL = "cache_full_blocks"  # a full block gets its hash and joins the index
     RESET = "reset_prefix_cache"  # every hash forgotten (only when no block is in use)
+    EVICT = "evict_blocks"  # a connector takes one block's hash out, where the block stands
 
 
 def state_of(ref_cnt: int, hashed: bool) -> BlockState:
@@ -64,6 +65,11 @@ TRANSITIONS: dict[tuple[BlockState, Event], frozenset[BlockState]] = {
     (S.SHARED, Event.RELEASE): frozenset({S.SHARED, S.IN_USE_CACHED, S.IN_USE}),
     (S.FREE, Event.RESET): frozenset({S.FREE}),
     (S.FREE_CACHED, Event.RESET): frozenset({S.FREE}),
+    # evict_blocks: the hash goes, the references and the queue place stay (an unhashed block
+    # is passed over). A shared block may so lose its hash: the one way to SHARED without one.
+    (S.FREE_CACHED, Event.EVICT): frozenset({S.FREE}),
+    (S.IN_USE_CACHED, Event.EVICT): frozenset({S.IN_USE}),
+    (S.SHARED, Event.EVICT): frozenset({S.SHARED}),
 }
 """(state, event) -> the states the block may be in afterwards. A pair missing here is illegal."""
 del S

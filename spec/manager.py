@@ -44,6 +44,7 @@ from pagedkv.spec.arguments import (
     check_manager,
     check_request,
     check_semantics,
+    require_block_ids,
 )
 from pagedkv.spec.attention_truth import AttentionTruth
 from pagedkv.spec.block_counts import (
@@ -144,6 +145,13 @@ class SpecKVCacheManager:
         retention_counts: what sparse retention did, for a campaign's coverage
             (`take_retention_counts`).
         truth: ghost state: what every block holds, and the attention-truth checks.
+        evicted: request id -> the (group, position, block id) it held when `evict_blocks`
+            took that block's hash (until the request is freed): cached positions that may
+            carry no hash, blocks that may be shared without one.
+        evicted_keys: ghost state: every key `evict_blocks` took since the last reset; prefix
+            closure holds only for keys none of whose ancestors is among them.
+        evict_counts: what `evict_blocks` led to, for a campaign's coverage
+            (`take_evict_counts`).
     """
 
     def __init__(
@@ -193,6 +201,9 @@ class SpecKVCacheManager:
         self.parent_of: dict[BlockHashType, BlockHashType | None] = {}
         self.junction: dict[str, int] = {}
         self.retention_counts: Counter[str] = Counter()
+        self.evicted: dict[str, set[tuple[int, int, int]]] = {}
+        self.evicted_keys: set[CacheKey] = set()
+        self.evict_counts: Counter[str] = Counter()
         self.truth = AttentionTruth(
             self.managers,
             self.block_size,
@@ -286,6 +297,10 @@ class SpecKVCacheManager:
             if self.junction[request_id] and self.retention_interval is not None:
                 self.retention_counts["retention: lookups finding a shared-prefix junction"] += 1
         self._count_retention_hit(hits, lookup)
+        if self.evicted_keys and num_hits < len(lookup):
+            stop = [cache_key(lookup[num_hits], group) for group in range(self.num_groups)]
+            if any(key in self.evicted_keys and key not in self.pool.index for key in stop):
+                self.evict_counts["evict_blocks: lookups stopped at an evicted block"] += 1
         self.truth.check_hit(request, hits, num_hits * self.block_size, eagle=self.use_eagle)
         if self.stats is not None:
             self.stats.queries += len(lookup)
@@ -315,6 +330,11 @@ class SpecKVCacheManager:
         else:
             found = len(self._unit_hit(groups, block_hashes[:num_lookup], for_eagle=False)[0])
         return found * self.block_size if found > num_hits else 0
+
+    def take_evict_counts(self) -> Counter[str]:
+        """What `evict_blocks` led to since the last call, renewed."""
+        counts, self.evict_counts = self.evict_counts, Counter()
+        return counts
 
     def take_retention_counts(self) -> Counter[str]:
         """What sparse retention did since the last call, renewed."""
@@ -660,6 +680,10 @@ class SpecKVCacheManager:
         self.truth.computed(request, tables, step.num_computed, step.num_tokens)
         if self.enable_caching:
             self._record_parents(self.hashes[request_id], num_recorded)
+            if step.num_full > step.num_cached and any(
+                entry[1] < step.num_cached for entry in self.evicted.get(request_id, ())
+            ):
+                self.evict_counts["evict_blocks: blocks cached past an evicted one"] += 1
         return tuple(new_blocks)
 
     # -- release -----------------------------------------------------------------------------
@@ -677,6 +701,7 @@ class SpecKVCacheManager:
         tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
         for manager in self.managers:
             manager.free(request.request_id, tail_first)
+        self.evicted.pop(request.request_id, None)
         self.truth.freed(request.request_id)
         self._forget_if_done(request.request_id)
 
@@ -693,10 +718,33 @@ class SpecKVCacheManager:
         self.hashes.pop(request.request_id, None)
         self._forget_if_done(request.request_id)
 
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """The pool's `evict_blocks` (vLLM 0.33's `KVCacheManager.evict_blocks`, a KV
+        connector's call for blocks whose load failed): each listed block loses its hash and
+        stays held, or queued, where it is. The requests holding one keep their count of cached
+        positions, so they never cache it again; a later lookup stops where it was.
+
+        Preconditions: as `SpecBlockPool.evict_blocks` (ArgumentTypeError, BlockStateError),
+        all checked before anything changes.
+        """
+        dropped = self.pool.evict_blocks_unchecked(
+            require_block_ids("KVCacheManager.evict_blocks", "block_ids", block_ids)
+        )
+        if not dropped:
+            return
+        self.evicted_keys.update(key for _, key in dropped)
+        lost = {block_id for block_id, _ in dropped}
+        for group, manager in enumerate(self.managers):
+            for request_id, held in manager.blocks.items():
+                for position, block_id in enumerate(held):
+                    if block_id in lost:
+                        self.evicted.setdefault(request_id, set()).add((group, position, block_id))
+
     def reset_prefix_cache(self) -> bool:
         """The pool's reset; a successful one is recorded in the stats."""
         if not self.pool.reset_prefix_cache():
             return False
+        self.evicted_keys.clear()
         if self.stats is not None:
             self.stats.reset = True
         return True
@@ -757,6 +805,7 @@ class SpecKVCacheManager:
             for held in manager.blocks.values()
             for block_id in held
         )
+        evicted = {entry[2] for lost in self.evicted.values() for entry in lost}
         for block_id in range(1, self.pool.num_gpu_blocks):
             holders = holders_of.get(block_id, 0)
             if self.pool.ref_cnt[block_id] != holders:
@@ -764,8 +813,11 @@ class SpecKVCacheManager:
                     "a block's ref_cnt is the number of requests holding it",
                     f"block {block_id}: ref_cnt {self.pool.ref_cnt[block_id]}, held {holders}",
                 )
-            if holders >= 2 and self.pool.block_hash[block_id] is None:
-                raise InvariantViolation("a block held by two requests is cached", str(block_id))
+            if holders >= 2 and self.pool.block_hash[block_id] is None and block_id not in evicted:
+                raise InvariantViolation(
+                    "a block held by two requests is cached (unless evict_blocks took its hash)",
+                    str(block_id),
+                )
         for request_id in self.managers[0].blocks:
             tables = self._check_request(request_id)
             self.truth.check_table(self.requests[request_id], tables)
@@ -779,7 +831,7 @@ class SpecKVCacheManager:
             )
         if self.enable_caching:
             closed = [group for group, m in enumerate(self.managers) if m.prefix_closed]
-            check_prefix_closure(self.pool.index, self.parent_of, closed)
+            check_prefix_closure(self.pool.index, self.parent_of, closed, self.evicted_keys)
 
     def _check_request(self, request_id: str) -> GroupBlocks:
         """The request's invariants in every group; its tables."""
@@ -814,10 +866,14 @@ class SpecKVCacheManager:
                     f"request {request_id!r}, group {group}: {num_cached} cached, "
                     f"{len(stored)} stored hashes",
                 )
+            evicted = self.evicted.get(request_id, ())
             for position, block_id in enumerate(blocks[:num_cached]):
                 key = cache_key(stored[position], group)
-                if manager.left_out.get(block_id) == key and self.pool.block_hash[block_id] is None:
-                    continue  # retention left it out
+                if self.pool.block_hash[block_id] is None and (
+                    manager.left_out.get(block_id) == key  # retention left it out
+                    or (group, position, block_id) in evicted  # evict_blocks took its hash
+                ):
+                    continue
                 if block_id != NULL_BLOCK_ID and self.pool.block_hash[block_id] != cache_key(
                     stored[position], group
                 ):
@@ -841,9 +897,13 @@ def check_prefix_closure(
     index: Iterable[CacheKey],
     parent_of: dict[BlockHashType, BlockHashType | None],
     groups: Collection[int],
+    evicted_keys: Collection[CacheKey] = (),
 ) -> None:
     """In each of `groups` (full-attention groups: a request frees its blocks tail first), every
     cached hash's parent is cached too, `parent_of` being the ghost map of every chain's parents.
+    A key with an ancestor among `evicted_keys` (taken by `evict_blocks` since the last reset) is
+    exempt: its request may still hold and cache blocks past the gap, and the order in which
+    they and the gap's refilled blocks are freed is then anyone's.
 
     Raises:
         InvariantViolation: a cached key whose parent is not cached in its group.
@@ -854,8 +914,25 @@ def check_prefix_closure(
         if group not in groups:
             continue
         parent = parent_of.get(key_hash(key))
+        if evicted_keys and _descends_from(parent, group, parent_of, evicted_keys):
+            continue
         if parent is not None and cache_key(parent, group) not in keys:
             raise InvariantViolation(
                 "prefix closure: a cached block's parent hash is cached",
                 f"{key} is cached, its parent {parent} is not",
             )
+
+
+def _descends_from(
+    ancestor: BlockHashType | None,
+    group: int,
+    parent_of: dict[BlockHashType, BlockHashType | None],
+    keys: Collection[CacheKey],
+) -> bool:
+    """Whether `ancestor` or a hash before it in its chain is, as group `group`'s key, in
+    `keys`. Complexity: O(the chain's length)."""
+    while ancestor is not None:
+        if cache_key(ancestor, group) in keys:
+            return True
+        ancestor = parent_of.get(ancestor)
+    return False

@@ -68,6 +68,9 @@ class OneGroupView:
     def reset_prefix_cache(self) -> bool:
         return self.manager.reset_prefix_cache()
 
+    def evict_blocks(self, block_ids: Sequence[int]) -> None:
+        self.manager.evict_blocks(block_ids)
+
     def get_num_common_prefix_blocks(self, request: Request, num_running_requests: int) -> int:
         (count,) = self.manager.get_num_common_prefix_blocks(request, num_running_requests)
         return count

@@ -34,6 +34,7 @@ POOL_SURFACE = frozenset(
         "intern_hashes_locked",
         "check_hits_locked",
         "reset_prefix_cache_locked",
+        "evict_blocks_locked",
         "check_invariants_locked",
         # the decode fast path: the whole change, or nothing changed and the full path runs
         "cache_next_full_block_locked",

@@ -200,6 +200,7 @@ class SingleTypeKVCacheManager(ABC):
                 hash_fn,
                 self.group_id,
                 self.retained(request, junction, first, end) if self.sparse else None,
+                parent_from_stored=True,
             )
         self.num_cached_block[request.request_id] = num_full
 

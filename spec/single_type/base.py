@@ -144,6 +144,7 @@ class SpecSingleTypeManager:
             hash_fn,
             self.group_id,
             retained=kept,
+            parent_from_stored=True,
         )
         self.num_cached[request.request_id] = num_full
         if kept is None:
