@@ -154,7 +154,8 @@ class Target:
         why: why the event matters, in one line.
         needs: the campaign modes it applies to ("misuse", "pagedkv semantics", "kv events":
             the implementation emits KV cache events; "sparse retention": the domain draws a
-            retention interval other than dense); it is shown but not enforced otherwise.
+            retention interval other than dense; "evict_blocks": the manager offers it); it is
+            shown but not enforced otherwise.
         scales: whether the minimum grows with the campaign's length.
     """
 
@@ -314,6 +315,48 @@ MANAGER_TARGETS: tuple[Target, ...] = (
         150,
         "a hit a dense cache would have made longer: the blocks left out are really gone",
         "sparse retention",
+    ),
+    _t(
+        "evict_blocks: a running request's cached block",
+        90,
+        "a connector drops a block a request holds: it stays held, never cached again",
+        "evict_blocks",
+    ),
+    _t(
+        "evict_blocks: a failed load's blocks",
+        100,
+        "a load that failed part-way: every group's blocks from that position on",
+        "evict_blocks",
+    ),
+    _t(
+        "evict_blocks: a cached block in the free queue",
+        280,
+        "the block keeps its place in the queue, its hash gone",
+        "evict_blocks",
+    ),
+    _t(
+        "evict_blocks: a block two requests share",
+        2,
+        "the one way to a shared block without a hash",
+        "evict_blocks",
+    ),
+    _t(
+        "evict_blocks: a block without a hash (passed over)",
+        600,
+        "evicting what is not cached changes nothing",
+        "evict_blocks",
+    ),
+    _t(
+        "evict_blocks: blocks cached past an evicted one",
+        280,
+        "the chain goes on through the stored hash, not the block's",
+        "evict_blocks",
+    ),
+    _t(
+        "evict_blocks: lookups stopped at an evicted block",
+        100,
+        "a later request recomputes from the failed block",
+        "evict_blocks",
     ),
     _t("distinct states", 10_000, "block tables, free and cached counts: the drive goes wide"),
 )
@@ -485,6 +528,48 @@ HYBRID_TARGETS: tuple[Target, ...] = (
         380,
         "a hybrid hit cut short by a sparse group pins the junction, whose tail is then kept",
         "sparse retention",
+    ),
+    _t(
+        "evict_blocks: a running request's cached block",
+        160,
+        "a connector drops a block a request holds: it stays held, never cached again",
+        "evict_blocks",
+    ),
+    _t(
+        "evict_blocks: a failed load's blocks",
+        190,
+        "a load that failed part-way: every group's blocks from that position on",
+        "evict_blocks",
+    ),
+    _t(
+        "evict_blocks: a cached block in the free queue",
+        320,
+        "the block keeps its place in the queue, its hash gone",
+        "evict_blocks",
+    ),
+    _t(
+        "evict_blocks: a block two requests share",
+        12,
+        "the one way to a shared block without a hash",
+        "evict_blocks",
+    ),
+    _t(
+        "evict_blocks: a block without a hash (passed over)",
+        430,
+        "evicting what is not cached changes nothing",
+        "evict_blocks",
+    ),
+    _t(
+        "evict_blocks: blocks cached past an evicted one",
+        650,
+        "the chain goes on through the stored hash, not the block's",
+        "evict_blocks",
+    ),
+    _t(
+        "evict_blocks: lookups stopped at an evicted block",
+        680,
+        "a later request recomputes from the failed block",
+        "evict_blocks",
     ),
     _t("distinct states", 20_000, "block tables of every group: the drive goes wide"),
 )

@@ -249,6 +249,10 @@ class ManagerUnderTest(Protocol):
 
     def reset_prefix_cache(self) -> bool: ...
 
+    def evict_blocks(self, block_ids: Sequence[int]) -> None:
+        """Take the listed blocks' hashes out of the prefix cache (vLLM 0.33's; called only
+        of a manager whose factory offers it: `harness.swarm.offers_evict_blocks`)."""
+
     def get_num_common_prefix_blocks(
         self, request: Request, num_running_requests: int
     ) -> tuple[int, ...]: ...

@@ -73,6 +73,7 @@ from pagedkv.harness.swarm.engine import (
     RunFailure,
     execute_run,
     manager_layer,
+    offers_evict_blocks,
     offers_kv_events,
     pool_layer,
     run_campaign,
@@ -354,6 +355,7 @@ def _manager_campaign(
         steps_per_run=args.steps_per_run,
         kv_events=offers_kv_events(factory),
         domain=domain,
+        evict_blocks=offers_evict_blocks(factory),
     )
     kinds = {
         "full": ", full attention",

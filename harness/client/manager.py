@@ -31,6 +31,7 @@ from pagedkv.harness.client.manager_ops import (
     Admit,
     Arrive,
     CommonPrefix,
+    Evict,
     Finish,
     Hostile,
     ManagerOp,
@@ -52,6 +53,7 @@ from pagedkv.harness.protocol import (
     ManagerFactory,
     ManagerUnderTest,
 )
+from pagedkv.spec.block_pool import NULL_BLOCK_ID
 from pagedkv.spec.manager import SpecKVCacheManager
 from pagedkv.vocab.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
@@ -199,6 +201,8 @@ class ManagerClient:
         elif isinstance(op, TakeEvents):
             self.events.take(self.pair, self.coverage, self.spec.pool.index)
             touched = ()
+        elif isinstance(op, Evict):
+            touched = self._evict(op)
         else:
             touched = self._hostile(op)
         self._end(type(op).__name__, touched)
@@ -229,6 +233,8 @@ class ManagerClient:
             coverage.counts.update(spec.truth.take_checks())
         if spec.retention_counts:
             coverage.counts.update(spec.take_retention_counts())
+        if spec.evict_counts:
+            coverage.counts.update(spec.take_evict_counts())
         coverage.states.add(
             hash(
                 (
@@ -612,6 +618,51 @@ class ManagerClient:
                 lambda: f"get_num_common_prefix_blocks({live.record.request_id}, {num_running})",
             )
         return ()
+
+    def _evict(self, op: Evict) -> tuple[Live, ...]:
+        """evict_blocks of the blocks `op` picks (`Evict`), found in the spec's state; nothing
+        when there are none of that kind."""
+        pool = self.spec.pool
+        kind = op.kind % 4
+        touched: tuple[Live, ...] = ()
+        if kind <= 1:
+            live = self._pick(op.which, running=True)
+            held = None if live is None else self.spec.held(live.record.request_id)
+            if live is None or held is None:
+                return ()
+            cached = [
+                (position, block_id)
+                for blocks in held
+                for position, block_id in enumerate(blocks)
+                if block_id != NULL_BLOCK_ID and pool.block_hash[block_id] is not None
+            ]
+            if not cached:
+                return ()
+            start, block_id = cached[op.arg % len(cached)]
+            block_ids = [block_id] if kind == 0 else [b for p, b in cached if p >= start]
+            touched = (live,)
+            what = "a running request's cached block" if kind == 0 else "a failed load's blocks"
+        elif kind == 2:
+            queued = [b for b in pool.free_order if pool.block_hash[b] is not None]
+            if not queued:
+                return ()
+            block_ids = [queued[op.arg % len(queued)]]
+            what = "a cached block in the free queue"
+        else:
+            unhashed = [b for b in range(pool.num_gpu_blocks) if pool.block_hash[b] is None]
+            block_ids = [unhashed[op.arg % len(unhashed)]]  # the null block is never hashed
+            what = "a block without a hash (passed over)"
+        counts = self.coverage.counts
+        counts[f"evict_blocks: {what}"] += 1
+        if any(pool.ref_cnt[block_id] >= 2 for block_id in block_ids):
+            counts["evict_blocks: a block two requests share"] += 1
+        _, error = self.pair.call(
+            "evict_blocks",
+            lambda manager: manager.evict_blocks(list(block_ids)),
+            lambda: f"evict_blocks({block_ids})",
+        )
+        self._error("evict_blocks", error)
+        return touched
 
     def _hostile(self, op: Hostile) -> tuple[Live, ...]:
         live = self._pick(op.which, running=None)

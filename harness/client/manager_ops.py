@@ -88,6 +88,18 @@ class TakeEvents(NamedTuple):
     events on)."""
 
 
+class Evict(NamedTuple):
+    """evict_blocks(), as a KV connector calls it for blocks whose load failed. `kind` picks
+    what (taken modulo 4): 0, one cached block of running request `which` (its position
+    `arg` modulo its cached ones); 1, its cached blocks from that position on (a load that
+    failed part-way); 2, a cached block in the free queue (the `arg`-th, modulo their
+    number); 3, a block without a hash (the `arg`-th block id, the null block among them)."""
+
+    which: int
+    kind: int
+    arg: int
+
+
 class Hostile(NamedTuple):
     """Hostile call `kind` (`harness/client/hostile.py`) about live request `which`; `arg`
     picks among the call's variants."""
@@ -98,5 +110,15 @@ class Hostile(NamedTuple):
 
 
 ManagerOp = (
-    Arrive | Admit | Step | Preempt | Finish | Reset | Stats | CommonPrefix | TakeEvents | Hostile
+    Arrive
+    | Admit
+    | Step
+    | Preempt
+    | Finish
+    | Reset
+    | Stats
+    | CommonPrefix
+    | TakeEvents
+    | Evict
+    | Hostile
 )

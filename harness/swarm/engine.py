@@ -82,6 +82,7 @@ class Layer:
         client: (run, coverage, check_every override or None) -> a fresh client.
         sampler: run -> the sampler of its operations.
         kv_events: whether some runs turn KV cache events on.
+        evict_blocks: whether some runs call `evict_blocks` (a manager layer).
     """
 
     name: str
@@ -89,12 +90,22 @@ class Layer:
     client: Callable[[Any, Coverage, int | None], Client]
     sampler: Callable[[Any], Sampler]
     kv_events: bool = False
+    evict_blocks: bool = False
 
 
 def offers_kv_events(factory: object) -> bool:
     """Whether `factory`'s pools or managers can emit KV cache events (module docstring)."""
     own = (pagedkv_manager, spec_manager, pagedkv_pool, spec_pool)
     return factory in own or getattr(factory, "kv_events", False) is True
+
+
+def offers_evict_blocks(factory: object) -> bool:
+    """Whether `factory`'s managers have `evict_blocks` (vLLM 0.33's, a KV connector's call):
+    pagedkv's and the spec's, or a factory that says so with an `evict_blocks` attribute that
+    is True (a manager that wraps pagedkv's for other checks, such as the proof's
+    `model_checked_manager`, does not, and is not sent it)."""
+    own = (pagedkv_manager, spec_manager)
+    return factory in own or getattr(factory, "evict_blocks", False) is True
 
 
 def manager_layer(
@@ -107,12 +118,15 @@ def manager_layer(
     hostile_calls: Mapping[str, HostileCall] = HOSTILE_CALLS,
     kv_events: bool | None = None,
     domain: Domain = FULL_DOMAIN,
+    evict_blocks: bool | None = None,
 ) -> Layer:
     """The request-level manager layer, checking `factory`'s managers on `domain`; `kv_events`
-    (default: `offers_kv_events(factory)`) says whether they can emit KV cache events. With
-    `attention="hybrid"` it is the hybrid layer (named "hybrid": its runs have seeds of their
-    own): configurations of 2 to `domain.max_groups` KV cache groups."""
+    (default: `offers_kv_events(factory)`) says whether they can emit KV cache events,
+    `evict_blocks` (default: `offers_evict_blocks(factory)`) whether they have `evict_blocks`.
+    With `attention="hybrid"` it is the hybrid layer (named "hybrid": its runs have seeds of
+    their own): configurations of 2 to `domain.max_groups` KV cache groups."""
     events = offers_kv_events(factory) if kv_events is None else kv_events
+    evict = offers_evict_blocks(factory) if evict_blocks is None else evict_blocks
     return Layer(
         "hybrid" if attention == "hybrid" else "manager",
         lambda seed: draw_manager_run(
@@ -123,12 +137,14 @@ def manager_layer(
             steps_per_run=steps_per_run,
             kv_events=events,
             domain=domain,
+            evict_blocks=evict,
         ),
         lambda run, coverage, check_every: _manager_client(
             run, factory, coverage, check_every, hostile_calls
         ),
         lambda run: ManagerSampler(run, tuple(hostile_calls)),
         events,
+        evict,
     )
 
 
@@ -299,7 +315,7 @@ class Campaign:
     @property
     def modes(self) -> frozenset[str]:
         """What the coverage targets may assume ("misuse", "pagedkv semantics", "kv events",
-        "sparse retention")."""
+        "sparse retention", "evict_blocks")."""
         modes = {"misuse"} if self.misuse else set()
         if self.domain.draws_sparse_retention:
             modes.add("sparse retention")
@@ -307,6 +323,8 @@ class Campaign:
             modes.add("pagedkv semantics")
         if self.layer.kv_events:
             modes.add("kv events")
+        if self.layer.evict_blocks:
+            modes.add("evict_blocks")
         return frozenset(modes)
 
 

@@ -16,7 +16,8 @@ were drawn at all (`harness/client/events.py` says when such a run takes them). 
 (`attention="hybrid"`: 2-4 KV cache groups of mixed attention types over one pool) draws the
 single-group configuration first and extends it after every other draw, for the same reason.
 A configuration with a sliding-window group then draws its prefix-cache retention interval
-(`Domain.retention`), the very last draw, for the same reason again.
+(`Domain.retention`), for the same reason again. Last of all, a run of a manager that offers
+`evict_blocks` (a KV connector's call) enables it in about half the runs.
 """
 
 from __future__ import annotations
@@ -97,6 +98,11 @@ half the runs), so that the runs of every earlier seed keep their configuration.
 
 KV_EVENTS_SHARE = 1 / 3
 """The share of runs with KV cache events on (of an implementation that can emit them)."""
+
+EVICT_SHARE = 1 / 2
+EVICT_WEIGHT = (1, 3)
+"""The share of runs that call `evict_blocks` (of a manager that offers it), and the range its
+weight is drawn from: rare next to the scheduler's moves, as a connector's failed loads are."""
 
 ATTENTIONS = ("both", "full", "sliding", "hybrid")
 """What a manager layer draws: single-group runs of either attention type ("both"), of one, or
@@ -429,12 +435,14 @@ def draw_manager_run(
     steps_per_run: int | None = None,
     kv_events: bool = False,
     domain: Domain = FULL_DOMAIN,
+    evict_blocks: bool = False,
 ) -> ManagerRun:
     """The run of this seed. `attention` (`ATTENTIONS`) restricts the draw;
     `steps_per_run` fixes the run length (default: drawn, 20-2,000 steps, log-uniform);
     `kv_events` says whether the manager under test can emit KV cache events (then they are on
     in about a third of the runs; the layer knows, `harness/swarm/engine.py`); `domain` bounds
-    the configurations and features drawn."""
+    the configurations and features drawn; `evict_blocks` says whether the manager offers
+    `evict_blocks` (then about half the runs call it)."""
     rng = random.Random(seed)
     block_size = draw_block_size(rng)
     num_blocks = draw_pool_size(rng)
@@ -474,7 +482,9 @@ def draw_manager_run(
         config = dataclasses.replace(config, enable_kv_cache_events=True)
     if attention == "hybrid" and domain.max_groups > 1:
         config = hybrid_config(rng, config, domain)
-    config = with_retention(rng, config, domain)  # the last draw (module docstring)
+    config = with_retention(rng, config, domain)
+    if evict_blocks and rng.random() < EVICT_SHARE:  # the last draw (module docstring)
+        weights["evict"] = float(rng.randint(*EVICT_WEIGHT))
     return ManagerRun(
         seed=seed,
         config=config,

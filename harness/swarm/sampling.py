@@ -20,6 +20,7 @@ from pagedkv.harness.client.manager_ops import (
     Admit,
     Arrive,
     CommonPrefix,
+    Evict,
     Finish,
     Hostile,
     ManagerOp,
@@ -156,6 +157,8 @@ class ManagerSampler:
             return Reset()
         if kind == "stats":
             return Stats()
+        if kind == "evict":
+            return Evict(which, rng.randrange(4), rng.getrandbits(8))
         return Hostile(rng.choice(self.hostile_kinds), which, rng.getrandbits(8) + self.block_size)
 
     def _draw_chunk(self, rng: random.Random) -> int:

@@ -330,6 +330,10 @@ class Vllm033Manager:
     def reset_prefix_cache(self) -> bool:
         return bool(self.manager.reset_prefix_cache())
 
+    def evict_blocks(self, block_ids: Sequence[int]) -> None:
+        """vLLM takes a set of ids (their order changes only its events, which are off)."""
+        self.manager.evict_blocks(set(block_ids))
+
     def get_num_common_prefix_blocks(
         self, request: Request, num_running_requests: int
     ) -> tuple[int, ...]:
@@ -472,6 +476,8 @@ def load(semantics: Semantics, root: Path, settings: Sequence[str]) -> Loaded:
             ],
         )
         return Vllm033Manager(manager, api, config, hasher(hash_block_size))
+
+    vllm_manager.evict_blocks = True  # type: ignore[attr-defined]  # offers_evict_blocks
 
     domain = dataclasses.replace(
         DOMAIN, retention_intervals=(engine_settings.retention,), group_plan=plan
