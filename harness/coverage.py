@@ -457,8 +457,8 @@ HYBRID_TARGETS: tuple[Target, ...] = (
     _t(
         "refusal allocate_slots: RequestError: new_computed_blocks must cover the same blocks in "
         "every KV cache group",
-        8,
-        "hits of unequal length are refused",
+        4,
+        "hits of unequal length are refused (8 in the CI campaign since runs call evict_blocks)",
         "misuse",
     ),
     _t(

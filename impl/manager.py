@@ -879,7 +879,7 @@ class KVCacheManager:
                 )
             if block.ref_cnt >= 2 and block.block_hash is None and block.block_id not in evicted:
                 raise InvariantViolation(
-                    "a block held by two requests is cached (unless evict_blocks took its hash)",
+                    "a block held by two requests is cached",
                     repr(block),
                 )
         for request_id in self._first_blocks:

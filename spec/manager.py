@@ -815,7 +815,7 @@ class SpecKVCacheManager:
                 )
             if holders >= 2 and self.pool.block_hash[block_id] is None and block_id not in evicted:
                 raise InvariantViolation(
-                    "a block held by two requests is cached (unless evict_blocks took its hash)",
+                    "a block held by two requests is cached",
                     str(block_id),
                 )
         for request_id in self.managers[0].blocks:

@@ -23,7 +23,7 @@ from pagedkv.harness.coverage import (
 )
 from pagedkv.harness.swarm import manager_layer, pool_layer, run_campaign
 
-MODES = frozenset({"misuse", "pagedkv semantics", "kv events", "sparse retention"})
+MODES = frozenset({"misuse", "pagedkv semantics", "kv events", "sparse retention", "evict_blocks"})
 """The campaigns' modes: misuse on, pagedkv's semantics, events on (`pagedkv_manager`), and
 the full domain, which draws sparse retention."""
 
