@@ -185,10 +185,12 @@ class SingleTypeKVCacheManager(ABC):
         `block_hashes` give the hashes known, the pool appends the others), those `retained`
         keeps when `sparse`, and record `num_full` positions as cached. Complexity: O(blocks
         cached * block_size)."""
-        blocks = self.req_to_blocks[request.request_id]
+        request_id = request.request_id
+        blocks = self.req_to_blocks[request_id]
         num_blocks = len(blocks)
         # min(): only vLLM 0.8.5's capped allocation (cap_at_max_model_len) holds fewer blocks.
-        first, end = min(num_cached, num_blocks), min(num_full, num_blocks)
+        first = num_cached if num_cached < num_blocks else num_blocks
+        end = num_full if num_full < num_blocks else num_blocks
         if end > first:
             self.block_pool.cache_full_blocks_locked(
                 request,
@@ -200,9 +202,9 @@ class SingleTypeKVCacheManager(ABC):
                 hash_fn,
                 self.group_id,
                 self.retained(request, junction, first, end) if self.sparse else None,
-                parent_from_stored=True,
+                True,  # parent_from_stored
             )
-        self.num_cached_block[request.request_id] = num_full
+        self.num_cached_block[request_id] = num_full
 
     def free(self, request_id: str, tail_first: bool) -> None:
         """Release the request's blocks, the last first (evicted first) or in order; forget it.
