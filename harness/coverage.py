@@ -336,8 +336,8 @@ MANAGER_TARGETS: tuple[Target, ...] = (
     ),
     _t(
         "evict_blocks: a block two requests share",
-        2,
-        "the one way to a shared block without a hash",
+        1,
+        "the one way to a shared block without a hash (rare: 7 per 100k in CI, 1 with --against)",
         "evict_blocks",
     ),
     _t(

@@ -638,7 +638,10 @@ class ManagerClient:
             ]
             if not cached:
                 return ()
-            start, block_id = cached[op.arg % len(cached)]
+            shared = [entry for entry in cached if pool.ref_cnt[entry[1]] >= 2]
+            if kind == 0 and op.arg % 2 and shared:
+                cached = shared  # half the time a block other requests hit too, if any
+            start, block_id = cached[op.arg // 2 % len(cached)]
             block_ids = [block_id] if kind == 0 else [b for p, b in cached if p >= start]
             touched = (live,)
             what = "a running request's cached block" if kind == 0 else "a failed load's blocks"

@@ -90,10 +90,11 @@ class TakeEvents(NamedTuple):
 
 class Evict(NamedTuple):
     """evict_blocks(), as a KV connector calls it for blocks whose load failed. `kind` picks
-    what (taken modulo 4): 0, one cached block of running request `which` (its position
-    `arg` modulo its cached ones); 1, its cached blocks from that position on (a load that
-    failed part-way); 2, a cached block in the free queue (the `arg`-th, modulo their
-    number); 3, a block without a hash (the `arg`-th block id, the null block among them)."""
+    what (taken modulo 4): 0, one cached block of running request `which` (with `arg` odd, one
+    other requests share, if it holds one; `arg // 2` modulo the candidates picks which); 1,
+    its cached blocks in every group from such a block's position on (a load that failed
+    part-way); 2, a cached block in the free queue (the `arg`-th, modulo their number); 3, a
+    block without a hash (the `arg`-th block id, the null block among them)."""
 
     which: int
     kind: int

@@ -46,6 +46,7 @@ from pagedkv.single_type import base, chunked_local, sliding_window
 from pagedkv.spec import block_hash as spec_block_hash
 from pagedkv.spec.single_type import chunked_local as spec_chunked_local
 from pagedkv.spec.single_type import sliding_window as spec_sliding_window
+from pagedkv.vocab import refusals
 from pagedkv.vocab.errors import BlockStateError, FreeQueueError
 from pagedkv.vocab.hashes import BlockHashType, CacheKey, CacheSalt, ExtraKey, key_group, key_hash
 from pagedkv.vocab.kv_events import BlockRemoved
@@ -281,6 +282,24 @@ def _evict_keeping_hash(self: block_pool.BlockPool, block: KVCacheBlock) -> None
     del cached[block.block_id]
     if not cached:
         del self.cached_block_hash_to_block[cached_hash]
+
+
+def _evict_to_queue_head(self: block_pool.BlockPool, block_ids: list[int]) -> list[KVCacheBlock]:
+    """BlockPool.evict_blocks_locked that also moves each free block it evicts to the head of
+    the free queue, as if it were freed anew without a hash (vLLM keeps its place)."""
+    for block_id in block_ids:
+        if not 0 <= block_id < self.num_gpu_blocks:
+            raise refusals.foreign_block(block_id)
+    evicted = []
+    for block_id in block_ids:
+        block = self.blocks[block_id]
+        if block.block_hash is not None:
+            self._maybe_evict_cached_block(block)
+            if block.ref_cnt == 0:
+                self.free_block_queue.remove(block)
+                self.free_block_queue.appendleft(block)
+            evicted.append(block)
+    return evicted
 
 
 def _free_blocks_null_queued(
@@ -656,6 +675,11 @@ VARIANTS: tuple[Variant, ...] = (
         "null_block_freed",
         "free_blocks guards only the null block's decrement, so it joins the free queue",
         (MethodPatch(block_pool.BlockPool, "free_blocks_locked", _free_blocks_null_queued),),
+    ),
+    Variant(
+        "evict_to_queue_head",
+        "evict_blocks moves a free block it evicts to the head of the free queue (reused first)",
+        (MethodPatch(block_pool.BlockPool, "evict_blocks_locked", _evict_to_queue_head),),
     ),
     Variant(
         "event_removed_per_block",

@@ -311,6 +311,7 @@ SCENARIO_MODULES = (
     "tests/test_readme.py",
     "tests/test_kv_events.py",
     "tests/test_hybrid_manager.py",
+    "tests/test_evict_blocks.py",
 )
 SCENARIO_TIMEOUT = 300.0
 
