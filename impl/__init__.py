@@ -64,6 +64,7 @@ if TYPE_CHECKING:
         KVCacheGroupSpec,
         KVCacheSpec,
         KVCacheTensor,
+        MambaSpec,
         SlidingWindowSpec,
         uniform_kv_cache_config,
     )
@@ -125,6 +126,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "KVCacheGroupSpec",
         "KVCacheSpec",
         "KVCacheTensor",
+        "MambaSpec",
         "SlidingWindowSpec",
         "uniform_kv_cache_config",
     ),
@@ -186,6 +188,7 @@ __all__ = [
     "KVCacheManager",
     "KVCacheSpec",
     "KVCacheTensor",
+    "MambaSpec",
     "MaxModelLenExceededError",
     "NoFreeBlocksError",
     "PagedKVError",

@@ -21,6 +21,7 @@ MYPYC_MODULES: tuple[str, ...] = (
     "pagedkv.single_type.base",
     "pagedkv.single_type.chunked_local",
     "pagedkv.single_type.full_attention",
+    "pagedkv.single_type.mamba",
     "pagedkv.single_type.sliding_window",
 )
 """The hot modules, by measurement (`./dev bench vllm`). `pagedkv.vocab.request` stays

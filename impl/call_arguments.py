@@ -29,7 +29,7 @@ from pagedkv.vocab.arguments import (
 )
 from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError
 from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey
-from pagedkv.vocab.kv_cache_interface import KVCacheConfig
+from pagedkv.vocab.kv_cache_interface import KVCacheConfig, MambaSpec
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
 
@@ -209,7 +209,8 @@ def check_manager(
     enable_kv_cache_events: object = False,
 ) -> KVCacheConfig:
     """KVCacheManager's constructor arguments: their types, then (KVCacheConfigError) one block
-    size in every group. The hash algorithm's name is checked by `get_hash_fn`, each group's
+    size in every group when caching, a Mamba group only in mamba_cache_mode "none" with
+    caching off. The hash algorithm's name is checked by `get_hash_fn`, each group's
     spec by the registry of per-type managers (`pagedkv.single_type`), the semantics by
     `check_semantics`.
 
@@ -227,8 +228,14 @@ def check_manager(
     require_instance(MANAGER, "semantics", semantics, Semantics)
     require_bool(MANAGER, "enable_kv_cache_events", enable_kv_cache_events)
     block_sizes = sorted({group.kv_cache_spec.block_size for group in config.kv_cache_groups})
-    if len(block_sizes) != 1:
+    if len(block_sizes) != 1 and enable_caching:
         raise refusals.groups_of_several_block_sizes(block_sizes)
+    for group, group_spec in enumerate(config.kv_cache_groups):
+        spec = group_spec.kv_cache_spec
+        if isinstance(spec, MambaSpec) and (spec.mamba_cache_mode != "none" or enable_caching):
+            raise refusals.mamba_cache_mode_unserved(
+                group, spec.mamba_cache_mode, bool(enable_caching)
+            )
     return config
 
 

@@ -43,7 +43,7 @@ class KVCacheCoordinator(ABC):
             `eagle_window_hit_one_short`).
 
     Args:
-        specs: each group's spec, in group order (one block size).
+        specs: each group's spec, in group order (one block size with caching).
         block_pool: the pool every group draws from.
         use_eagle: as the manager's.
         eagle_lookup: as above.
@@ -149,6 +149,15 @@ class KVCacheCoordinator(ABC):
             if hash_fn is not None:
                 manager.cache_blocks(request, block_hashes, num_cached, num_full, hash_fn, junction)
         return tuple(new_blocks)
+
+    def allocate_per_group(self, request_id: str, counts: Sequence[int]) -> GroupBlocks:
+        """Group by group, take `counts[group]` blocks (free: the caller checked), caching
+        nothing (groups whose block counts differ are served with caching off).
+        Complexity: O(groups + new blocks)."""
+        return tuple(
+            manager.allocate_new_blocks(request_id, count)
+            for manager, count in zip(self.single_type_managers, counts, strict=True)
+        )
 
     def free(self, request_id: str, tail_first: bool) -> None:
         """Release the request's blocks group by group, each group's last first or in order.

@@ -41,6 +41,7 @@ from pagedkv.call_arguments import (
     is_block_id,
 )
 from pagedkv.kv_cache_coordinator import KVCacheCoordinator, kv_cache_coordinator
+from pagedkv.single_type import SingleTypeKVCacheManager
 from pagedkv.vocab import refusals
 from pagedkv.vocab.arguments import require_int, require_str
 from pagedkv.vocab.errors import ConcurrentUseError, InvalidArgumentError, InvariantViolation
@@ -205,7 +206,17 @@ class KVCacheManager:
         # The decode fast path's view of the one group (a manager of several takes the full
         # path): its per-type manager and the dicts it keeps.
         first = single_type_managers[0]
-        self._unitary = self.num_groups == 1
+        # Each group's most blocks a request holds (its own block size, its extra blocks).
+        self._max_blocks = tuple(
+            manager.num_required(max_model_len) for manager in single_type_managers
+        )
+        # Groups whose block counts differ (several block sizes, or a group with extra blocks:
+        # both only with caching off) take the per-group path (`_allocate_per_group`).
+        self._per_group = len({manager.block_size for manager in single_type_managers}) > 1 or any(
+            manager.extra_blocks for manager in single_type_managers
+        )
+        self._mixed_sizes = len({manager.block_size for manager in single_type_managers}) > 1
+        self._unitary = self.num_groups == 1 and not self._per_group
         self._first = first
         self._first_blocks = first.req_to_blocks
         self._first_cached = first.num_cached_block
@@ -520,7 +531,9 @@ class KVCacheManager:
         held = self._first_blocks.get(request_id)
         num_held = 0 if held is None else len(held)
         num_computed = request.num_computed_tokens
-        if not 0 <= num_computed <= num_held * block_size:
+        if self._per_group:
+            self._check_group_slots(request_id, num_computed)
+        elif not 0 <= num_computed <= num_held * block_size:
             raise refusals.computed_outside_slots(request_id, num_computed, num_held, block_size)
         if hits and any(hits):
             self._check_hits(request, num_held, hits)
@@ -532,6 +545,10 @@ class KVCacheManager:
         if num_scheduled_real > request.num_tokens:
             raise refusals.more_tokens_than_request(
                 request_id, num_scheduled_real, request.num_tokens
+            )
+        if self._per_group:  # caching is off: no hits, nothing to cache
+            return self._allocate_per_group(
+                request, num_computed_tokens + num_tokens + num_lookahead_tokens, held is not None
             )
         num_required = num_required_blocks(
             num_computed_tokens, num_tokens, num_lookahead_tokens, block_size
@@ -586,6 +603,66 @@ class KVCacheManager:
             self.caching_hash_fn if caching else None,
             self._junctions.get(request_id, 0) if self._sparse else 0,
         )
+        if self.debug_invariants:
+            self._after_call()
+        return new_blocks
+
+    def _check_group_slots(self, request_id: str, num_computed: int) -> None:
+        """`num_computed` lies within the slots the request holds in every group (the
+        per-group path's precondition 3)."""
+        for group, manager in enumerate(self.coordinator.single_type_managers):
+            group_held = len(manager.req_to_blocks.get(request_id, ()))
+            if not 0 <= num_computed <= manager.num_slots(group_held):
+                raise refusals.computed_outside_slots(
+                    request_id,
+                    num_computed,
+                    max(group_held - manager.extra_blocks, 0),
+                    manager.block_size,
+                    group if self._mixed_sizes else None,
+                )
+
+    def _allocate_per_group(
+        self, request: Request, num_slots: int, running: bool
+    ) -> KVCacheBlocks | None:
+        """allocate_slots for groups whose block counts differ (caching off): each group needs
+        `num_required(num_slots)` blocks, at most its `_max_blocks`; the ones every group lacks
+        must fit together. Complexity: O(groups + blocks dropped + new blocks)."""
+        request_id = request.request_id
+        managers = self.coordinator.single_type_managers
+        required = [manager.num_required(num_slots) for manager in managers]
+        capped = (
+            self.semantics.cap_at_max_model_len
+            and len(managers[0].req_to_blocks.get(request_id, ())) < self._max_blocks[0]
+        )
+        for group, manager in enumerate(managers):
+            if required[group] > self._max_blocks[group] and not capped:
+                raise refusals.past_max_model_len(
+                    request_id,
+                    required[group],
+                    self._max_blocks[group],
+                    self.max_model_len,
+                    manager.block_size,
+                    group if self._mixed_sizes else None,
+                )
+        # -- every precondition holds: from here on nothing can fail --
+        coordinator = self.coordinator
+        pool = self.block_pool
+        if running:
+            coordinator.remove_skipped_blocks(request_id, request.num_computed_tokens)
+        held = [len(manager.req_to_blocks.get(request_id, ())) for manager in managers]
+        missing = [need - have for need, have in zip(required, held, strict=True)]
+        num_free = pool.get_num_free_blocks()
+        if not fits(sum(max(count, 0) for count in missing), num_free, 0):
+            if self.debug_invariants:
+                self._after_call()
+            return None
+        coordinator.add_hits(request_id, ())
+        self._track(request_id, request)
+        counts = [
+            max(min(missing[group], num_free, self._max_blocks[group] - held[group]), 0)
+            for group in range(self.num_groups)
+        ]
+        new_blocks = coordinator.allocate_per_group(request_id, counts)
         if self.debug_invariants:
             self._after_call()
         return new_blocks
@@ -902,10 +979,11 @@ class KVCacheManager:
         managers = self.coordinator.single_type_managers
         held = [manager.req_to_blocks.get(request_id) for manager in managers]
         lengths = [None if blocks is None else len(blocks) for blocks in held]
-        if len(set(lengths)) != 1:
+        if None in lengths or not _cover_same_slots(managers, lengths):
             raise InvariantViolation(
-                "a request's block lists cover the same positions in every group",
-                f"request {request_id!r}: {lengths} blocks",
+                "a request's block lists cover the same token slots in every group",
+                f"request {request_id!r}: {lengths} blocks of "
+                f"{[manager.block_size for manager in managers]} tokens",
             )
         null_block = self.block_pool.null_block
         group_blocks = [blocks for blocks in held if blocks is not None]
@@ -916,11 +994,12 @@ class KVCacheManager:
                     "null blocks only as a prefix, and only under sliding window",
                     f"request {request_id!r}, group {manager.group_id}: null at positions {nulls}",
                 )
-        num_blocks = len(group_blocks[0])
-        if num_blocks > self.max_num_blocks_per_req and not self.semantics.cap_at_max_model_len:
+        if not self.semantics.cap_at_max_model_len and any(
+            len(blocks) > most for blocks, most in zip(group_blocks, self._max_blocks, strict=True)
+        ):
             raise InvariantViolation(
                 "a request holds at most cdiv(max_model_len, block_size) blocks",
-                f"request {request_id!r}: {num_blocks} blocks",
+                f"request {request_id!r}: {[len(blocks) for blocks in group_blocks]} blocks",
             )
         if not self.enable_caching:
             return
@@ -994,3 +1073,21 @@ class KVCacheManager:
                 "the fast path's record of a tracked request is its own",
                 f"{len(self._records)} records, {num_expected} tracked requests",
             )
+
+
+def _cover_same_slots(
+    managers: Sequence[SingleTypeKVCacheManager], lengths: Sequence[int | None]
+) -> bool:
+    """Whether one count of token slots gives every group its block list's length
+    (`num_required`): each length allows the counts of an interval, and they must meet.
+    Complexity: O(groups)."""
+    low, high = 0, None
+    for manager, length in zip(managers, lengths, strict=True):
+        blocks = (length or 0) - manager.extra_blocks
+        if blocks < 0:
+            return False
+        first = 0 if blocks == 0 else (blocks - 1) * manager.block_size + 1
+        last = blocks * manager.block_size
+        low = max(low, first)
+        high = last if high is None else min(high, last)
+    return high is None or low <= high

@@ -25,7 +25,7 @@ from pagedkv.vocab.arguments import (
 )
 from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError
 from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey
-from pagedkv.vocab.kv_cache_interface import KVCacheConfig
+from pagedkv.vocab.kv_cache_interface import KVCacheConfig, MambaSpec
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
 
@@ -171,8 +171,9 @@ def check_manager(
     enable_kv_cache_events: object,
 ) -> KVCacheConfig:
     """KVCacheManager(...): a KVCacheConfig; max_model_len an int >= 1; flags that are bools; a
-    str hash algorithm (its name is checked by `get_hash_fn`); a Semantics; then one block size
-    in every group (KVCacheConfigError). Each group's spec is checked next, by the registry of
+    str hash algorithm (its name is checked by `get_hash_fn`); a Semantics; then
+    (KVCacheConfigError) one block size in every group when caching, and a Mamba group only in
+    mamba_cache_mode "none" with caching off. Each group's spec is checked next, by the registry of
     per-type managers (`pagedkv.spec.single_type`), then the semantics (`check_semantics`)."""
     config = require_instance(MANAGER, "kv_cache_config", kv_cache_config, KVCacheConfig)
     require_int(MANAGER, "max_model_len", max_model_len, 1)
@@ -183,8 +184,14 @@ def check_manager(
     require_instance(MANAGER, "semantics", semantics, Semantics)
     require_bool(MANAGER, "enable_kv_cache_events", enable_kv_cache_events)
     block_sizes = sorted({group.kv_cache_spec.block_size for group in config.kv_cache_groups})
-    if len(block_sizes) != 1:
+    if len(block_sizes) != 1 and enable_caching:
         raise refusals.groups_of_several_block_sizes(block_sizes)
+    for group, group_spec in enumerate(config.kv_cache_groups):
+        spec = group_spec.kv_cache_spec
+        if isinstance(spec, MambaSpec) and (spec.mamba_cache_mode != "none" or enable_caching):
+            raise refusals.mamba_cache_mode_unserved(
+                group, spec.mamba_cache_mode, bool(enable_caching)
+            )
     return config
 
 

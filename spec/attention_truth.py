@@ -105,7 +105,7 @@ class AttentionTruth:
     Attributes:
         ghost: what every slot holds.
         policies: per KV cache group, its attention policy (what a token reads).
-        block_size: the blocks' size (every group's).
+        block_sizes: each group's block size.
         known_bugs: the bugs the manager's semantics reproduces.
         fatal_known_bugs: raise on a known bug's state too (to replay one).
         tainted: request id -> the known bug whose wrong KV it read (until it is freed).
@@ -118,14 +118,17 @@ class AttentionTruth:
     def __init__(
         self,
         policies: Sequence[ReadPolicy],
-        block_size: int,
+        block_size: int | Sequence[int],
         known_bugs: Sequence[KnownBug] = (),
         *,
         fatal_known_bugs: bool = False,
     ) -> None:
         self.ghost = GhostKV()
         self.policies = tuple(policies)
-        self.block_size = block_size
+        # One size for every group, or each group's (groups of several sizes).
+        self.block_sizes = (
+            (block_size,) * len(self.policies) if isinstance(block_size, int) else tuple(block_size)
+        )
         self.known_bugs = tuple(known_bugs)
         self.fatal_known_bugs = fatal_known_bugs
         self.tainted: dict[str, str] = {}
@@ -145,7 +148,8 @@ class AttentionTruth:
         computed into its blocks in every group (poisoned if it is tainted)."""
         poisoned_by = self.tainted.get(request.request_id)
         for group, table in enumerate(tables):
-            self.ghost.write(group, table, self.block_size, request, start, num_tokens, poisoned_by)
+            block_size = self.block_sizes[group]
+            self.ghost.write(group, table, block_size, request, start, num_tokens, poisoned_by)
         self.scheduled[request.request_id] = start + num_tokens
 
     def _adopt_claims(self, request: Request, tables: Sequence[Sequence[int]]) -> None:
@@ -227,8 +231,8 @@ class AttentionTruth:
         reads and that does not hold the request's own KV; None if there is none."""
         expected = self.ghost.histories_of(request)
         num_tokens = min(num_tokens, len(expected))  # a request computes only its own tokens
-        block_size = self.block_size
         for group, table in enumerate(tables):
+            block_size = self.block_sizes[group]
             first = self.policies[group].first_read(num_tokens)
             self.checks["attention truth: positions read checked"] += num_tokens - first
             position = self.ghost.first_difference(

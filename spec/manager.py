@@ -52,7 +52,6 @@ from pagedkv.spec.block_counts import (
     fits,
     num_full_blocks,
     num_new_blocks,
-    num_required_blocks,
 )
 from pagedkv.spec.block_hash import request_block_hashes
 from pagedkv.spec.block_pool import NULL_BLOCK_ID, SpecBlockPool
@@ -87,8 +86,8 @@ class Step:
     Attributes:
         hits: the prefix hits, one list per group (block ids, nulls first where a group's
             attention skips positions).
-        num_required: blocks the request must hold after the step in each group, lookahead
-            included.
+        num_required: blocks the request must hold after the step, lookahead included, one
+            count per group (`SpecSingleTypeManager.num_required`).
         num_full: its full blocks after the step, speculative tokens left out: cached after it.
         num_cached: its blocks cached before the step.
         num_computed: its tokens computed before the step, the hits' included.
@@ -96,7 +95,7 @@ class Step:
     """
 
     hits: GroupBlocks
-    num_required: int
+    num_required: tuple[int, ...]
     num_full: int
     num_cached: int
     num_computed: int
@@ -190,6 +189,10 @@ class SpecKVCacheManager:
         check_semantics(semantics, self.num_groups)
         self.max_model_len = max_model_len
         self.max_num_blocks_per_req = ceil_div(max_model_len, self.block_size)
+        # Each group's most blocks a request holds (its own block size, its extra blocks).
+        self.max_blocks = tuple(manager.num_required(max_model_len) for manager in self.managers)
+        # Groups of several block sizes (caching off only): refusals name the group.
+        self.mixed_sizes = len({manager.block_size for manager in self.managers}) > 1
         self.enable_caching = enable_caching
         self.hash_fn: HashFn = get_hash_fn(caching_hash_algo)
         self.use_eagle = use_eagle
@@ -206,7 +209,7 @@ class SpecKVCacheManager:
         self.evict_counts: Counter[str] = Counter()
         self.truth = AttentionTruth(
             self.managers,
-            self.block_size,
+            tuple(manager.block_size for manager in self.managers),
             known_bugs(semantics),
             fatal_known_bugs=known_bugs_fatal(),
         )
@@ -565,11 +568,17 @@ class SpecKVCacheManager:
         if num_spec > num_tokens:
             raise refusals.more_drafts_than_scheduled(request_id, num_spec, num_tokens)
         self._require_same_request(request)
-        num_held = len(self.managers[0].blocks.get(request_id, []))
-        if request.num_computed_tokens not in range(num_held * self.block_size + 1):
-            raise refusals.computed_outside_slots(
-                request_id, request.num_computed_tokens, num_held, self.block_size
-            )
+        held = [len(manager.blocks.get(request_id, [])) for manager in self.managers]
+        num_held = held[0]
+        for group, (manager, group_held) in enumerate(zip(self.managers, held, strict=True)):
+            if request.num_computed_tokens not in range(manager.num_slots(group_held) + 1):
+                raise refusals.computed_outside_slots(
+                    request_id,
+                    request.num_computed_tokens,
+                    max(group_held - manager.extra_blocks, 0),
+                    manager.block_size,
+                    group if self.mixed_sizes else None,
+                )
         if any(group_hits for group_hits in hits):
             self._require_hits(request, num_held, hits)
         num_hits = len(hits[0])
@@ -578,17 +587,22 @@ class SpecKVCacheManager:
             raise refusals.more_tokens_than_request(
                 request_id, computed + num_tokens - num_spec, request.num_tokens
             )
-        required = num_required_blocks(computed, num_tokens, num_lookahead_tokens, self.block_size)
-        could_grow = num_held + num_hits < self.max_num_blocks_per_req
+        slots = computed + num_tokens + num_lookahead_tokens
+        required = tuple(manager.num_required(slots) for manager in self.managers)
+        could_grow = num_held + num_hits < self.max_blocks[0]
         capped = self.semantics.cap_at_max_model_len and could_grow  # vLLM allocates fewer
-        if required > self.max_num_blocks_per_req and not capped:
-            raise refusals.past_max_model_len(
-                request_id,
-                required,
-                self.max_num_blocks_per_req,
-                self.max_model_len,
-                self.block_size,
-            )
+        for group, (manager, group_required) in enumerate(
+            zip(self.managers, required, strict=True)
+        ):
+            if group_required > self.max_blocks[group] and not capped:
+                raise refusals.past_max_model_len(
+                    request_id,
+                    group_required,
+                    self.max_blocks[group],
+                    self.max_model_len,
+                    manager.block_size,
+                    group if self.mixed_sizes else None,
+                )
         full = num_full_blocks(computed, num_tokens, num_spec, self.block_size)
         cached = self.num_cached.get(request_id, num_hits)
         if self.enable_caching and full < cached:
@@ -631,8 +645,14 @@ class SpecKVCacheManager:
         """The blocks still missing in every group fit, together, in the free blocks the hits
         leave: a hit at ref_cnt 0 leaves the free queue when touched (a null hit only under
         vLLM 0.8.5's `capacity_counts_null_blocks`)."""
-        num_held = len(self.managers[0].blocks.get(request.request_id, []))
-        missing = num_new_blocks(step.num_required, num_held, len(step.hits[0]))
+        num_hits = len(step.hits[0])
+        missing = sum(
+            max(
+                num_new_blocks(required, len(manager.blocks.get(request.request_id, [])), num_hits),
+                0,
+            )
+            for manager, required in zip(self.managers, step.num_required, strict=True)
+        )
         free_hits = [
             block_id
             for group_hits in step.hits
@@ -640,7 +660,7 @@ class SpecKVCacheManager:
             if self.pool.ref_cnt[block_id] == 0
             and (block_id != NULL_BLOCK_ID or self.semantics.capacity_counts_null_blocks)
         ]
-        return fits(missing * self.num_groups, self.pool.get_num_free_blocks(), len(free_hits))
+        return fits(missing, self.pool.get_num_free_blocks(), len(free_hits))
 
     def _grow(self, request: Request, step: Step) -> GroupBlocks:
         """The state after a step that fits: the hits of every group get one more reference
@@ -654,15 +674,19 @@ class SpecKVCacheManager:
                 self.pool.touch_unchecked(group_hits)
         for manager, group_hits in zip(self.managers, step.hits, strict=True):
             manager.add_hits(request_id, group_hits)
-        num_blocks = len(self.managers[0].blocks[request_id])
-        room = self.max_num_blocks_per_req - num_blocks
-        missing = num_new_blocks(step.num_required, num_blocks, 0)
-        num_new = max(min(missing, self.pool.get_num_free_blocks(), room), 0)
+        num_free = self.pool.get_num_free_blocks()
+        num_new = []
+        groups = zip(self.managers, step.num_required, strict=True)
+        for group, (manager, required) in enumerate(groups):
+            num_blocks = len(manager.blocks[request_id])
+            room = self.max_blocks[group] - num_blocks
+            missing = num_new_blocks(required, num_blocks, 0)
+            num_new.append(max(min(missing, num_free, room), 0))
         num_recorded = len(self.hashes.get(request_id, []))
         new_blocks: list[list[int]] = []
         junction = self.junction.get(request_id, 0)
-        for manager in self.managers:
-            taken = manager.take_new_blocks(request_id, num_new)
+        for manager, group_new in zip(self.managers, num_new, strict=True):
+            taken = manager.take_new_blocks(request_id, group_new)
             self.truth.handed_out(taken)
             for other in self.managers:
                 other.handed_out(taken)
@@ -837,10 +861,16 @@ class SpecKVCacheManager:
         """The request's invariants in every group; its tables."""
         found = [manager.blocks.get(request_id) for manager in self.managers]
         lengths = [None if blocks is None else len(blocks) for blocks in found]
-        if len(set(lengths)) != 1:
+        ranges = [
+            manager.slot_range(length)
+            for manager, length in zip(self.managers, lengths, strict=True)
+            if length is not None
+        ]
+        if None in lengths or max(r.start for r in ranges) >= min(r.stop for r in ranges):
             raise InvariantViolation(
-                "a request's block lists cover the same positions in every group",
-                f"request {request_id!r}: {lengths} blocks",
+                "a request's block lists cover the same token slots in every group",
+                f"request {request_id!r}: {lengths} blocks of "
+                f"{[manager.block_size for manager in self.managers]} tokens",
             )
         held = tuple(blocks for blocks in found if blocks is not None)
         for group, (manager, blocks) in enumerate(zip(self.managers, held, strict=True)):
@@ -850,9 +880,12 @@ class SpecKVCacheManager:
                     "null blocks only as a prefix, and only under sliding window",
                     f"request {request_id!r}, group {group}: {blocks}",
                 )
-        if len(held[0]) > self.max_num_blocks_per_req and not self.semantics.cap_at_max_model_len:
+        if not self.semantics.cap_at_max_model_len and any(
+            len(blocks) > most for blocks, most in zip(held, self.max_blocks, strict=True)
+        ):
             raise InvariantViolation(
-                "a request holds at most cdiv(max_model_len, block_size) blocks", repr(held)
+                "a request holds at most cdiv(max_model_len, block_size) blocks",
+                repr(held),
             )
         if not self.enable_caching:
             return held

@@ -125,8 +125,8 @@ def test_block_lists_of_different_lengths_are_reported() -> None:
     null_block = manager.block_pool.null_block
     _held(manager, "a")[1].insert(0, null_block)  # holders unchanged: the null block
     assert invariant_report(manager.check_invariants) == (
-        "a request's block lists cover the same positions in every group",
-        "request 'a': [3, 4] blocks",
+        "a request's block lists cover the same token slots in every group",
+        "request 'a': [3, 4] blocks of [2, 2] tokens",
     )
 
 
@@ -152,7 +152,7 @@ def test_too_many_blocks_for_max_model_len_are_reported() -> None:
         blocks.insert(0, null_block)  # a leading null block: allowed under a window
     assert invariant_report(manager.check_invariants) == (
         "a request holds at most cdiv(max_model_len, block_size) blocks",
-        "request 'a': 4 blocks",
+        "request 'a': [4, 4] blocks",
     )
 
 

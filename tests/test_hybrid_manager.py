@@ -31,6 +31,7 @@ from pagedkv import (
     KVCacheManager,
     KVCacheSpec,
     KVCacheTensor,
+    MambaSpec,
     PagedKVError,
     Request,
     RequestError,
@@ -568,7 +569,25 @@ CONFIG_REFUSALS: dict[str, tuple[KVCacheConfig, dict[str, Any], str]] = {
     "mixed block sizes": (
         config(8, full(2), window(4, block_size=4)),
         {},
-        "KVCacheManager needs one block size in every group, got [2, 4]",
+        "KVCacheManager with prefix caching needs one block size in every group, got [2, 4]: "
+        "groups of several block sizes are served with caching off (vLLM 0.33 hashes them at "
+        "the sizes' GCD, which pagedkv does not do yet)",
+    ),
+    "a Mamba group with caching on": (
+        config(8, full(), MambaSpec(block_size=2, shapes=[(4,)], dtypes=["float16"])),
+        {},
+        "KV cache group 1: a Mamba group with mamba_cache_mode 'none' needs prefix caching off "
+        "(vLLM 0.33 caches states only in mode 'align')",
+    ),
+    "a Mamba group in mode align": (
+        config(
+            8,
+            MambaSpec(block_size=2, shapes=[(4,)], dtypes=["float16"], mamba_cache_mode="align"),
+            full(),
+        ),
+        {"enable_caching": False},
+        "KV cache group 0: mamba_cache_mode 'align' (prefix caching of Mamba states) is not "
+        "served yet; use 'none' with prefix caching off (enable_caching=False)",
     ),
     "a vLLM 0.8.5 switch with two groups": (
         config(8, full(), window(4)),
@@ -669,7 +688,7 @@ def _swap_first_two(lists: tuple[list[Any], ...], group: int, null: Any) -> None
 CORRUPTIONS: dict[str, tuple[Callable[[tuple[list[Any], ...], Any], None], str]] = {
     "one list longer": (
         lambda lists, null: lists[1].append(null),
-        "a request's block lists cover the same positions in every group",
+        "a request's block lists cover the same token slots in every group",
     ),
     "a null block in a full-attention list": (
         lambda lists, null: [group.append(null) for group in lists],

@@ -297,7 +297,7 @@ def test_too_many_blocks_for_max_model_len_are_reported() -> None:
     _blocks(manager, "a").append(taken)
     assert invariant_report(manager.check_invariants) == (
         "a request holds at most cdiv(max_model_len, block_size) blocks",
-        "request 'a': 3 blocks",
+        "request 'a': [3] blocks",
     )
 
 

@@ -353,8 +353,8 @@ def test_a_request_missing_from_a_later_group_is_reported_as_unequal_block_lists
     lists = manager.coordinator.single_type_managers[1].req_to_blocks
     lists["b"] = lists.pop("a")
     assert invariant_report(manager.check_invariants) == (
-        "a request's block lists cover the same positions in every group",
-        "request 'a': [3, None] blocks",
+        "a request's block lists cover the same token slots in every group",
+        "request 'a': [3, None] blocks of [2, 2] tokens",
     )
 
 

@@ -22,7 +22,29 @@ from pagedkv.vocab.errors import (
 
 def groups_of_several_block_sizes(block_sizes: list[int]) -> KVCacheConfigError:
     return KVCacheConfigError(
-        f"KVCacheManager needs one block size in every group, got {block_sizes}"
+        f"KVCacheManager with prefix caching needs one block size in every group, got "
+        f"{block_sizes}: groups of several block sizes are served with caching off (vLLM 0.33 "
+        "hashes them at the sizes' GCD, which pagedkv does not do yet)"
+    )
+
+
+MAMBA_HIT_DETAIL = (
+    "a Mamba group caches no state (mamba_cache_mode 'none'), so no lookup finds a hit"
+)
+"""Why no hit fits a Mamba group (never reached: caching is off with one, so hits are refused
+before their shape is asked)."""
+
+
+def mamba_cache_mode_unserved(group: int, mode: str, enable_caching: bool) -> KVCacheConfigError:
+    if mode == "none":
+        return KVCacheConfigError(
+            f"KV cache group {group}: a Mamba group with mamba_cache_mode 'none' needs prefix "
+            "caching off (vLLM 0.33 caches states only in mode 'align')"
+        )
+    return KVCacheConfigError(
+        f"KV cache group {group}: mamba_cache_mode {mode!r} (prefix caching of Mamba states) "
+        f"is not served yet; use 'none' with prefix caching off (enable_caching="
+        f"{enable_caching})"
     )
 
 
@@ -117,12 +139,13 @@ def more_drafts_than_scheduled(
 
 
 def computed_outside_slots(
-    request_id: str, num_computed: int, num_held: int, block_size: int
+    request_id: str, num_computed: int, num_held: int, block_size: int, group: int | None = None
 ) -> RequestError:
+    where = "" if group is None else f" in KV cache group {group}"
     return RequestError(
         request_id,
         "num_computed_tokens outside the request's slots",
-        f"{num_computed} computed, {num_held} blocks of {block_size} held",
+        f"{num_computed} computed, {num_held} blocks of {block_size} held{where}",
     )
 
 
@@ -198,13 +221,19 @@ def more_tokens_than_request(
 
 
 def past_max_model_len(
-    request_id: str, num_required: int, max_blocks: int, max_model_len: int, block_size: int
+    request_id: str,
+    num_required: int,
+    max_blocks: int,
+    max_model_len: int,
+    block_size: int,
+    group: int | None = None,
 ) -> MaxModelLenExceededError:
+    where = "" if group is None else f", KV cache group {group}"
     return MaxModelLenExceededError(
         request_id,
         "allocation past max_model_len",
         f"{num_required} blocks needed, at most {max_blocks} (max_model_len {max_model_len}, "
-        f"block size {block_size})",
+        f"block size {block_size}{where})",
     )
 
 

@@ -11,12 +11,14 @@ from pagedkv.block_pool import BlockPool
 from pagedkv.single_type.base import SingleTypeKVCacheManager
 from pagedkv.single_type.chunked_local import ChunkedLocalAttentionManager
 from pagedkv.single_type.full_attention import FullAttentionManager
+from pagedkv.single_type.mamba import MambaManager
 from pagedkv.single_type.sliding_window import SlidingWindowManager
 from pagedkv.vocab import refusals
 from pagedkv.vocab.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
+    MambaSpec,
     SlidingWindowSpec,
 )
 
@@ -24,6 +26,7 @@ __all__ = [
     "SINGLE_TYPE_MANAGERS",
     "ChunkedLocalAttentionManager",
     "FullAttentionManager",
+    "MambaManager",
     "SingleTypeKVCacheManager",
     "SlidingWindowManager",
     "single_type_manager",
@@ -33,6 +36,7 @@ SINGLE_TYPE_MANAGERS: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = 
     FullAttentionSpec: FullAttentionManager,
     SlidingWindowSpec: SlidingWindowManager,
     ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
+    MambaSpec: MambaManager,
 }
 """The manager of each spec type, keyed by the exact type (as vLLM's `spec_manager_map`)."""
 

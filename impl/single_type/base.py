@@ -49,6 +49,8 @@ class SingleTypeKVCacheManager(ABC):
         acts_on_retention: whether the attention type caches sparsely under an interval
             (`retained`; a sliding window).
         sparse: it does here: an interval is set (set by the registry).
+        extra_blocks: blocks a request holds beyond those its token slots fill (Mamba's
+            speculative states; 0 for attention).
     """
 
     kind: ClassVar[str]
@@ -67,6 +69,7 @@ class SingleTypeKVCacheManager(ABC):
         self.use_eagle = False
         self.retention_interval: int | None = None
         self.sparse = False
+        self.extra_blocks = 0
 
     # -- what the attention type reads (its subclass) ----------------------------------------
 
@@ -124,6 +127,18 @@ class SingleTypeKVCacheManager(ABC):
         only; `junction`: the request's shared-prefix junction, in tokens, 0 for none).
         Complexity: O(end - first)."""
         return [True] * (end - first)
+
+    # -- how many blocks a request holds (every type alike) ----------------------------------
+
+    def num_required(self, num_slots: int) -> int:
+        """Blocks a request with `num_slots` token slots holds: the blocks those slots fill,
+        plus `extra_blocks`. Complexity: O(1)."""
+        return -(-num_slots // self.block_size) + self.extra_blocks
+
+    def num_slots(self, num_held: int) -> int:
+        """Token slots `num_held` blocks give (`extra_blocks` of them give none).
+        Complexity: O(1)."""
+        return max(num_held - self.extra_blocks, 0) * self.block_size
 
     # -- the request's blocks (every type alike) ---------------------------------------------
 

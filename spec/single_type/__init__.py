@@ -11,12 +11,14 @@ from pagedkv.spec.block_pool import SpecBlockPool
 from pagedkv.spec.single_type.base import Lookup, SpecSingleTypeManager
 from pagedkv.spec.single_type.chunked_local import ChunkedLocalAttention
 from pagedkv.spec.single_type.full_attention import FullAttention
+from pagedkv.spec.single_type.mamba import MambaState
 from pagedkv.spec.single_type.sliding_window import SlidingWindow
 from pagedkv.vocab import refusals
 from pagedkv.vocab.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
+    MambaSpec,
     SlidingWindowSpec,
 )
 
@@ -25,6 +27,7 @@ __all__ = [
     "ChunkedLocalAttention",
     "FullAttention",
     "Lookup",
+    "MambaState",
     "SlidingWindow",
     "SpecSingleTypeManager",
     "spec_single_type_manager",
@@ -34,6 +37,7 @@ SPEC_SINGLE_TYPE_MANAGERS: dict[type[KVCacheSpec], type[SpecSingleTypeManager]] 
     FullAttentionSpec: FullAttention,
     SlidingWindowSpec: SlidingWindow,
     ChunkedLocalAttentionSpec: ChunkedLocalAttention,
+    MambaSpec: MambaState,
 }
 """The reference manager of each spec type, keyed by the exact type."""
 

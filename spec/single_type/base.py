@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from pagedkv.spec.block_counts import ceil_div
 from pagedkv.spec.block_pool import NULL_BLOCK_ID, SpecBlockPool
 from pagedkv.vocab.hashes import BlockHashType, CacheKey, HashFn, cache_key
 from pagedkv.vocab.kv_cache_interface import KVCacheSpec
@@ -35,6 +36,8 @@ class SpecSingleTypeManager:
             tail first and never drops one early: full attention).
         spec: the group's KV cache spec.
         block_size: its block size.
+        extra_blocks: blocks a request holds beyond those its token slots fill (Mamba's
+            speculative states; 0 for attention).
         group_id: the KV cache group.
         use_eagle: hits drop their last block (set by the registry).
         retention_interval: the config's `prefix_cache_retention_interval` (set by the
@@ -55,6 +58,7 @@ class SpecSingleTypeManager:
     def __init__(self, spec: KVCacheSpec, pool: SpecBlockPool, group_id: int) -> None:
         self.spec = spec
         self.block_size = spec.block_size
+        self.extra_blocks = 0
         self.pool = pool
         self.group_id = group_id
         self.use_eagle = False
@@ -95,6 +99,24 @@ class SpecSingleTypeManager:
         """The positions sparse retention keeps for the request's replay boundaries (none when
         it keeps every block)."""
         return set()
+
+    # -- how many blocks a request holds (every type alike) ----------------------------------
+
+    def num_required(self, num_slots: int) -> int:
+        """Blocks a request with `num_slots` token slots holds: the blocks those slots fill,
+        plus `extra_blocks`."""
+        return ceil_div(num_slots, self.block_size) + self.extra_blocks
+
+    def num_slots(self, num_held: int) -> int:
+        """Token slots `num_held` blocks give (`extra_blocks` of them give none)."""
+        return max(num_held - self.extra_blocks, 0) * self.block_size
+
+    def slot_range(self, num_held: int) -> range:
+        """The token slot counts `n` for which `num_required(n) == num_held` (maybe none)."""
+        blocks = num_held - self.extra_blocks
+        if blocks <= 0:
+            return range(1 if blocks == 0 else 0)
+        return range((blocks - 1) * self.block_size + 1, blocks * self.block_size + 1)
 
     # -- the request's blocks (every type alike) ---------------------------------------------
 
