@@ -154,7 +154,8 @@ class Target:
         why: why the event matters, in one line.
         needs: the campaign modes it applies to ("misuse", "pagedkv semantics", "kv events":
             the implementation emits KV cache events; "sparse retention": the domain draws a
-            retention interval other than dense; "evict_blocks": the manager offers it); it is
+            retention interval other than dense; "evict_blocks": the manager offers it; "mamba
+            groups": it serves Mamba groups, in the hybrid layer); it is
             shown but not enforced otherwise.
         scales: whether the minimum grows with the campaign's length.
     """
@@ -574,6 +575,36 @@ HYBRID_TARGETS: tuple[Target, ...] = (
         680,
         "a later request recomputes from the failed block",
         "evict_blocks",
+    ),
+    _t(
+        "Mamba hybrids: allocations",
+        4_000,
+        "Mamba groups of max_model_len-token blocks beside attention groups, caching off",
+        "mamba groups",
+    ),
+    _t(
+        "Mamba hybrids: steps where groups took different numbers of blocks",
+        1_700,
+        "groups of several block sizes: each group's own count, all fitting together",
+        "mamba groups",
+    ),
+    _t(
+        "Mamba hybrids: allocations refused for lack of blocks",
+        1_100,
+        "the blocks every group lacks, summed, exceed the free ones",
+        "mamba groups",
+    ),
+    _t(
+        "Mamba hybrids: speculative state blocks taken",
+        900,
+        "num_speculative_blocks more blocks per Mamba group (MTP's draft states)",
+        "mamba groups",
+    ),
+    _t(
+        "Mamba hybrids: requests freed holding state blocks",
+        550,
+        "every group's blocks back, the state blocks too",
+        "mamba groups",
     ),
     _t("distinct states", 20_000, "block tables of every group: the drive goes wide"),
 )

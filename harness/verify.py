@@ -75,6 +75,7 @@ from pagedkv.harness.swarm.engine import (
     manager_layer,
     offers_evict_blocks,
     offers_kv_events,
+    offers_mamba_groups,
     pool_layer,
     run_campaign,
 )
@@ -356,6 +357,7 @@ def _manager_campaign(
         kv_events=offers_kv_events(factory),
         domain=domain,
         evict_blocks=offers_evict_blocks(factory),
+        mamba_groups=offers_mamba_groups(factory),
     )
     kinds = {
         "full": ", full attention",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv.harness.swarm.runs import ATTENTION_DRAWS
+from pagedkv.harness.swarm.runs import ATTENTION_DRAWS, STATE_DRAWS
 from pagedkv.single_type import SINGLE_TYPE_MANAGERS, SingleTypeKVCacheManager
 from pagedkv.spec.single_type import SPEC_SINGLE_TYPE_MANAGERS, SpecSingleTypeManager
 
@@ -22,7 +22,8 @@ MIN_RUN = 6
 
 
 def test_every_spec_type_has_a_manager_on_each_side_and_a_draw() -> None:
-    assert set(SINGLE_TYPE_MANAGERS) == set(SPEC_SINGLE_TYPE_MANAGERS) == set(ATTENTION_DRAWS)
+    drawn = set(ATTENTION_DRAWS) | set(STATE_DRAWS)
+    assert set(SINGLE_TYPE_MANAGERS) == set(SPEC_SINGLE_TYPE_MANAGERS) == drawn
     for spec_type, manager_class in SINGLE_TYPE_MANAGERS.items():
         spec_class = SPEC_SINGLE_TYPE_MANAGERS[spec_type]
         assert issubclass(manager_class, SingleTypeKVCacheManager)

@@ -58,6 +58,7 @@ from pagedkv.spec.manager import SpecKVCacheManager
 from pagedkv.vocab.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     KVCacheSpec,
+    MambaSpec,
     SlidingWindowSpec,
 )
 
@@ -120,7 +121,15 @@ class ManagerClient:
         self.window = None if self.hybrid else window
         """The sliding window of a single-group manager (None for full attention, and for a
         hybrid manager, whose groups are in `layers`)."""
-        self.max_tokens = -(-config.max_model_len // self.block_size) * self.block_size
+        # The most token slots a request may hold: max_model_len rounded up to whole blocks, of
+        # every group's size (a Mamba group's block is max_model_len long).
+        self.max_tokens = min(
+            -(-config.max_model_len // layer.block_size) * layer.block_size for layer in self.layers
+        )
+        self.mamba_groups = tuple(
+            group for group, layer in enumerate(self.layers) if isinstance(layer, MambaSpec)
+        )
+        """The Mamba groups (a Mamba hybrid run: caching off, groups of several block sizes)."""
         self.drops_blocks = any(manager.allows_null_blocks for manager in spec.managers)
         """Whether a request's leading blocks may be dropped for the null block (a window or a
         chunk boundary); under full attention alone they never are (a spec invariant)."""
@@ -401,10 +410,14 @@ class ManagerClient:
             return None
         if result is None:
             counts["allocate_slots refused for lack of blocks"] += 1
+            if self.mamba_groups:
+                counts["Mamba hybrids: allocations refused for lack of blocks"] += 1
             if self.hybrid:
                 self._count_hybrid_refusal(request_id, start + num_tokens + lookahead, hit_lists)
             return False
         new_lists = result
+        if self.mamba_groups:
+            self._count_mamba_step(new_lists)
         new_blocks = [block_id for blocks in new_lists for block_id in blocks]
         num_new = len(new_lists[0]) if new_lists else 0
         real_end = start + num_tokens - num_drafts
@@ -439,6 +452,17 @@ class ManagerClient:
         if self.drops_blocks:
             self._count_window_frees(request_id, nulls_before)
         return True
+
+    def _count_mamba_step(self, new_lists: GroupIds) -> None:
+        """A Mamba hybrid's allocation: what the Mamba groups took beside the attention groups
+        (groups of several block sizes take different numbers of blocks)."""
+        counts = self.coverage.counts
+        counts["Mamba hybrids: allocations"] += 1
+        if len({len(blocks) for blocks in new_lists}) > 1:
+            counts["Mamba hybrids: steps where groups took different numbers of blocks"] += 1
+        for group in self.mamba_groups:
+            if len(new_lists[group]) > 1:
+                counts["Mamba hybrids: speculative state blocks taken"] += len(new_lists[group]) - 1
 
     def _cached_candidates(self, held: tuple[list[int], ...], end_token: int) -> dict[int, bool]:
         """Whether each block an allocation may hand out is cached: new blocks come from the
@@ -566,6 +590,8 @@ class ManagerClient:
         held = self.spec.held(request_id) or () if self.hybrid else ()
         if sum(1 for blocks in held if any(blocks)) >= 2:
             self.coverage.counts["hybrid requests freed from several groups"] += 1
+        if self.mamba_groups and held:
+            self.coverage.counts["Mamba hybrids: requests freed holding state blocks"] += 1
 
     def _finish(self, op: Finish) -> tuple[Live, ...]:
         live = self._pick(op.which, running=None)

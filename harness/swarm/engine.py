@@ -83,6 +83,7 @@ class Layer:
         sampler: run -> the sampler of its operations.
         kv_events: whether some runs turn KV cache events on.
         evict_blocks: whether some runs call `evict_blocks` (a manager layer).
+        mamba_groups: whether some runs have Mamba groups (the hybrid layer).
     """
 
     name: str
@@ -91,6 +92,7 @@ class Layer:
     sampler: Callable[[Any], Sampler]
     kv_events: bool = False
     evict_blocks: bool = False
+    mamba_groups: bool = False
 
 
 def offers_kv_events(factory: object) -> bool:
@@ -108,6 +110,14 @@ def offers_evict_blocks(factory: object) -> bool:
     return factory in own or getattr(factory, "evict_blocks", False) is True
 
 
+def offers_mamba_groups(factory: object) -> bool:
+    """Whether `factory`'s managers serve Mamba groups (`MambaSpec`, mode "none", caching off,
+    next to attention groups of another block size): pagedkv's and the spec's, or a factory
+    that says so with a `mamba_groups` attribute that is True."""
+    own = (pagedkv_manager, spec_manager)
+    return factory in own or getattr(factory, "mamba_groups", False) is True
+
+
 def manager_layer(
     factory: ManagerFactory,
     *,
@@ -119,14 +129,17 @@ def manager_layer(
     kv_events: bool | None = None,
     domain: Domain = FULL_DOMAIN,
     evict_blocks: bool | None = None,
+    mamba_groups: bool | None = None,
 ) -> Layer:
     """The request-level manager layer, checking `factory`'s managers on `domain`; `kv_events`
     (default: `offers_kv_events(factory)`) says whether they can emit KV cache events,
-    `evict_blocks` (default: `offers_evict_blocks(factory)`) whether they have `evict_blocks`.
+    `evict_blocks` (default: `offers_evict_blocks(factory)`) whether they have `evict_blocks`,
+    `mamba_groups` (default: `offers_mamba_groups(factory)`) whether they serve Mamba groups.
     With `attention="hybrid"` it is the hybrid layer (named "hybrid": its runs have seeds of
     their own): configurations of 2 to `domain.max_groups` KV cache groups."""
     events = offers_kv_events(factory) if kv_events is None else kv_events
     evict = offers_evict_blocks(factory) if evict_blocks is None else evict_blocks
+    mamba = offers_mamba_groups(factory) if mamba_groups is None else mamba_groups
     return Layer(
         "hybrid" if attention == "hybrid" else "manager",
         lambda seed: draw_manager_run(
@@ -138,6 +151,7 @@ def manager_layer(
             kv_events=events,
             domain=domain,
             evict_blocks=evict,
+            mamba_groups=mamba,
         ),
         lambda run, coverage, check_every: _manager_client(
             run, factory, coverage, check_every, hostile_calls
@@ -145,6 +159,7 @@ def manager_layer(
         lambda run: ManagerSampler(run, tuple(hostile_calls)),
         events,
         evict,
+        mamba and attention == "hybrid",
     )
 
 
@@ -315,7 +330,7 @@ class Campaign:
     @property
     def modes(self) -> frozenset[str]:
         """What the coverage targets may assume ("misuse", "pagedkv semantics", "kv events",
-        "sparse retention", "evict_blocks")."""
+        "sparse retention", "evict_blocks", "mamba groups")."""
         modes = {"misuse"} if self.misuse else set()
         if self.domain.draws_sparse_retention:
             modes.add("sparse retention")
@@ -325,6 +340,8 @@ class Campaign:
             modes.add("kv events")
         if self.layer.evict_blocks:
             modes.add("evict_blocks")
+        if self.layer.mamba_groups and self.domain.max_groups > 1:
+            modes.add("mamba groups")
         return frozenset(modes)
 
 

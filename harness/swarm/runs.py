@@ -16,8 +16,13 @@ were drawn at all (`harness/client/events.py` says when such a run takes them). 
 (`attention="hybrid"`: 2-4 KV cache groups of mixed attention types over one pool) draws the
 single-group configuration first and extends it after every other draw, for the same reason.
 A configuration with a sliding-window group then draws its prefix-cache retention interval
-(`Domain.retention`), for the same reason again. Last of all, a run of a manager that offers
-`evict_blocks` (a KV connector's call) enables it in about half the runs.
+(`Domain.retention`), for the same reason again. Then a run of a manager that offers
+`evict_blocks` (a KV connector's call) enables it in about half the runs. Last of all, a hybrid
+run without EAGLE of a manager that serves Mamba groups (`offers_mamba_groups`) turns, in a
+quarter of the runs, into a Mamba hybrid: prefix caching off (vLLM 0.33 caches Mamba states only
+in its "align" mode, which pagedkv does not serve yet), and one or two Mamba groups of
+`max_model_len` tokens a block (vLLM's block size for them with caching off) beside the
+attention groups: groups of several block sizes.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from pagedkv.vocab.kv_cache_interface import (
     KVCacheGroupSpec,
     KVCacheSpec,
     KVCacheTensor,
+    MambaSpec,
     SlidingWindowSpec,
     uniform_kv_cache_config,
 )
@@ -104,6 +110,11 @@ EVICT_WEIGHT = (1, 3)
 """The share of runs that call `evict_blocks` (of a manager that offers it), and the range its
 weight is drawn from: rare next to the scheduler's moves, as a connector's failed loads are."""
 
+MAMBA_SHARE = 1 / 4
+MAMBA_SPECULATIVE_BLOCKS = (0, 0, 1, 2)
+"""The share of hybrid runs that become Mamba hybrids (of a manager that serves Mamba groups),
+and the `num_speculative_blocks` each Mamba group draws from (MTP keeps 1-2 draft states)."""
+
 ATTENTIONS = ("both", "full", "sliding", "hybrid")
 """What a manager layer draws: single-group runs of either attention type ("both"), of one, or
 hybrid runs (the hybrid layer)."""
@@ -165,6 +176,29 @@ def _draw_chunked(rng: random.Random, block_size: int, domain: Domain) -> KVCach
     """Chunks of 1-3 blocks."""
     return chunked_spec(block_size, block_size * rng.randint(1, 3))
 
+
+def mamba_spec(max_model_len: int, num_speculative_blocks: int, page_size_bytes: int) -> MambaSpec:
+    """The smallest Mamba-2 layer (one float16 state value) in mode "none": one block of
+    `max_model_len` tokens, its page padded to the attention page (as vLLM pads it)."""
+    return MambaSpec(
+        block_size=max_model_len,
+        shapes=[(1,)],
+        dtypes=["float16"],
+        page_size_padded=page_size_bytes,
+        num_speculative_blocks=num_speculative_blocks,
+    )
+
+
+def _draw_mamba(rng: random.Random, config: ManagerConfig) -> KVCacheSpec:
+    page = config.kv_cache_config.kv_cache_groups[0].kv_cache_spec.page_size_bytes
+    return mamba_spec(config.max_model_len, rng.choice(MAMBA_SPECULATIVE_BLOCKS), page)
+
+
+STATE_DRAWS: dict[type[KVCacheSpec], Callable[[random.Random, ManagerConfig], KVCacheSpec]] = {
+    MambaSpec: _draw_mamba,
+}
+"""The harness's draw of each group type that keeps a state rather than attention KV (drawn by
+`with_mamba_groups`), one entry per such entry of the registries of per-type managers."""
 
 SpecDraw = Callable[[random.Random, int, Domain], KVCacheSpec]
 """`draw(rng, block_size, domain)`: one KV cache group's spec of an attention type."""
@@ -436,13 +470,15 @@ def draw_manager_run(
     kv_events: bool = False,
     domain: Domain = FULL_DOMAIN,
     evict_blocks: bool = False,
+    mamba_groups: bool = False,
 ) -> ManagerRun:
     """The run of this seed. `attention` (`ATTENTIONS`) restricts the draw;
     `steps_per_run` fixes the run length (default: drawn, 20-2,000 steps, log-uniform);
     `kv_events` says whether the manager under test can emit KV cache events (then they are on
     in about a third of the runs; the layer knows, `harness/swarm/engine.py`); `domain` bounds
     the configurations and features drawn; `evict_blocks` says whether the manager offers
-    `evict_blocks` (then about half the runs call it)."""
+    `evict_blocks` (then about half the runs call it), `mamba_groups` whether it serves Mamba
+    groups (then a quarter of the hybrid runs have some: `with_mamba_groups`)."""
     rng = random.Random(seed)
     block_size = draw_block_size(rng)
     num_blocks = draw_pool_size(rng)
@@ -483,8 +519,11 @@ def draw_manager_run(
     if attention == "hybrid" and domain.max_groups > 1:
         config = hybrid_config(rng, config, domain)
     config = with_retention(rng, config, domain)
-    if evict_blocks and rng.random() < EVICT_SHARE:  # the last draw (module docstring)
+    if evict_blocks and rng.random() < EVICT_SHARE:  # late draws (module docstring)
         weights["evict"] = float(rng.randint(*EVICT_WEIGHT))
+    hybrid = attention == "hybrid" and domain.max_groups > 1
+    if mamba_groups and hybrid and not config.use_eagle and rng.random() < MAMBA_SHARE:
+        config = with_mamba_groups(rng, config, domain)  # the last draw
     return ManagerRun(
         seed=seed,
         config=config,
@@ -510,6 +549,24 @@ def with_retention(rng: random.Random, config: ManagerConfig, domain: Domain) ->
         return config
     interval = domain.retention(rng, kv_cache_config.scheduler_block_size)
     return dataclasses.replace(config, kv_cache_config=kv_cache_config.with_retention(interval))
+
+
+def with_mamba_groups(rng: random.Random, config: ManagerConfig, domain: Domain) -> ManagerConfig:
+    """`config` as a Mamba hybrid (module docstring): caching off, one or two Mamba
+    groups (`STATE_DRAWS`) after the attention groups, the last attention groups giving way
+    where the domain's `max_groups` leaves no room; dense retention (caching is off)."""
+    num_mamba = rng.randint(1, 2)
+    specs = [group.kv_cache_spec for group in config.kv_cache_config.kv_cache_groups]
+    keep = max(min(len(specs), domain.max_groups - num_mamba), 1)
+    specs = specs[:keep] + [
+        STATE_DRAWS[MambaSpec](rng, config) for _ in range(min(num_mamba, domain.max_groups - 1))
+    ]
+    specs = domain.plan_groups(specs)  # no draw: two equal Mamba specs may make one group
+    return dataclasses.replace(
+        config,
+        kv_cache_config=hybrid_kv_cache_config(specs, config.kv_cache_config.num_blocks),
+        enable_caching=False,
+    )
 
 
 def hybrid_config(rng: random.Random, config: ManagerConfig, domain: Domain) -> ManagerConfig:

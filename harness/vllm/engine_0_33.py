@@ -219,6 +219,16 @@ def _resolved_layout() -> Any:
     return KVCacheLayout.LBHNC
 
 
+MODELLED_SPECS = (
+    "FullAttentionSpec",
+    "SlidingWindowSpec",
+    "ChunkedLocalAttentionSpec",
+    "MambaSpec",
+)
+"""vLLM's spec classes of the groups pagedkv models (a `UniformTypeKVCacheSpecs`, several
+layers of one type but different shapes in one group, is not)."""
+
+
 class UnplannableError(SetupError):
     """vLLM's planning gives the drawn layers a group pagedkv does not model."""
 
@@ -247,8 +257,15 @@ class EnginePath:
         retention: int | None,
         enable_caching: bool,
         num_blocks: int | None = None,
+        mamba_block_size: int | None = None,
     ) -> Any:
-        """The fields of a `VllmConfig` that planning, sizing and the scheduler read."""
+        """The fields of a `VllmConfig` that planning, sizing and the scheduler read.
+
+        `block_size` is the attention layers' (`CacheConfig.block_size`); `mamba_block_size`
+        the Mamba layers', where there are any: with prefix caching off the engine sets it to
+        `max_model_len` and the Mamba cache mode to "none" (`MambaModelConfig`,
+        models/config.py), with it on to the block size, in mode "align".
+        """
         values = self.settings.values
         speculative = None
         if use_eagle:
@@ -272,6 +289,8 @@ class EnginePath:
                 num_gpu_blocks_override=num_blocks,
                 prefix_cache_retention_interval=retention,
                 prefix_match_unit=values["prefix_match_unit"],
+                mamba_cache_mode="align" if enable_caching else "none",
+                mamba_block_size=mamba_block_size,
                 get_resolved_kv_cache_layout=_resolved_layout,
             ),
             attention_config=SimpleNamespace(hisparse_config=None),
@@ -286,16 +305,18 @@ class EnginePath:
         )
 
     def plan_groups(self, vllm_specs: Sequence[Any], config: Any) -> list[Any]:
-        """vLLM's groups for one layer per spec (`layers.<i>`), each group of one spec."""
+        """vLLM's groups for one layer per spec (`layers.<i>`), each group of one spec.
+
+        Attention and Mamba layers of one page size (a Mamba page padded to the attention
+        page, as the platform pads it) are grouped by `_get_kv_cache_groups_uniform_page_size`:
+        one group per distinct spec, in the order of first appearance; equal specs share a
+        bucket, which vLLM may split (`layers[i::n]`) or keep whole.
+        """
         layers = {f"layers.{i}": spec for i, spec in enumerate(vllm_specs)}
         groups = self.planning.get_global_kv_cache_groups(config, [dict(layers)])
         for group in groups:
             spec = group.kv_cache_spec
-            if type(spec).__name__ not in (
-                "FullAttentionSpec",
-                "SlidingWindowSpec",
-                "ChunkedLocalAttentionSpec",
-            ):
+            if type(spec).__name__ not in MODELLED_SPECS:
                 raise UnplannableError(
                     f"vLLM plans layers {list(group.layer_names)} as one group of "
                     f"{type(spec).__name__}, which pagedkv does not model"

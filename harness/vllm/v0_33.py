@@ -47,10 +47,20 @@ from pagedkv.harness.vllm.engine_0_33 import (
 )
 from pagedkv.harness.vllm.stand_ins_0_33 import PLANNING_MODULES as MODULES
 from pagedkv.harness.vllm.stand_ins_0_33 import PLANNING_STAND_INS as STAND_INS
-from pagedkv.harness.vllm.views import RequestViews, torch_or_stand_in, vllm_layer_spec
+from pagedkv.harness.vllm.views import (
+    RequestViews,
+    UnknownMambaTypeError,
+    torch_or_stand_in,
+    vllm_layer_spec,
+)
 from pagedkv.spec.block_hash import request_block_hashes
 from pagedkv.vocab.hashes import BlockHashType, CacheKey, HashFn, cache_key, get_hash_fn
-from pagedkv.vocab.kv_cache_interface import SlidingWindowSpec
+from pagedkv.vocab.kv_cache_interface import (
+    AttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
 
@@ -385,6 +395,15 @@ class Vllm033Manager:
         """vLLM's manager has no invariant check of its own."""
 
 
+def engine_block_sizes(specs: Sequence[KVCacheSpec]) -> tuple[int, int | None]:
+    """`CacheConfig.block_size` (the attention layers' block size: the first attention group's,
+    or the first group's where none attends) and `CacheConfig.mamba_block_size` (the first
+    Mamba group's, None without one) for the groups' specs."""
+    attention = [spec.block_size for spec in specs if isinstance(spec, AttentionSpec)]
+    mamba = [spec.block_size for spec in specs if isinstance(spec, MambaSpec)]
+    return (attention or [specs[0].block_size])[0], (mamba[0] if mamba else None)
+
+
 def load(semantics: Semantics, root: Path, settings: Sequence[str]) -> Loaded:
     """Pool and manager factories over vLLM 0.33.0's classes (its tree, at `root`, must be on
     sys.path); the manager built as the engine builds it (`engine_0_33`), with the engine's
@@ -420,13 +439,25 @@ def load(semantics: Semantics, root: Path, settings: Sequence[str]) -> Loaded:
 
     def vllm_specs(specs: Sequence[Any], use_eagle: bool) -> list[Any]:
         draft = {"is_draft": True} if use_eagle else {}
-        return [vllm_layer_spec(spec, interface, torch, **draft) for spec in specs]
+        try:
+            return [vllm_layer_spec(spec, interface, torch, **draft) for spec in specs]
+        except UnknownMambaTypeError as error:
+            raise UnplannableError(f"{error}: draw a Mamba type vLLM's stand-in names") from None
 
     def plan(specs: list[Any]) -> list[Any]:
         """pagedkv's specs of the groups vLLM's planning makes of one layer per spec, in its
-        order (the swarm's hybrid configurations are drawn through it)."""
-        block_size = specs[0].block_size
-        config = path.vllm_config(block_size, block_size, False, None, True)
+        order (the swarm's hybrid configurations are drawn through it). Mamba specs plan as the
+        engine plans them with prefix caching off (mode "none", their own block size)."""
+        block_size, mamba_block_size = engine_block_sizes(specs)
+        has_mamba = mamba_block_size is not None
+        config = path.vllm_config(
+            block_size,
+            mamba_block_size or block_size,
+            False,
+            None,
+            not has_mamba,
+            mamba_block_size=mamba_block_size,
+        )
         groups = path.plan_groups(vllm_specs(specs, False), config)
         return [specs[int(group.layer_names[0].rpartition(".")[2])] for group in groups]
 
@@ -438,13 +469,15 @@ def load(semantics: Semantics, root: Path, settings: Sequence[str]) -> Loaded:
             if any(isinstance(spec, SlidingWindowSpec) for spec in specs)
             else engine_settings.retention  # acts on sliding-window groups only
         )
+        block_size, mamba_block_size = engine_block_sizes(specs)
         engine_config = path.vllm_config(
-            specs[0].block_size,
+            block_size,
             config.max_model_len,
             config.use_eagle,
             retention,
             config.enable_caching,
             ours.num_blocks,
+            mamba_block_size,
         )
         groups = path.plan_groups(vllm_specs(specs, config.use_eagle), engine_config)
         planned = [tuple(group.layer_names) for group in groups]
@@ -478,6 +511,7 @@ def load(semantics: Semantics, root: Path, settings: Sequence[str]) -> Loaded:
         return Vllm033Manager(manager, api, config, hasher(hash_block_size))
 
     vllm_manager.evict_blocks = True  # type: ignore[attr-defined]  # offers_evict_blocks
+    vllm_manager.mamba_groups = True  # type: ignore[attr-defined]  # offers_mamba_groups
 
     domain = dataclasses.replace(
         DOMAIN, retention_intervals=(engine_settings.retention,), group_plan=plan

@@ -15,8 +15,10 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from pagedkv.harness.protocol import ManagerConfig
 from pagedkv.vocab.kv_cache_interface import (
+    DTYPE_SIZES,
     AttentionSpec,
     ChunkedLocalAttentionSpec,
+    MambaSpec,
     SlidingWindowSpec,
 )
 from pagedkv.vocab.request import Request
@@ -59,9 +61,11 @@ def vllm_attention_spec(config: ManagerConfig, interface: Any, torch: Any, **ext
 
 
 def vllm_layer_spec(ours: object, interface: Any, torch: Any, **extra: object) -> Any:
-    """vLLM's `FullAttentionSpec`, `SlidingWindowSpec` or `ChunkedLocalAttentionSpec` for one
-    of pagedkv's specs, with `extra` fields the release's spec takes."""
-    assert isinstance(ours, AttentionSpec), "the harness builds attention specs only"
+    """vLLM's `FullAttentionSpec`, `SlidingWindowSpec`, `ChunkedLocalAttentionSpec` or
+    `MambaSpec` for one of pagedkv's specs, with `extra` fields the release's spec takes."""
+    if isinstance(ours, MambaSpec):
+        return vllm_mamba_spec(ours, interface, torch, **extra)
+    assert isinstance(ours, AttentionSpec), "the harness builds attention and Mamba specs only"
     common = {
         "block_size": ours.block_size,
         "num_kv_heads": ours.num_kv_heads,
@@ -78,9 +82,46 @@ def vllm_layer_spec(ours: object, interface: Any, torch: Any, **extra: object) -
     return interface.FullAttentionSpec(**common)
 
 
+class UnknownMambaTypeError(LookupError):
+    """The loaded vLLM names no Mamba backend for a pagedkv `mamba_type`."""
+
+
+def vllm_mamba_spec(ours: MambaSpec, interface: Any, torch: Any, **extra: object) -> Any:
+    """vLLM 0.33's `MambaSpec` for pagedkv's: the same state shapes, dtypes (torch's), padded
+    page, cache mode and extra blocks, `block_size` as given (max_model_len in mode "none"),
+    and the backend `MambaAttentionBackendEnum` names `mamba_type` by ("mamba2" -> `MAMBA2`,
+    "gdn_attn" -> `GDN_ATTN`). The fields pagedkv does not model keep vLLM's defaults (one
+    head, no prefill checkpoint alignment, a state sharded across TP ranks), as
+    `MambaBase.get_kv_cache_spec` leaves them.
+
+    Raises:
+        UnknownMambaTypeError: the loaded enum has no such member (the harness's stand-in for
+            vLLM's backend registry names MAMBA1 and MAMBA2 only).
+    """
+    backends = interface.MambaAttentionBackendEnum
+    name = ours.mamba_type.upper()
+    if name not in backends.__members__:
+        raise UnknownMambaTypeError(
+            f"MambaSpec.mamba_type={ours.mamba_type!r}: the loaded vLLM's "
+            f"MambaAttentionBackendEnum has no {name} (members: {', '.join(backends.__members__)})"
+        )
+    return interface.MambaSpec(
+        block_size=ours.block_size,
+        shapes=ours.shapes,
+        dtypes=tuple(getattr(torch, dtype) for dtype in ours.dtypes),
+        page_size_padded=ours.page_size_padded,
+        mamba_type=backends[name],
+        mamba_cache_mode=ours.mamba_cache_mode,
+        num_speculative_blocks=ours.num_speculative_blocks,
+        num_prefill_checkpoint_blocks=ours.num_prefill_checkpoint_blocks,
+        **extra,
+    )
+
+
 def torch_or_stand_in() -> Any:
     """torch, or, where it is not installed, a module named `torch` holding only the dtypes
-    vLLM's KV cache specs name (registered for vLLM's imports; call before importing them)."""
+    KV cache specs name, pagedkv's (`DTYPE_SIZES`: attention caches and Mamba states) and so
+    vLLM's (registered for vLLM's imports; call before importing them)."""
     try:
         import torch
     except ImportError:
@@ -97,10 +138,9 @@ def _install_dtype_stand_in() -> Any:
         def __repr__(self) -> str:
             return f"torch.{self.name}"
 
-    itemsizes = {"float16": 2, "bfloat16": 2, "float32": 4, "float8_e4m3fn": 1, "uint8": 1}
-    module: Any = ModuleType("torch", "pagedkv's stand-in: only the dtypes vLLM's specs name")
+    module: Any = ModuleType("torch", "pagedkv's stand-in: only the dtypes KV cache specs name")
     module.dtype = dtype
-    for name, itemsize in itemsizes.items():
+    for name, itemsize in DTYPE_SIZES.items():  # every dtype a pagedkv spec may name
         setattr(module, name, dtype(name, itemsize))
     sys.modules["torch"] = module
     return module
