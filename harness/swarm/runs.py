@@ -18,11 +18,11 @@ single-group configuration first and extends it after every other draw, for the 
 A configuration with a sliding-window group then draws its prefix-cache retention interval
 (`Domain.retention`), for the same reason again. Then a run of a manager that offers
 `evict_blocks` (a KV connector's call) enables it in about half the runs. Last of all, a hybrid
-run without EAGLE of a manager that serves Mamba groups (`offers_mamba_groups`) turns, in a
-quarter of the runs, into a Mamba hybrid: prefix caching off (vLLM 0.33 caches Mamba states only
-in its "align" mode, which pagedkv does not serve yet), and one or two Mamba groups of
-`max_model_len` tokens a block (vLLM's block size for them with caching off) beside the
-attention groups: groups of several block sizes.
+run drawn with prefix caching off and without EAGLE, of a manager that serves Mamba groups
+(`offers_mamba_groups`), turns, in two runs out of three, into a Mamba hybrid (vLLM 0.33 caches
+Mamba states only in its "align" mode, which pagedkv does not serve yet): one or two Mamba
+groups of `max_model_len` tokens a block (vLLM's block size for them with caching off) beside
+the attention groups: groups of several block sizes.
 """
 
 from __future__ import annotations
@@ -110,10 +110,12 @@ EVICT_WEIGHT = (1, 3)
 """The share of runs that call `evict_blocks` (of a manager that offers it), and the range its
 weight is drawn from: rare next to the scheduler's moves, as a connector's failed loads are."""
 
-MAMBA_SHARE = 1 / 4
+MAMBA_SHARE = 2 / 3
 MAMBA_SPECULATIVE_BLOCKS = (0, 0, 1, 2)
-"""The share of hybrid runs that become Mamba hybrids (of a manager that serves Mamba groups),
-and the `num_speculative_blocks` each Mamba group draws from (MTP keeps 1-2 draft states)."""
+"""The share of hybrid runs with caching off and without EAGLE that become Mamba hybrids (of a
+manager that serves Mamba groups), and the `num_speculative_blocks` each Mamba group draws from
+(MTP keeps 1-2 draft states). Only runs drawn without caching: a Mamba hybrid takes nothing
+from the prefix-cache coverage."""
 
 ATTENTIONS = ("both", "full", "sliding", "hybrid")
 """What a manager layer draws: single-group runs of either attention type ("both"), of one, or
@@ -522,7 +524,8 @@ def draw_manager_run(
     if evict_blocks and rng.random() < EVICT_SHARE:  # late draws (module docstring)
         weights["evict"] = float(rng.randint(*EVICT_WEIGHT))
     hybrid = attention == "hybrid" and domain.max_groups > 1
-    if mamba_groups and hybrid and not config.use_eagle and rng.random() < MAMBA_SHARE:
+    cacheless = not config.enable_caching and not config.use_eagle
+    if mamba_groups and hybrid and cacheless and rng.random() < MAMBA_SHARE:
         config = with_mamba_groups(rng, config, domain)  # the last draw
     return ManagerRun(
         seed=seed,
@@ -552,7 +555,7 @@ def with_retention(rng: random.Random, config: ManagerConfig, domain: Domain) ->
 
 
 def with_mamba_groups(rng: random.Random, config: ManagerConfig, domain: Domain) -> ManagerConfig:
-    """`config` as a Mamba hybrid (module docstring): caching off, one or two Mamba
+    """`config` (caching off) as a Mamba hybrid (module docstring): one or two Mamba
     groups (`STATE_DRAWS`) after the attention groups, the last attention groups giving way
     where the domain's `max_groups` leaves no room; dense retention (caching is off)."""
     num_mamba = rng.randint(1, 2)
@@ -563,9 +566,7 @@ def with_mamba_groups(rng: random.Random, config: ManagerConfig, domain: Domain)
     ]
     specs = domain.plan_groups(specs)  # no draw: two equal Mamba specs may make one group
     return dataclasses.replace(
-        config,
-        kv_cache_config=hybrid_kv_cache_config(specs, config.kv_cache_config.num_blocks),
-        enable_caching=False,
+        config, kv_cache_config=hybrid_kv_cache_config(specs, config.kv_cache_config.num_blocks)
     )
 
 
