@@ -42,7 +42,7 @@ from pagedkv import (
     manager,
 )
 from pagedkv.block import KVCacheBlock
-from pagedkv.single_type import base, chunked_local, sliding_window
+from pagedkv.single_type import base, chunked_local, mamba, sliding_window
 from pagedkv.spec import block_hash as spec_block_hash
 from pagedkv.spec.single_type import chunked_local as spec_chunked_local
 from pagedkv.spec.single_type import sliding_window as spec_sliding_window
@@ -652,6 +652,17 @@ def _free_last_group_first(
         single_type.free(request_id, tail_first)
 
 
+_MAMBA_INIT = mamba.MambaManager.__init__
+
+
+def _mamba_without_speculative_blocks(
+    self: mamba.MambaManager, kv_cache_spec: Any, block_pool: Any, group_id: int
+) -> None:
+    """MambaManager.__init__ that forgets the spec's speculative state blocks."""
+    _MAMBA_INIT(self, kv_cache_spec, block_pool, group_id)
+    self.extra_blocks = 0
+
+
 VARIANTS: tuple[Variant, ...] = (
     Variant(
         "free_to_head",
@@ -810,6 +821,12 @@ VARIANTS: tuple[Variant, ...] = (
         "hybrid_free_last_group_first",
         "a hybrid request's groups are freed last group first (each group's tail still first)",
         (MethodPatch(kv_cache_coordinator.KVCacheCoordinator, "free", _free_last_group_first),),
+        layer="hybrid",
+    ),
+    Variant(
+        "mamba_speculative_blocks_dropped",
+        "a Mamba group holds no blocks for its speculative states (num_speculative_blocks)",
+        (MethodPatch(mamba.MambaManager, "__init__", _mamba_without_speculative_blocks),),
         layer="hybrid",
     ),
     Variant(

@@ -312,6 +312,7 @@ SCENARIO_MODULES = (
     "tests/test_kv_events.py",
     "tests/test_hybrid_manager.py",
     "tests/test_evict_blocks.py",
+    "tests/test_mamba_groups.py",
 )
 SCENARIO_TIMEOUT = 300.0
 
