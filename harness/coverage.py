@@ -590,7 +590,7 @@ HYBRID_TARGETS: tuple[Target, ...] = (
     ),
     _t(
         "Mamba hybrids: allocations refused for lack of blocks",
-        400,
+        200,
         "the blocks every group lacks, summed, exceed the free ones",
         "mamba groups",
     ),
