@@ -83,6 +83,10 @@ class _Record:
         self.token_ids = token_ids
 
 
+_FULL_PATH = object()
+"""`_admit_with_hits`' answer when the full path must decide."""
+
+
 class KVCacheManager:
     """Request-level KV cache management over one `BlockPool`, for one or more KV cache groups.
 
@@ -217,6 +221,10 @@ class KVCacheManager:
         )
         self._mixed_sizes = len({manager.block_size for manager in single_type_managers}) > 1
         self._unitary = self.num_groups == 1 and not self._per_group
+        # The admission fast path's ground: one full-attention group that caches every block.
+        self._admits_fast = (
+            self._unitary and enable_caching and not first.allows_null_blocks and not first.sparse
+        )
         self._first = first
         self._first_blocks = first.req_to_blocks
         self._first_cached = first.num_cached_block
@@ -495,11 +503,98 @@ class KVCacheManager:
                             block = self.block_pool.append_new_block_locked(blocks)
                             if block is not None:
                                 return ([block],)
+            elif (
+                self._admits_fast
+                and type(new_computed_blocks) is tuple
+                and len(new_computed_blocks) == 1
+                and type(request) is Request
+            ):
+                admitted = self._admit_with_hits(
+                    request, num_tokens, new_computed_blocks[0], num_lookahead_tokens
+                )
+                if admitted is not _FULL_PATH:
+                    return admitted  # type: ignore[return-value]
             return self._allocate_slots(
                 request, num_tokens, new_computed_blocks, num_lookahead_tokens
             )
         finally:
             self._call_token.append(None)
+
+    def _admit_with_hits(
+        self, request: Request, num_tokens: object, hits: object, num_lookahead_tokens: object
+    ) -> object:
+        """The admission fast path (one full-attention group, caching on): a new request with
+        a lookup's hits, taken only once every check of the full path is seen to pass but the
+        hits' own (`check_hits_locked`, which raises as the full path would: every check before
+        it passed), with the full path's changes made without the coordinator's per-group
+        tuples and calls. Anything else returns `_FULL_PATH`: the full path decides.
+        Complexity: O(hits + new blocks + blocks cached * block_size)."""
+        fields: Any = request  # read untyped, as the decode fast path does
+        request_id = fields.request_id
+        num_computed = fields.num_computed_tokens
+        spec_token_ids = fields.spec_token_ids
+        if not (
+            type(hits) is list
+            and hits
+            and type(num_tokens) is int
+            and type(num_lookahead_tokens) is int
+            and type(num_computed) is int
+            and type(spec_token_ids) is list
+            and num_tokens > 0
+            and num_lookahead_tokens >= 0
+            and num_computed == 0
+            and len(spec_token_ids) <= num_tokens
+            and not self.debug_invariants
+            and request_id not in self._first_blocks
+            and self._requests.get(request_id, request) is request
+        ):
+            return _FULL_PATH
+        stored = self.req_to_block_hashes.get(request_id)
+        num_hits = len(hits)
+        block_size = self.block_size
+        num_real = num_hits * block_size + num_tokens - len(spec_token_ids)
+        num_required = -(-(num_hits * block_size + num_tokens + num_lookahead_tokens) // block_size)
+        num_full = num_real // block_size
+        if (
+            stored is None
+            or num_hits > len(stored)
+            or num_real > request.num_tokens
+            or num_required > self.max_num_blocks_per_req
+            or num_full < num_hits
+            or not all(type(block) is KVCacheBlock for block in hits)
+        ):
+            return _FULL_PATH
+        pool = self.block_pool
+        pool.check_hits_locked(request_id, hits, stored, False)
+        num_new = num_required - num_hits
+        num_evictable = 0
+        for block in hits:
+            if block.ref_cnt == 0:
+                num_evictable += 1
+        if not fits(num_new, pool.get_num_free_blocks(), num_evictable):
+            return None
+        pool.touch_owned_locked(hits)
+        blocks = list(hits)  # the caller's list stays the caller's
+        self._first_blocks[request_id] = blocks
+        self._track(request_id, request)
+        new_blocks = pool.get_new_blocks_locked(num_new)
+        blocks.extend(new_blocks)
+        end = num_full if num_full < len(blocks) else len(blocks)
+        if end > num_hits:
+            pool.cache_full_blocks_locked(
+                request,
+                blocks,
+                stored,
+                num_hits,
+                end,
+                block_size,
+                self.caching_hash_fn,
+                0,
+                None,
+                True,  # parent_from_stored, as the per-type manager caches
+            )
+        self._first_cached[request_id] = num_full
+        return (new_blocks,)
 
     def _allocate_slots(
         self,
@@ -734,7 +829,13 @@ class KVCacheManager:
             self._check_identity(request)
             request_id = request.request_id
             tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
-            self.coordinator.free(request_id, tail_first)
+            if self._unitary:  # the one group's free (`SingleTypeKVCacheManager.free`), inline
+                blocks = self._first_blocks.pop(request_id, None)
+                if blocks is not None:
+                    self.block_pool.free_blocks_locked(blocks[::-1] if tail_first else blocks)
+                self._first_cached.pop(request_id, None)
+            else:
+                self.coordinator.free(request_id, tail_first)
             if self._evicted:
                 self._evicted.pop(request_id, None)
             self._forget_if_done(request_id)
@@ -898,7 +999,8 @@ class KVCacheManager:
             request = self._requests.pop(request_id, None)
             if type(request) is Request:
                 self._records.pop(request, None)
-            self._junctions.pop(request_id, None)
+            if self._junctions:  # only sparse retention records junctions
+                self._junctions.pop(request_id, None)
 
     def _after_call(self) -> None:
         if not self.debug_invariants:
