@@ -23,9 +23,11 @@ from pagedkv.harness.coverage import (
 )
 from pagedkv.harness.swarm import manager_layer, pool_layer, run_campaign
 
-MODES = frozenset({"misuse", "pagedkv semantics", "kv events", "sparse retention", "evict_blocks"})
-"""The campaigns' modes: misuse on, pagedkv's semantics, events on (`pagedkv_manager`), and
-the full domain, which draws sparse retention."""
+MODES = frozenset(
+    {"misuse", "pagedkv semantics", "kv events", "sparse retention", "evict_blocks", "mamba groups"}
+)
+"""The campaigns' modes: misuse on, pagedkv's semantics, events on, evict_blocks and Mamba
+groups (`pagedkv_manager` offers them), and the full domain, which draws sparse retention."""
 
 
 @pytest.fixture(autouse=True)
