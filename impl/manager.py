@@ -93,8 +93,9 @@ class KVCacheManager:
     Per request it keeps the chained block hashes (`req_to_block_hashes`: one chain for every
     group, kept across preemption, dropped by `free_block_hashes`); each group's per-type
     manager (`coordinator.single_type_managers`) keeps the request's block list of that group
-    (one length in every group; positions a sliding window or a chunk no longer reads hold the
-    pool's null block, as a prefix) and how many of its positions are cached. A request id
+    (one length in every group of one block size; in general, lists covering the same token
+    slots; positions a window, a chunk or a Mamba state no longer reads hold the pool's null
+    block, as a prefix) and how many of its positions are cached. A request id
     names one `Request` object from its first use until it is freed and its hashes are dropped;
     since a request's tokens only grow, stored hashes can never go stale. Every public method
     checks its preconditions, argument types included (`pagedkv.call_arguments`), in the
@@ -1015,8 +1016,9 @@ class KVCacheManager:
     def check_invariants(self) -> None:
         """The pool's invariants, then the request-level ones the spec manager states: a
         block's ref_cnt is the number of block lists holding it, and a block two of them hold
-        is cached; a request's lists have one length; null blocks only as a prefix, and only in
-        groups whose attention skips positions; at most cdiv(max_model_len, B) positions; with
+        is cached; a request's lists cover the same token slots; null blocks only as a prefix,
+        and only in groups whose attention skips positions; at most cdiv(max_model_len, B)
+        positions per group (plus its extra blocks); with
         caching, the cached positions are full blocks with stored hashes, each group's cached
         block carries its group's key of the stored hash, and the stored hashes are the chain
         of the request's tokens; every tracked request holds blocks or stored hashes, and has
