@@ -6,8 +6,9 @@ states) has one KV cache group per type; each group's per-type manager
 (`pagedkv.spec.single_type`) keeps its block table over the one pool: a request holds one
 block-id list per group, position p of every list covering the same tokens when the groups
 share one block size (with caching off they may not: each list then covers the same token slots
-in blocks of its group's size, plus a Mamba group's speculative blocks). Blocks are cached per group (index key `GroupKey(g, hash)`, plain
-`hash` for group 0) under the request's one chain of hashes, which this manager stores.
+in blocks of its group's size, plus a Mamba group's speculative blocks). Blocks are cached per
+group (index key `GroupKey(g, hash)`, plain `hash` for group 0) under the request's one chain of
+hashes, which this manager stores.
 
 - **A hit covers the same token prefix in every group.** With one group it is the group's own
   longest hit (with EAGLE found for EAGLE, then less its last block). With several, the longest
