@@ -830,13 +830,7 @@ class KVCacheManager:
             self._check_identity(request)
             request_id = request.request_id
             tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
-            if self._unitary:  # the one group's free (`SingleTypeKVCacheManager.free`), inline
-                blocks = self._first_blocks.pop(request_id, None)
-                if blocks is not None:
-                    self.block_pool.free_blocks_locked(blocks[::-1] if tail_first else blocks)
-                self._first_cached.pop(request_id, None)
-            else:
-                self.coordinator.free(request_id, tail_first)
+            self.coordinator.free(request_id, tail_first)
             if self._evicted:
                 self._evicted.pop(request_id, None)
             self._forget_if_done(request_id)
