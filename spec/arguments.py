@@ -169,9 +169,11 @@ def check_manager(
     log_stats: object,
     semantics: object,
     enable_kv_cache_events: object,
+    max_in_flight_tokens: object = None,
 ) -> KVCacheConfig:
     """KVCacheManager(...): a KVCacheConfig; max_model_len an int >= 1; flags that are bools; a
-    str hash algorithm (its name is checked by `get_hash_fn`); a Semantics; then
+    str hash algorithm (its name is checked by `get_hash_fn`); a Semantics; max_in_flight_tokens
+    None or an int >= 1; then
     (KVCacheConfigError) one block size in every group when caching, and a Mamba group only in
     mamba_cache_mode "none" with caching off. Each group's spec is checked next, by the registry of
     per-type managers (`pagedkv.spec.single_type`), then the semantics (`check_semantics`)."""
@@ -183,6 +185,8 @@ def check_manager(
     require_bool(MANAGER, "log_stats", log_stats)
     require_instance(MANAGER, "semantics", semantics, Semantics)
     require_bool(MANAGER, "enable_kv_cache_events", enable_kv_cache_events)
+    if max_in_flight_tokens is not None:
+        require_int(MANAGER, "max_in_flight_tokens", max_in_flight_tokens, 1)
     block_sizes = sorted({group.kv_cache_spec.block_size for group in config.kv_cache_groups})
     if len(block_sizes) != 1 and enable_caching:
         raise refusals.groups_of_several_block_sizes(block_sizes)
@@ -230,11 +234,12 @@ def check_allocation(
     new_computed_blocks: object,
     num_lookahead_tokens: object,
     num_groups: int,
+    full_sequence_must_fit: object = False,
 ) -> tuple[list[int], ...]:
     """KVCacheManager.allocate_slots(...), in order: a Request; num_tokens an int >= 1;
-    num_lookahead_tokens an int >= 0; the request's num_computed_tokens an int and its
-    spec_token_ids a list; new_computed_blocks None or one iterable of block ids per KV cache
-    group (a list or a tuple of `num_groups` of them).
+    num_lookahead_tokens an int >= 0; full_sequence_must_fit a bool; the request's
+    num_computed_tokens an int and its spec_token_ids a list; new_computed_blocks None or one
+    iterable of block ids per KV cache group (a list or a tuple of `num_groups` of them).
 
     Returns:
         The hits, one new list per group (empty lists for None).
@@ -244,6 +249,7 @@ def check_allocation(
     context = for_request(checked)
     require_int(call, "num_tokens", num_tokens, 1, context=context)
     require_int(call, "num_lookahead_tokens", num_lookahead_tokens, 0, context=context)
+    require_bool(call, "full_sequence_must_fit", full_sequence_must_fit, context=context)
     require_int(call, "request.num_computed_tokens", checked.num_computed_tokens, context=context)
     require_instance(call, "request.spec_token_ids", checked.spec_token_ids, list, context=context)
     if new_computed_blocks is None:

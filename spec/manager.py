@@ -167,6 +167,7 @@ class SpecKVCacheManager:
         *,
         semantics: Semantics = PAGEDKV_SEMANTICS,
         enable_kv_cache_events: bool = False,
+        max_in_flight_tokens: int | None = None,
     ) -> None:
         config = check_manager(
             kv_cache_config,
@@ -177,6 +178,7 @@ class SpecKVCacheManager:
             log_stats,
             semantics,
             enable_kv_cache_events,
+            max_in_flight_tokens,
         )
         self.specs = tuple(group.kv_cache_spec for group in config.kv_cache_groups)
         self.num_groups = len(self.specs)
@@ -194,6 +196,12 @@ class SpecKVCacheManager:
         self.max_num_blocks_per_req = ceil_div(max_model_len, self.block_size)
         # Each group's most blocks a request holds (its own block size, its extra blocks).
         self.max_blocks = tuple(manager.num_required(max_model_len) for manager in self.managers)
+        # What the full-sequence gate reserves at most per group (None: no cap); tokens in
+        # flight default to max_model_len, as vLLM 0.33's, which then caps nothing.
+        in_flight = max_model_len if max_in_flight_tokens is None else max_in_flight_tokens
+        self.admission_caps = tuple(
+            manager.admission_cap(max_model_len, in_flight) for manager in self.managers
+        )
         # Groups of several block sizes (caching off only): refusals name the group.
         self.mixed_sizes = len({manager.block_size for manager in self.managers}) > 1
         self.enable_caching = enable_caching
@@ -522,15 +530,18 @@ class SpecKVCacheManager:
         num_tokens: int,
         new_computed_blocks: Sequence[Sequence[int]] | None = None,
         num_lookahead_tokens: int = 0,
+        *,
+        full_sequence_must_fit: bool = False,
     ) -> GroupBlocks | None:
         """Reserve slots for `num_tokens` scheduled tokens in every group; None when they do
-        not fit in the pool, every group counted together.
+        not fit in the pool, every group counted together, or (`full_sequence_must_fit`, the
+        admission gate of vLLM 0.33's scheduler) when the whole request would not.
 
         Preconditions, in order:
           1. `check_allocation`: a Request; num_tokens an int >= 1; num_lookahead_tokens an
-             int >= 0; the request's num_computed_tokens an int and spec_token_ids a list; the
-             hits None or one iterable of block ids per group (ArgumentTypeError,
-             InvalidArgumentError);
+             int >= 0; full_sequence_must_fit a bool; the request's num_computed_tokens an int
+             and spec_token_ids a list; the hits None or one iterable of block ids per group
+             (ArgumentTypeError, InvalidArgumentError);
           2. no more speculative tokens than num_tokens (InvalidArgumentError);
           3. the id names no other Request object (RequestError);
           4. 0 <= num_computed_tokens <= blocks held per group * B (RequestError);
@@ -550,15 +561,23 @@ class SpecKVCacheManager:
           8. with caching, full blocks after the step are at least the blocks already cached
              (RequestError).
 
-        Then, in three steps: `_drop_skipped_blocks` (even if the request then does not fit);
-        `_fits`, or None; `_grow`, which returns the new blocks of each group.
+        Then: with `full_sequence_must_fit`, `_whole_request_fits`, or None with nothing
+        changed; `_drop_skipped_blocks` (even if the request then does not fit); `_fits`, or
+        None; `_grow`, which returns the new blocks of each group.
         """
         hits = check_allocation(
-            request, num_tokens, new_computed_blocks, num_lookahead_tokens, self.num_groups
+            request,
+            num_tokens,
+            new_computed_blocks,
+            num_lookahead_tokens,
+            self.num_groups,
+            full_sequence_must_fit,
         )
         step = self._allocation_step(request, num_tokens, hits, num_lookahead_tokens)
+        if full_sequence_must_fit and not self._whole_request_fits(request, step):
+            return None
         self._drop_skipped_blocks(request)
-        if not self._fits(request, step):
+        if not self._fits(request, step.hits, step.num_required):
             return None
         return self._grow(request, step)
 
@@ -644,21 +663,35 @@ class SpecKVCacheManager:
         for manager in self.managers:
             manager.drop_skipped_blocks(request.request_id, request.num_computed_tokens)
 
-    def _fits(self, request: Request, step: Step) -> bool:
-        """The blocks still missing in every group fit, together, in the free blocks the hits
-        leave: a hit at ref_cnt 0 leaves the free queue when touched (a null hit only under
-        vLLM 0.8.5's `capacity_counts_null_blocks`)."""
-        num_hits = len(step.hits[0])
+    def _whole_request_fits(self, request: Request, step: Step) -> bool:
+        """The full-sequence gate, before anything changes (skipped blocks still held): the
+        blocks every group lacks for all the request's tokens (at most max_model_len; no
+        lookahead, no drafts), each group's count at most its `admission_cap`, fit as `_fits`
+        counts them. A chunked prefill is admitted only if its whole prompt will fit."""
+        num_tokens = min(request.num_tokens, self.max_model_len)
+        required = tuple(
+            manager.num_required(num_tokens)
+            if cap is None
+            else min(manager.num_required(num_tokens), cap)
+            for manager, cap in zip(self.managers, self.admission_caps, strict=True)
+        )
+        return self._fits(request, step.hits, required)
+
+    def _fits(self, request: Request, hits: GroupBlocks, num_required: Sequence[int]) -> bool:
+        """The blocks still missing in every group (each needing `num_required`) fit, together,
+        in the free blocks the hits leave: a hit at ref_cnt 0 leaves the free queue when
+        touched (a null hit only under vLLM 0.8.5's `capacity_counts_null_blocks`)."""
+        num_hits = len(hits[0])
         missing = sum(
             max(
                 num_new_blocks(required, len(manager.blocks.get(request.request_id, [])), num_hits),
                 0,
             )
-            for manager, required in zip(self.managers, step.num_required, strict=True)
+            for manager, required in zip(self.managers, num_required, strict=True)
         )
         free_hits = [
             block_id
-            for group_hits in step.hits
+            for group_hits in hits
             for block_id in group_hits
             if self.pool.ref_cnt[block_id] == 0
             and (block_id != NULL_BLOCK_ID or self.semantics.capacity_counts_null_blocks)

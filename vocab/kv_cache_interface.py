@@ -195,6 +195,21 @@ class KVCacheSpec(ABC):
             max_num_batched_tokens: the most tokens one scheduler step may compute (>= 1).
         """
 
+    def max_admission_blocks(self, max_model_len: int, max_in_flight_tokens: int) -> int | None:
+        """The most blocks of this layer's group one request holds at once, when its attention
+        frees blocks as the request advances (a window, a chunk); None when a request holds a
+        block for every token slot. The full-sequence admission gate reserves at most this many
+        (vLLM 0.33's `max_admission_blocks_per_request`, the bound its pool sizing uses).
+
+        Args:
+            max_model_len: the longest request, prompt and output together.
+            max_in_flight_tokens: tokens scheduled but not yet computed, at most (a step's
+                token budget, times the steps in flight).
+
+        Complexity: O(1).
+        """
+        return None
+
 
 @dataclass(frozen=True, init=False)
 class AttentionSpec(KVCacheSpec):
@@ -327,6 +342,12 @@ class SlidingWindowSpec(AttentionSpec):
         )
         return num_blocks * self.page_size_bytes
 
+    def max_admission_blocks(self, max_model_len: int, max_in_flight_tokens: int) -> int | None:
+        """`sliding_window_max_blocks(W, max_model_len, max_in_flight_tokens, B)`."""
+        return sliding_window_max_blocks(
+            self.sliding_window, max_model_len, max_in_flight_tokens, self.block_size
+        )
+
 
 def chunked_local_attention_max_blocks(
     attention_chunk_size: int, max_model_len: int, max_num_batched_tokens: int, block_size: int
@@ -398,6 +419,12 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
             self.attention_chunk_size, max_model_len, max_num_batched_tokens, self.block_size
         )
         return num_blocks * self.page_size_bytes
+
+    def max_admission_blocks(self, max_model_len: int, max_in_flight_tokens: int) -> int | None:
+        """`chunked_local_attention_max_blocks(C, max_model_len, max_in_flight_tokens, B)`."""
+        return chunked_local_attention_max_blocks(
+            self.attention_chunk_size, max_model_len, max_in_flight_tokens, self.block_size
+        )
 
 
 MAMBA_CACHE_MODES = ("align", "none")

@@ -100,6 +100,13 @@ class SpecSingleTypeManager:
         it keeps every block)."""
         return set()
 
+    def admission_cap(self, max_model_len: int, max_in_flight_tokens: int) -> int | None:
+        """The most blocks the full-sequence gate reserves for one request in this group
+        (vLLM 0.33's `max_admission_blocks_per_request`); None: every block its tokens need.
+        Attention that frees blocks as a request advances holds only the blocks its reads and
+        the tokens in flight (`max_in_flight_tokens`) span."""
+        return None
+
     # -- how many blocks a request holds (every type alike) ----------------------------------
 
     def num_required(self, num_slots: int) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
+from pagedkv.spec.block_counts import ceil_div
 from pagedkv.spec.block_pool import NULL_BLOCK_ID, SpecBlockPool
 from pagedkv.spec.single_type.base import Lookup, SpecSingleTypeManager
 from pagedkv.vocab.hashes import BlockHashType
@@ -89,3 +90,9 @@ class ChunkedLocalAttention(SpecSingleTypeManager):
         return chunked_local_skipped(
             num_computed_tokens, self.attention_chunk_size, self.block_size
         )
+
+    def admission_cap(self, max_model_len: int, max_in_flight_tokens: int) -> int | None:
+        """One chunk and the tokens in flight, never more than max_model_len (blocks of a
+        chunk are freed once the next chunk starts)."""
+        num_tokens = min(self.attention_chunk_size + max_in_flight_tokens, max_model_len)
+        return ceil_div(num_tokens, self.block_size)

@@ -110,6 +110,12 @@ class SlidingWindow(SpecSingleTypeManager):
     def num_skipped(self, num_computed_tokens: int) -> int:
         return sliding_window_skipped(num_computed_tokens, self.sliding_window, self.block_size)
 
+    def admission_cap(self, max_model_len: int, max_in_flight_tokens: int) -> int | None:
+        """The window's `sliding_window - 1` earlier tokens and the tokens in flight (never more
+        than max_model_len), plus one block: a window may start inside a block."""
+        num_tokens = min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len)
+        return ceil_div(num_tokens, self.block_size) + 1
+
     def retained(self, request: Request, junction: int, positions: range) -> list[bool] | None:
         """`pagedkv.spec.retention`'s rule for this window: a hit's run is the window's blocks,
         one more with EAGLE."""
