@@ -207,8 +207,10 @@ def check_manager(
     log_stats: object,
     semantics: object,
     enable_kv_cache_events: object = False,
+    max_in_flight_tokens: object = None,
 ) -> KVCacheConfig:
-    """KVCacheManager's constructor arguments: their types, then (KVCacheConfigError) one block
+    """KVCacheManager's constructor arguments: their types (max_in_flight_tokens None or an
+    int >= 1), then (KVCacheConfigError) one block
     size in every group when caching, a Mamba group only in mamba_cache_mode "none" with
     caching off. The hash algorithm's name is checked by `get_hash_fn`, each group's
     spec by the registry of per-type managers (`pagedkv.single_type`), the semantics by
@@ -227,6 +229,8 @@ def check_manager(
     require_bool(MANAGER, "log_stats", log_stats)
     require_instance(MANAGER, "semantics", semantics, Semantics)
     require_bool(MANAGER, "enable_kv_cache_events", enable_kv_cache_events)
+    if max_in_flight_tokens is not None:
+        require_int(MANAGER, "max_in_flight_tokens", max_in_flight_tokens, 1)
     block_sizes = sorted({group.kv_cache_spec.block_size for group in config.kv_cache_groups})
     if len(block_sizes) != 1 and enable_caching:
         raise refusals.groups_of_several_block_sizes(block_sizes)
@@ -278,10 +282,12 @@ def check_allocation(
     num_lookahead_tokens: object,
     num_groups: int,
     is_block: IsBlock,
+    full_sequence_must_fit: object = False,
 ) -> tuple[list[Any], ...]:
     """KVCacheManager.allocate_slots' argument checks, in order.
 
-    A Request; num_tokens an int >= 1; num_lookahead_tokens an int >= 0; the request's
+    A Request; num_tokens an int >= 1; num_lookahead_tokens an int >= 0; full_sequence_must_fit
+    a bool; the request's
     num_computed_tokens an int and its spec_token_ids a list; new_computed_blocks None or one
     iterable of blocks per KV cache group, in a list or a tuple of `num_groups` of them.
 
@@ -295,6 +301,7 @@ def check_allocation(
         and num_tokens > 0
         and type(num_lookahead_tokens) is int
         and num_lookahead_tokens >= 0
+        and type(full_sequence_must_fit) is bool
         and isinstance(request, Request)
         and type(request.num_computed_tokens) is int
         and type(request.spec_token_ids) is list
@@ -321,6 +328,7 @@ def check_allocation(
     context = request_context(checked)
     require_int(call, "num_tokens", num_tokens, 1, context=context)
     require_int(call, "num_lookahead_tokens", num_lookahead_tokens, 0, context=context)
+    require_bool(call, "full_sequence_must_fit", full_sequence_must_fit, context=context)
     require_int(call, "request.num_computed_tokens", checked.num_computed_tokens, context=context)
     require_instance(call, "request.spec_token_ids", checked.spec_token_ids, list, context=context)
     if new_computed_blocks is None:

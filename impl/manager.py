@@ -130,6 +130,10 @@ class KVCacheManager:
             group only: it had no hybrid manager) vLLM 0.8.5's.
         enable_kv_cache_events: queue KV cache events (each names its group) for
             `take_events()`.
+        max_in_flight_tokens: tokens scheduled but not yet computed, at most (vLLM 0.33's
+            `VllmConfig.max_in_flight_tokens`): with `full_sequence_must_fit`, a window or
+            chunk group reserves at most the blocks they and its reads span
+            (`KVCacheSpec.max_admission_blocks`). None: max_model_len (no cap).
         debug_invariants: run `check_invariants()` after state-changing calls (for
             deployments that prefer an exception to a silent corruption): True or 1 after every
             call, an int n > 1 after every n-th call (the check is O(num_gpu_blocks) plus
@@ -154,6 +158,7 @@ class KVCacheManager:
         semantics: Semantics = PAGEDKV,
         enable_kv_cache_events: object = False,
         debug_invariants: object = None,
+        max_in_flight_tokens: object = None,
     ) -> None:
         # Arguments a caller supplies are typed `object` and checked here, so that a compiled
         # build refuses a wrong type with the same typed error as the pure one (mypyc would
@@ -167,6 +172,7 @@ class KVCacheManager:
             log_stats,
             semantics,
             enable_kv_cache_events,
+            max_in_flight_tokens,
         )
         assert isinstance(max_model_len, int) and isinstance(enable_caching, bool)
         assert isinstance(use_eagle, bool) and isinstance(log_stats, bool)
@@ -214,6 +220,13 @@ class KVCacheManager:
         # Each group's most blocks a request holds (its own block size, its extra blocks).
         self._max_blocks = tuple(
             manager.num_required(max_model_len) for manager in single_type_managers
+        )
+        # The most blocks the full-sequence gate reserves per group (None: no cap); tokens in
+        # flight default to max_model_len, which caps nothing (vLLM 0.33's default).
+        in_flight = max_model_len if max_in_flight_tokens is None else max_in_flight_tokens
+        assert isinstance(in_flight, int)
+        self._admission_caps = tuple(
+            spec.max_admission_blocks(max_model_len, in_flight) for spec in specs
         )
         # Groups whose block counts differ (several block sizes, or a group with extra blocks:
         # both only with caching off) take the per-group path (`_allocate_per_group`).
@@ -380,9 +393,17 @@ class KVCacheManager:
         num_tokens: object,
         new_computed_blocks: Sequence[Sequence[KVCacheBlock]] | None = None,
         num_lookahead_tokens: object = 0,
+        *,
+        full_sequence_must_fit: object = False,
     ) -> KVCacheBlocks | None:
         """Reserve slots for `num_tokens` scheduled tokens (and lookahead slots) of `request`
         in every group; None when the blocks every group lacks do not fit in the pool together.
+
+        With `full_sequence_must_fit` (the admission gate vLLM 0.33's scheduler passes for a
+        waiting request), first None, with nothing changed, unless the blocks every group lacks
+        for all of the request's tokens (at most max_model_len; a window or chunk group at most
+        its `max_admission_blocks`) fit: a chunked prefill is admitted only if its whole
+        prompt will fit.
 
         First frees, group by group, the blocks a window or chunk no longer reads (even if the
         request then does not fit). Then, if the new blocks fit (evictable prefix hits do not
@@ -396,6 +417,7 @@ class KVCacheManager:
             new_computed_blocks: the hits from `get_computed_blocks` (one sequence per group),
                 for a request that holds no blocks yet.
             num_lookahead_tokens: extra slots for a speculative proposer (>= 0).
+            full_sequence_must_fit: admit only if the whole request will fit (above).
 
         Returns:
             The newly allocated blocks per group (the same number in each, maybe none), or None.
@@ -435,7 +457,12 @@ class KVCacheManager:
             # of another type, a rule broken, more blocks to allocate or cache, extra keys,
             # events on, a window or chunk to drop, invariant checks on) takes the full path,
             # which raises.
-            if self._unitary and new_computed_blocks is None and type(request) is Request:
+            if (
+                self._unitary
+                and new_computed_blocks is None
+                and full_sequence_must_fit is False
+                and type(request) is Request
+            ):
                 # This very object's record (another with its id has none): id and identity
                 # check in one lookup.
                 record = self._records.get(request)
@@ -506,6 +533,7 @@ class KVCacheManager:
                                 return ([block],)
             elif (
                 self._admits_fast
+                and full_sequence_must_fit is False
                 and type(new_computed_blocks) is tuple
                 and len(new_computed_blocks) == 1
                 and type(request) is Request
@@ -516,7 +544,11 @@ class KVCacheManager:
                 if admitted is not _FULL_PATH:
                     return admitted  # type: ignore[return-value]
             return self._allocate_slots(
-                request, num_tokens, new_computed_blocks, num_lookahead_tokens
+                request,
+                num_tokens,
+                new_computed_blocks,
+                num_lookahead_tokens,
+                full_sequence_must_fit,
             )
         finally:
             self._call_token.append(None)
@@ -603,6 +635,7 @@ class KVCacheManager:
         num_tokens: object,
         new_computed_blocks: object,
         num_lookahead_tokens: object,
+        full_sequence_must_fit: object = False,
     ) -> KVCacheBlocks | None:
         """allocate_slots' full path: every check in the spec's order, then the changes."""
         hits = check_allocation(
@@ -612,6 +645,7 @@ class KVCacheManager:
             num_lookahead_tokens,
             self.num_groups,
             KVCacheBlock,
+            full_sequence_must_fit,
         )
         assert isinstance(request, Request) and isinstance(num_tokens, int)
         assert isinstance(num_lookahead_tokens, int)
@@ -644,7 +678,10 @@ class KVCacheManager:
             )
         if self._per_group:  # caching is off: no hits, nothing to cache
             return self._allocate_per_group(
-                request, num_computed_tokens + num_tokens + num_lookahead_tokens, held is not None
+                request,
+                num_computed_tokens + num_tokens + num_lookahead_tokens,
+                held is not None,
+                full_sequence_must_fit is True,
             )
         num_required = num_required_blocks(
             num_computed_tokens, num_tokens, num_lookahead_tokens, block_size
@@ -665,6 +702,10 @@ class KVCacheManager:
         if self.enable_caching and num_full < num_cached:
             raise refusals.cached_blocks_lost(request_id, num_full, num_cached)
         # -- every precondition holds: from here on nothing can fail --
+        if full_sequence_must_fit and not self._whole_request_fits(request, hits):
+            if self.debug_invariants:
+                self._after_call()
+            return None
         coordinator = self.coordinator
         pool = self.block_pool
         if held is not None:
@@ -718,7 +759,7 @@ class KVCacheManager:
                 )
 
     def _allocate_per_group(
-        self, request: Request, num_slots: int, running: bool
+        self, request: Request, num_slots: int, running: bool, full_sequence_must_fit: bool
     ) -> KVCacheBlocks | None:
         """allocate_slots for groups whose block counts differ (caching off): each group needs
         `num_required(num_slots)` blocks, at most its `_max_blocks`; the ones every group lacks
@@ -741,6 +782,10 @@ class KVCacheManager:
                     group if self._mixed_sizes else None,
                 )
         # -- every precondition holds: from here on nothing can fail --
+        if full_sequence_must_fit and not self._whole_request_fits(request, ()):
+            if self.debug_invariants:
+                self._after_call()
+            return None
         coordinator = self.coordinator
         pool = self.block_pool
         if running:
@@ -795,6 +840,26 @@ class KVCacheManager:
                 )
                 if shape_error is not None:
                     raise refusals.hit_shape(request_id, shape_error)
+
+    def _whole_request_fits(self, request: Request, hits: tuple[list[KVCacheBlock], ...]) -> bool:
+        """The full-sequence gate, before anything changes: the blocks every group lacks for
+        `min(num_tokens, max_model_len)` tokens (lookahead and drafts out), each group's need
+        at most its admission cap, fit in the free blocks the hits leave, as the step's own
+        check counts them. Complexity: O(groups + hits)."""
+        request_id = request.request_id
+        num_tokens = min(request.num_tokens, self.max_model_len)
+        num_hits = len(hits[0]) if hits else 0
+        missing = 0
+        managers = self.coordinator.single_type_managers
+        for manager, cap in zip(managers, self._admission_caps, strict=True):
+            required = manager.num_required(num_tokens)
+            if cap is not None and cap < required:
+                required = cap
+            lacking = required - len(manager.req_to_blocks.get(request_id, ())) - num_hits
+            if lacking > 0:
+                missing += lacking
+        num_evictable = self._num_evictable_hits(hits) if num_hits else 0
+        return fits(missing, self.block_pool.get_num_free_blocks(), num_evictable)
 
     def _num_evictable_hits(self, hits: tuple[list[KVCacheBlock], ...]) -> int:
         """Hits with ref_cnt 0: touching takes them off the free queue, so they are not free
