@@ -227,9 +227,13 @@ class ObjectManagerAdapter:
         num_tokens: int,
         new_computed_blocks: Sequence[Sequence[int]] | None = None,
         num_lookahead_tokens: int = 0,
+        *,
+        full_sequence_must_fit: bool = False,
     ) -> tuple[list[int], ...] | None:
         hits = None if new_computed_blocks is None else self._group_blocks(new_computed_blocks)
-        groups = self.manager.allocate_slots(request, num_tokens, hits, num_lookahead_tokens)
+        groups = self.manager.allocate_slots(
+            request, num_tokens, hits, num_lookahead_tokens, **_gate(full_sequence_must_fit)
+        )
         return None if groups is None else _group_ids(groups)
 
     def free(self, request: Request) -> None:
@@ -289,6 +293,13 @@ class ObjectManagerAdapter:
         _check_if_offered(self.manager)
 
 
+def _gate(full_sequence_must_fit: bool) -> dict[str, bool]:
+    """allocate_slots' keyword for the full-sequence gate: passed only when on, so that a
+    manager whose factory does not offer the gate (`harness.swarm.offers_full_sequence_gate`)
+    never sees it."""
+    return {"full_sequence_must_fit": True} if full_sequence_must_fit else {}
+
+
 def _group_ids(groups: Any) -> tuple[list[int], ...]:
     return tuple([block.block_id for block in blocks] for blocks in groups)
 
@@ -313,9 +324,13 @@ class FlatObjectManagerAdapter:
         num_tokens: int,
         new_computed_blocks: Sequence[int] | None = None,
         num_lookahead_tokens: int = 0,
+        *,
+        full_sequence_must_fit: bool = False,
     ) -> list[int] | None:
         hits = None if new_computed_blocks is None else self.pool._blocks(new_computed_blocks)
-        blocks = self.manager.allocate_slots(request, num_tokens, hits, num_lookahead_tokens)
+        blocks = self.manager.allocate_slots(
+            request, num_tokens, hits, num_lookahead_tokens, **_gate(full_sequence_must_fit)
+        )
         return None if blocks is None else [block.block_id for block in blocks]
 
     def free(self, request: Request) -> None:
@@ -385,6 +400,8 @@ class OneGroupAdapter:
         num_tokens: int,
         new_computed_blocks: Sequence[Sequence[int]] | None = None,
         num_lookahead_tokens: int = 0,
+        *,
+        full_sequence_must_fit: bool = False,
     ) -> tuple[list[int], ...] | None:
         hits: Any = new_computed_blocks
         if hits is not None:
@@ -397,7 +414,9 @@ class OneGroupAdapter:
                     context=f" for request {request.request_id!r}",
                 )
             hits = hits[0]
-        blocks = self.flat.allocate_slots(request, num_tokens, hits, num_lookahead_tokens)
+        blocks = self.flat.allocate_slots(
+            request, num_tokens, hits, num_lookahead_tokens, **_gate(full_sequence_must_fit)
+        )
         return None if blocks is None else (list(blocks),)
 
     def free(self, request: Request) -> None:

@@ -155,7 +155,8 @@ class Target:
         needs: the campaign modes it applies to ("misuse", "pagedkv semantics", "kv events":
             the implementation emits KV cache events; "sparse retention": the domain draws a
             retention interval other than dense; "evict_blocks": the manager offers it; "mamba
-            groups": it serves Mamba groups, in the hybrid layer); it is
+            groups": it serves Mamba groups, in the hybrid layer; "full-sequence gate": it takes
+            vLLM 0.33's admission gate); it is
             shown but not enforced otherwise.
         scales: whether the minimum grows with the campaign's length.
     """
@@ -359,6 +360,30 @@ MANAGER_TARGETS: tuple[Target, ...] = (
         "a later request recomputes from the failed block",
         "evict_blocks",
     ),
+    _t(
+        "full-sequence gate: admissions",
+        3_000,
+        "vLLM 0.33's scheduler admits through the gate by default (scheduler_reserve_full_isl)",
+        "full-sequence gate",
+    ),
+    _t(
+        "full-sequence gate: admissions refused that the step alone would fit",
+        4,
+        "the whole prompt must fit before its first chunk is admitted; nothing changes",
+        "full-sequence gate",
+    ),
+    _t(
+        "full-sequence gate: admissions under a window or chunk's cap",
+        60,
+        "a window or chunk group reserves at most what its reads and the tokens in flight span",
+        "full-sequence gate",
+    ),
+    _t(
+        "full-sequence gate: capped admissions admitted",
+        60,
+        "the cap lets in a request whose every block would not fit at once",
+        "full-sequence gate",
+    ),
     _t("distinct states", 10_000, "block tables, free and cached counts: the drive goes wide"),
 )
 """The manager campaign's targets: each about half the rate the CI campaign (`CI_SEED`,
@@ -481,8 +506,9 @@ HYBRID_TARGETS: tuple[Target, ...] = (
     ),
     _t(
         "attention truth: hits checked",
-        2_800,
-        "every group's hit holds the request's own KV where its next token reads",
+        2_500,
+        "every group's hit holds the request's own KV where its next token reads (2,800 before "
+        "a third of the runs admitted through the full-sequence gate)",
     ),
     _t(
         "attention truth: hits past null blocks checked, sliding window",
@@ -605,6 +631,30 @@ HYBRID_TARGETS: tuple[Target, ...] = (
         160,
         "every group's blocks back, the state blocks too",
         "mamba groups",
+    ),
+    _t(
+        "full-sequence gate: admissions",
+        1_000,
+        "vLLM 0.33's scheduler admits through the gate by default (scheduler_reserve_full_isl)",
+        "full-sequence gate",
+    ),
+    _t(
+        "full-sequence gate: admissions refused that the step alone would fit",
+        60,
+        "the whole prompt must fit before its first chunk is admitted; nothing changes",
+        "full-sequence gate",
+    ),
+    _t(
+        "full-sequence gate: admissions under a window or chunk's cap",
+        500,
+        "a window or chunk group reserves at most what its reads and the tokens in flight span",
+        "full-sequence gate",
+    ),
+    _t(
+        "full-sequence gate: capped admissions admitted",
+        400,
+        "the cap lets in a request whose every block would not fit at once",
+        "full-sequence gate",
     ),
     _t("distinct states", 20_000, "block tables of every group: the drive goes wide"),
 )

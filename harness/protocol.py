@@ -167,14 +167,19 @@ class ManagerConfig:
     log_stats: bool
     semantics: Semantics
     enable_kv_cache_events: bool = False
+    max_in_flight_tokens: int | None = None
 
     def build(self, manager_class: Callable[..., M], *, pass_semantics: bool = True) -> M:
         """`manager_class` called with these arguments, the way KVCacheManager takes them
         (`enable_kv_cache_events` only when on: a manager without events need not take it;
-        without `pass_semantics`, the manager takes its own default)."""
+        `max_in_flight_tokens` only when set, which only runs drawn for a manager that offers
+        the full-sequence gate do; without `pass_semantics`, the manager takes its own
+        default)."""
         options: dict[str, object] = {"semantics": self.semantics} if pass_semantics else {}
         if self.enable_kv_cache_events:
             options["enable_kv_cache_events"] = True
+        if self.max_in_flight_tokens is not None:
+            options["max_in_flight_tokens"] = self.max_in_flight_tokens
         return manager_class(
             self.kv_cache_config,
             self.max_model_len,
@@ -241,7 +246,11 @@ class ManagerUnderTest(Protocol):
         num_tokens: int,
         new_computed_blocks: Sequence[Sequence[int]] | None = None,
         num_lookahead_tokens: int = 0,
-    ) -> GroupIds | None: ...
+        *,
+        full_sequence_must_fit: bool = False,
+    ) -> GroupIds | None:
+        """`full_sequence_must_fit` (vLLM 0.33's admission gate) is passed, True, only to a
+        manager whose factory offers it (`harness.swarm.offers_full_sequence_gate`)."""
 
     def free(self, request: Request) -> None: ...
 
@@ -281,6 +290,8 @@ class FlatManagerUnderTest(Protocol):
         num_tokens: int,
         new_computed_blocks: Sequence[int] | None = None,
         num_lookahead_tokens: int = 0,
+        *,
+        full_sequence_must_fit: bool = False,
     ) -> list[int] | None: ...
 
     def free(self, request: Request) -> None: ...

@@ -74,6 +74,7 @@ from pagedkv.harness.swarm.engine import (
     execute_run,
     manager_layer,
     offers_evict_blocks,
+    offers_full_sequence_gate,
     offers_kv_events,
     offers_mamba_groups,
     pool_layer,
@@ -358,6 +359,7 @@ def _manager_campaign(
         domain=domain,
         evict_blocks=offers_evict_blocks(factory),
         mamba_groups=offers_mamba_groups(factory),
+        full_sequence_gate=offers_full_sequence_gate(factory),
     )
     kinds = {
         "full": ", full attention",

@@ -171,7 +171,9 @@ def test_a_campaign_is_held_to_the_retention_targets_only_where_it_draws_sparse_
     from pagedkv.vocab.semantics import VLLM_0_33
 
     def modes(domain: Domain) -> frozenset[str]:
-        layer: Any = SimpleNamespace(kv_events=False, evict_blocks=False, mamba_groups=False)
+        layer: Any = SimpleNamespace(
+            kv_events=False, evict_blocks=False, mamba_groups=False, full_sequence_gate=False
+        )
         campaign = Campaign("t", "i", layer, VLLM_0_33, False, domain, 1, MANAGER_TARGETS, "")
         return campaign.modes
 

@@ -61,6 +61,7 @@ from pagedkv.vocab.kv_cache_interface import (
     MambaSpec,
     SlidingWindowSpec,
 )
+from pagedkv.vocab.request import Request
 
 HISTORY = 32
 """Earlier token lists a new prompt may start with (the most recent ones)."""
@@ -106,8 +107,11 @@ class ManagerClient:
         *,
         hostile_calls: Mapping[str, HostileCall] = HOSTILE_CALLS,
         domain: Domain = FULL_DOMAIN,
+        full_sequence_gate: bool = False,
     ) -> None:
         self.pair = pair
+        self.full_sequence_gate = full_sequence_gate
+        """Whether admissions pass `full_sequence_must_fit=True` (vLLM 0.33's scheduler)."""
         self.spec = spec
         self.config = config
         self.coverage = coverage
@@ -154,6 +158,7 @@ class ManagerClient:
         check_every: int,
         hostile_calls: Mapping[str, HostileCall] = HOSTILE_CALLS,
         domain: Domain = FULL_DOMAIN,
+        full_sequence_gate: bool = False,
     ) -> ManagerClient:
         """A client over a fresh spec manager and a fresh `factory` manager built from `config`
         (pagedkv's own manager must also word each refusal as the spec does)."""
@@ -168,7 +173,15 @@ class ManagerClient:
             outcomes=coverage.outcomes,
         )
         assert isinstance(spec, SpecManagerAdapter)
-        return cls(pair, spec.manager, config, coverage, hostile_calls=hostile_calls, domain=domain)
+        return cls(
+            pair,
+            spec.manager,
+            config,
+            coverage,
+            hostile_calls=hostile_calls,
+            domain=domain,
+            full_sequence_gate=full_sequence_gate,
+        )
 
     def __getstate__(self) -> dict[str, object]:
         """A copy of the client and its pair (the exhaustive search's states); the copy counts
@@ -327,7 +340,9 @@ class ManagerClient:
             self._finish_request(live)  # the prompt alone is past max_model_len
             return (live,)
         lookahead = min(op.lookahead, room)
-        allocated = self._allocate(record, chunk, hits, lookahead, decode=False)
+        allocated = self._allocate(
+            record, chunk, hits, lookahead, decode=False, gate=self.full_sequence_gate
+        )
         if allocated:
             live.running = True
             record.set_computed(num_hit_tokens + chunk)
@@ -380,9 +395,11 @@ class ManagerClient:
         lookahead: int,
         *,
         decode: bool,
+        gate: bool = False,
     ) -> bool | None:
-        """allocate_slots on both sides: True (allocated), False (None: no room), None (both
-        refused). Counts what the call exercised, from the spec's state before and after."""
+        """allocate_slots on both sides (`gate`: through the full-sequence gate): True
+        (allocated), False (None: no room), None (both refused). Counts what the call
+        exercised, from the spec's state before and after."""
         spec = self.spec
         counts = self.coverage.counts
         request = record.request
@@ -397,13 +414,8 @@ class ManagerClient:
         nulls_before = [blocks.count(0) for blocks in held] if self.drops_blocks else []
         start = computed + num_hits * block_size
         hashed_before = self._cached_candidates(held, start + num_tokens + lookahead)
-        result, error = self.pair.call(
-            "allocate_slots",
-            lambda manager: manager.allocate_slots(request, num_tokens, hits, lookahead),
-            lambda: (
-                f"allocate_slots({request_id}, {num_tokens}, {hits}, {lookahead})"
-                + (f" with spec_token_ids={request.spec_token_ids}" if num_drafts else "")
-            ),
+        result, error = self._call_allocate(
+            request, num_tokens, hits, lookahead, gate, start + num_tokens + lookahead
         )
         if error is not None:
             self._error("allocate_slots", error)
@@ -452,6 +464,62 @@ class ManagerClient:
         if self.drops_blocks:
             self._count_window_frees(request_id, nulls_before)
         return True
+
+    def _call_allocate(
+        self,
+        request: Request,
+        num_tokens: int,
+        hits: GroupIds | None,
+        lookahead: int,
+        gate: bool,
+        num_slots: int,
+    ) -> tuple[Any, Exception | None]:
+        """The allocate_slots call on both sides (`gate`: `full_sequence_must_fit=True`, the
+        admission counted first; `num_slots`: the token slots the step itself needs)."""
+        if gate:
+            self._count_gate(request, hits or (), num_slots)
+        options = {"full_sequence_must_fit": True} if gate else {}
+        num_drafts = len(request.spec_token_ids)
+        return self.pair.call(
+            "allocate_slots",
+            lambda manager: manager.allocate_slots(request, num_tokens, hits, lookahead, **options),
+            lambda: (
+                f"allocate_slots({request.request_id}, {num_tokens}, {hits}, {lookahead}"
+                + (", full_sequence_must_fit=True)" if gate else ")")
+                + (f" with spec_token_ids={request.spec_token_ids}" if num_drafts else "")
+            ),
+        )
+
+    def _count_gate(self, request: Request, hit_lists: GroupIds, num_slots: int) -> None:
+        """An admission through the full-sequence gate (the request holds no blocks), counted
+        from the spec's state before it: whether the gate alone refuses it (the step's own
+        `num_slots` would fit), and whether a window or chunk group's admission cap binds."""
+        counts = self.coverage.counts
+        spec = self.spec
+        counts["full-sequence gate: admissions"] += 1
+        num_hits = len(hit_lists[0]) if hit_lists else 0
+        num_free = spec.pool.get_num_free_blocks()
+        num_free -= sum(
+            1
+            for hits in hit_lists
+            for block_id in hits
+            if block_id and spec.pool.ref_cnt[block_id] == 0
+        )
+        whole = min(request.num_tokens, self.config.max_model_len)
+        needed = 0
+        capped = False
+        for manager, cap in zip(spec.managers, spec.admission_caps, strict=True):
+            required = manager.num_required(whole)
+            if cap is not None and cap < required:
+                required, capped = cap, True
+            needed += max(required - num_hits, 0)
+        step = sum(max(manager.num_required(num_slots) - num_hits, 0) for manager in spec.managers)
+        if needed > num_free >= step:
+            counts["full-sequence gate: admissions refused that the step alone would fit"] += 1
+        if capped:
+            counts["full-sequence gate: admissions under a window or chunk's cap"] += 1
+            if needed <= num_free:
+                counts["full-sequence gate: capped admissions admitted"] += 1
 
     def _count_mamba_step(self, new_lists: GroupIds) -> None:
         """A Mamba hybrid's allocation: what the Mamba groups took beside the attention groups

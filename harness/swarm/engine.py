@@ -84,6 +84,7 @@ class Layer:
         kv_events: whether some runs turn KV cache events on.
         evict_blocks: whether some runs call `evict_blocks` (a manager layer).
         mamba_groups: whether some runs have Mamba groups (the hybrid layer).
+        full_sequence_gate: whether some runs admit through the full-sequence gate.
     """
 
     name: str
@@ -93,6 +94,7 @@ class Layer:
     kv_events: bool = False
     evict_blocks: bool = False
     mamba_groups: bool = False
+    full_sequence_gate: bool = False
 
 
 def offers_kv_events(factory: object) -> bool:
@@ -118,6 +120,15 @@ def offers_mamba_groups(factory: object) -> bool:
     return factory in own or getattr(factory, "mamba_groups", False) is True
 
 
+def offers_full_sequence_gate(factory: object) -> bool:
+    """Whether `factory`'s managers take `allocate_slots(..., full_sequence_must_fit=True)` and
+    a `max_in_flight_tokens` constructor argument (vLLM 0.33's admission gate): pagedkv's and
+    the spec's, or a factory that says so with a `full_sequence_must_fit` attribute that is
+    True."""
+    own = (pagedkv_manager, spec_manager)
+    return factory in own or getattr(factory, "full_sequence_must_fit", False) is True
+
+
 def manager_layer(
     factory: ManagerFactory,
     *,
@@ -130,16 +141,20 @@ def manager_layer(
     domain: Domain = FULL_DOMAIN,
     evict_blocks: bool | None = None,
     mamba_groups: bool | None = None,
+    full_sequence_gate: bool | None = None,
 ) -> Layer:
     """The request-level manager layer, checking `factory`'s managers on `domain`; `kv_events`
     (default: `offers_kv_events(factory)`) says whether they can emit KV cache events,
     `evict_blocks` (default: `offers_evict_blocks(factory)`) whether they have `evict_blocks`,
-    `mamba_groups` (default: `offers_mamba_groups(factory)`) whether they serve Mamba groups.
+    `mamba_groups` (default: `offers_mamba_groups(factory)`) whether they serve Mamba groups,
+    `full_sequence_gate` (default: `offers_full_sequence_gate(factory)`) whether they take the
+    full-sequence admission gate.
     With `attention="hybrid"` it is the hybrid layer (named "hybrid": its runs have seeds of
     their own): configurations of 2 to `domain.max_groups` KV cache groups."""
     events = offers_kv_events(factory) if kv_events is None else kv_events
     evict = offers_evict_blocks(factory) if evict_blocks is None else evict_blocks
     mamba = offers_mamba_groups(factory) if mamba_groups is None else mamba_groups
+    gate = offers_full_sequence_gate(factory) if full_sequence_gate is None else full_sequence_gate
     return Layer(
         "hybrid" if attention == "hybrid" else "manager",
         lambda seed: draw_manager_run(
@@ -152,6 +167,7 @@ def manager_layer(
             domain=domain,
             evict_blocks=evict,
             mamba_groups=mamba,
+            full_sequence_gate=gate,
         ),
         lambda run, coverage, check_every: _manager_client(
             run, factory, coverage, check_every, hostile_calls
@@ -160,6 +176,7 @@ def manager_layer(
         events,
         evict,
         mamba and attention == "hybrid",
+        gate,
     )
 
 
@@ -178,6 +195,7 @@ def _manager_client(
         check_every=check_every or run.check_every,
         hostile_calls=hostile_calls,
         domain=run.domain,
+        full_sequence_gate=run.full_sequence_gate,
     )
 
 
@@ -330,7 +348,7 @@ class Campaign:
     @property
     def modes(self) -> frozenset[str]:
         """What the coverage targets may assume ("misuse", "pagedkv semantics", "kv events",
-        "sparse retention", "evict_blocks", "mamba groups")."""
+        "sparse retention", "evict_blocks", "mamba groups", "full-sequence gate")."""
         modes = {"misuse"} if self.misuse else set()
         if self.domain.draws_sparse_retention:
             modes.add("sparse retention")
@@ -342,6 +360,8 @@ class Campaign:
             modes.add("evict_blocks")
         if self.layer.mamba_groups and self.domain.max_groups > 1:
             modes.add("mamba groups")
+        if self.layer.full_sequence_gate:
+            modes.add("full-sequence gate")
         return frozenset(modes)
 
 

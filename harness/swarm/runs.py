@@ -22,7 +22,12 @@ run drawn with prefix caching off and without EAGLE, of a manager that serves Ma
 (`offers_mamba_groups`), turns, in two runs out of three, into a Mamba hybrid (vLLM 0.33 caches
 Mamba states only in its "align" mode, which pagedkv does not serve yet): one or two Mamba
 groups of `max_model_len` tokens a block (vLLM's block size for them with caching off) beside
-the attention groups: groups of several block sizes.
+the attention groups: groups of several block sizes. After that, a run of a manager that
+offers vLLM 0.33's full-sequence admission gate (`offers_full_sequence_gate`) admits, in a third
+of the runs, every waiting request with `full_sequence_must_fit=True`, as vLLM 0.33's scheduler
+does by default (`scheduler_reserve_full_isl`), under a drawn `max_in_flight_tokens`
+(`with_full_sequence_gate`), if a request of `max_model_len` tokens fits the empty pool through
+the gate (vLLM would not start otherwise: `admits_max_model_len`).
 """
 
 from __future__ import annotations
@@ -109,6 +114,9 @@ EVICT_SHARE = 1 / 2
 EVICT_WEIGHT = (1, 3)
 """The share of runs that call `evict_blocks` (of a manager that offers it), and the range its
 weight is drawn from: rare next to the scheduler's moves, as a connector's failed loads are."""
+
+GATE_SHARE = 1 / 3
+"""The share of runs that admit through the full-sequence gate (of a manager that offers it)."""
 
 MAMBA_SHARE = 2 / 3
 MAMBA_SPECULATIVE_BLOCKS = (0, 0, 1, 2)
@@ -322,6 +330,7 @@ class ManagerRun:
         check_every: steps between full checks (1: full mode).
         misuse: whether hostile calls may be made.
         domain: what the implementation under test supports (the client sends nothing else).
+        full_sequence_gate: whether admissions pass `full_sequence_must_fit=True`.
     """
 
     seed: int
@@ -334,6 +343,7 @@ class ManagerRun:
     check_every: int
     misuse: bool
     domain: Domain = FULL_DOMAIN
+    full_sequence_gate: bool = False
 
     @property
     def block_size(self) -> int:
@@ -426,6 +436,8 @@ class ManagerRun:
             f"events {'on' if self.kv_events else 'off'}",
             "full check every step" if self.check_every == 1 else "full check on a cadence",
         ]
+        if self.full_sequence_gate:
+            keys.append("admission full-sequence gate")
         keys += [f"feature {name}" for name in self.features]
         keys += [f"operation {name}" for name in self.weights]
         return keys
@@ -473,6 +485,7 @@ def draw_manager_run(
     domain: Domain = FULL_DOMAIN,
     evict_blocks: bool = False,
     mamba_groups: bool = False,
+    full_sequence_gate: bool = False,
 ) -> ManagerRun:
     """The run of this seed. `attention` (`ATTENTIONS`) restricts the draw;
     `steps_per_run` fixes the run length (default: drawn, 20-2,000 steps, log-uniform);
@@ -480,7 +493,9 @@ def draw_manager_run(
     in about a third of the runs; the layer knows, `harness/swarm/engine.py`); `domain` bounds
     the configurations and features drawn; `evict_blocks` says whether the manager offers
     `evict_blocks` (then about half the runs call it), `mamba_groups` whether it serves Mamba
-    groups (then a quarter of the hybrid runs have some: `with_mamba_groups`)."""
+    groups (then a quarter of the hybrid runs have some: `with_mamba_groups`),
+    `full_sequence_gate` whether it offers vLLM 0.33's admission gate (then a third of the runs
+    admit through it: `with_full_sequence_gate`)."""
     rng = random.Random(seed)
     block_size = draw_block_size(rng)
     num_blocks = draw_pool_size(rng)
@@ -526,7 +541,12 @@ def draw_manager_run(
     hybrid = attention == "hybrid" and domain.max_groups > 1
     cacheless = not config.enable_caching and not config.use_eagle
     if mamba_groups and hybrid and cacheless and rng.random() < MAMBA_SHARE:
-        config = with_mamba_groups(rng, config, domain)  # the last draw
+        config = with_mamba_groups(rng, config, domain)
+    gate = full_sequence_gate and rng.random() < GATE_SHARE  # the last draws
+    if gate:
+        gated = with_full_sequence_gate(rng, config)
+        gate = admits_max_model_len(gated)  # else vLLM would not start: no gate, as before
+        config = gated if gate else config
     return ManagerRun(
         seed=seed,
         config=config,
@@ -538,7 +558,38 @@ def draw_manager_run(
         check_every=check_every,
         misuse=misuse,
         domain=domain,
+        full_sequence_gate=gate,
     )
+
+
+def with_full_sequence_gate(rng: random.Random, config: ManagerConfig) -> ManagerConfig:
+    """`config` with the `max_in_flight_tokens` a gated run's manager is built with: a third of
+    the time max_model_len (no window or chunk group's admission cap binds: vLLM 0.33's default
+    engine, whose in-flight tokens dwarf the harness's max_model_len), else 1 to max_model_len
+    tokens, log-uniform (a small `max_num_batched_tokens`: the caps bind)."""
+    max_model_len = config.max_model_len
+    if rng.random() < 1 / 3:
+        return dataclasses.replace(config, max_in_flight_tokens=max_model_len)
+    return dataclasses.replace(config, max_in_flight_tokens=_log_uniform(rng, 1, max_model_len))
+
+
+def admits_max_model_len(config: ManagerConfig) -> bool:
+    """Whether a request of max_model_len tokens passes the full-sequence gate in the empty pool
+    (every group's blocks for it, a window or chunk group's at most its admission cap): vLLM
+    0.33 refuses to start otherwise (`check_enough_kv_cache_memory`), and a gated run of such a
+    config would leave its long requests waiting for good."""
+    max_model_len = config.max_model_len
+    in_flight = config.max_in_flight_tokens or max_model_len
+    needed = 0
+    for group in config.kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        if isinstance(spec, MambaSpec):
+            needed += spec.blocks_per_request
+            continue
+        blocks = -(-max_model_len // spec.block_size)
+        cap = spec.max_admission_blocks(max_model_len, in_flight)
+        needed += blocks if cap is None else min(blocks, cap)
+    return needed <= config.kv_cache_config.num_blocks - 1
 
 
 def with_retention(rng: random.Random, config: ManagerConfig, domain: Domain) -> ManagerConfig:

@@ -310,6 +310,8 @@ class Vllm033Manager:
         num_tokens: int,
         new_computed_blocks: Any = None,
         num_lookahead_tokens: int = 0,
+        *,
+        full_sequence_must_fit: bool = False,
     ) -> Any:
         view = self._view(request)
         hits = new_computed_blocks or tuple([] for _ in range(self.num_groups))
@@ -320,6 +322,7 @@ class Vllm033Manager:
             len(lists[0]) * self.block_size,
             self.manager.create_kv_cache_blocks(lists) if lists[0] else None,
             num_lookahead_tokens,
+            full_sequence_must_fit=full_sequence_must_fit,
         )
         if blocks is None:
             return None
@@ -492,7 +495,8 @@ def load(semantics: Semantics, root: Path, settings: Sequence[str]) -> Loaded:
         manager = KVCacheManager(
             kv_cache_config,
             config.max_model_len,
-            max_in_flight_tokens=engine_settings.max_in_flight_tokens,
+            max_in_flight_tokens=config.max_in_flight_tokens
+            or engine_settings.max_in_flight_tokens,
             enable_caching=config.enable_caching,
             use_eagle=config.use_eagle,
             num_hash_lookahead_tokens=0,
@@ -512,6 +516,7 @@ def load(semantics: Semantics, root: Path, settings: Sequence[str]) -> Loaded:
 
     vllm_manager.evict_blocks = True  # type: ignore[attr-defined]  # offers_evict_blocks
     vllm_manager.mamba_groups = True  # type: ignore[attr-defined]  # offers_mamba_groups
+    vllm_manager.full_sequence_must_fit = True  # type: ignore[attr-defined]  # the gate
 
     domain = dataclasses.replace(
         DOMAIN, retention_intervals=(engine_settings.retention,), group_plan=plan

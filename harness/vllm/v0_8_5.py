@@ -130,9 +130,19 @@ class Vllm085Manager(FlatObjectManagerAdapter):
         num_tokens: int,
         new_computed_blocks: Sequence[int] | None = None,
         num_lookahead_tokens: int = 0,
+        *,
+        full_sequence_must_fit: bool = False,
     ) -> list[int] | None:
+        """`full_sequence_must_fit` reaches vLLM 0.8.5 (which has no such gate, and refuses the
+        keyword) only if given: its factory does not offer the gate."""
         view: Any = self.views(request)
-        return super().allocate_slots(view, num_tokens, new_computed_blocks, num_lookahead_tokens)
+        return super().allocate_slots(
+            view,
+            num_tokens,
+            new_computed_blocks,
+            num_lookahead_tokens,
+            full_sequence_must_fit=full_sequence_must_fit,
+        )
 
     def free(self, request: Request) -> None:
         super().free(self.views(request))  # type: ignore[arg-type]
