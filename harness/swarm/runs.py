@@ -118,6 +118,12 @@ weight is drawn from: rare next to the scheduler's moves, as a connector's faile
 GATE_SHARE = 1 / 3
 """The share of runs that admit through the full-sequence gate (of a manager that offers it)."""
 
+MAMBA_TYPES = ("mamba2", "mamba2", "mamba1", "gdn_attn", "linear", "short_conv")
+"""The state layers a Mamba group's spec is drawn of (vLLM 0.33's `MambaAttentionBackendEnum`;
+Mamba-2 most often): vLLM keeps each in a `MambaSpec` served by its `MambaManager`, Qwen3-Next's
+gated delta net (`gdn_attn`) and MiniMax's linear attention (`linear`) included. Two groups of
+different types are two groups (their specs differ), as vLLM plans them."""
+
 MAMBA_SHARE = 2 / 3
 MAMBA_SPECULATIVE_BLOCKS = (0, 0, 1, 2)
 """The share of hybrid runs with caching off and without EAGLE that become Mamba hybrids (of a
@@ -187,21 +193,28 @@ def _draw_chunked(rng: random.Random, block_size: int, domain: Domain) -> KVCach
     return chunked_spec(block_size, block_size * rng.randint(1, 3))
 
 
-def mamba_spec(max_model_len: int, num_speculative_blocks: int, page_size_bytes: int) -> MambaSpec:
-    """The smallest Mamba-2 layer (one float16 state value) in mode "none": one block of
-    `max_model_len` tokens, its page padded to the attention page (as vLLM pads it)."""
+def mamba_spec(
+    max_model_len: int,
+    num_speculative_blocks: int,
+    page_size_bytes: int,
+    mamba_type: str = "mamba2",
+) -> MambaSpec:
+    """The smallest state layer of `mamba_type` (one float16 state value) in mode "none": one
+    block of `max_model_len` tokens, its page padded to the attention page (as vLLM pads it)."""
     return MambaSpec(
         block_size=max_model_len,
         shapes=[(1,)],
         dtypes=["float16"],
         page_size_padded=page_size_bytes,
         num_speculative_blocks=num_speculative_blocks,
+        mamba_type=mamba_type,
     )
 
 
 def _draw_mamba(rng: random.Random, config: ManagerConfig) -> KVCacheSpec:
     page = config.kv_cache_config.kv_cache_groups[0].kv_cache_spec.page_size_bytes
-    return mamba_spec(config.max_model_len, rng.choice(MAMBA_SPECULATIVE_BLOCKS), page)
+    speculative = rng.choice(MAMBA_SPECULATIVE_BLOCKS)
+    return mamba_spec(config.max_model_len, speculative, page, rng.choice(MAMBA_TYPES))
 
 
 STATE_DRAWS: dict[type[KVCacheSpec], Callable[[random.Random, ManagerConfig], KVCacheSpec]] = {

@@ -186,6 +186,9 @@ import enum
 class MambaAttentionBackendEnum(enum.Enum):
     MAMBA1 = "mamba1"
     MAMBA2 = "mamba2"
+    SHORT_CONV = "short_conv"
+    LINEAR = "linear"
+    GDN_ATTN = "gdn_attn"
 """
 
 

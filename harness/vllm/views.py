@@ -96,7 +96,8 @@ def vllm_mamba_spec(ours: MambaSpec, interface: Any, torch: Any, **extra: object
 
     Raises:
         UnknownMambaTypeError: the loaded enum has no such member (the harness's stand-in for
-            vLLM's backend registry names MAMBA1 and MAMBA2 only).
+            vLLM's backend registry names vLLM 0.33's five: MAMBA1, MAMBA2, SHORT_CONV, LINEAR,
+            GDN_ATTN).
     """
     backends = interface.MambaAttentionBackendEnum
     name = ours.mamba_type.upper()
