@@ -29,6 +29,11 @@ class EngineConfig:
         prefix_cache_retention_interval: which full blocks a sliding-window group caches
             (`KVCacheConfig`'s; None: every one, 0: vLLM 0.33's engine default, only those a
             later hit can use); the KV cache config refuses what vLLM 0.33 refuses.
+        reserve_full_sequence: admit a waiting request only if its whole prompt will fit
+            (`allocate_slots(..., full_sequence_must_fit=True)`, a window or chunk group
+            counting its admission cap under `max_num_batched_tokens` in flight): vLLM 0.33's
+            `scheduler_reserve_full_isl`, on by default as there. Off, a chunked prefill is
+            admitted as soon as its first chunk fits, and may be preempted half-way.
     """
 
     num_blocks: int
@@ -39,6 +44,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     runtime_checks: int = 0
     prefix_cache_retention_interval: int | None = None
+    reserve_full_sequence: bool = True
 
     def __post_init__(self) -> None:
         _check_int("num_blocks", self.num_blocks, 2)
@@ -54,6 +60,10 @@ class EngineConfig:
         _check_int("runtime_checks", self.runtime_checks, 0)
         if self.prefix_cache_retention_interval is not None:
             _check_int("prefix_cache_retention_interval", self.prefix_cache_retention_interval, 0)
+        if not isinstance(self.reserve_full_sequence, bool):
+            raise InvalidArgumentError(
+                f"reserve_full_sequence must be a bool, got {self.reserve_full_sequence!r}"
+            )
 
     @property
     def num_usable_blocks(self) -> int:

@@ -140,6 +140,7 @@ class LLMEngine:
             log_stats=metrics is not None,
             enable_kv_cache_events=metrics is not None,
             debug_invariants=config.runtime_checks,
+            max_in_flight_tokens=config.max_num_batched_tokens,  # one batch: steps are synchronous
         )
         self.metrics = metrics
         caches = allocate_kv_caches(kv_cache_config, backend="torch", device=str(self.device))

@@ -8,7 +8,8 @@ One step, under a token budget::
        request (recompute later) and retry, down to the request itself;
     2. only if nobody was preempted: admit waiting requests, first come first served
        (preempted ones at the head), each with a prefix-cache lookup, while the budget,
-       `max_num_seqs` and the pool allow.
+       `max_num_seqs` and the pool allow (by default only a request whose whole prompt will
+       fit: vLLM 0.33's full-sequence gate, `EngineConfig.reserve_full_sequence`).
 
 After the model ran, `update_from_output` advances `num_computed_tokens`, appends each sampled
 token, and finishes requests (`free` then `free_block_hashes`). A request whose last scheduled
@@ -189,7 +190,7 @@ class Scheduler:
             item = self.waiting[0]
             hits, num_hit_tokens = self.manager.get_computed_blocks(item.request)
             num_tokens = min(item.request.num_tokens - num_hit_tokens, budget)
-            if not self._allocate(item, num_tokens, hits):
+            if not self._allocate(item, num_tokens, hits, admission=True):
                 break
             self.waiting.popleft()
             self.running.append(item)
@@ -235,11 +236,23 @@ class Scheduler:
         return finished
 
     def _allocate(
-        self, item: EngineRequest, num_tokens: int, hits: KVCacheBlocks | None = None
+        self,
+        item: EngineRequest,
+        num_tokens: int,
+        hits: KVCacheBlocks | None = None,
+        *,
+        admission: bool = False,
     ) -> bool:
+        """allocate_slots; an admission passes the full-sequence gate when the config reserves
+        the full sequence (vLLM 0.33's default)."""
         manager = self.manager
         request_id = item.request_id
-        new_blocks = manager.allocate_slots(item.request, num_tokens, hits)
+        new_blocks = manager.allocate_slots(
+            item.request,
+            num_tokens,
+            hits,
+            full_sequence_must_fit=admission and self.config.reserve_full_sequence,
+        )
         if new_blocks is None:
             return False
         self.evictions.after_allocation(

@@ -26,6 +26,7 @@ def make(
     budget: int = 64,
     max_num_seqs: int = 8,
     max_model_len: int = 32,
+    reserve_full_sequence: bool = True,
 ) -> Scheduler:
     config = EngineConfig(
         num_blocks=num_blocks,
@@ -33,6 +34,7 @@ def make(
         max_num_batched_tokens=budget,
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
+        reserve_full_sequence=reserve_full_sequence,
     )
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=8, dtype="float32")
     manager = KVCacheManager(
@@ -365,3 +367,30 @@ def test_a_hybrid_request_must_fit_with_every_groups_blocks() -> None:
         r"its 2 KV cache groups together, the pool has 11\)",
     ):
         scheduler.add_request(request("big", list(range(10)), 4))
+
+
+@pytest.mark.parametrize("reserve", [True, False])
+def test_an_admission_waits_until_its_whole_prompt_fits_by_default(reserve: bool) -> None:
+    """4 usable blocks, a budget of 4 tokens a step. `a` (3 tokens) takes one block and 3 of
+    the budget; `b` (13 tokens: 4 blocks) could take its first token's block at once. vLLM
+    0.33's full-sequence gate (the default) keeps it waiting until `a` finishes and frees its
+    block; without the gate its first chunk is admitted beside `a`."""
+    scheduler = make(budget=4, max_model_len=16, reserve_full_sequence=reserve)
+    a = request("a", [1, 2, 3], 2)
+    b = request("b", list(range(10, 23)), 1)
+    scheduler.add_request(a)
+    scheduler.add_request(b)
+    first = step(scheduler)
+    if not reserve:
+        assert scheduled(first) == [("a", 0, 3), ("b", 0, 1)]
+        return
+    assert scheduled(first) == [("a", 0, 3)] and list(scheduler.waiting) == [b]
+    while a.status is not RequestStatus.FINISHED:
+        assert b.status is RequestStatus.WAITING
+        step(scheduler)
+    assert scheduled(step(scheduler)) == [("b", 0, 4)]  # a's block freed: 4 blocks for b
+
+
+def test_reserve_full_sequence_is_a_bool() -> None:
+    with pytest.raises(InvalidArgumentError, match="reserve_full_sequence"):
+        EngineConfig(num_blocks=5, reserve_full_sequence=1)  # type: ignore[arg-type]
