@@ -107,6 +107,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     pool.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
     pool.add_argument(
+        "--no-reserve-full-sequence",
+        action="store_true",
+        help="admit a waiting request as soon as its first chunk fits (default: only once its "
+        "whole prompt will, vLLM 0.33's full-sequence gate, scheduler_reserve_full_isl)",
+    )
+    pool.add_argument(
         "--prefix-cache-retention-interval",
         type=int,
         metavar="N",
@@ -344,6 +350,7 @@ class _Session:
             enable_prefix_caching=not args.no_prefix_caching,
             runtime_checks=args.runtime_checks,
             prefix_cache_retention_interval=args.prefix_cache_retention_interval,
+            reserve_full_sequence=not args.no_reserve_full_sequence,
         )
         self.requests, workload = self._load_requests(model_config.vocab_size)
         self.description = RunDescription(
