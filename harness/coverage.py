@@ -640,19 +640,19 @@ HYBRID_TARGETS: tuple[Target, ...] = (
     ),
     _t(
         "full-sequence gate: admissions refused that the step alone would fit",
-        60,
+        15,
         "the whole prompt must fit before its first chunk is admitted; nothing changes",
         "full-sequence gate",
     ),
     _t(
         "full-sequence gate: admissions under a window or chunk's cap",
-        500,
+        250,
         "a window or chunk group reserves at most what its reads and the tokens in flight span",
         "full-sequence gate",
     ),
     _t(
         "full-sequence gate: capped admissions admitted",
-        400,
+        250,
         "the cap lets in a request whose every block would not fit at once",
         "full-sequence gate",
     ),
