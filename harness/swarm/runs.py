@@ -27,7 +27,8 @@ offers vLLM 0.33's full-sequence admission gate (`offers_full_sequence_gate`) ad
 of the runs, every waiting request with `full_sequence_must_fit=True`, as vLLM 0.33's scheduler
 does by default (`scheduler_reserve_full_isl`), under a drawn `max_in_flight_tokens`
 (`with_full_sequence_gate`), if a request of `max_model_len` tokens fits the empty pool through
-the gate (vLLM would not start otherwise: `admits_max_model_len`).
+the gate (vLLM would not start otherwise: `admits_max_model_len`); such a run chunks its
+prefills, as vLLM does by default (the gate decides nothing a whole-prompt step does not).
 """
 
 from __future__ import annotations
@@ -560,6 +561,8 @@ def draw_manager_run(
         gated = with_full_sequence_gate(rng, config)
         gate = admits_max_model_len(gated)  # else vLLM would not start: no gate, as before
         config = gated if gate else config
+        if gate:  # vLLM chunks prefills by default: the gate acts on chunked admissions
+            features |= {"chunked prefill"}
     return ManagerRun(
         seed=seed,
         config=config,
