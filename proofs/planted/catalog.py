@@ -663,6 +663,16 @@ def _mamba_without_speculative_blocks(
     self.extra_blocks = 0
 
 
+_MANAGER_INIT = manager.KVCacheManager.__init__
+
+
+def _gate_without_admission_caps(self: manager.KVCacheManager, *args: Any, **kwargs: Any) -> None:
+    """KVCacheManager.__init__ that leaves the admission caps out: the full-sequence gate then
+    counts every block a window or chunk group would need for the whole request."""
+    _MANAGER_INIT(self, *args, **kwargs)
+    self._admission_caps = (None,) * self.num_groups
+
+
 VARIANTS: tuple[Variant, ...] = (
     Variant(
         "free_to_head",
@@ -827,6 +837,12 @@ VARIANTS: tuple[Variant, ...] = (
         "mamba_speculative_blocks_dropped",
         "a Mamba group holds no blocks for its speculative states (num_speculative_blocks)",
         (MethodPatch(mamba.MambaManager, "__init__", _mamba_without_speculative_blocks),),
+        layer="hybrid",
+    ),
+    Variant(
+        "gate_without_admission_caps",
+        "the full-sequence gate counts every block of a window or chunk group, not its cap",
+        (MethodPatch(manager.KVCacheManager, "__init__", _gate_without_admission_caps),),
         layer="hybrid",
     ),
     Variant(

@@ -313,6 +313,7 @@ SCENARIO_MODULES = (
     "tests/test_hybrid_manager.py",
     "tests/test_evict_blocks.py",
     "tests/test_mamba_groups.py",
+    "tests/test_full_sequence_gate.py",
 )
 SCENARIO_TIMEOUT = 300.0
 
