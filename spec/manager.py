@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from pagedkv.spec.arguments import (
     check_allocation,
+    check_cache_blocks,
     check_common_prefix,
     check_lookup,
     check_manager,
@@ -745,6 +746,51 @@ class SpecKVCacheManager:
             ):
                 self.evict_counts["evict_blocks: blocks cached past an evicted one"] += 1
         return tuple(new_blocks)
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Cache, in every group, the request's full blocks within its first
+        `num_computed_tokens` tokens that are not cached yet (vLLM 0.33's
+        `KVCacheManager.cache_blocks`: its scheduler calls it after a step whose accepted draft
+        tokens filled a block, a KV connector when an async load lands). As `allocate_slots`
+        caches: under the stored hashes, a sparse window group what retention keeps. Nothing
+        with caching off, nor when no more blocks are full than are cached.
+
+        Preconditions, in order: `check_cache_blocks` (ArgumentTypeError,
+        InvalidArgumentError); the id names no other Request object; then, with caching, the
+        request holds blocks; its num_computed_tokens lies within its slots in every group;
+        `num_computed_tokens` is at most its computed tokens and its tokens (RequestError): a
+        hash over KV not yet written would serve a later request garbage.
+        """
+        check_cache_blocks(request, num_computed_tokens)
+        self._require_same_request(request)
+        if not self.enable_caching:
+            return
+        request_id = request.request_id
+        held = self.held(request_id)
+        if held is None:
+            raise refusals.cache_without_blocks(request_id)
+        for manager, blocks in zip(self.managers, held, strict=True):
+            if request.num_computed_tokens not in range(manager.num_slots(len(blocks)) + 1):
+                raise refusals.computed_outside_slots(
+                    request_id, request.num_computed_tokens, len(blocks), manager.block_size
+                )
+        computed = min(request.num_computed_tokens, request.num_tokens)
+        if num_computed_tokens > computed:
+            raise refusals.cache_past_computed(request_id, num_computed_tokens, computed)
+        num_cached = self.num_cached.get(request_id, 0)
+        num_full = num_computed_tokens // self.block_size
+        if num_full <= num_cached:
+            return
+        stored = self.hashes.setdefault(request_id, [])
+        num_recorded = len(stored)
+        junction = self.junction.get(request_id, 0)
+        for manager in self.managers:
+            left_out = manager.cache_blocks(
+                request, stored, num_cached, num_full, self.hash_fn, junction
+            )
+            if left_out:
+                self.retention_counts["retention: blocks left uncached"] += len(left_out)
+        self._record_parents(stored, num_recorded)
 
     # -- release -----------------------------------------------------------------------------
 

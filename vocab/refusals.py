@@ -211,6 +211,20 @@ def hit_shape(request_id: str, detail: str) -> RequestError:
     )
 
 
+def cache_without_blocks(request_id: str) -> RequestError:
+    return RequestError(request_id, "cache_blocks for a request that holds no blocks")
+
+
+def cache_past_computed(request_id: str, num_tokens: int, num_computed: int) -> RequestError:
+    """Blocks are cached only over tokens the caller counts as computed: a hash over KV not yet
+    written would serve another request garbage."""
+    return RequestError(
+        request_id,
+        "cache_blocks past the request's computed tokens",
+        f"{num_tokens} tokens to cache, {num_computed} computed",
+    )
+
+
 def more_tokens_than_request(
     request_id: str, num_after: int, num_tokens: int
 ) -> InvalidArgumentError:
