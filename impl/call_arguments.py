@@ -343,6 +343,20 @@ def check_allocation(
     )
 
 
+def check_cache_blocks(request: object, num_computed_tokens: object) -> Request:
+    """KVCacheManager.cache_blocks(request, num_computed_tokens): a Request and an int >= 0.
+    Complexity: O(1)."""
+    checked = check_request("cache_blocks", request)
+    require_int(
+        f"{MANAGER}.cache_blocks",
+        "num_computed_tokens",
+        num_computed_tokens,
+        0,
+        context=request_context(checked),
+    )
+    return checked
+
+
 def check_common_prefix(request: object, num_running_requests: object) -> Request:
     """KVCacheManager.get_num_common_prefix_blocks(request, num_running_requests): a Request
     and an int >= 0."""

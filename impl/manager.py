@@ -33,6 +33,7 @@ from pagedkv.call_arguments import (
     MANAGER,
     block_list,
     check_allocation,
+    check_cache_blocks,
     check_common_prefix,
     check_lookup,
     check_manager,
@@ -920,6 +921,55 @@ class KVCacheManager:
                 raise refusals.hashes_dropped_while_held(request.request_id)
             self.req_to_block_hashes.pop(request.request_id, None)
             self._forget_if_done(request.request_id)
+            self._after_call()
+        finally:
+            self._call_token.append(None)
+
+    def cache_blocks(self, request: Request, num_computed_tokens: object) -> None:
+        """Cache, in every group, the request's full blocks within its first
+        `num_computed_tokens` tokens that are not cached yet, as `allocate_slots` caches them
+        (vLLM 0.33's `KVCacheManager.cache_blocks`: its scheduler calls it after a step whose
+        accepted draft tokens filled a block, a KV connector when an async load lands).
+        Nothing with caching off, nor when no more blocks are full than are cached.
+
+        Raises:
+            ArgumentTypeError, InvalidArgumentError: not a Request, or num_computed_tokens not
+                an int >= 0.
+            RequestError: another Request object uses the id; (with caching) the request holds
+                no blocks, its num_computed_tokens lies outside its slots, or
+                `num_computed_tokens` exceeds its computed tokens or its tokens (a hash over KV
+                not yet written would serve a later request garbage).
+            ConcurrentUseError: another call on this manager is running.
+
+        Complexity: O(groups + blocks cached * block_size).
+        """
+        self._enter("KVCacheManager.cache_blocks")
+        try:
+            checked = check_cache_blocks(request, num_computed_tokens)
+            assert isinstance(num_computed_tokens, int)
+            self._check_identity(checked)
+            if not self.enable_caching:
+                return
+            request_id = checked.request_id
+            held = self._first_blocks.get(request_id)
+            if held is None:
+                raise refusals.cache_without_blocks(request_id)
+            block_size = self.block_size
+            computed = checked.num_computed_tokens
+            if not 0 <= computed <= len(held) * block_size:
+                raise refusals.computed_outside_slots(request_id, computed, len(held), block_size)
+            limit = min(computed, checked.num_tokens)
+            if num_computed_tokens > limit:
+                raise refusals.cache_past_computed(request_id, num_computed_tokens, limit)
+            num_cached = self._first_cached.get(request_id, 0)
+            num_full = num_computed_tokens // block_size
+            if num_full > num_cached:
+                stored = self.req_to_block_hashes.setdefault(request_id, [])
+                junction = self._junctions.get(request_id, 0) if self._sparse else 0
+                for manager in self.coordinator.single_type_managers:
+                    manager.cache_blocks(
+                        checked, stored, num_cached, num_full, self.caching_hash_fn, junction
+                    )
             self._after_call()
         finally:
             self._call_token.append(None)

@@ -71,6 +71,9 @@ class OneGroupView:
     def evict_blocks(self, block_ids: Sequence[int]) -> None:
         self.manager.evict_blocks(block_ids)
 
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        self.manager.cache_blocks(request, num_computed_tokens)
+
     def get_num_common_prefix_blocks(self, request: Request, num_running_requests: int) -> int:
         (count,) = self.manager.get_num_common_prefix_blocks(request, num_running_requests)
         return count
