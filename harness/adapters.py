@@ -248,6 +248,9 @@ class ObjectManagerAdapter:
     def evict_blocks(self, block_ids: Sequence[int]) -> None:
         self.manager.evict_blocks(block_ids)
 
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        self.manager.cache_blocks(request, num_computed_tokens)
+
     def get_num_common_prefix_blocks(
         self, request: Request, num_running_requests: int
     ) -> tuple[int, ...]:
@@ -431,6 +434,9 @@ class OneGroupAdapter:
     def evict_blocks(self, block_ids: Sequence[int]) -> None:
         self.flat.evict_blocks(block_ids)
 
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        self.flat.cache_blocks(request, num_computed_tokens)
+
     def get_num_common_prefix_blocks(
         self, request: Request, num_running_requests: int
     ) -> tuple[int, ...]:
@@ -468,6 +474,7 @@ class SpecManagerAdapter:
         self.free_block_hashes = manager.free_block_hashes
         self.reset_prefix_cache = manager.reset_prefix_cache
         self.evict_blocks = manager.evict_blocks
+        self.cache_blocks = manager.cache_blocks
         self.get_num_common_prefix_blocks = manager.get_num_common_prefix_blocks
         self.make_prefix_cache_stats = manager.make_prefix_cache_stats
         self.take_events = manager.take_events

@@ -156,7 +156,7 @@ class Target:
             the implementation emits KV cache events; "sparse retention": the domain draws a
             retention interval other than dense; "evict_blocks": the manager offers it; "mamba
             groups": it serves Mamba groups, in the hybrid layer; "full-sequence gate": it takes
-            vLLM 0.33's admission gate); it is
+            vLLM 0.33's admission gate; "cache_blocks": it has `cache_blocks`); it is
             shown but not enforced otherwise.
         scales: whether the minimum grows with the campaign's length.
     """
@@ -383,6 +383,18 @@ MANAGER_TARGETS: tuple[Target, ...] = (
         60,
         "the cap lets in a request whose every block would not fit at once",
         "full-sequence gate",
+    ),
+    _t(
+        "cache_blocks after an output",
+        10_000,
+        "vLLM 0.33's scheduler caches after each output when it decodes speculatively",
+        "cache_blocks",
+    ),
+    _t(
+        "cache_blocks after an output: blocks cached before the next step",
+        800,
+        "accepted draft tokens filled a block: cached now, not at the next allocation",
+        "cache_blocks",
     ),
     _t("distinct states", 10_000, "block tables, free and cached counts: the drive goes wide"),
 )
@@ -655,6 +667,18 @@ HYBRID_TARGETS: tuple[Target, ...] = (
         250,
         "the cap lets in a request whose every block would not fit at once",
         "full-sequence gate",
+    ),
+    _t(
+        "cache_blocks after an output",
+        10_000,
+        "vLLM 0.33's scheduler caches after each output when it decodes speculatively",
+        "cache_blocks",
+    ),
+    _t(
+        "cache_blocks after an output: blocks cached before the next step",
+        1_000,
+        "accepted draft tokens filled a block: cached now, not at the next allocation",
+        "cache_blocks",
     ),
     _t("distinct states", 20_000, "block tables of every group: the drive goes wide"),
 )

@@ -262,6 +262,11 @@ class ManagerUnderTest(Protocol):
         """Take the listed blocks' hashes out of the prefix cache (vLLM 0.33's; called only
         of a manager whose factory offers it: `harness.swarm.offers_evict_blocks`)."""
 
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Cache the request's full blocks within its first `num_computed_tokens` tokens
+        (vLLM 0.33's; called only of a manager whose factory offers it:
+        `harness.swarm.offers_cache_blocks`)."""
+
     def get_num_common_prefix_blocks(
         self, request: Request, num_running_requests: int
     ) -> tuple[int, ...]: ...

@@ -73,6 +73,7 @@ from pagedkv.harness.swarm.engine import (
     RunFailure,
     execute_run,
     manager_layer,
+    offers_cache_blocks,
     offers_evict_blocks,
     offers_full_sequence_gate,
     offers_kv_events,
@@ -360,6 +361,7 @@ def _manager_campaign(
         evict_blocks=offers_evict_blocks(factory),
         mamba_groups=offers_mamba_groups(factory),
         full_sequence_gate=offers_full_sequence_gate(factory),
+        cache_blocks=offers_cache_blocks(factory),
     )
     kinds = {
         "full": ", full attention",

@@ -108,10 +108,14 @@ class ManagerClient:
         hostile_calls: Mapping[str, HostileCall] = HOSTILE_CALLS,
         domain: Domain = FULL_DOMAIN,
         full_sequence_gate: bool = False,
+        cache_after_output: bool = False,
     ) -> None:
         self.pair = pair
         self.full_sequence_gate = full_sequence_gate
         """Whether admissions pass `full_sequence_must_fit=True` (vLLM 0.33's scheduler)."""
+        self.cache_after_output = cache_after_output
+        """Whether every output of a running request is followed by `cache_blocks(request,
+        num_computed_tokens)`, as vLLM 0.33's scheduler does when it decodes speculatively."""
         self.spec = spec
         self.config = config
         self.coverage = coverage
@@ -159,6 +163,7 @@ class ManagerClient:
         hostile_calls: Mapping[str, HostileCall] = HOSTILE_CALLS,
         domain: Domain = FULL_DOMAIN,
         full_sequence_gate: bool = False,
+        cache_after_output: bool = False,
     ) -> ManagerClient:
         """A client over a fresh spec manager and a fresh `factory` manager built from `config`
         (pagedkv's own manager must also word each refusal as the spec does)."""
@@ -181,6 +186,7 @@ class ManagerClient:
             hostile_calls=hostile_calls,
             domain=domain,
             full_sequence_gate=full_sequence_gate,
+            cache_after_output=cache_after_output,
         )
 
     def __getstate__(self) -> dict[str, object]:
@@ -628,8 +634,30 @@ class ManagerClient:
         if record.num_computed_tokens < record.num_tokens:
             return  # a prefill chunk: nothing sampled yet
         record.append([*accepted, token])
+        if self.cache_after_output:
+            self._cache_after_output(record)
         if record.num_tokens >= self.config.max_model_len:
             self._finish_request(live)
+
+    def _cache_after_output(self, record: RequestRecord) -> None:
+        """cache_blocks(request, num_computed_tokens) on both sides, as vLLM 0.33's scheduler
+        calls it after an output when it decodes speculatively: the blocks the accepted draft
+        tokens filled are cached now, not at the next allocation."""
+        request = record.request
+        counts = self.coverage.counts
+        num_computed = record.num_computed_tokens
+        before = self.spec.num_cached.get(record.request_id, 0)
+        _, error = self.pair.call(
+            "cache_blocks",
+            lambda manager: manager.cache_blocks(request, num_computed),
+            lambda: f"cache_blocks({record.request_id}, {num_computed})",
+        )
+        if error is not None:
+            self._error("cache_blocks", error)
+            return
+        counts["cache_blocks after an output"] += 1
+        if self.spec.num_cached.get(record.request_id, 0) > before:
+            counts["cache_blocks after an output: blocks cached before the next step"] += 1
 
     def _preempt(self, op: Preempt) -> tuple[Live, ...]:
         live = self._pick(op.which, running=True)

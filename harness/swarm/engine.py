@@ -85,6 +85,7 @@ class Layer:
         evict_blocks: whether some runs call `evict_blocks` (a manager layer).
         mamba_groups: whether some runs have Mamba groups (the hybrid layer).
         full_sequence_gate: whether some runs admit through the full-sequence gate.
+        cache_blocks: whether runs with draft tokens call `cache_blocks` after each output.
     """
 
     name: str
@@ -95,6 +96,7 @@ class Layer:
     evict_blocks: bool = False
     mamba_groups: bool = False
     full_sequence_gate: bool = False
+    cache_blocks: bool = False
 
 
 def offers_kv_events(factory: object) -> bool:
@@ -129,6 +131,15 @@ def offers_full_sequence_gate(factory: object) -> bool:
     return factory in own or getattr(factory, "full_sequence_must_fit", False) is True
 
 
+def offers_cache_blocks(factory: object) -> bool:
+    """Whether `factory`'s managers have `cache_blocks(request, num_computed_tokens)` (vLLM
+    0.33's, which its scheduler calls after each output when it decodes speculatively):
+    pagedkv's and the spec's, or a factory that says so with a `cache_blocks` attribute that is
+    True."""
+    own = (pagedkv_manager, spec_manager)
+    return factory in own or getattr(factory, "cache_blocks", False) is True
+
+
 def manager_layer(
     factory: ManagerFactory,
     *,
@@ -142,19 +153,22 @@ def manager_layer(
     evict_blocks: bool | None = None,
     mamba_groups: bool | None = None,
     full_sequence_gate: bool | None = None,
+    cache_blocks: bool | None = None,
 ) -> Layer:
     """The request-level manager layer, checking `factory`'s managers on `domain`; `kv_events`
     (default: `offers_kv_events(factory)`) says whether they can emit KV cache events,
     `evict_blocks` (default: `offers_evict_blocks(factory)`) whether they have `evict_blocks`,
     `mamba_groups` (default: `offers_mamba_groups(factory)`) whether they serve Mamba groups,
     `full_sequence_gate` (default: `offers_full_sequence_gate(factory)`) whether they take the
-    full-sequence admission gate.
+    full-sequence admission gate, `cache_blocks` (default: `offers_cache_blocks(factory)`)
+    whether they have `cache_blocks` (then runs with draft tokens call it after each output).
     With `attention="hybrid"` it is the hybrid layer (named "hybrid": its runs have seeds of
     their own): configurations of 2 to `domain.max_groups` KV cache groups."""
     events = offers_kv_events(factory) if kv_events is None else kv_events
     evict = offers_evict_blocks(factory) if evict_blocks is None else evict_blocks
     mamba = offers_mamba_groups(factory) if mamba_groups is None else mamba_groups
     gate = offers_full_sequence_gate(factory) if full_sequence_gate is None else full_sequence_gate
+    caches = offers_cache_blocks(factory) if cache_blocks is None else cache_blocks
     return Layer(
         "hybrid" if attention == "hybrid" else "manager",
         lambda seed: draw_manager_run(
@@ -170,13 +184,14 @@ def manager_layer(
             full_sequence_gate=gate,
         ),
         lambda run, coverage, check_every: _manager_client(
-            run, factory, coverage, check_every, hostile_calls
+            run, factory, coverage, check_every, hostile_calls, caches
         ),
         lambda run: ManagerSampler(run, tuple(hostile_calls)),
         events,
         evict,
         mamba and attention == "hybrid",
         gate,
+        caches,
     )
 
 
@@ -186,6 +201,7 @@ def _manager_client(
     coverage: Coverage,
     check_every: int | None,
     hostile_calls: Mapping[str, HostileCall],
+    cache_blocks: bool = False,
 ) -> ManagerClient:
     coverage.start_run(run.histogram_keys())
     return ManagerClient.build(
@@ -196,6 +212,7 @@ def _manager_client(
         hostile_calls=hostile_calls,
         domain=run.domain,
         full_sequence_gate=run.full_sequence_gate,
+        cache_after_output=cache_blocks and "draft tokens" in run.features,
     )
 
 
@@ -348,7 +365,8 @@ class Campaign:
     @property
     def modes(self) -> frozenset[str]:
         """What the coverage targets may assume ("misuse", "pagedkv semantics", "kv events",
-        "sparse retention", "evict_blocks", "mamba groups", "full-sequence gate")."""
+        "sparse retention", "evict_blocks", "mamba groups", "full-sequence gate",
+        "cache_blocks")."""
         modes = {"misuse"} if self.misuse else set()
         if self.domain.draws_sparse_retention:
             modes.add("sparse retention")
@@ -362,6 +380,8 @@ class Campaign:
             modes.add("mamba groups")
         if self.layer.full_sequence_gate:
             modes.add("full-sequence gate")
+        if self.layer.cache_blocks:
+            modes.add("cache_blocks")
         return frozenset(modes)
 
 

@@ -347,6 +347,9 @@ class Vllm033Manager:
         """vLLM takes a set of ids (their order changes only its events, which are off)."""
         self.manager.evict_blocks(set(block_ids))
 
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        self.manager.cache_blocks(self._view(request), num_computed_tokens)
+
     def get_num_common_prefix_blocks(
         self, request: Request, num_running_requests: int
     ) -> tuple[int, ...]:
@@ -517,6 +520,7 @@ def load(semantics: Semantics, root: Path, settings: Sequence[str]) -> Loaded:
     vllm_manager.evict_blocks = True  # type: ignore[attr-defined]  # offers_evict_blocks
     vllm_manager.mamba_groups = True  # type: ignore[attr-defined]  # offers_mamba_groups
     vllm_manager.full_sequence_must_fit = True  # type: ignore[attr-defined]  # the gate
+    vllm_manager.cache_blocks = True  # type: ignore[attr-defined]  # offers_cache_blocks
 
     domain = dataclasses.replace(
         DOMAIN, retention_intervals=(engine_settings.retention,), group_plan=plan
