@@ -531,7 +531,6 @@ class SpecKVCacheManager:
         num_tokens: int,
         new_computed_blocks: Sequence[Sequence[int]] | None = None,
         num_lookahead_tokens: int = 0,
-        *,
         full_sequence_must_fit: bool = False,
     ) -> GroupBlocks | None:
         """Reserve slots for `num_tokens` scheduled tokens in every group; None when they do
