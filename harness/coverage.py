@@ -200,8 +200,9 @@ MANAGER_TARGETS: tuple[Target, ...] = (
     _t("prefix hits, sliding window", 500, "a window hit needs a run of cdiv(W - 1, B) blocks"),
     _t(
         "sliding-window hits with leading null blocks",
-        200,
-        "the hardest hit shape; CI's fixed-seed machine never saw one (issue 10)",
+        170,
+        "the hardest hit shape; CI's fixed-seed machine never saw one (issue 10); --against "
+        "vllm==0.33.0 seeds 1-5: 198-277 per 100k",
     ),
     _t(
         "hits that use every cached block",
@@ -281,7 +282,7 @@ MANAGER_TARGETS: tuple[Target, ...] = (
     ),
     _t(
         "attention truth: hits past null blocks checked, sliding window",
-        200,
+        170,
         "a window hit's nulls must lie wholly before the window of its next token",
     ),
     _t(
