@@ -263,8 +263,11 @@ class KVCacheManager:
             debug_invariants = int(setting)
         elif not isinstance(debug_invariants, bool):
             debug_invariants = require_int(MANAGER, "debug_invariants", debug_invariants, 0)
-        self.debug_invariants = int(debug_invariants)
+        self.debug_invariants = int(debug_invariants)  # fixed at construction
         self._calls_until_check = self.debug_invariants
+        # The decode fast path's ground, one flag: one group, one block size, no invariant
+        # checks after calls (each of them would be one more test per decode step).
+        self._decode_fast = self._unitary and not self.debug_invariants
         # The pool's call token (see BlockPool): a manager call holds it, so a call overlapping
         # it, on the manager or on its pool, is refused; holding it, the manager calls the
         # pool's `*_locked` methods.
@@ -459,12 +462,7 @@ class KVCacheManager:
             # of another type, a rule broken, more blocks to allocate or cache, extra keys,
             # events on, a window or chunk to drop, invariant checks on) takes the full path,
             # which raises.
-            if (
-                self._unitary
-                and new_computed_blocks is None
-                and full_sequence_must_fit is False
-                and type(request) is Request
-            ):
+            if self._decode_fast and new_computed_blocks is None and type(request) is Request:
                 # This very object's record (another with its id has none): id and identity
                 # check in one lookup.
                 record = self._records.get(request)
@@ -482,6 +480,7 @@ class KVCacheManager:
                     and type(num_lookahead_tokens) is int
                     and type(num_computed) is int
                     and type(spec_token_ids) is list
+                    and full_sequence_must_fit is False  # a gated call takes the full path
                 ):
                     block_size = self.block_size
                     num_spec = len(spec_token_ids)
@@ -494,7 +493,6 @@ class KVCacheManager:
                         and num_lookahead_tokens >= 0
                         and 0 <= num_computed <= num_held_slots
                         and num_real <= len(record.token_ids)
-                        and not self.debug_invariants
                         and (
                             not self._first_skips
                             or not self._first.skips_a_block(blocks, num_computed)
