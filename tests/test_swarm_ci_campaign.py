@@ -24,10 +24,20 @@ from pagedkv.harness.coverage import (
 from pagedkv.harness.swarm import manager_layer, pool_layer, run_campaign
 
 MODES = frozenset(
-    {"misuse", "pagedkv semantics", "kv events", "sparse retention", "evict_blocks", "mamba groups"}
+    {
+        "misuse",
+        "pagedkv semantics",
+        "kv events",
+        "sparse retention",
+        "evict_blocks",
+        "mamba groups",
+        "full-sequence gate",
+        "cache_blocks",
+    }
 )
-"""The campaigns' modes: misuse on, pagedkv's semantics, events on, evict_blocks and Mamba
-groups (`pagedkv_manager` offers them), and the full domain, which draws sparse retention."""
+"""The campaigns' modes: misuse on, pagedkv's semantics, events on, evict_blocks, Mamba
+groups, the full-sequence gate and cache_blocks (`pagedkv_manager` offers them), and the full
+domain, which draws sparse retention."""
 
 
 @pytest.fixture(autouse=True)

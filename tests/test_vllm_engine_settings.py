@@ -172,7 +172,11 @@ def test_a_campaign_is_held_to_the_retention_targets_only_where_it_draws_sparse_
 
     def modes(domain: Domain) -> frozenset[str]:
         layer: Any = SimpleNamespace(
-            kv_events=False, evict_blocks=False, mamba_groups=False, full_sequence_gate=False
+            kv_events=False,
+            evict_blocks=False,
+            mamba_groups=False,
+            full_sequence_gate=False,
+            cache_blocks=False,
         )
         campaign = Campaign("t", "i", layer, VLLM_0_33, False, domain, 1, MANAGER_TARGETS, "")
         return campaign.modes
