@@ -21,8 +21,8 @@ from pagedkv.harness.adapters import pagedkv_manager, pagedkv_pool
 from pagedkv.harness.swarm import manager_layer, pool_layer, run_campaign
 
 SEED = 2_025
-MANAGER_STEPS = 4_000
-POOL_STEPS = 3_000
+MANAGER_STEPS = 2_000
+POOL_STEPS = 1_500
 
 CHILD = f"""
 import logging
