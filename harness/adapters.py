@@ -229,10 +229,16 @@ class ObjectManagerAdapter:
         num_lookahead_tokens: int = 0,
         *,
         full_sequence_must_fit: bool = False,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
     ) -> tuple[list[int], ...] | None:
         hits = None if new_computed_blocks is None else self._group_blocks(new_computed_blocks)
         groups = self.manager.allocate_slots(
-            request, num_tokens, hits, num_lookahead_tokens, **_gate(full_sequence_must_fit)
+            request,
+            num_tokens,
+            hits,
+            num_lookahead_tokens,
+            **_extras(full_sequence_must_fit, num_external_computed_tokens, delay_cache_blocks),
         )
         return None if groups is None else _group_ids(groups)
 
@@ -296,11 +302,21 @@ class ObjectManagerAdapter:
         _check_if_offered(self.manager)
 
 
-def _gate(full_sequence_must_fit: bool) -> dict[str, bool]:
-    """allocate_slots' keyword for the full-sequence gate: passed only when on, so that a
-    manager whose factory does not offer the gate (`harness.swarm.offers_full_sequence_gate`)
-    never sees it."""
-    return {"full_sequence_must_fit": True} if full_sequence_must_fit else {}
+def _extras(
+    full_sequence_must_fit: bool, num_external_computed_tokens: int, delay_cache_blocks: bool
+) -> dict[str, Any]:
+    """allocate_slots' keywords beyond vLLM 0.8.5's (the full-sequence gate, a connector's
+    external tokens and delayed caching): passed only when not their defaults, so that a
+    manager whose factory does not offer them (`harness.swarm.offers_full_sequence_gate`,
+    `offers_external_tokens`) never sees them."""
+    extras: dict[str, Any] = {}
+    if full_sequence_must_fit is not False:
+        extras["full_sequence_must_fit"] = full_sequence_must_fit
+    if type(num_external_computed_tokens) is not int or num_external_computed_tokens != 0:
+        extras["num_external_computed_tokens"] = num_external_computed_tokens
+    if delay_cache_blocks is not False:
+        extras["delay_cache_blocks"] = delay_cache_blocks
+    return extras
 
 
 def _group_ids(groups: Any) -> tuple[list[int], ...]:
@@ -329,10 +345,16 @@ class FlatObjectManagerAdapter:
         num_lookahead_tokens: int = 0,
         *,
         full_sequence_must_fit: bool = False,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
     ) -> list[int] | None:
         hits = None if new_computed_blocks is None else self.pool._blocks(new_computed_blocks)
         blocks = self.manager.allocate_slots(
-            request, num_tokens, hits, num_lookahead_tokens, **_gate(full_sequence_must_fit)
+            request,
+            num_tokens,
+            hits,
+            num_lookahead_tokens,
+            **_extras(full_sequence_must_fit, num_external_computed_tokens, delay_cache_blocks),
         )
         return None if blocks is None else [block.block_id for block in blocks]
 
@@ -405,6 +427,8 @@ class OneGroupAdapter:
         num_lookahead_tokens: int = 0,
         *,
         full_sequence_must_fit: bool = False,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
     ) -> tuple[list[int], ...] | None:
         hits: Any = new_computed_blocks
         if hits is not None:
@@ -418,7 +442,11 @@ class OneGroupAdapter:
                 )
             hits = hits[0]
         blocks = self.flat.allocate_slots(
-            request, num_tokens, hits, num_lookahead_tokens, **_gate(full_sequence_must_fit)
+            request,
+            num_tokens,
+            hits,
+            num_lookahead_tokens,
+            **_extras(full_sequence_must_fit, num_external_computed_tokens, delay_cache_blocks),
         )
         return None if blocks is None else (list(blocks),)
 

@@ -248,9 +248,13 @@ class ManagerUnderTest(Protocol):
         num_lookahead_tokens: int = 0,
         *,
         full_sequence_must_fit: bool = False,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
     ) -> GroupIds | None:
         """`full_sequence_must_fit` (vLLM 0.33's admission gate) is passed, True, only to a
-        manager whose factory offers it (`harness.swarm.offers_full_sequence_gate`)."""
+        manager whose factory offers it (`harness.swarm.offers_full_sequence_gate`); the
+        connector's `num_external_computed_tokens` and `delay_cache_blocks`, when not their
+        defaults, only to one that offers them (`harness.swarm.offers_external_tokens`)."""
 
     def free(self, request: Request) -> None: ...
 
@@ -297,6 +301,8 @@ class FlatManagerUnderTest(Protocol):
         num_lookahead_tokens: int = 0,
         *,
         full_sequence_must_fit: bool = False,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
     ) -> list[int] | None: ...
 
     def free(self, request: Request) -> None: ...

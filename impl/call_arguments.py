@@ -283,11 +283,13 @@ def check_allocation(
     num_groups: int,
     is_block: IsBlock,
     full_sequence_must_fit: object = False,
+    num_external_computed_tokens: object = 0,
+    delay_cache_blocks: object = False,
 ) -> tuple[list[Any], ...]:
     """KVCacheManager.allocate_slots' argument checks, in order.
 
-    A Request; num_tokens an int >= 1; num_lookahead_tokens an int >= 0; full_sequence_must_fit
-    a bool; the request's
+    A Request; num_tokens an int >= 0; num_lookahead_tokens an int >= 0; full_sequence_must_fit
+    a bool; num_external_computed_tokens an int >= 0; delay_cache_blocks a bool; the request's
     num_computed_tokens an int and its spec_token_ids a list; new_computed_blocks None or one
     iterable of blocks per KV cache group, in a list or a tuple of `num_groups` of them.
 
@@ -298,10 +300,13 @@ def check_allocation(
     """
     if (
         type(num_tokens) is int
-        and num_tokens > 0
+        and num_tokens >= 0
         and type(num_lookahead_tokens) is int
         and num_lookahead_tokens >= 0
         and type(full_sequence_must_fit) is bool
+        and type(num_external_computed_tokens) is int
+        and num_external_computed_tokens >= 0
+        and type(delay_cache_blocks) is bool
         and isinstance(request, Request)
         and type(request.num_computed_tokens) is int
         and type(request.spec_token_ids) is list
@@ -326,9 +331,13 @@ def check_allocation(
     call = f"{MANAGER}.allocate_slots"
     checked = check_request("allocate_slots", request)
     context = request_context(checked)
-    require_int(call, "num_tokens", num_tokens, 1, context=context)
+    require_int(call, "num_tokens", num_tokens, 0, context=context)
     require_int(call, "num_lookahead_tokens", num_lookahead_tokens, 0, context=context)
     require_bool(call, "full_sequence_must_fit", full_sequence_must_fit, context=context)
+    require_int(
+        call, "num_external_computed_tokens", num_external_computed_tokens, 0, context=context
+    )
+    require_bool(call, "delay_cache_blocks", delay_cache_blocks, context=context)
     require_int(call, "request.num_computed_tokens", checked.num_computed_tokens, context=context)
     require_instance(call, "request.spec_token_ids", checked.spec_token_ids, list, context=context)
     if new_computed_blocks is None:

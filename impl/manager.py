@@ -47,7 +47,7 @@ from pagedkv.vocab import refusals
 from pagedkv.vocab.arguments import require_int, require_str
 from pagedkv.vocab.errors import ConcurrentUseError, InvalidArgumentError, InvariantViolation
 from pagedkv.vocab.hashes import BlockHashType, cache_key, get_hash_fn, sha256
-from pagedkv.vocab.kv_cache_interface import KVCacheConfig
+from pagedkv.vocab.kv_cache_interface import KVCacheConfig, MambaSpec
 from pagedkv.vocab.kv_events import KVCacheEvent
 from pagedkv.vocab.prefix_cache_stats import PrefixCacheStats
 from pagedkv.vocab.request import Request
@@ -86,6 +86,11 @@ class _Record:
 
 _FULL_PATH = object()
 """`_admit_with_hits`' answer when the full path must decide."""
+
+# `x is _NO_TOKENS`: exactly the int 0 (CPython keeps one 0 object; a bool, a float or an
+# int subclass is another object), tested without a call: the decode fast path's test of
+# num_external_computed_tokens (measured: type() and == cost a decode step about 60 ns).
+_NO_TOKENS = 0
 
 
 class KVCacheManager:
@@ -400,9 +405,18 @@ class KVCacheManager:
         # Not keyword-only: CPython fills a keyword-only default from a dict on every call
         # (measured: +75 ns a call, 5-10% of a decode step); pass it by keyword all the same.
         full_sequence_must_fit: object = False,
+        num_external_computed_tokens: object = 0,
+        delay_cache_blocks: object = False,
     ) -> KVCacheBlocks | None:
         """Reserve slots for `num_tokens` scheduled tokens (and lookahead slots) of `request`
         in every group; None when the blocks every group lacks do not fit in the pool together.
+
+        With `num_external_computed_tokens` (a KV connector's tokens after the hits, vLLM
+        0.33's connector path; a request's first allocation only), every group adopts its hits
+        less those the external tokens push out of its window or chunk (null blocks there,
+        untouched), then every group takes the blocks the external tokens fill, then every
+        group its new blocks. With `delay_cache_blocks` (an async load) nothing is cached: call
+        `cache_blocks` when the load lands.
 
         With `full_sequence_must_fit` (the admission gate vLLM 0.33's scheduler passes for a
         waiting request), first None, with nothing changed, unless the blocks every group lacks
@@ -423,18 +437,24 @@ class KVCacheManager:
                 for a request that holds no blocks yet.
             num_lookahead_tokens: extra slots for a speculative proposer (>= 0).
             full_sequence_must_fit: admit only if the whole request will fit (above).
+            num_external_computed_tokens: tokens after the hits a connector loads (>= 0).
+            delay_cache_blocks: cache nothing at this call.
 
         Returns:
-            The newly allocated blocks per group (the same number in each, maybe none), or None.
+            The newly allocated blocks per group (maybe none; not the blocks the external
+            tokens fill, which only the request's table lists), or None.
 
         Raises:
             ArgumentTypeError, InvalidArgumentError: an argument of the wrong type or out of
-                range (`check_allocation`: num_tokens an int >= 1, lookahead an int >= 0, the
-                request's num_computed_tokens an int and spec_token_ids a list, the hits a list
-                or tuple of one iterable of blocks per group); more speculative tokens than
-                num_tokens; hits with caching off; more tokens scheduled than the request has.
+                range (`check_allocation`: num_tokens an int >= 0, lookahead and external tokens
+                ints >= 0, full_sequence_must_fit and delay_cache_blocks bools, the request's
+                num_computed_tokens an int and spec_token_ids a list, the hits a list or tuple
+                of one iterable of blocks per group); num_tokens 0 with no hits and no external
+                tokens; more speculative tokens than num_tokens; external tokens with a Mamba
+                group; hits with caching off; more tokens scheduled than the request has.
             RequestError: another Request object uses the id; num_computed_tokens outside the
-                request's slots; hits for a request that already holds blocks; hits of unequal
+                request's slots; hits or external tokens for a request that already holds
+                blocks or computed tokens; hits of unequal
                 lengths; a hit that is not the request's cached block of its group at its
                 position, or a hit of a shape its group's attention cannot produce; fewer full
                 blocks than already cached.
@@ -481,6 +501,8 @@ class KVCacheManager:
                     and type(num_computed) is int
                     and type(spec_token_ids) is list
                     and full_sequence_must_fit is False  # a gated call takes the full path
+                    and delay_cache_blocks is False
+                    and num_external_computed_tokens is _NO_TOKENS
                 ):
                     block_size = self.block_size
                     num_spec = len(spec_token_ids)
@@ -534,6 +556,9 @@ class KVCacheManager:
             elif (
                 self._admits_fast
                 and full_sequence_must_fit is False
+                and delay_cache_blocks is False
+                and type(num_external_computed_tokens) is int
+                and num_external_computed_tokens == 0
                 and type(new_computed_blocks) is tuple
                 and len(new_computed_blocks) == 1
                 and type(request) is Request
@@ -549,6 +574,8 @@ class KVCacheManager:
                 new_computed_blocks,
                 num_lookahead_tokens,
                 full_sequence_must_fit,
+                num_external_computed_tokens,
+                delay_cache_blocks,
             )
         finally:
             self._call_token.append(None)
@@ -636,6 +663,8 @@ class KVCacheManager:
         new_computed_blocks: object,
         num_lookahead_tokens: object,
         full_sequence_must_fit: object = False,
+        num_external_computed_tokens: object = 0,
+        delay_cache_blocks: object = False,
     ) -> KVCacheBlocks | None:
         """allocate_slots' full path: every check in the spec's order, then the changes."""
         hits = check_allocation(
@@ -646,35 +675,56 @@ class KVCacheManager:
             self.num_groups,
             KVCacheBlock,
             full_sequence_must_fit,
+            num_external_computed_tokens,
+            delay_cache_blocks,
         )
         assert isinstance(request, Request) and isinstance(num_tokens, int)
-        assert isinstance(num_lookahead_tokens, int)
+        assert isinstance(num_lookahead_tokens, int) and isinstance(
+            num_external_computed_tokens, int
+        )
         request_id = request.request_id
-        block_size = self.block_size
         # -- the preconditions, in the spec's order --
+        if num_tokens == 0 and not num_external_computed_tokens and not any(hits):
+            raise refusals.nothing_to_allocate(request_id)
         num_spec = len(request.spec_token_ids)
         if num_spec > num_tokens:
             raise refusals.more_drafts_than_scheduled(request_id, num_spec, num_tokens)
-        known = self._requests.get(request_id)  # _check_identity, inline
-        if known is not None and known is not request:
-            raise refusals.id_in_use(request_id)
+        self._check_identity(request)
         held = self._first_blocks.get(request_id)
         num_held = 0 if held is None else len(held)
         num_computed = request.num_computed_tokens
         if self._per_group:
             self._check_group_slots(request_id, num_computed)
-        elif not 0 <= num_computed <= num_held * block_size:
-            raise refusals.computed_outside_slots(request_id, num_computed, num_held, block_size)
+        elif not 0 <= num_computed <= num_held * self.block_size:
+            raise refusals.computed_outside_slots(
+                request_id, num_computed, num_held, self.block_size
+            )
+        if num_external_computed_tokens:
+            self._check_external(request_id, num_held or num_computed, num_external_computed_tokens)
         if hits and any(hits):
             self._check_hits(request, num_held, hits)
         else:
             hits = ()
         num_hits = len(hits[0]) if hits else 0
-        num_computed_tokens = num_computed + num_hits * block_size
+        num_computed_tokens = (
+            num_computed + num_hits * self.block_size + num_external_computed_tokens
+        )
         num_scheduled_real = num_computed_tokens + num_tokens - num_spec
         if num_scheduled_real > request.num_tokens:
             raise refusals.more_tokens_than_request(
                 request_id, num_scheduled_real, request.num_tokens
+            )
+        if num_external_computed_tokens or delay_cache_blocks is True:
+            return self._allocate_adopting(
+                request,
+                hits,
+                num_computed_tokens,
+                num_tokens,
+                num_lookahead_tokens,
+                num_external_computed_tokens,
+                delay_cache_blocks is True,
+                held,
+                full_sequence_must_fit is True,
             )
         if self._per_group:  # caching is off: no hits, nothing to cache
             return self._allocate_per_group(
@@ -684,7 +734,7 @@ class KVCacheManager:
                 full_sequence_must_fit is True,
             )
         num_required = num_required_blocks(
-            num_computed_tokens, num_tokens, num_lookahead_tokens, block_size
+            num_computed_tokens, num_tokens, num_lookahead_tokens, self.block_size
         )
         if num_required > self.max_num_blocks_per_req and (
             not self.semantics.cap_at_max_model_len
@@ -695,9 +745,9 @@ class KVCacheManager:
                 num_required,
                 self.max_num_blocks_per_req,
                 self.max_model_len,
-                block_size,
+                self.block_size,
             )
-        num_full = num_full_blocks(num_computed_tokens, num_tokens, num_spec, block_size)
+        num_full = num_full_blocks(num_computed_tokens, num_tokens, num_spec, self.block_size)
         num_cached = self._first_cached.get(request_id, num_hits)
         if self.enable_caching and num_full < num_cached:
             raise refusals.cached_blocks_lost(request_id, num_full, num_cached)
@@ -743,6 +793,131 @@ class KVCacheManager:
         if self.debug_invariants:
             self._after_call()
         return new_blocks
+
+    def _check_external(self, request_id: str, running: int, num_external: int) -> None:
+        """External tokens extend a request's first allocation only (`running`: it holds
+        blocks or computed tokens), and no Mamba group's (the spec's precondition 6)."""
+        if running:
+            raise refusals.external_for_running_request(request_id, num_external)
+        for group, manager in enumerate(self.coordinator.single_type_managers):
+            if isinstance(manager.kv_cache_spec, MambaSpec):
+                raise refusals.external_with_mamba(request_id, group)
+
+    def _allocate_adopting(
+        self,
+        request: Request,
+        hits: tuple[list[KVCacheBlock], ...],
+        num_computed: int,
+        num_tokens: int,
+        num_lookahead_tokens: int,
+        num_external: int,
+        delay_cache: bool,
+        held: list[KVCacheBlock] | None,
+        full_sequence_must_fit: bool,
+    ) -> KVCacheBlocks | None:
+        """allocate_slots with external tokens or a delayed cache (the connector path), every
+        precondition up to the hits' checked; `num_computed` counts the hits and the external
+        tokens. Group by group, as the spec's step: each group adopts its hits with the
+        positions the token at `num_computed` no longer reads as null blocks; the blocks every
+        group then lacks must fit; every group's adopted hits are touched, then every group
+        takes its external blocks, then every group its new blocks (caching them unless
+        delayed). Complexity: O(groups + hits + new blocks + blocks cached * block_size)."""
+        request_id = request.request_id
+        managers = self.coordinator.single_type_managers
+        num_spec = len(request.spec_token_ids)
+        num_held = 0 if held is None else len(held)
+        num_hits = len(hits[0]) if hits else 0
+        num_slots = num_computed + num_tokens + num_lookahead_tokens
+        required = [manager.num_required(num_slots) for manager in managers]
+        capped = self.semantics.cap_at_max_model_len and num_held + num_hits < self._max_blocks[0]
+        for group, manager in enumerate(managers):
+            if required[group] > self._max_blocks[group] and not capped:
+                raise refusals.past_max_model_len(
+                    request_id,
+                    required[group],
+                    self._max_blocks[group],
+                    self.max_model_len,
+                    manager.block_size,
+                    group if self._mixed_sizes else None,
+                )
+        block_size = self.block_size
+        num_full = num_full_blocks(num_computed, num_tokens, num_spec, block_size)
+        num_cached = self._first_cached.get(request_id, num_hits)
+        if self.enable_caching and num_full < num_cached:
+            raise refusals.cached_blocks_lost(request_id, num_full, num_cached)
+        # -- every precondition holds: from here on nothing can fail --
+        null_block = self.block_pool.null_block
+        adopted: list[list[KVCacheBlock]] = []
+        for group, manager in enumerate(managers):
+            group_hits = hits[group] if hits else []
+            if num_external:
+                skipped = max(manager.num_skipped_blocks(num_computed), 0)
+                group_hits = [null_block] * skipped + group_hits[skipped:]
+            adopted.append(group_hits)
+        if full_sequence_must_fit and not self._whole_request_fits(request, adopted):
+            if self.debug_invariants:
+                self._after_call()
+            return None
+        pool = self.block_pool
+        if held is not None:
+            self.coordinator.remove_skipped_blocks(request_id, request.num_computed_tokens)
+        lengths = [len(manager.req_to_blocks.get(request_id, ())) for manager in managers]
+        missing = sum(
+            max(need - have - len(group_hits), 0)
+            for need, have, group_hits in zip(required, lengths, adopted, strict=True)
+        )
+        if not fits(missing, pool.get_num_free_blocks(), self._num_evictable_hits(adopted)):
+            if self.debug_invariants:
+                self._after_call()
+            return None
+        num_adopted = [len(group_hits) for group_hits in adopted]
+        self._adopt_then_load(request_id, adopted, num_computed if num_external else 0)
+        self._track(request_id, request)
+        num_free = pool.get_num_free_blocks()
+        caching = self.enable_caching
+        stored = self.req_to_block_hashes.setdefault(request_id, []) if caching else []
+        junction = self._junctions.get(request_id, 0) if self._sparse else 0
+        new_blocks = []
+        for group, manager in enumerate(managers):
+            num_blocks = len(manager.req_to_blocks[request_id])
+            count = min(
+                required[group] - num_blocks, num_free, self._max_blocks[group] - num_blocks
+            )
+            new_blocks.append(manager.allocate_new_blocks(request_id, count))
+            if caching and delay_cache:
+                manager.num_cached_block.setdefault(request_id, num_adopted[group])
+            elif caching:
+                manager.cache_blocks(
+                    request, stored, num_adopted[group], num_full, self.caching_hash_fn, junction
+                )
+        if self.debug_invariants:
+            self._after_call()
+        return tuple(new_blocks)
+
+    def _adopt_then_load(
+        self, request_id: str, adopted: list[list[KVCacheBlock]], num_loaded: int
+    ) -> None:
+        """vLLM 0.33's two phases (PR #44409): every group's adopted hits are touched and
+        appended (the lists handed over), then every group takes the blocks its first
+        `num_loaded` token slots still lack (the external tokens'), from the queue's head: no
+        group's allocation can evict another group's adopted hit. Complexity: O(groups + hits
+        + blocks taken)."""
+        managers = self.coordinator.single_type_managers
+        pool = self.block_pool
+        if self.enable_caching:
+            for group_hits in adopted:
+                pool.touch_owned_locked(group_hits)
+        for manager, group_hits in zip(managers, adopted, strict=True):
+            manager.add_hits(request_id, group_hits)
+        if num_loaded:
+            for group, manager in enumerate(managers):
+                blocks = manager.req_to_blocks[request_id]
+                count = min(
+                    manager.num_required(num_loaded) - len(blocks),
+                    pool.get_num_free_blocks(),
+                    self._max_blocks[group] - len(blocks),
+                )
+                manager.allocate_new_blocks(request_id, count)
 
     def _check_group_slots(self, request_id: str, num_computed: int) -> None:
         """`num_computed` lies within the slots the request holds in every group (the
@@ -841,27 +1016,28 @@ class KVCacheManager:
                 if shape_error is not None:
                     raise refusals.hit_shape(request_id, shape_error)
 
-    def _whole_request_fits(self, request: Request, hits: tuple[list[KVCacheBlock], ...]) -> bool:
+    def _whole_request_fits(self, request: Request, hits: Sequence[list[KVCacheBlock]]) -> bool:
         """The full-sequence gate, before anything changes: the blocks every group lacks for
         `min(num_tokens, max_model_len)` tokens (lookahead and drafts out), each group's need
-        at most its admission cap, fit in the free blocks the hits leave, as the step's own
-        check counts them. Complexity: O(groups + hits)."""
+        at most its admission cap, fit in the free blocks the hits leave (each group's own,
+        adopted as the step adopts them), as the step's own check counts them.
+        Complexity: O(groups + hits)."""
         request_id = request.request_id
         num_tokens = min(request.num_tokens, self.max_model_len)
-        num_hits = len(hits[0]) if hits else 0
         missing = 0
         managers = self.coordinator.single_type_managers
-        for manager, cap in zip(managers, self._admission_caps, strict=True):
+        for group, (manager, cap) in enumerate(zip(managers, self._admission_caps, strict=True)):
             required = manager.num_required(num_tokens)
             if cap is not None and cap < required:
                 required = cap
+            num_hits = len(hits[group]) if hits else 0
             lacking = required - len(manager.req_to_blocks.get(request_id, ())) - num_hits
             if lacking > 0:
                 missing += lacking
-        num_evictable = self._num_evictable_hits(hits) if num_hits else 0
+        num_evictable = self._num_evictable_hits(hits) if hits else 0
         return fits(missing, self.block_pool.get_num_free_blocks(), num_evictable)
 
-    def _num_evictable_hits(self, hits: tuple[list[KVCacheBlock], ...]) -> int:
+    def _num_evictable_hits(self, hits: Sequence[list[KVCacheBlock]]) -> int:
         """Hits with ref_cnt 0: touching takes them off the free queue, so they are not free
         for this step. Null hits count only under vLLM 0.8.5 semantics (difference 2)."""
         null_block = self.block_pool.null_block
@@ -960,14 +1136,16 @@ class KVCacheManager:
             limit = min(computed, checked.num_tokens)
             if num_computed_tokens > limit:
                 raise refusals.cache_past_computed(request_id, num_computed_tokens, limit)
-            num_cached = self._first_cached.get(request_id, 0)
             num_full = num_computed_tokens // block_size
-            if num_full > num_cached:
+            managers = self.coordinator.single_type_managers
+            # Each group from its own count (they differ after external tokens pushed hits out
+            # of a window).
+            if any(num_full > manager.num_cached_block.get(request_id, 0) for manager in managers):
                 stored = self.req_to_block_hashes.setdefault(request_id, [])
                 junction = self._junctions.get(request_id, 0) if self._sparse else 0
-                for manager in self.coordinator.single_type_managers:
+                for manager in managers:
                     manager.cache_blocks(
-                        checked, stored, num_cached, num_full, self.caching_hash_fn, junction
+                        checked, stored, 0, num_full, self.caching_hash_fn, junction
                     )
             self._after_call()
         finally:

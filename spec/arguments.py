@@ -235,9 +235,12 @@ def check_allocation(
     num_lookahead_tokens: object,
     num_groups: int,
     full_sequence_must_fit: object = False,
+    num_external_computed_tokens: object = 0,
+    delay_cache_blocks: object = False,
 ) -> tuple[list[int], ...]:
-    """KVCacheManager.allocate_slots(...), in order: a Request; num_tokens an int >= 1;
-    num_lookahead_tokens an int >= 0; full_sequence_must_fit a bool; the request's
+    """KVCacheManager.allocate_slots(...), in order: a Request; num_tokens an int >= 0;
+    num_lookahead_tokens an int >= 0; full_sequence_must_fit a bool;
+    num_external_computed_tokens an int >= 0; delay_cache_blocks a bool; the request's
     num_computed_tokens an int and its spec_token_ids a list; new_computed_blocks None or one
     iterable of block ids per KV cache group (a list or a tuple of `num_groups` of them).
 
@@ -247,9 +250,13 @@ def check_allocation(
     checked = check_request("allocate_slots", request)
     call = f"{MANAGER}.allocate_slots"
     context = for_request(checked)
-    require_int(call, "num_tokens", num_tokens, 1, context=context)
+    require_int(call, "num_tokens", num_tokens, 0, context=context)
     require_int(call, "num_lookahead_tokens", num_lookahead_tokens, 0, context=context)
     require_bool(call, "full_sequence_must_fit", full_sequence_must_fit, context=context)
+    require_int(
+        call, "num_external_computed_tokens", num_external_computed_tokens, 0, context=context
+    )
+    require_bool(call, "delay_cache_blocks", delay_cache_blocks, context=context)
     require_int(call, "request.num_computed_tokens", checked.num_computed_tokens, context=context)
     require_instance(call, "request.spec_token_ids", checked.spec_token_ids, list, context=context)
     if new_computed_blocks is None:

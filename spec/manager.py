@@ -22,6 +22,11 @@ hashes, which this manager stores.
   touched before any group takes a new block (so no group's allocation evicts another's hit),
   then each group takes its blocks from the free queue's head, group by group, and caches its
   full blocks.
+- **External tokens** (a KV connector's, `num_external_computed_tokens`) extend a request's
+  first allocation past its hits: every group adopts its hits less those the external tokens
+  push out of its window or chunk (null blocks instead, untouched), every group's adopted hits
+  are touched, then every group takes the blocks the external tokens fill, then every group its
+  new blocks (vLLM 0.33's two phases: no group's allocation evicts another's adopted hit).
 - **Free** releases group by group, each group's blocks tail first (with caching).
 
 Each operation is written as its preconditions, in the order its docstring lists them (the first
@@ -73,7 +78,7 @@ from pagedkv.vocab.hashes import (
     key_group,
     key_hash,
 )
-from pagedkv.vocab.kv_cache_interface import KVCacheConfig
+from pagedkv.vocab.kv_cache_interface import KVCacheConfig, MambaSpec
 from pagedkv.vocab.kv_events import KVCacheEvent
 from pagedkv.vocab.prefix_cache_stats import PrefixCacheStats
 from pagedkv.vocab.request import Request
@@ -88,14 +93,18 @@ class Step:
     """What one `allocate_slots` call asks for, once its preconditions hold.
 
     Attributes:
-        hits: the prefix hits, one list per group (block ids, nulls first where a group's
-            attention skips positions).
+        hits: the prefix each group adopts, one list per group (block ids, nulls first where a
+            group's attention skips positions): the hits given, less (with external tokens)
+            those outside the window or chunk the external tokens move to, as null blocks, and
+            null blocks up to the first position that window or chunk reads.
         num_required: blocks the request must hold after the step, lookahead included, one
             count per group (`SpecSingleTypeManager.num_required`).
         num_full: its full blocks after the step, speculative tokens left out: cached after it.
         num_cached: its blocks cached before the step.
-        num_computed: its tokens computed before the step, the hits' included.
+        num_computed: its tokens computed before the step, the hits' and external included.
         num_tokens: the tokens the step computes (drafts included).
+        num_external: the external tokens the step adopts (a connector loads them).
+        delay_cache: the step caches nothing (an async load: the caller caches on landing).
     """
 
     hits: GroupBlocks
@@ -104,6 +113,8 @@ class Step:
     num_cached: int
     num_computed: int
     num_tokens: int
+    num_external: int = 0
+    delay_cache: bool = False
 
 
 @dataclass(frozen=True)
@@ -532,20 +543,31 @@ class SpecKVCacheManager:
         new_computed_blocks: Sequence[Sequence[int]] | None = None,
         num_lookahead_tokens: int = 0,
         full_sequence_must_fit: bool = False,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
     ) -> GroupBlocks | None:
         """Reserve slots for `num_tokens` scheduled tokens in every group; None when they do
         not fit in the pool, every group counted together, or (`full_sequence_must_fit`, the
         admission gate of vLLM 0.33's scheduler) when the whole request would not.
 
+        `num_external_computed_tokens` (a KV connector's, vLLM 0.33): tokens after the hits
+        whose KV a connector loads into blocks this call takes (the spec's ghost KV takes the
+        connector at its word: they hold the request's KV from here on). `delay_cache_blocks`
+        (an async load): cache nothing now; the caller calls `cache_blocks` when the load lands.
+
         Preconditions, in order:
-          1. `check_allocation`: a Request; num_tokens an int >= 1; num_lookahead_tokens an
-             int >= 0; full_sequence_must_fit a bool; the request's num_computed_tokens an int
-             and spec_token_ids a list; the hits None or one iterable of block ids per group
+          1. `check_allocation`: a Request; num_tokens an int >= 0; num_lookahead_tokens an
+             int >= 0; full_sequence_must_fit a bool; num_external_computed_tokens an int >= 0;
+             delay_cache_blocks a bool; the request's num_computed_tokens an int and
+             spec_token_ids a list; the hits None or one iterable of block ids per group
              (ArgumentTypeError, InvalidArgumentError);
-          2. no more speculative tokens than num_tokens (InvalidArgumentError);
-          3. the id names no other Request object (RequestError);
-          4. 0 <= num_computed_tokens <= blocks held per group * B (RequestError);
-          5. if there are hits: caching is on (InvalidArgumentError); the request holds no
+          2. num_tokens 0 only with hits or external tokens (InvalidArgumentError);
+          3. no more speculative tokens than num_tokens (InvalidArgumentError);
+          4. the id names no other Request object (RequestError);
+          5. 0 <= num_computed_tokens <= blocks held per group * B (RequestError);
+          6. external tokens only for a request that holds no blocks and has no computed
+             tokens (RequestError), and no Mamba group (InvalidArgumentError);
+          7. if there are hits: caching is on (InvalidArgumentError); the request holds no
              blocks and has no computed tokens; every group has as many hits; there are no more
              hits than stored hashes (RequestError); then group by group, each hit, in order,
              is a block of the pool (BlockStateError), is the null block only if the group's
@@ -553,17 +575,18 @@ class SpecKVCacheManager:
              is cached in the group under the request's stored hash at its position
              (RequestError); the group's hits have a shape its attention can produce when
              found with `eagle_lookup`, less the last block with use_eagle (RequestError);
-          6. computed tokens after the step, speculative ones excluded, do not exceed the
-             request's tokens (InvalidArgumentError);
-          7. the blocks required, lookahead included, do not exceed cdiv(max_model_len, B)
+          8. computed tokens after the step (hits and external tokens included, speculative
+             ones excluded) do not exceed the request's tokens (InvalidArgumentError);
+          9. the blocks required, lookahead included, do not exceed cdiv(max_model_len, B)
              (MaxModelLenExceededError; under vLLM 0.8.5's `cap_at_max_model_len` only when
              nothing could be added);
-          8. with caching, full blocks after the step are at least the blocks already cached
+          10. with caching, full blocks after the step are at least the blocks already cached
              (RequestError).
 
         Then: with `full_sequence_must_fit`, `_whole_request_fits`, or None with nothing
         changed; `_drop_skipped_blocks` (even if the request then does not fit); `_fits`, or
-        None; `_grow`, which returns the new blocks of each group.
+        None; `_grow`, which returns the new blocks of each group (not the blocks the external
+        tokens fill: vLLM 0.33 returns them only in the request's table).
         """
         hits = check_allocation(
             request,
@@ -572,8 +595,17 @@ class SpecKVCacheManager:
             num_lookahead_tokens,
             self.num_groups,
             full_sequence_must_fit,
+            num_external_computed_tokens,
+            delay_cache_blocks,
         )
-        step = self._allocation_step(request, num_tokens, hits, num_lookahead_tokens)
+        step = self._allocation_step(
+            request,
+            num_tokens,
+            hits,
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            delay_cache_blocks,
+        )
         if full_sequence_must_fit and not self._whole_request_fits(request, step):
             return None
         self._drop_skipped_blocks(request)
@@ -582,10 +614,18 @@ class SpecKVCacheManager:
         return self._grow(request, step)
 
     def _allocation_step(
-        self, request: Request, num_tokens: int, hits: GroupBlocks, num_lookahead_tokens: int
+        self,
+        request: Request,
+        num_tokens: int,
+        hits: GroupBlocks,
+        num_lookahead_tokens: int,
+        num_external: int = 0,
+        delay_cache: bool = False,
     ) -> Step:
-        """Preconditions 2-8 of `allocate_slots`; the step they allow. Changes nothing."""
+        """Preconditions 2-10 of `allocate_slots`; the step they allow. Changes nothing."""
         request_id = request.request_id
+        if num_tokens == 0 and not num_external and not any(hits):
+            raise refusals.nothing_to_allocate(request_id)
         num_spec = len(request.spec_token_ids)
         if num_spec > num_tokens:
             raise refusals.more_drafts_than_scheduled(request_id, num_spec, num_tokens)
@@ -601,10 +641,16 @@ class SpecKVCacheManager:
                     manager.block_size,
                     group if self.mixed_sizes else None,
                 )
+        if num_external:
+            if num_held or request.num_computed_tokens:
+                raise refusals.external_for_running_request(request_id, num_external)
+            for group, manager in enumerate(self.managers):
+                if isinstance(manager.spec, MambaSpec):
+                    raise refusals.external_with_mamba(request_id, group)
         if any(group_hits for group_hits in hits):
             self._require_hits(request, num_held, hits)
         num_hits = len(hits[0])
-        computed = request.num_computed_tokens + num_hits * self.block_size
+        computed = request.num_computed_tokens + num_hits * self.block_size + num_external
         if computed + num_tokens - num_spec > request.num_tokens:
             raise refusals.more_tokens_than_request(
                 request_id, computed + num_tokens - num_spec, request.num_tokens
@@ -629,7 +675,22 @@ class SpecKVCacheManager:
         cached = self.num_cached.get(request_id, num_hits)
         if self.enable_caching and full < cached:
             raise refusals.cached_blocks_lost(request_id, full, cached)
-        return Step(hits, required, full, cached, computed, num_tokens)
+        if num_external:
+            hits = tuple(
+                self._adopted(manager, group_hits, computed)
+                for manager, group_hits in zip(self.managers, hits, strict=True)
+            )
+        return Step(hits, required, full, cached, computed, num_tokens, num_external, delay_cache)
+
+    @staticmethod
+    def _adopted(
+        manager: SpecSingleTypeManager, hits: Sequence[int], num_computed: int
+    ) -> list[int]:
+        """The prefix a group adopts when external tokens take the request to `num_computed`
+        tokens: null blocks at the positions the token there no longer reads (hits there are
+        left as they are, untouched), then the rest of the hits."""
+        skipped = manager.num_skipped(num_computed)
+        return [NULL_BLOCK_ID] * skipped + list(hits[skipped:])
 
     def _require_hits(self, request: Request, num_held: int, hits: GroupBlocks) -> None:
         """Precondition 5: the hits are what `get_computed_blocks` could have returned."""
@@ -678,16 +739,18 @@ class SpecKVCacheManager:
         return self._fits(request, step.hits, required)
 
     def _fits(self, request: Request, hits: GroupBlocks, num_required: Sequence[int]) -> bool:
-        """The blocks still missing in every group (each needing `num_required`) fit, together,
-        in the free blocks the hits leave: a hit at ref_cnt 0 leaves the free queue when
-        touched (a null hit only under vLLM 0.8.5's `capacity_counts_null_blocks`)."""
-        num_hits = len(hits[0])
+        """The blocks still missing in every group (each needing `num_required`, each adopting
+        its `hits`) fit, together, in the free blocks the hits leave: a hit at ref_cnt 0 leaves
+        the free queue when touched (a null hit only under vLLM 0.8.5's
+        `capacity_counts_null_blocks`)."""
         missing = sum(
             max(
-                num_new_blocks(required, len(manager.blocks.get(request.request_id, [])), num_hits),
+                num_new_blocks(
+                    required, len(manager.blocks.get(request.request_id, [])), len(group_hits)
+                ),
                 0,
             )
-            for manager, required in zip(self.managers, num_required, strict=True)
+            for manager, required, group_hits in zip(self.managers, num_required, hits, strict=True)
         )
         free_hits = [
             block_id
@@ -701,15 +764,27 @@ class SpecKVCacheManager:
     def _grow(self, request: Request, step: Step) -> GroupBlocks:
         """The state after a step that fits: the hits of every group get one more reference
         each (every group's before any group's new blocks); each group's list holds its blocks,
-        then its hits, then (group by group) the missing blocks from the head of the free queue
-        (as many as max_model_len leaves room for), and with caching its blocks [cached, full)
-        are cached and `num_full` positions count as cached."""
+        then its hits, then (external tokens: group by group, before any group's new blocks)
+        the blocks the external tokens fill, then (group by group) the missing blocks from the
+        head of the free queue (as many as max_model_len leaves room for), and with caching,
+        unless delayed, its blocks [cached, full) are cached and `num_full` positions count as
+        cached (delayed: the positions of its hits)."""
         request_id = request.request_id
         if self.enable_caching:
             for group_hits in step.hits:
                 self.pool.touch_unchecked(group_hits)
         for manager, group_hits in zip(self.managers, step.hits, strict=True):
             manager.add_hits(request_id, group_hits)
+        if step.num_external:
+            for group, manager in enumerate(self.managers):
+                num_blocks = len(manager.blocks[request_id])
+                missing = manager.num_required(step.num_computed) - num_blocks
+                room = self.max_blocks[group] - num_blocks
+                num_free = self.pool.get_num_free_blocks()
+                taken = manager.take_new_blocks(request_id, max(min(missing, num_free, room), 0))
+                self.truth.handed_out(taken)
+                for other in self.managers:
+                    other.handed_out(taken)
         num_free = self.pool.get_num_free_blocks()
         num_new = []
         groups = zip(self.managers, step.num_required, strict=True)
@@ -721,24 +796,32 @@ class SpecKVCacheManager:
         num_recorded = len(self.hashes.get(request_id, []))
         new_blocks: list[list[int]] = []
         junction = self.junction.get(request_id, 0)
-        for manager, group_new in zip(self.managers, num_new, strict=True):
+        for group, (manager, group_new) in enumerate(zip(self.managers, num_new, strict=True)):
             taken = manager.take_new_blocks(request_id, group_new)
             self.truth.handed_out(taken)
             for other in self.managers:
                 other.handed_out(taken)
             new_blocks.append(taken)
-            if self.enable_caching:
+            if self.enable_caching and step.delay_cache:
+                manager.num_cached.setdefault(request_id, len(step.hits[group]))
+            elif self.enable_caching:
                 stored = self.hashes.setdefault(request_id, [])
+                num_cached = step.num_cached if not step.num_external else len(step.hits[group])
                 left_out = manager.cache_blocks(
-                    request, stored, step.num_cached, step.num_full, self.hash_fn, junction
+                    request, stored, num_cached, step.num_full, self.hash_fn, junction
                 )
                 if left_out:
                     self.retention_counts["retention: blocks left uncached"] += len(left_out)
         self.requests[request_id] = request
         tables = tuple(manager.blocks[request_id] for manager in self.managers)
+        if step.num_external:
+            # The connector's load: the external tokens' KV, computed elsewhere.
+            local = step.num_computed - step.num_external
+            self.truth.computed(request, tables, local, step.num_external)
+            self.truth.checks["attention truth: external tokens loaded"] += step.num_external
         self.truth.check_step(request, tables, step.num_computed)
         self.truth.computed(request, tables, step.num_computed, step.num_tokens)
-        if self.enable_caching:
+        if self.enable_caching and not step.delay_cache:
             self._record_parents(self.hashes[request_id], num_recorded)
             if step.num_full > step.num_cached and any(
                 entry[1] < step.num_cached for entry in self.evicted.get(request_id, ())
@@ -776,10 +859,10 @@ class SpecKVCacheManager:
         computed = min(request.num_computed_tokens, request.num_tokens)
         if num_computed_tokens > computed:
             raise refusals.cache_past_computed(request_id, num_computed_tokens, computed)
-        num_cached = self.num_cached.get(request_id, 0)
         num_full = num_computed_tokens // self.block_size
-        if num_full <= num_cached:
+        if all(num_full <= manager.num_cached.get(request_id, 0) for manager in self.managers):
             return
+        num_cached = self.num_cached.get(request_id, 0)
         stored = self.hashes.setdefault(request_id, [])
         num_recorded = len(stored)
         junction = self.junction.get(request_id, 0)

@@ -297,8 +297,28 @@ MANAGER_CALLS: dict[str, tuple[st.SearchStrategy[object], ManagerCall]] = {
         lambda s, v: s.manager.allocate_slots(v, 1),
     ),
     "allocate_slots(num_tokens)": (
-        st.one_of(bad_counts, huge_ints, st.just(0)),
+        st.one_of(bad_counts, huge_ints),
         lambda s, v: s.manager.allocate_slots(s.waiting, v, s.hits),
+    ),
+    "allocate_slots(num_tokens) adopting nothing": (  # 0 only adopts hits or external tokens
+        st.one_of(bad_counts, st.just(0)),
+        lambda s, v: s.manager.allocate_slots(s.running, v),
+    ),
+    "allocate_slots(num_external_computed_tokens)": (  # more than the request has: refused
+        st.one_of(bad_counts, huge_ints),
+        lambda s, v: s.manager.allocate_slots(
+            s.waiting, 1, s.hits, 0, num_external_computed_tokens=v
+        ),
+    ),
+    "allocate_slots(num_external_computed_tokens) running": (  # a first allocation's only
+        st.integers(min_value=1, max_value=3),
+        lambda s, v: s.manager.allocate_slots(
+            s.running, 1, None, 0, num_external_computed_tokens=v
+        ),
+    ),
+    "allocate_slots(delay_cache_blocks)": (
+        not_ints.filter(lambda value: not isinstance(value, bool)),
+        lambda s, v: s.manager.allocate_slots(s.waiting, 1, s.hits, 0, delay_cache_blocks=v),
     ),
     "allocate_slots(new_computed_blocks)": (  # the value as the one group's hits
         not_hit_lists,

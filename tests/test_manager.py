@@ -331,12 +331,17 @@ def _with_drafts(request: Request, drafts: list[int], call: Callable[[], object]
 
 
 HOSTILE: list[tuple[str, Callable[[OneGroupView, Scene], object], type[Exception], str]] = [
-    ("no tokens", lambda m, s: m.allocate_slots(s.running, 0), InvalidArgumentError, "an int >= 1"),
+    (
+        "no tokens",
+        lambda m, s: m.allocate_slots(s.running, 0),
+        InvalidArgumentError,
+        "num_tokens 0 must adopt new_computed_blocks or external tokens",
+    ),
     (
         "negative tokens",
         lambda m, s: m.allocate_slots(s.running, -3),
         InvalidArgumentError,
-        "an int >= 1",
+        "an int >= 0",
     ),
     (
         "negative lookahead",

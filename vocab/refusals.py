@@ -162,6 +162,35 @@ def hits_for_running_request(request_id: str) -> RequestError:
     )
 
 
+def nothing_to_allocate(request_id: str) -> InvalidArgumentError:
+    """num_tokens 0 is a call that adopts a prefix hit or external tokens (an async load's
+    admission); with neither it asks for nothing (vLLM 0.33: ValueError)."""
+    return InvalidArgumentError(
+        f"request {request_id!r}: allocate_slots with num_tokens 0 must adopt "
+        "new_computed_blocks or external tokens"
+    )
+
+
+def external_for_running_request(request_id: str, num_external: int) -> RequestError:
+    """External tokens extend a request's first allocation, after its hits: vLLM 0.33's
+    scheduler asks a connector only for a request with no computed tokens (a running request's
+    would silently become new slots, cached at once)."""
+    return RequestError(
+        request_id,
+        "num_external_computed_tokens for a request that already holds blocks or computed tokens",
+        f"{num_external} external tokens",
+    )
+
+
+def external_with_mamba(request_id: str, group: int) -> InvalidArgumentError:
+    """A Mamba group's external state is a different protocol (vLLM 0.33's
+    `get_computed_blocks_for_connector`), outside pagedkv's model of the connector path."""
+    return InvalidArgumentError(
+        f"request {request_id!r}: num_external_computed_tokens with a Mamba group (group "
+        f"{group}) is not modelled"
+    )
+
+
 NOT_CACHED_HITS = "new_computed_blocks must be the request's cached blocks"
 
 

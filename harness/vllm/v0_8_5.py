@@ -132,9 +132,11 @@ class Vllm085Manager(FlatObjectManagerAdapter):
         num_lookahead_tokens: int = 0,
         *,
         full_sequence_must_fit: bool = False,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
     ) -> list[int] | None:
-        """`full_sequence_must_fit` reaches vLLM 0.8.5 (which has no such gate, and refuses the
-        keyword) only if given: its factory does not offer the gate."""
+        """The gate's and the connector's keywords reach vLLM 0.8.5 (which has neither, and
+        refuses them) only if given: its factory does not offer them."""
         view: Any = self.views(request)
         return super().allocate_slots(
             view,
@@ -142,6 +144,8 @@ class Vllm085Manager(FlatObjectManagerAdapter):
             new_computed_blocks,
             num_lookahead_tokens,
             full_sequence_must_fit=full_sequence_must_fit,
+            num_external_computed_tokens=num_external_computed_tokens,
+            delay_cache_blocks=delay_cache_blocks,
         )
 
     def free(self, request: Request) -> None:

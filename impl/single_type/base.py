@@ -196,11 +196,14 @@ class SingleTypeKVCacheManager(ABC):
         hash_fn: HashFn,
         junction: int = 0,
     ) -> None:
-        """Cache the request's positions [num_cached, num_full) that it holds (the stored
+        """Cache the request's positions [cached, num_full) that it holds (the stored
         `block_hashes` give the hashes known, the pool appends the others), those `retained`
-        keeps when `sparse`, and record `num_full` positions as cached. Complexity: O(blocks
-        cached * block_size)."""
+        keeps when `sparse`, and record max(cached, num_full) positions as cached; `cached` is
+        the group's own count, `num_cached` (the hits) until it has one (external tokens that
+        push hits out of a window count its null positions as cached, as vLLM 0.33 does).
+        Complexity: O(blocks cached * block_size)."""
         request_id = request.request_id
+        num_cached = self.num_cached_block.get(request_id, num_cached)
         blocks = self.req_to_blocks[request_id]
         num_blocks = len(blocks)
         # min(): only vLLM 0.8.5's capped allocation (cap_at_max_model_len) holds fewer blocks.
@@ -219,7 +222,7 @@ class SingleTypeKVCacheManager(ABC):
                 self.retained(request, junction, first, end) if self.sparse else None,
                 True,  # parent_from_stored
             )
-        self.num_cached_block[request_id] = num_full
+        self.num_cached_block[request_id] = num_full if num_full > num_cached else num_cached
 
     def free(self, request_id: str, tail_first: bool) -> None:
         """Release the request's blocks, the last first (evicted first) or in order; forget it.

@@ -157,10 +157,14 @@ class SpecSingleTypeManager:
         hash_fn: HashFn,
         junction: int = 0,
     ) -> list[int]:
-        """The request's positions [num_cached, num_full) that it holds and `retained` keeps
-        are cached under the stored hashes (extended by the pool), and `num_full` positions
-        count as cached. Returns the blocks retention left out (recorded in `left_out`)."""
+        """The request's positions [cached, num_full) that it holds and `retained` keeps are
+        cached under the stored hashes (extended by the pool), and max(cached, num_full)
+        positions count as cached; `cached` is the group's own count, `num_cached` (the hits)
+        until it has one (a group's count may exceed another's: external tokens that push hits
+        out of a window count the null positions as cached, as vLLM 0.33 does). Returns the
+        blocks retention left out (recorded in `left_out`)."""
         held = self.blocks[request.request_id]
+        num_cached = self.num_cached.get(request.request_id, num_cached)
         first, end = min(num_cached, len(held)), min(num_full, len(held))
         kept = self.retained(request, junction, range(first, end))
         self.pool.cache_full_blocks_unchecked(
@@ -175,7 +179,7 @@ class SpecSingleTypeManager:
             retained=kept,
             parent_from_stored=True,
         )
-        self.num_cached[request.request_id] = num_full
+        self.num_cached[request.request_id] = max(num_cached, num_full)
         if kept is None:
             return []
         left_out = []

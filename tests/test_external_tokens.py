@@ -1,0 +1,336 @@
+"""A KV connector's external tokens (`allocate_slots(..., num_external_computed_tokens=n,
+delay_cache_blocks=...)`, vLLM 0.33's connector path), spec and impl side by side.
+
+External tokens extend a request's first allocation past its hits: their KV is loaded by a
+connector into fresh blocks. Every group adopts its hits less those the external tokens push
+out of its window or chunk (null blocks there, the hits left untouched in the free queue), every
+group's adopted hits are touched, every group takes its external blocks, then every group its
+new blocks (vLLM 0.33's two phases, PR #44409). A sync load caches them at once; an async load
+(`delay_cache_blocks`) caches nothing until the caller's `cache_blocks` when it lands, so no
+other request can hit a block still being loaded.
+
+The numbers: block size 4, max_model_len 64; pools of 10 blocks (1..9 free) unless stated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from manager_fixtures import GROUP_FACTORIES, manager_config
+
+from pagedkv import (
+    ArgumentTypeError,
+    FullAttentionSpec,
+    InvalidArgumentError,
+    KVCacheSpec,
+    MambaSpec,
+    Request,
+    RequestError,
+    SlidingWindowSpec,
+)
+from pagedkv.harness.protocol import ManagerConfig, ManagerUnderTest
+from pagedkv.harness.swarm.runs import hybrid_kv_cache_config
+from pagedkv.vocab.errors import InvariantViolation
+
+SIDES = sorted(GROUP_FACTORIES)
+B = 4
+
+
+def both(config: ManagerConfig | None = None) -> list[ManagerUnderTest]:
+    return [GROUP_FACTORIES[side](config or manager_config()) for side in SIDES]
+
+
+def full() -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=1, dtype="float16")
+
+
+def window(tokens: int) -> SlidingWindowSpec:
+    return SlidingWindowSpec(
+        block_size=B, num_kv_heads=1, head_size=1, dtype="float16", sliding_window=tokens
+    )
+
+
+def groups_config(specs: list[KVCacheSpec], num_blocks: int) -> ManagerConfig:
+    return dataclasses.replace(
+        manager_config(), kv_cache_config=hybrid_kv_cache_config(specs, num_blocks)
+    )
+
+
+def external(
+    manager: ManagerUnderTest,
+    request: Request,
+    num_tokens: int,
+    hits: Any,
+    num_external: int,
+    delay: bool = False,
+    **gate: bool,
+) -> Any:
+    return manager.allocate_slots(
+        request,
+        num_tokens,
+        hits if hits and any(hits) else None,
+        0,
+        num_external_computed_tokens=num_external,
+        delay_cache_blocks=delay,
+        **gate,
+    )
+
+
+def computed_and_freed(manager: ManagerUnderTest, tokens: list[int]) -> None:
+    """A request that computed `tokens` (its full blocks cached) and finished."""
+    request = Request("done", tokens)
+    manager.get_computed_blocks(request)
+    assert manager.allocate_slots(request, len(tokens)) is not None
+    manager.free(request)
+    manager.free_block_hashes(request)
+
+
+def test_a_sync_load_fills_fresh_blocks_after_the_hits_and_caches_them() -> None:
+    snapshots = []
+    for manager in both():
+        computed_and_freed(manager, list(range(8)))  # blocks 1, 2 cached, freed
+        request = Request("r", range(20))
+        hits, num_hit_tokens = manager.get_computed_blocks(request)
+        assert hits == ([1, 2],) and num_hit_tokens == 8
+        # 8 external tokens (blocks 3, 4), then 4 new tokens: only the new block is returned
+        assert external(manager, request, 4, hits, 8) == ([5],)
+        manager.check_invariants()
+        snapshot = manager.snapshot()
+        assert snapshot.blocks["r"] == ((1, 2, 3, 4, 5),)
+        assert snapshot.num_cached == {"r": 5}  # the loaded blocks are cached at once
+        sibling = Request("s", [*range(16), 99])
+        assert manager.get_computed_blocks(sibling) == (([1, 2, 3, 4],), 16)
+        snapshots.append(snapshot)
+    assert snapshots[0] == snapshots[1]
+
+
+def test_an_async_load_caches_nothing_until_it_lands() -> None:
+    """A block still being loaded is never hit: its hash is set only by `cache_blocks`."""
+    snapshots = []
+    for manager in both():
+        request = Request("r", range(20))
+        manager.get_computed_blocks(request)
+        assert external(manager, request, 0, None, 12, delay=True) == ([],)
+        manager.check_invariants()
+        assert manager.snapshot().blocks["r"] == ((1, 2, 3),)
+        assert manager.snapshot().num_cached == {"r": 0}
+        sibling = Request("s", [*range(12), 99])
+        assert manager.get_computed_blocks(sibling)[1] == 0  # nothing to hit while loading
+        request.num_computed_tokens = 12  # the caller's count once the load lands
+        manager.cache_blocks(request, 12)
+        manager.check_invariants()
+        assert manager.snapshot().num_cached == {"r": 3}
+        assert manager.get_computed_blocks(sibling)[1] == 12
+        assert manager.allocate_slots(request, 8) == ([4, 5],)  # a running request from here
+        manager.check_invariants()
+        snapshots.append(manager.snapshot())
+    assert snapshots[0] == snapshots[1]
+
+
+def test_a_delayed_request_that_runs_before_cache_blocks_caches_then() -> None:
+    """Without the `cache_blocks` call, the next allocation caches the loaded blocks."""
+    for manager in both():
+        request = Request("r", range(20))
+        manager.get_computed_blocks(request)
+        assert external(manager, request, 0, None, 9, delay=True) == ([],)
+        request.num_computed_tokens = 9
+        assert manager.allocate_slots(request, 11) == ([4, 5],)
+        assert manager.snapshot().num_cached == {"r": 5}
+        manager.check_invariants()
+
+
+def test_external_tokens_push_hits_out_of_a_window() -> None:
+    """vLLM 0.33.0's own run (docs/design/connector-path.md §1): window 8, a 24-token hit
+    [null x4, 5, 6] and 8 external tokens: the table becomes [null x6, 7, 8]; blocks 5 and 6
+    stay in the free queue at ref_cnt 0, untouched; the nulls count as cached."""
+    config = dataclasses.replace(manager_config(sliding_window=8, num_blocks=13), max_model_len=64)
+    snapshots = []
+    for manager in both(config):
+        computed_and_freed(manager, list(range(24)))  # blocks 1-6, 5 and 6 cached last
+        request = Request("r", range(40))
+        hits, num_hit_tokens = manager.get_computed_blocks(request)
+        assert hits == ([0, 0, 0, 0, 5, 6],) and num_hit_tokens == 24
+        free_before = manager.snapshot().pool.free_order
+        assert external(manager, request, 0, hits, 8, delay=True) == ([],)
+        manager.check_invariants()
+        snapshot = manager.snapshot()
+        assert snapshot.blocks["r"] == ((0, 0, 0, 0, 0, 0, 7, 8),)
+        assert snapshot.pool.ref_cnt[5] == snapshot.pool.ref_cnt[6] == 0
+        assert snapshot.pool.free_order == tuple(b for b in free_before if b not in (7, 8))
+        assert snapshot.num_cached == {"r": 6}
+        assert snapshot.pool.block_hash[7] is None and snapshot.pool.block_hash[8] is None
+        request.num_computed_tokens = 32
+        manager.cache_blocks(request, 32)
+        assert manager.snapshot().num_cached == {"r": 8}
+        assert manager.snapshot().pool.block_hash[7] is not None
+        manager.check_invariants()
+        snapshots.append(manager.snapshot())
+    assert snapshots[0] == snapshots[1]
+
+
+def test_hits_pushed_out_of_the_window_are_free_blocks_for_the_allocation() -> None:
+    """The trimmed hits are not touched, so they count as free blocks (vLLM 0.33 counts only
+    the hits it keeps): a pool that fits the request only with them admits it, and here hands
+    them out first, as the queue's head."""
+    config = manager_config(sliding_window=8, num_blocks=9)  # blocks 1..8
+    snapshots = []
+    for manager in both(config):
+        computed_and_freed(manager, list(range(24)))  # queue: 7, 8, then 6..1 (all cached)
+        occupant = Request("o", [7] * 8)
+        manager.get_computed_blocks(occupant)
+        assert manager.allocate_slots(occupant, 8) == ([7, 8],)
+        request = Request("r", range(44))
+        hits, _ = manager.get_computed_blocks(request)
+        assert hits == ([0, 0, 0, 0, 5, 6],)
+        # 24 hit + 8 external + 12 new tokens: 11 blocks, the first 6 null at 32 tokens: 5
+        # fresh blocks of the 6 free; with 5 and 6 touched only 4 would be free
+        assert external(manager, request, 12, hits, 8) == ([4, 3, 2],)
+        assert manager.snapshot().blocks["r"] == ((0, 0, 0, 0, 0, 0, 6, 5, 4, 3, 2),)
+        manager.check_invariants()
+        snapshots.append(manager.snapshot())
+    assert snapshots[0] == snapshots[1]
+
+
+def test_every_group_takes_its_external_blocks_before_any_group_its_new_blocks() -> None:
+    """Full attention and a window of 4 over one pool: phase 2 (external blocks, group by
+    group), then the new blocks (group by group)."""
+    config = groups_config([full(), window(4)], 16)
+    snapshots = []
+    for manager in both(config):
+        request = Request("r", range(16))
+        manager.get_computed_blocks(request)
+        new = external(manager, request, 4, None, 12)
+        # window 4 at 12 tokens: positions 0 and 1 are skipped (null); the full group loads
+        # 3 blocks (1-3), the window group 1 (4); then one new block each (5, 6)
+        assert new == ([5], [6])
+        assert manager.snapshot().blocks["r"] == ((1, 2, 3, 5), (0, 0, 4, 6))
+        manager.check_invariants()
+        snapshots.append(manager.snapshot())
+    assert snapshots[0] == snapshots[1]
+
+
+def test_a_refused_allocation_with_external_tokens_changes_nothing() -> None:
+    for manager in both(manager_config(num_blocks=5)):  # 4 free blocks
+        computed_and_freed(manager, list(range(8)))
+        request = Request("r", range(30))
+        hits, _ = manager.get_computed_blocks(request)
+        before = manager.snapshot()
+        assert external(manager, request, 10, hits, 12) is None  # 8 blocks, 4 free
+        assert manager.snapshot() == before
+        assert external(manager, request, 0, hits, 30 - 8, full_sequence_must_fit=True) is None
+        assert manager.snapshot() == before
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (
+            lambda m, r: m.allocate_slots(r, 0),
+            InvalidArgumentError,
+            "num_tokens 0 must adopt new_computed_blocks or external tokens",
+        ),
+        (
+            lambda m, r: external(m, r, 1, None, 20),
+            InvalidArgumentError,
+            "21 tokens computed after this step, but the request has 20",
+        ),
+        (
+            lambda m, r: external(m, r, 1, None, -1),
+            InvalidArgumentError,
+            "num_external_computed_tokens must be an int >= 0",
+        ),
+        (
+            lambda m, r: m.allocate_slots(r, 1, None, 0, delay_cache_blocks=1),
+            ArgumentTypeError,
+            "delay_cache_blocks must be a bool",
+        ),
+    ],
+)
+def test_bad_external_arguments_are_refused_and_change_nothing(
+    call: Any, error: type[Exception], message: str
+) -> None:
+    for manager in both():
+        request = Request("r", range(20))
+        manager.get_computed_blocks(request)
+        before = manager.snapshot()
+        with pytest.raises(error, match=message):
+            call(manager, request)
+        assert manager.snapshot() == before
+
+
+def test_external_tokens_for_a_running_request_are_refused() -> None:
+    """vLLM 0.33 would silently make them new slots and cache them at once (no scheduler path
+    passes them): pagedkv refuses, naming the request."""
+    for manager in both():
+        request = Request("r", range(20))
+        manager.get_computed_blocks(request)
+        assert manager.allocate_slots(request, 4) is not None
+        request.num_computed_tokens = 4
+        before = manager.snapshot()
+        with pytest.raises(RequestError, match="'r': num_external_computed_tokens for a request"):
+            external(manager, request, 4, None, 4)
+        assert manager.snapshot() == before
+
+
+def test_external_tokens_with_a_mamba_group_are_refused() -> None:
+    mamba = MambaSpec(block_size=B, shapes=((1,),), dtypes=("float16",))
+    config = dataclasses.replace(groups_config([full(), mamba], 16), enable_caching=False)
+    for manager in both(config):
+        request = Request("r", range(20))
+        before = manager.snapshot()
+        with pytest.raises(InvalidArgumentError, match="Mamba group \\(group 1\\)"):
+            external(manager, request, 4, None, 4)
+        assert manager.snapshot() == before
+
+
+def test_the_spec_counts_the_loaded_tokens_as_the_requests_own_kv() -> None:
+    """Attention truth: the window reads the external blocks at the next step; the spec's
+    ghost KV holds the request's KV there from the load on."""
+    (spec_side,) = [GROUP_FACTORIES["spec"](manager_config(sliding_window=8, num_blocks=13))]
+    spec: Any = spec_side
+    request = Request("r", range(40))
+    spec.get_computed_blocks(request)
+    assert external(spec, request, 4, None, 20) is not None
+    truth = spec.manager.truth
+    assert truth.checks["attention truth: external tokens loaded"] == 20
+    request.num_computed_tokens = 24
+    spec.check_invariants()  # the window at 24 reads the loaded positions 17-23
+
+
+def test_a_whole_prompt_load_with_a_window_then_recomputing_its_last_token_is_caught() -> None:
+    """vLLM 0.33's scheduler recomputes the last token of a prompt a load covered entirely; with
+    a window the allocation dropped, for the token at 15, block 1 (tokens 4-7), which the
+    token at 14 reads (7-14): the spec's attention-truth check refuses that step
+    (docs/semantics.md, External tokens)."""
+    spec: Any = GROUP_FACTORIES["spec"](manager_config(sliding_window=8, num_blocks=13))
+    request = Request("r", range(15))
+    spec.get_computed_blocks(request)
+    assert external(spec, request, 0, None, 15, delay=True) == ([],)
+    assert spec.snapshot().blocks["r"] == ((0, 0, 1, 2),)
+    request.num_computed_tokens = 15
+    spec.cache_blocks(request, 15)
+    spec.check_invariants()
+    request.num_computed_tokens = 14  # the last token recomputed
+    with pytest.raises(InvariantViolation, match="reads position 7, held by the null block"):
+        spec.allocate_slots(request, 1)
+
+
+def test_no_groups_external_blocks_evict_another_groups_hit() -> None:
+    """vLLM #43884 (fixed in 0.33 by PR #44409): the full-attention group's external block
+    comes from the free queue's head, where the window group's kept hit (block 12) sits until
+    it is touched; every group's hits are touched before any group allocates, so the full group
+    takes block 11 (a hit the external tokens pushed out of the window) instead."""
+    config = groups_config([full(), window(8)], 13)  # blocks 1-12: one request's worth
+    snapshots = []
+    for manager in both(config):
+        computed_and_freed(manager, list(range(24)))  # queue: 6..1, then 12..7
+        request = Request("r", range(40))
+        hits, _ = manager.get_computed_blocks(request)
+        assert hits == ([1, 2, 3, 4, 5, 6], [0, 0, 0, 0, 11, 12])
+        assert external(manager, request, 0, hits, 4, delay=True) == ([], [])
+        assert manager.snapshot().blocks["r"] == ((1, 2, 3, 4, 5, 6, 11), (0, 0, 0, 0, 0, 12, 10))
+        manager.check_invariants()
+        snapshots.append(manager.snapshot())
+    assert snapshots[0] == snapshots[1]
