@@ -177,6 +177,77 @@ def _t(counter: str, per_100k: float, why: str, *needs: str) -> Target:
     return Target(counter, per_100k, why, frozenset(needs))
 
 
+def _connector_targets(
+    sync: int,
+    async_: int,
+    landed: int,
+    cached: int,
+    pushed_out: int,
+    refused: int,
+    gated: int,
+    dropped: int,
+    whole: int,
+) -> tuple[Target, ...]:
+    """A KV connector's targets (runs of a manager that takes external tokens), each count per
+    100,000 steps."""
+    need = "external tokens"
+    return (
+        _t("KV connector: sync loads", sync, "external tokens cached at the step", need),
+        _t(
+            "KV connector: async loads", async_, "num_tokens 0, nothing cached until it lands", need
+        ),
+        _t("KV connector: async loads landed", landed, "cache_blocks when the load lands", need),
+        _t(
+            "KV connector: blocks cached when a load landed",
+            cached,
+            "a block being loaded has no hash: no lookup hits it before it lands",
+            need,
+        ),
+        _t(
+            "KV connector: hits pushed out, left free for the allocation",
+            pushed_out,
+            "hits the external tokens move out of a window or chunk: untouched, not counted",
+            need,
+        ),
+        _t(
+            "KV connector: admissions refused for lack of blocks",
+            refused,
+            "every group's external and new blocks fit together, or nothing changes",
+            need,
+        ),
+        _t(
+            "KV connector: loads admitted through the full-sequence gate",
+            gated,
+            "the gate counts each group from its adopted prefix",
+            need,
+            "full-sequence gate",
+        ),
+        _t(
+            "KV connector: requests freed before their load landed",
+            dropped,
+            "an abort while loading frees blocks that were never cached",
+            need,
+        ),
+        _t(
+            "KV connector: whole prompts loaded, the last token recomputed",
+            whole,
+            "vLLM recomputes the last token of a prompt a load covered (full attention only)",
+            need,
+        ),
+    )
+
+
+CONNECTOR_TARGETS_MANAGER = _connector_targets(800, 900, 800, 250, 35, 110, 450, 80, 350)
+"""About half the CI manager campaign's rates (seed 2025, 200,000 steps: 1,592 sync and 1,865
+async loads, 1,630 landed, 524 with blocks cached on landing, 71 pushing hits out, 236 refused,
+932 gated, 168 freed while loading, 713 whole prompts, per 100,000)."""
+
+CONNECTOR_TARGETS_HYBRID = _connector_targets(750, 750, 600, 400, 190, 350, 100, 65, 6)
+"""About half the CI hybrid campaign's rates (seed 2025, 100,000 steps: 1,514 sync and 1,492
+async loads, 1,233 landed, 836 with blocks cached on landing, 387 pushing hits out, 733
+refused, 202 gated, 134 freed while loading, 13 whole prompts: hybrids of full attention
+only)."""
+
 MANAGER_TARGETS: tuple[Target, ...] = (
     _t("decode steps inside a block", 10_000, "the O(1) decode path, the hot path in serving"),
     _t("block fills", 10_000, "each fill caches a block: the prefix cache is built here"),
@@ -397,6 +468,7 @@ MANAGER_TARGETS: tuple[Target, ...] = (
         "accepted draft tokens filled a block: cached now, not at the next allocation",
         "cache_blocks",
     ),
+    *CONNECTOR_TARGETS_MANAGER,
     _t("distinct states", 10_000, "block tables, free and cached counts: the drive goes wide"),
 )
 """The manager campaign's targets: each about half the rate the CI campaign (`CI_SEED`,
@@ -681,6 +753,7 @@ HYBRID_TARGETS: tuple[Target, ...] = (
         "accepted draft tokens filled a block: cached now, not at the next allocation",
         "cache_blocks",
     ),
+    *CONNECTOR_TARGETS_HYBRID,
     _t("distinct states", 20_000, "block tables of every group: the drive goes wide"),
 )
 """The hybrid campaign's targets (`attention="hybrid"`): about half the CI hybrid campaign's

@@ -75,6 +75,7 @@ from pagedkv.harness.swarm.engine import (
     manager_layer,
     offers_cache_blocks,
     offers_evict_blocks,
+    offers_external_tokens,
     offers_full_sequence_gate,
     offers_kv_events,
     offers_mamba_groups,
@@ -362,6 +363,7 @@ def _manager_campaign(
         mamba_groups=offers_mamba_groups(factory),
         full_sequence_gate=offers_full_sequence_gate(factory),
         cache_blocks=offers_cache_blocks(factory),
+        external_tokens=offers_external_tokens(factory),
     )
     kinds = {
         "full": ", full attention",

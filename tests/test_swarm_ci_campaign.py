@@ -33,11 +33,12 @@ MODES = frozenset(
         "mamba groups",
         "full-sequence gate",
         "cache_blocks",
+        "external tokens",
     }
 )
 """The campaigns' modes: misuse on, pagedkv's semantics, events on, evict_blocks, Mamba
-groups, the full-sequence gate and cache_blocks (`pagedkv_manager` offers them), and the full
-domain, which draws sparse retention."""
+groups, the full-sequence gate, cache_blocks and a connector's external tokens
+(`pagedkv_manager` offers them), and the full domain, which draws sparse retention."""
 
 
 @pytest.fixture(autouse=True)

@@ -69,10 +69,12 @@ HISTORY = 32
 
 @dataclass
 class Live:
-    """A request the scheduler knows: waiting (no blocks) or running."""
+    """A request the scheduler knows: waiting (no blocks) or running; `loading`: running,
+    its external tokens' async load not landed yet (vLLM 0.33's WAITING_FOR_REMOTE_KVS)."""
 
     record: RequestRecord
     running: bool = False
+    loading: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,8 +111,11 @@ class ManagerClient:
         domain: Domain = FULL_DOMAIN,
         full_sequence_gate: bool = False,
         cache_after_output: bool = False,
+        external_tokens: bool = False,
     ) -> None:
         self.pair = pair
+        self.external_tokens = external_tokens
+        """Whether admissions adopt a KV connector's external tokens (`Admit.external`)."""
         self.full_sequence_gate = full_sequence_gate
         """Whether admissions pass `full_sequence_must_fit=True` (vLLM 0.33's scheduler)."""
         self.cache_after_output = cache_after_output
@@ -164,6 +169,7 @@ class ManagerClient:
         domain: Domain = FULL_DOMAIN,
         full_sequence_gate: bool = False,
         cache_after_output: bool = False,
+        external_tokens: bool = False,
     ) -> ManagerClient:
         """A client over a fresh spec manager and a fresh `factory` manager built from `config`
         (pagedkv's own manager must also word each refusal as the spec does)."""
@@ -187,6 +193,7 @@ class ManagerClient:
             domain=domain,
             full_sequence_gate=full_sequence_gate,
             cache_after_output=cache_after_output,
+            external_tokens=external_tokens,
         )
 
     def __getstate__(self) -> dict[str, object]:
@@ -338,27 +345,77 @@ class ManagerClient:
         hits, num_hit_tokens = lookup
         self._count_lookup(record, hits)
         remaining = record.num_tokens - num_hit_tokens
-        chunk = remaining if op.chunk <= 0 or op.chunk >= remaining else op.chunk
-        if chunk < remaining:
-            self.coverage.counts["chunked prefill steps"] += 1
-        room = self.max_tokens - num_hit_tokens - chunk
+        external, load_async = 0, False
+        if self.external_tokens and op.external > 0:
+            # A connector's hit past the local one: an async load may reach the last token
+            # (then it is recomputed: `_land`) under full attention alone (vLLM 0.33's
+            # OffloadingConnector: a window or chunk has dropped what that token reads); a sync
+            # one leaves a token to compute.
+            load_async = op.load_async
+            whole = load_async and not self.drops_blocks
+            external = min(op.external, remaining if whole else remaining - 1)
+            load_async = load_async and external > 0
+        remaining -= external
+        if load_async:
+            chunk = 0  # the prefill waits for the load
+        else:
+            chunk = remaining if op.chunk <= 0 or op.chunk >= remaining else op.chunk
+            if chunk < remaining:
+                self.coverage.counts["chunked prefill steps"] += 1
+        room = self.max_tokens - num_hit_tokens - external - chunk
         if room < 0:
             self._finish_request(live)  # the prompt alone is past max_model_len
             return (live,)
-        lookahead = min(op.lookahead, room)
+        lookahead = 0 if load_async else min(op.lookahead, room)
         allocated = self._allocate(
-            record, chunk, hits, lookahead, decode=False, gate=self.full_sequence_gate
+            record,
+            chunk,
+            hits,
+            lookahead,
+            decode=False,
+            gate=self.full_sequence_gate,
+            external=external,
+            load_async=load_async,
         )
         if allocated:
             live.running = True
-            record.set_computed(num_hit_tokens + chunk)
-            self._maybe_sample(live, (), op.token)
+            live.loading = load_async
+            record.set_computed(num_hit_tokens + external + chunk)
+            if not load_async:
+                self._maybe_sample(live, (), op.token)
         return (live,)
+
+    def _land(self, live: Live) -> None:
+        """An async load lands: the caller caches what it loaded (vLLM 0.33's scheduler,
+        `cache_blocks(request, num_computed_tokens)`); a load that reached the last token leaves
+        it to recompute."""
+        live.loading = False
+        record = live.record
+        request = record.request
+        counts = self.coverage.counts
+        num_computed = record.num_computed_tokens
+        before = self.spec.num_cached.get(record.request_id, 0)
+        _, error = self.pair.call(
+            "cache_blocks",
+            lambda manager: manager.cache_blocks(request, num_computed),
+            lambda: f"cache_blocks({record.request_id}, {num_computed}) (an async load landed)",
+        )
+        if error is not None:
+            self._error("cache_blocks", error)
+            return
+        counts["KV connector: async loads landed"] += 1
+        if self.spec.num_cached.get(record.request_id, 0) > before:
+            counts["KV connector: blocks cached when a load landed"] += 1
+        if num_computed == record.num_tokens:
+            counts["KV connector: whole prompts loaded, the last token recomputed"] += 1
+            record.set_computed(num_computed - 1)
 
     def _step(self, op: Step) -> tuple[Live, ...]:
         live = self._pick(op.which, running=True)
         if live is None:
             return ()
+        if live.loading:
+            self._land(live)
         record = live.record
         request = record.request
         computed = record.num_computed_tokens
@@ -402,10 +459,13 @@ class ManagerClient:
         *,
         decode: bool,
         gate: bool = False,
+        external: int = 0,
+        load_async: bool = False,
     ) -> bool | None:
-        """allocate_slots on both sides (`gate`: through the full-sequence gate): True
-        (allocated), False (None: no room), None (both refused). Counts what the call
-        exercised, from the spec's state before and after."""
+        """allocate_slots on both sides (`gate`: through the full-sequence gate; `external`
+        tokens past the hits, loaded asynchronously with `load_async`): True (allocated), False
+        (None: no room), None (both refused). Counts what the call exercised, from the spec's
+        state before and after."""
         spec = self.spec
         counts = self.coverage.counts
         request = record.request
@@ -418,10 +478,17 @@ class ManagerClient:
         hit_lists = hits or ()
         num_hits = len(hit_lists[0]) if hit_lists else 0
         nulls_before = [blocks.count(0) for blocks in held] if self.drops_blocks else []
-        start = computed + num_hits * block_size
+        start = computed + num_hits * block_size + external
         hashed_before = self._cached_candidates(held, start + num_tokens + lookahead)
         result, error = self._call_allocate(
-            request, num_tokens, hits, lookahead, gate, start + num_tokens + lookahead
+            request,
+            num_tokens,
+            hits,
+            lookahead,
+            gate,
+            start + num_tokens + lookahead,
+            external,
+            load_async,
         )
         if error is not None:
             self._error("allocate_slots", error)
@@ -479,22 +546,52 @@ class ManagerClient:
         lookahead: int,
         gate: bool,
         num_slots: int,
+        external: int = 0,
+        load_async: bool = False,
     ) -> tuple[Any, Exception | None]:
         """The allocate_slots call on both sides (`gate`: `full_sequence_must_fit=True`, the
-        admission counted first; `num_slots`: the token slots the step itself needs)."""
+        admission counted first; `num_slots`: the token slots the step itself needs; `external`
+        and `load_async`: a connector's external tokens and delayed caching)."""
+        options: dict[str, Any] = {}
         if gate:
-            self._count_gate(request, hits or (), num_slots)
-        options = {"full_sequence_must_fit": True} if gate else {}
+            if not external:  # the gate's counters count hits only
+                self._count_gate(request, hits or (), num_slots)
+            options["full_sequence_must_fit"] = True
+        if external:
+            options["num_external_computed_tokens"] = external
+            self._count_external(hits or (), num_slots - num_tokens - lookahead, load_async)
+        if load_async:
+            options["delay_cache_blocks"] = True
         num_drafts = len(request.spec_token_ids)
-        return self.pair.call(
+        result, error = self.pair.call(
             "allocate_slots",
             lambda manager: manager.allocate_slots(request, num_tokens, hits, lookahead, **options),
             lambda: (
                 f"allocate_slots({request.request_id}, {num_tokens}, {hits}, {lookahead}"
-                + (", full_sequence_must_fit=True)" if gate else ")")
+                + "".join(f", {name}={value}" for name, value in options.items())
+                + ")"
                 + (f" with spec_token_ids={request.spec_token_ids}" if num_drafts else "")
             ),
         )
+        if external and result is None and error is None:
+            self.coverage.counts["KV connector: admissions refused for lack of blocks"] += 1
+        return result, error
+
+    def _count_external(self, hit_lists: GroupIds, num_computed: int, load_async: bool) -> None:
+        """An admission adopting external tokens, counted from the spec's state before it:
+        sync or async, and whether the tokens push hits out of a window or chunk (those hits
+        stay untouched, free blocks for the allocation)."""
+        counts = self.coverage.counts
+        counts[f"KV connector: {'async' if load_async else 'sync'} loads"] += 1
+        if self.full_sequence_gate:
+            counts["KV connector: loads admitted through the full-sequence gate"] += 1
+        for manager, hits in zip(self.spec.managers, hit_lists, strict=True):
+            skipped = manager.num_skipped(num_computed)
+            if any(hits[:skipped]):
+                counts["KV connector: hits pushed out of a window or chunk"] += 1
+                if any(self.spec.pool.ref_cnt[block_id] == 0 for block_id in hits[:skipped]):
+                    counts["KV connector: hits pushed out, left free for the allocation"] += 1
+                break
 
     def _count_gate(self, request: Request, hit_lists: GroupIds, num_slots: int) -> None:
         """An admission through the full-sequence gate (the request holds no blocks), counted
@@ -668,6 +765,9 @@ class ManagerClient:
         return (live,)
 
     def _preempt_request(self, live: Live) -> None:
+        if live.loading:
+            self.coverage.counts["KV connector: requests freed before their load landed"] += 1
+            live.loading = False
         record = live.record
         request = record.request
         self._count_free(record.request_id)
@@ -697,6 +797,9 @@ class ManagerClient:
         return (live,)
 
     def _finish_request(self, live: Live) -> None:
+        if live.loading:
+            self.coverage.counts["KV connector: requests freed before their load landed"] += 1
+            live.loading = False
         record = live.record
         request = record.request
         request_id = record.request_id

@@ -36,12 +36,16 @@ class Arrive(NamedTuple):
 class Admit(NamedTuple):
     """Look waiting request `which` up and allocate its prefill: all of it (`chunk` 0) or at
     most `chunk` tokens, with `lookahead` slots; `token` is sampled if that computes every
-    token."""
+    token. In a run with a KV connector, at most `external` tokens past the hit are external
+    (a connector loads them), loaded asynchronously when `load_async` (the prefill then waits
+    for the load: the request's next step lands it)."""
 
     which: int
     chunk: int
     lookahead: int
     token: int = 0
+    external: int = 0
+    load_async: bool = False
 
 
 class Step(NamedTuple):

@@ -86,6 +86,7 @@ class Layer:
         mamba_groups: whether some runs have Mamba groups (the hybrid layer).
         full_sequence_gate: whether some runs admit through the full-sequence gate.
         cache_blocks: whether runs with draft tokens call `cache_blocks` after each output.
+        external_tokens: whether some runs play a KV connector (external tokens at admission).
     """
 
     name: str
@@ -97,6 +98,7 @@ class Layer:
     mamba_groups: bool = False
     full_sequence_gate: bool = False
     cache_blocks: bool = False
+    external_tokens: bool = False
 
 
 def offers_kv_events(factory: object) -> bool:
@@ -140,6 +142,18 @@ def offers_cache_blocks(factory: object) -> bool:
     return factory in own or getattr(factory, "cache_blocks", False) is True
 
 
+def offers_external_tokens(factory: object) -> bool:
+    """Whether `factory`'s managers take a KV connector's external tokens
+    (`allocate_slots(..., num_external_computed_tokens=n, delay_cache_blocks=b)`, vLLM 0.33's)
+    and have `cache_blocks` (an async load lands through it): pagedkv's and the spec's, or a
+    factory that says so with an `external_tokens` attribute that is True and offers
+    `cache_blocks`."""
+    own = (pagedkv_manager, spec_manager)
+    if factory in own:
+        return True
+    return getattr(factory, "external_tokens", False) is True and offers_cache_blocks(factory)
+
+
 def manager_layer(
     factory: ManagerFactory,
     *,
@@ -154,6 +168,7 @@ def manager_layer(
     mamba_groups: bool | None = None,
     full_sequence_gate: bool | None = None,
     cache_blocks: bool | None = None,
+    external_tokens: bool | None = None,
 ) -> Layer:
     """The request-level manager layer, checking `factory`'s managers on `domain`; `kv_events`
     (default: `offers_kv_events(factory)`) says whether they can emit KV cache events,
@@ -161,7 +176,9 @@ def manager_layer(
     `mamba_groups` (default: `offers_mamba_groups(factory)`) whether they serve Mamba groups,
     `full_sequence_gate` (default: `offers_full_sequence_gate(factory)`) whether they take the
     full-sequence admission gate, `cache_blocks` (default: `offers_cache_blocks(factory)`)
-    whether they have `cache_blocks` (then runs with draft tokens call it after each output).
+    whether they have `cache_blocks` (then runs with draft tokens call it after each output),
+    `external_tokens` (default: `offers_external_tokens(factory)`) whether they take a KV
+    connector's external tokens (then a third of the runs play a connector).
     With `attention="hybrid"` it is the hybrid layer (named "hybrid": its runs have seeds of
     their own): configurations of 2 to `domain.max_groups` KV cache groups."""
     events = offers_kv_events(factory) if kv_events is None else kv_events
@@ -169,6 +186,7 @@ def manager_layer(
     mamba = offers_mamba_groups(factory) if mamba_groups is None else mamba_groups
     gate = offers_full_sequence_gate(factory) if full_sequence_gate is None else full_sequence_gate
     caches = offers_cache_blocks(factory) if cache_blocks is None else cache_blocks
+    external = offers_external_tokens(factory) if external_tokens is None else external_tokens
     return Layer(
         "hybrid" if attention == "hybrid" else "manager",
         lambda seed: draw_manager_run(
@@ -182,6 +200,7 @@ def manager_layer(
             evict_blocks=evict,
             mamba_groups=mamba,
             full_sequence_gate=gate,
+            external_tokens=external,
         ),
         lambda run, coverage, check_every: _manager_client(
             run, factory, coverage, check_every, hostile_calls, caches
@@ -192,6 +211,7 @@ def manager_layer(
         mamba and attention == "hybrid",
         gate,
         caches,
+        external,
     )
 
 
@@ -213,6 +233,7 @@ def _manager_client(
         domain=run.domain,
         full_sequence_gate=run.full_sequence_gate,
         cache_after_output=cache_blocks and "draft tokens" in run.features,
+        external_tokens=run.external_tokens,
     )
 
 
@@ -366,7 +387,7 @@ class Campaign:
     def modes(self) -> frozenset[str]:
         """What the coverage targets may assume ("misuse", "pagedkv semantics", "kv events",
         "sparse retention", "evict_blocks", "mamba groups", "full-sequence gate",
-        "cache_blocks")."""
+        "cache_blocks", "external tokens")."""
         modes = {"misuse"} if self.misuse else set()
         if self.domain.draws_sparse_retention:
             modes.add("sparse retention")
@@ -382,6 +403,8 @@ class Campaign:
             modes.add("full-sequence gate")
         if self.layer.cache_blocks:
             modes.add("cache_blocks")
+        if self.layer.external_tokens:
+            modes.add("external tokens")
         return frozenset(modes)
 
 

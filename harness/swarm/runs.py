@@ -29,6 +29,10 @@ does by default (`scheduler_reserve_full_isl`), under a drawn `max_in_flight_tok
 (`with_full_sequence_gate`), if a request of `max_model_len` tokens fits the empty pool through
 the gate (vLLM would not start otherwise: `admits_max_model_len`); such a run chunks its
 prefills, as vLLM does by default (the gate decides nothing a whole-prompt step does not).
+Last, a run of a manager that takes a KV connector's external tokens (`offers_external_tokens`)
+and has no Mamba group plays, in a third of the runs, a connector beside the scheduler: most
+admissions then adopt external tokens past their hit, loaded synchronously or asynchronously
+(`Admit.external`, `Admit.load_async`).
 """
 
 from __future__ import annotations
@@ -118,6 +122,9 @@ weight is drawn from: rare next to the scheduler's moves, as a connector's faile
 
 GATE_SHARE = 1 / 3
 """The share of runs that admit through the full-sequence gate (of a manager that offers it)."""
+
+CONNECTOR_SHARE = 1 / 3
+"""The share of runs that play a KV connector (of a manager that takes external tokens)."""
 
 MAMBA_TYPES = ("mamba2", "mamba2", "mamba1", "gdn_attn", "linear", "short_conv")
 """The state layers a Mamba group's spec is drawn of (vLLM 0.33's `MambaAttentionBackendEnum`;
@@ -345,6 +352,7 @@ class ManagerRun:
         misuse: whether hostile calls may be made.
         domain: what the implementation under test supports (the client sends nothing else).
         full_sequence_gate: whether admissions pass `full_sequence_must_fit=True`.
+        external_tokens: whether admissions may adopt a connector's external tokens.
     """
 
     seed: int
@@ -358,6 +366,7 @@ class ManagerRun:
     misuse: bool
     domain: Domain = FULL_DOMAIN
     full_sequence_gate: bool = False
+    external_tokens: bool = False
 
     @property
     def block_size(self) -> int:
@@ -428,6 +437,8 @@ class ManagerRun:
             flags.append("kv events")
         if config.semantics != PAGEDKV_SEMANTICS:
             flags.append(config.semantics.name)
+        if self.external_tokens:
+            flags.append("KV connector")
         on = ", ".join(sorted(self.features)) or "none"
         ops = ", ".join(sorted(self.weights))
         return f"{'; '.join(flags)}; features: {on}; operations: {ops}"
@@ -452,6 +463,8 @@ class ManagerRun:
         ]
         if self.full_sequence_gate:
             keys.append("admission full-sequence gate")
+        if self.external_tokens:
+            keys.append("KV connector: external tokens")
         keys += [f"feature {name}" for name in self.features]
         keys += [f"operation {name}" for name in self.weights]
         return keys
@@ -500,6 +513,7 @@ def draw_manager_run(
     evict_blocks: bool = False,
     mamba_groups: bool = False,
     full_sequence_gate: bool = False,
+    external_tokens: bool = False,
 ) -> ManagerRun:
     """The run of this seed. `attention` (`ATTENTIONS`) restricts the draw;
     `steps_per_run` fixes the run length (default: drawn, 20-2,000 steps, log-uniform);
@@ -509,7 +523,8 @@ def draw_manager_run(
     `evict_blocks` (then about half the runs call it), `mamba_groups` whether it serves Mamba
     groups (then a quarter of the hybrid runs have some: `with_mamba_groups`),
     `full_sequence_gate` whether it offers vLLM 0.33's admission gate (then a third of the runs
-    admit through it: `with_full_sequence_gate`)."""
+    admit through it: `with_full_sequence_gate`), `external_tokens` whether it takes a KV
+    connector's external tokens (then a third of the runs without a Mamba group play one)."""
     rng = random.Random(seed)
     block_size = draw_block_size(rng)
     num_blocks = draw_pool_size(rng)
@@ -575,6 +590,12 @@ def draw_manager_run(
         misuse=misuse,
         domain=domain,
         full_sequence_gate=gate,
+        external_tokens=external_tokens
+        and rng.random() < CONNECTOR_SHARE
+        and not any(
+            isinstance(group.kv_cache_spec, MambaSpec)
+            for group in config.kv_cache_config.kv_cache_groups
+        ),
     )
 
 

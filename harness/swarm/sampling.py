@@ -144,7 +144,11 @@ class ManagerSampler:
                 rng.randrange(self.run.alphabet),
             )
         if kind == "admit":
-            return Admit(which, self._draw_chunk(rng), self._draw_lookahead(rng))
+            chunk, lookahead = self._draw_chunk(rng), self._draw_lookahead(rng)
+            if self.run.external_tokens and rng.random() < 0.7:  # a connector's hit
+                external = rng.randint(1, 4 * self.block_size + 2)
+                return Admit(which, chunk, lookahead, 0, external, rng.random() < 0.5)
+            return Admit(which, chunk, lookahead)
         if kind == "arrive":
             return self._draw_arrival(rng, client)
         if kind == "preempt":

@@ -312,6 +312,8 @@ class Vllm033Manager:
         num_lookahead_tokens: int = 0,
         *,
         full_sequence_must_fit: bool = False,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
     ) -> Any:
         view = self._view(request)
         hits = new_computed_blocks or tuple([] for _ in range(self.num_groups))
@@ -322,6 +324,8 @@ class Vllm033Manager:
             len(lists[0]) * self.block_size,
             self.manager.create_kv_cache_blocks(lists) if lists[0] else None,
             num_lookahead_tokens,
+            num_external_computed_tokens=num_external_computed_tokens,
+            delay_cache_blocks=delay_cache_blocks,
             full_sequence_must_fit=full_sequence_must_fit,
         )
         if blocks is None:
@@ -521,6 +525,7 @@ def load(semantics: Semantics, root: Path, settings: Sequence[str]) -> Loaded:
     vllm_manager.mamba_groups = True  # type: ignore[attr-defined]  # offers_mamba_groups
     vllm_manager.full_sequence_must_fit = True  # type: ignore[attr-defined]  # the gate
     vllm_manager.cache_blocks = True  # type: ignore[attr-defined]  # offers_cache_blocks
+    vllm_manager.external_tokens = True  # type: ignore[attr-defined]  # a connector's tokens
 
     domain = dataclasses.replace(
         DOMAIN, retention_intervals=(engine_settings.retention,), group_plan=plan
