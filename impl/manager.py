@@ -871,6 +871,10 @@ class KVCacheManager:
                 self._after_call()
             return None
         num_adopted = [len(group_hits) for group_hits in adopted]
+        if num_external or num_hits:
+            # vLLM 0.33 counts an adopted prefix as cached, even with caching off.
+            for manager, count in zip(managers, num_adopted, strict=True):
+                manager.num_cached_block.setdefault(request_id, count)
         self._adopt_then_load(request_id, adopted, num_computed if num_external else 0)
         self._track(request_id, request)
         num_free = pool.get_num_free_blocks()
@@ -884,9 +888,7 @@ class KVCacheManager:
                 required[group] - num_blocks, num_free, self._max_blocks[group] - num_blocks
             )
             new_blocks.append(manager.allocate_new_blocks(request_id, count))
-            if caching and delay_cache:
-                manager.num_cached_block.setdefault(request_id, num_adopted[group])
-            elif caching:
+            if caching and not delay_cache:
                 manager.cache_blocks(
                     request, stored, num_adopted[group], num_full, self.caching_hash_fn, junction
                 )

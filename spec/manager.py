@@ -677,13 +677,13 @@ class SpecKVCacheManager:
             raise refusals.cached_blocks_lost(request_id, full, cached)
         if num_external:
             hits = tuple(
-                self._adopted(manager, group_hits, computed)
+                self.adopted_prefix(manager, group_hits, computed)
                 for manager, group_hits in zip(self.managers, hits, strict=True)
             )
         return Step(hits, required, full, cached, computed, num_tokens, num_external, delay_cache)
 
     @staticmethod
-    def _adopted(
+    def adopted_prefix(
         manager: SpecSingleTypeManager, hits: Sequence[int], num_computed: int
     ) -> list[int]:
         """The prefix a group adopts when external tokens take the request to `num_computed`
@@ -775,6 +775,9 @@ class SpecKVCacheManager:
                 self.pool.touch_unchecked(group_hits)
         for manager, group_hits in zip(self.managers, step.hits, strict=True):
             manager.add_hits(request_id, group_hits)
+            if step.num_external or group_hits:
+                # vLLM 0.33 counts an adopted prefix as cached, even with caching off.
+                manager.num_cached.setdefault(request_id, len(group_hits))
         if step.num_external:
             for group, manager in enumerate(self.managers):
                 num_blocks = len(manager.blocks[request_id])
@@ -802,9 +805,7 @@ class SpecKVCacheManager:
             for other in self.managers:
                 other.handed_out(taken)
             new_blocks.append(taken)
-            if self.enable_caching and step.delay_cache:
-                manager.num_cached.setdefault(request_id, len(step.hits[group]))
-            elif self.enable_caching:
+            if self.enable_caching and not step.delay_cache:
                 stored = self.hashes.setdefault(request_id, [])
                 num_cached = step.num_cached if not step.num_external else len(step.hits[group])
                 left_out = manager.cache_blocks(

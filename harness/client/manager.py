@@ -554,8 +554,7 @@ class ManagerClient:
         and `load_async`: a connector's external tokens and delayed caching)."""
         options: dict[str, Any] = {}
         if gate:
-            if not external:  # the gate's counters count hits only
-                self._count_gate(request, hits or (), num_slots)
+            self._count_gate(request, hits or (), num_slots, external)
             options["full_sequence_must_fit"] = True
         if external:
             options["num_external_computed_tokens"] = external
@@ -593,30 +592,43 @@ class ManagerClient:
                     counts["KV connector: hits pushed out, left free for the allocation"] += 1
                 break
 
-    def _count_gate(self, request: Request, hit_lists: GroupIds, num_slots: int) -> None:
+    def _count_gate(
+        self, request: Request, hit_lists: GroupIds, num_slots: int, external: int = 0
+    ) -> None:
         """An admission through the full-sequence gate (the request holds no blocks), counted
         from the spec's state before it: whether the gate alone refuses it (the step's own
-        `num_slots` would fit), and whether a window or chunk group's admission cap binds."""
+        `num_slots` would fit), and whether a window or chunk group's admission cap binds.
+        With `external` tokens each group counts the prefix it adopts (`SpecKVCacheManager`)."""
         counts = self.coverage.counts
         spec = self.spec
         counts["full-sequence gate: admissions"] += 1
         num_hits = len(hit_lists[0]) if hit_lists else 0
+        adopted = [list(hits) for hits in hit_lists] or [[] for _ in spec.managers]
+        if external:
+            num_computed = num_hits * self.block_size + external
+            adopted = [
+                spec.adopted_prefix(manager, hits, num_computed)
+                for manager, hits in zip(spec.managers, adopted, strict=True)
+            ]
         num_free = spec.pool.get_num_free_blocks()
         num_free -= sum(
             1
-            for hits in hit_lists
+            for hits in adopted
             for block_id in hits
             if block_id and spec.pool.ref_cnt[block_id] == 0
         )
         whole = min(request.num_tokens, self.config.max_model_len)
         needed = 0
         capped = False
-        for manager, cap in zip(spec.managers, spec.admission_caps, strict=True):
+        for manager, cap, hits in zip(spec.managers, spec.admission_caps, adopted, strict=True):
             required = manager.num_required(whole)
             if cap is not None and cap < required:
                 required, capped = cap, True
-            needed += max(required - num_hits, 0)
-        step = sum(max(manager.num_required(num_slots) - num_hits, 0) for manager in spec.managers)
+            needed += max(required - len(hits), 0)
+        step = sum(
+            max(manager.num_required(num_slots) - len(hits), 0)
+            for manager, hits in zip(spec.managers, adopted, strict=True)
+        )
         if needed > num_free >= step:
             counts["full-sequence gate: admissions refused that the step alone would fit"] += 1
         if capped:
