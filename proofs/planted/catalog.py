@@ -673,6 +673,31 @@ def _gate_without_admission_caps(self: manager.KVCacheManager, *args: Any, **kwa
     self._admission_caps = (None,) * self.num_groups
 
 
+def _adopt_and_load_group_by_group(
+    self: manager.KVCacheManager,
+    request_id: str,
+    adopted: list[list[Any]],
+    num_loaded: int,
+) -> None:
+    """vLLM's connector path before PR #44409 (issue #43884): each group touches its hits and
+    takes its external blocks before the next group touches its own, so one group's external
+    blocks may be another group's hits still in the free queue: evicted, then handed out
+    twice."""
+    pool = self.block_pool
+    for group, single_type in enumerate(self.coordinator.single_type_managers):
+        if self.enable_caching:
+            pool.touch_owned_locked(adopted[group])
+        single_type.add_hits(request_id, adopted[group])
+        if num_loaded:
+            blocks = single_type.req_to_blocks[request_id]
+            count = min(
+                single_type.num_required(num_loaded) - len(blocks),
+                pool.get_num_free_blocks(),
+                self._max_blocks[group] - len(blocks),
+            )
+            single_type.allocate_new_blocks(request_id, count)
+
+
 VARIANTS: tuple[Variant, ...] = (
     Variant(
         "free_to_head",
@@ -843,6 +868,13 @@ VARIANTS: tuple[Variant, ...] = (
         "gate_without_admission_caps",
         "the full-sequence gate counts every block of a window or chunk group, not its cap",
         (MethodPatch(manager.KVCacheManager, "__init__", _gate_without_admission_caps),),
+        layer="hybrid",
+    ),
+    Variant(
+        "vllm_43884_external_evicts_hits",
+        "with external tokens, each group takes its external blocks before the next group's "
+        "hits are touched (vLLM #43884)",
+        (MethodPatch(manager.KVCacheManager, "_adopt_then_load", _adopt_and_load_group_by_group),),
         layer="hybrid",
     ),
     Variant(

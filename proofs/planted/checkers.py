@@ -314,6 +314,7 @@ SCENARIO_MODULES = (
     "tests/test_evict_blocks.py",
     "tests/test_mamba_groups.py",
     "tests/test_full_sequence_gate.py",
+    "tests/test_external_tokens.py",
 )
 SCENARIO_TIMEOUT = 300.0
 
