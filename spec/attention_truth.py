@@ -165,6 +165,20 @@ class AttentionTruth:
             )
             self.computed(request, tables, scheduled, claimed - scheduled)
 
+    def load_failed(
+        self, request: Request, tables: Sequence[Sequence[int]], num_valid_tokens: int
+    ) -> None:
+        """A connector's load into `request`'s blocks failed from `num_valid_tokens` on (a
+        block boundary of every group): its blocks from there hold garbage until recomputed,
+        and the request counts as scheduled up to there only."""
+        for group, table in enumerate(tables):
+            first = num_valid_tokens // self.block_sizes[group]
+            self.ghost.clear([block_id for block_id in table[first:] if block_id != 0])
+        self.scheduled[request.request_id] = min(
+            self.scheduled.get(request.request_id, 0), num_valid_tokens
+        )
+        self.checks["attention truth: failed loads"] += 1
+
     def freed(self, request_id: str) -> None:
         """The request's blocks were freed: it recomputes from its tokens when readmitted."""
         self.tainted.pop(request_id, None)

@@ -68,7 +68,7 @@ from pagedkv.spec.known_bugs import known_bugs, known_bugs_fatal
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.spec.single_type import SpecSingleTypeManager, spec_single_type_manager
 from pagedkv.vocab import refusals
-from pagedkv.vocab.errors import InvariantViolation
+from pagedkv.vocab.errors import InvalidArgumentError, InvariantViolation
 from pagedkv.vocab.hashes import (
     BlockHashType,
     CacheKey,
@@ -874,6 +874,28 @@ class SpecKVCacheManager:
             if left_out:
                 self.retention_counts["retention: blocks left uncached"] += len(left_out)
         self._record_parents(stored, num_recorded)
+
+    def external_load_failed(self, request: Request, num_valid_tokens: int) -> None:
+        """Ghost state only (a connector's report, for the attention-truth check): the load
+        into the request's blocks failed from `num_valid_tokens` on (a multiple of B), so its
+        blocks from there hold garbage until the request recomputes into them. A caller that
+        then caches past it, or a step that reads there before recomputing, is caught.
+
+        Preconditions: the request holds blocks; `num_valid_tokens` is a multiple of B within
+        its slots (InvalidArgumentError, RequestError).
+        """
+        request_id = request.request_id
+        held = self.held(request_id)
+        if held is None:
+            raise refusals.cache_without_blocks(request_id)
+        if num_valid_tokens % self.block_size or num_valid_tokens not in range(
+            self.managers[0].num_slots(len(held[0])) + 1
+        ):
+            raise InvalidArgumentError(
+                f"request {request_id!r}: a failed load's valid tokens must be a multiple of "
+                f"{self.block_size} within its slots, got {num_valid_tokens}"
+            )
+        self.truth.load_failed(request, held, num_valid_tokens)
 
     # -- release -----------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from pagedkv import (
     RequestError,
     SlidingWindowSpec,
 )
+from pagedkv.harness.adapters import SpecManagerAdapter
 from pagedkv.harness.protocol import ManagerConfig, ManagerUnderTest
 from pagedkv.harness.swarm.runs import hybrid_kv_cache_config
 from pagedkv.vocab.errors import InvariantViolation
@@ -334,3 +335,73 @@ def test_no_groups_external_blocks_evict_another_groups_hit() -> None:
         manager.check_invariants()
         snapshots.append(manager.snapshot())
     assert snapshots[0] == snapshots[1]
+
+
+def test_a_failed_load_caches_its_valid_prefix_and_is_recomputed_in_place() -> None:
+    """vLLM 0.33's "recompute" policy for an async load that failed from block 2: the valid
+    prefix (8 tokens) is cached, the request recomputes the rest into the blocks it holds. The
+    spec's ghost KV learns the failure (`external_load_failed`): blocks 3 and 4 hold garbage
+    until recomputed."""
+    snapshots = []
+    for manager in both():
+        request = Request("r", range(20))
+        manager.get_computed_blocks(request)
+        assert external(manager, request, 0, None, 16, delay=True) == ([],)
+        if isinstance(manager, SpecManagerAdapter):
+            manager.manager.external_load_failed(request, 8)
+        request.num_computed_tokens = 8
+        manager.cache_blocks(request, 8)
+        assert manager.snapshot().num_cached == {"r": 2}
+        assert manager.allocate_slots(request, 12) == ([5],)  # recomputed into blocks 3, 4
+        request.num_computed_tokens = 20
+        manager.check_invariants()
+        snapshots.append(manager.snapshot())
+    assert snapshots[0] == snapshots[1]
+
+
+def test_caching_past_a_failed_load_is_caught_by_the_spec() -> None:
+    """A caller that caches the whole load although it failed from block 2: the next request
+    that hits those blocks would read garbage; the spec's attention-truth check says so."""
+    spec: Any = GROUP_FACTORIES["spec"](manager_config())
+    request = Request("r", range(20))
+    spec.get_computed_blocks(request)
+    external(spec, request, 0, None, 16, delay=True)
+    spec.manager.external_load_failed(request, 8)
+    request.num_computed_tokens = 16
+    spec.cache_blocks(request, 16)  # the caller's mistake: blocks 3, 4 never landed
+    with pytest.raises(InvariantViolation, match="a prefix-cache hit of request 's'"):
+        spec.get_computed_blocks(Request("s", [*range(16), 99]))
+
+
+def test_recomputing_a_window_from_a_failed_block_reads_dropped_blocks() -> None:
+    """vLLM 0.33's scheduler recomputes from the first failed block, but with a window the
+    allocation nulled, for all 32 loaded tokens, blocks 0-5; the token at 24 reads 17-24: the
+    spec's attention-truth check refuses that step (docs/semantics.md, External tokens)."""
+    spec: Any = GROUP_FACTORIES["spec"](manager_config(sliding_window=8, num_blocks=13))
+    request = Request("r", range(40))
+    spec.get_computed_blocks(request)
+    assert external(spec, request, 0, None, 32, delay=True) == ([],)
+    assert spec.snapshot().blocks["r"] == ((0, 0, 0, 0, 0, 0, 1, 2),)
+    spec.manager.external_load_failed(request, 24)  # from the first loaded block on
+    request.num_computed_tokens = 24
+    spec.cache_blocks(request, 24)
+    with pytest.raises(InvariantViolation, match="reads position 17, held by the null block"):
+        spec.allocate_slots(request, 16)
+
+
+def test_a_failed_load_report_off_a_block_boundary_or_without_blocks_is_refused() -> None:
+    """`external_load_failed` names the request and the rule broken, and changes nothing: the
+    valid tokens must be a multiple of B within the slots the request holds."""
+    spec: Any = GROUP_FACTORIES["spec"](manager_config())
+    request = Request("r", range(20))
+    with pytest.raises(RequestError, match="'r'"):
+        spec.manager.external_load_failed(request, 0)
+    spec.get_computed_blocks(request)
+    external(spec, request, 0, None, 16, delay=True)
+    before = spec.snapshot()
+    for valid in (6, 20, -4):
+        with pytest.raises(InvalidArgumentError, match=f"request 'r'.*got {valid}"):
+            spec.manager.external_load_failed(request, valid)
+        assert spec.snapshot() == before
+    spec.manager.external_load_failed(request, 16)  # the whole of its 16 slots: nothing failed
+    spec.check_invariants()

@@ -75,6 +75,8 @@ class Live:
     record: RequestRecord
     running: bool = False
     loading: bool = False
+    load_start: int = 0
+    """Where its async load starts (its local hit, in tokens)."""
 
 
 @dataclass(frozen=True)
@@ -380,19 +382,25 @@ class ManagerClient:
         if allocated:
             live.running = True
             live.loading = load_async
+            live.load_start = num_hit_tokens
             record.set_computed(num_hit_tokens + external + chunk)
             if not load_async:
                 self._maybe_sample(live, (), op.token)
         return (live,)
 
-    def _land(self, live: Live) -> None:
+    def _land(self, live: Live, fail_at: int = -1) -> bool:
         """An async load lands: the caller caches what it loaded (vLLM 0.33's scheduler,
         `cache_blocks(request, num_computed_tokens)`); a load that reached the last token leaves
-        it to recompute."""
+        it to recompute. `fail_at` >= 0: it failed from its `fail_at`-th block on (`_fail`).
+        Whether the request still holds its blocks."""
         live.loading = False
         record = live.record
         request = record.request
         counts = self.coverage.counts
+        if fail_at >= 0:
+            valid = self._valid_after_failure(live, fail_at)
+            if valid is not None:
+                return self._fail(live, valid)
         num_computed = record.num_computed_tokens
         before = self.spec.num_cached.get(record.request_id, 0)
         _, error = self.pair.call(
@@ -402,20 +410,65 @@ class ManagerClient:
         )
         if error is not None:
             self._error("cache_blocks", error)
-            return
+            return True
         counts["KV connector: async loads landed"] += 1
         if self.spec.num_cached.get(record.request_id, 0) > before:
             counts["KV connector: blocks cached when a load landed"] += 1
         if num_computed == record.num_tokens:
             counts["KV connector: whole prompts loaded, the last token recomputed"] += 1
             record.set_computed(num_computed - 1)
+        return True
+
+    def _valid_after_failure(self, live: Live, fail_at: int) -> int | None:
+        """The tokens a load failing from its `fail_at`-th block leaves valid (a block
+        boundary), or None when the load lands whole: the failing block lies past the load, or
+        recomputing from there would read positions a window or chunk group dropped for the
+        whole load (vLLM 0.33 would: its scheduler recomputes from the failed block, docs/
+        semantics.md; the campaigns stay where it is sound)."""
+        record = live.record
+        block_size = self.block_size
+        valid = (-(-live.load_start // block_size) + fail_at) * block_size
+        if valid >= record.num_computed_tokens:
+            return None
+        held = self.spec.held(record.request_id) or ()
+        for manager, blocks in zip(self.spec.managers, held, strict=True):
+            first = manager.first_read(valid) // block_size
+            if any(block_id == 0 for block_id in blocks[first : -(-valid // block_size)]):
+                self.coverage.counts["KV connector: failures a window made unsound, landed"] += 1
+                return None
+        return valid
+
+    def _fail(self, live: Live, valid: int) -> bool:
+        """vLLM 0.33's "recompute" policy for an async load that failed from token `valid` on:
+        the spec's ghost KV learns that the blocks from there hold garbage; with a valid prefix
+        it is cached and the request recomputes the rest into the same blocks; without one the
+        request is freed and looked up again."""
+        record = live.record
+        request = record.request
+        counts = self.coverage.counts
+        self.spec.external_load_failed(request, valid)
+        if not valid:
+            counts["KV connector: loads failed at their first block, freed"] += 1
+            self._preempt_request(live)
+            return False
+        _, error = self.pair.call(
+            "cache_blocks",
+            lambda manager: manager.cache_blocks(request, valid),
+            lambda: f"cache_blocks({record.request_id}, {valid}) (a load failed past it)",
+        )
+        if error is not None:
+            self._error("cache_blocks", error)
+            return True
+        counts["KV connector: loads failed part-way, the valid prefix cached"] += 1
+        record.set_computed(valid)
+        return True
 
     def _step(self, op: Step) -> tuple[Live, ...]:
         live = self._pick(op.which, running=True)
         if live is None:
             return ()
-        if live.loading:
-            self._land(live)
+        if live.loading and not self._land(live, op.fail_at):
+            return (live,)  # the load failed from its first block: freed, waiting again
         record = live.record
         request = record.request
         computed = record.num_computed_tokens

@@ -59,6 +59,9 @@ class Step(NamedTuple):
     accepted: int
     lookahead: int
     token: int
+    fail_at: int = -1
+    """A request whose async load lands at this step: -1 it lands whole; k >= 0 it fails from
+    its k-th loaded block on (vLLM 0.33's "recompute" policy)."""
 
 
 class Preempt(NamedTuple):

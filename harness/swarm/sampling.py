@@ -135,7 +135,7 @@ class ManagerSampler:
             drafts: tuple[int, ...] = ()
             if self._drafts and rng.random() < 0.6:
                 drafts = tuple(rng.choices(range(self.run.alphabet), k=rng.randint(1, 3)))
-            return Step(
+            step = Step(
                 which,
                 self._draw_chunk(rng),
                 drafts,
@@ -143,6 +143,9 @@ class ManagerSampler:
                 self._draw_lookahead(rng),
                 rng.randrange(self.run.alphabet),
             )
+            if self.run.external_tokens and rng.random() < 0.25:  # a load that fails
+                return step._replace(fail_at=rng.randrange(4))
+            return step
         if kind == "admit":
             chunk, lookahead = self._draw_chunk(rng), self._draw_lookahead(rng)
             if self.run.external_tokens and rng.random() < 0.7:  # a connector's hit
