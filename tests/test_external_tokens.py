@@ -22,6 +22,7 @@ from manager_fixtures import GROUP_FACTORIES, manager_config
 
 from pagedkv import (
     ArgumentTypeError,
+    ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     InvalidArgumentError,
     KVCacheSpec,
@@ -387,6 +388,29 @@ def test_recomputing_a_window_from_a_failed_block_reads_dropped_blocks() -> None
     spec.cache_blocks(request, 24)
     with pytest.raises(InvariantViolation, match="reads position 17, held by the null block"):
         spec.allocate_slots(request, 16)
+
+
+def test_recomputing_a_chunk_from_a_failed_block_writes_a_dropped_block() -> None:
+    """The chunked-local form (found by `--against vllm==0.33.0 --layer hybrid --seed 1`): a
+    full-attention and a chunked group; 17 tokens loaded drop the chunk group's blocks before
+    the last loaded token's chunk (blocks 0-3); a failure from block 2 recomputes tokens 8-12
+    into null blocks, and the next token's chunk reads them."""
+    chunk = ChunkedLocalAttentionSpec(
+        block_size=B, num_kv_heads=1, head_size=1, dtype="float16", attention_chunk_size=8
+    )
+    full = FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=1, dtype="float16")
+    spec: Any = GROUP_FACTORIES["spec"](groups_config([full, chunk], 20))
+    request = Request("r", range(24))
+    spec.get_computed_blocks(request)
+    assert external(spec, request, 0, None, 17, delay=True) == ([], [])
+    assert spec.snapshot().blocks["r"] == ((1, 2, 3, 4, 5), (0, 0, 0, 0, 6))
+    spec.manager.external_load_failed(request, 8)
+    request.num_computed_tokens = 8
+    spec.cache_blocks(request, 8)
+    assert spec.allocate_slots(request, 5) == ([], [])
+    request.num_computed_tokens = 13
+    with pytest.raises(InvariantViolation, match="group 1 reads position 8, held by the null"):
+        spec.check_invariants()
 
 
 def test_a_failed_load_report_off_a_block_boundary_or_without_blocks_is_refused() -> None:

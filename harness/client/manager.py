@@ -422,18 +422,21 @@ class ManagerClient:
     def _valid_after_failure(self, live: Live, fail_at: int) -> int | None:
         """The tokens a load failing from its `fail_at`-th block leaves valid (a block
         boundary), or None when the load lands whole: the failing block lies past the load, or
-        recomputing from there would read positions a window or chunk group dropped for the
-        whole load (vLLM 0.33 would: its scheduler recomputes from the failed block, docs/
-        semantics.md; the campaigns stay where it is sound)."""
+        recomputing from there would read or write positions a window or chunk group dropped
+        for the whole load (vLLM 0.33 would: its scheduler recomputes from the failed block,
+        docs/semantics.md; the campaigns stay where it is sound)."""
         record = live.record
         block_size = self.block_size
         valid = (-(-live.load_start // block_size) + fail_at) * block_size
         if valid >= record.num_computed_tokens:
             return None
+        if not valid:
+            return 0  # freed and looked up again: nothing is recomputed in place
         held = self.spec.held(record.request_id) or ()
+        end = -(-record.num_computed_tokens // block_size)  # the recompute writes up to there
         for manager, blocks in zip(self.spec.managers, held, strict=True):
             first = manager.first_read(valid) // block_size
-            if any(block_id == 0 for block_id in blocks[first : -(-valid // block_size)]):
+            if any(block_id == 0 for block_id in blocks[first:end]):
                 self.coverage.counts["KV connector: failures a window made unsound, landed"] += 1
                 return None
         return valid
