@@ -12,7 +12,11 @@ W, those of its own chunk for chunked local attention), and demands, in every KV
 - **a step reads true KV**: when `allocate_slots` schedules tokens from position s on, every
   position before s that they read is held by the request's block table with its own KV;
 - **a running request's table stays true**: at every check, every position the request's next
-  token reads (`num_computed_tokens` on) holds its own KV.
+  token reads (`num_computed_tokens` on) holds its own KV;
+- **a block is reused only after every transfer into it finished**: a KV connector's async load
+  writes the request's blocks until it lands (`cache_blocks`), fails (`external_load_failed`)
+  or is reported finished (`external_load_finished`); a block the request freed meanwhile is
+  never handed out again before that (vLLM #32255: an abort freed blocks a load still filled).
 
 A decision no other check can judge (how long a window's run must be, where a chunk starts,
 when a skipped block is freed, which key a block is cached under) breaks it as soon as a request
@@ -39,6 +43,9 @@ from pagedkv.vocab.request import Request
 
 ATTENTION_TRUTH = "every position a request reads holds its own KV"
 """The invariant's name, as `InvariantViolation.invariant` reports it."""
+
+BLOCK_RELEASED = "a block is reused only after every transfer into it finished"
+"""The name of the rule `handed_out` enforces for loads still in flight."""
 
 
 class ReadPolicy(Protocol):
@@ -109,6 +116,11 @@ class AttentionTruth:
         known_bugs: the bugs the manager's semantics reproduces.
         fatal_known_bugs: raise on a known bug's state too (to replay one).
         tainted: request id -> the known bug whose wrong KV it read (until it is freed).
+        loading: request id -> the blocks a connector's async load still writes (from the
+            allocation that adopted the external tokens until the load lands, fails or is
+            reported finished).
+        stray: block id -> the request whose load still writes it although the request freed
+            it (until the connector reports the load finished): handing it out is a violation.
         scheduled: request id -> the end of the tokens its allocations scheduled since it last
             held no block (what its computed count may honestly reach).
         checks: what the checks covered and the known bugs' states, by event (the campaign's
@@ -132,13 +144,25 @@ class AttentionTruth:
         self.known_bugs = tuple(known_bugs)
         self.fatal_known_bugs = fatal_known_bugs
         self.tainted: dict[str, str] = {}
+        self.loading: dict[str, tuple[int, ...]] = {}
+        self.stray: dict[int, str] = {}
         self.scheduled: dict[str, int] = {}
         self.checks: Counter[str] = Counter()
 
     # -- the manager's events ----------------------------------------------------------------
 
     def handed_out(self, block_ids: Sequence[int]) -> None:
-        """Blocks taken from the free queue: whatever they held is gone."""
+        """Blocks taken from the free queue: whatever they held is gone. None of them may be
+        one a load still writes (`stray`): the load would overwrite its new owner's KV."""
+        for block_id in block_ids:
+            writer = self.stray.get(block_id)
+            if writer is not None:
+                raise InvariantViolation(
+                    BLOCK_RELEASED,
+                    f"block {block_id} handed out again while request {writer!r}'s async load "
+                    "still writes it: the request was freed before the connector reported "
+                    "the load finished (vLLM #32255)",
+                )
         self.ghost.clear(block_ids)
 
     def computed(
@@ -165,6 +189,26 @@ class AttentionTruth:
             )
             self.computed(request, tables, scheduled, claimed - scheduled)
 
+    def load_started(
+        self, request_id: str, tables: Sequence[Sequence[int]], start: int, num_tokens: int
+    ) -> None:
+        """A connector's async load writes positions [start, start + num_tokens) of the
+        request's blocks until it lands (`load_ended`)."""
+        blocks: list[int] = []
+        for group, table in enumerate(tables):
+            block_size = self.block_sizes[group]
+            end = -(-(start + num_tokens) // block_size)
+            blocks.extend(block for block in table[start // block_size : end] if block != 0)
+        self.loading[request_id] = tuple(blocks)
+
+    def load_ended(self, request_id: str) -> None:
+        """The request's async load landed, failed or was reported finished: nothing writes
+        its blocks behind the manager's back any more."""
+        if self.loading.pop(request_id, None) is not None:
+            self.checks["attention truth: async loads ended"] += 1
+        for block_id in [block for block, writer in self.stray.items() if writer == request_id]:
+            del self.stray[block_id]
+
     def load_failed(
         self, request: Request, tables: Sequence[Sequence[int]], num_valid_tokens: int
     ) -> None:
@@ -177,12 +221,18 @@ class AttentionTruth:
         self.scheduled[request.request_id] = min(
             self.scheduled.get(request.request_id, 0), num_valid_tokens
         )
+        self.load_ended(request.request_id)
         self.checks["attention truth: failed loads"] += 1
 
     def freed(self, request_id: str) -> None:
-        """The request's blocks were freed: it recomputes from its tokens when readmitted."""
+        """The request's blocks were freed: it recomputes from its tokens when readmitted. A
+        load still in flight keeps writing them (`stray`) until reported finished."""
         self.tainted.pop(request_id, None)
         self.scheduled.pop(request_id, None)
+        loading = self.loading.pop(request_id, None)
+        if loading:
+            self.checks["attention truth: requests freed with their load in flight"] += 1
+            self.stray.update(dict.fromkeys(loading, request_id))
 
     def forget(self, request_id: str) -> None:
         """The manager no longer tracks the request."""
@@ -295,9 +345,14 @@ class AttentionTruth:
 
     def canonical(self, block_ids: Iterable[int]) -> tuple[object, ...]:
         """The ghost state that decides what later reads find, independent of history's
-        numbering: the content of `block_ids` (those a later read can reach: held or cached)
-        and the tainted requests."""
-        return self.ghost.canonical(block_ids), tuple(sorted(self.tainted.items()))
+        numbering: the content of `block_ids` (those a later read can reach: held or cached),
+        the tainted requests and the loads in flight."""
+        return (
+            self.ghost.canonical(block_ids),
+            tuple(sorted(self.tainted.items())),
+            tuple(sorted(self.loading.items())),
+            tuple(sorted(self.stray.items())),
+        )
 
     def take_checks(self) -> Counter[str]:
         """What the checks covered since the last call."""

@@ -770,6 +770,7 @@ class SpecKVCacheManager:
         unless delayed, its blocks [cached, full) are cached and `num_full` positions count as
         cached (delayed: the positions of its hits)."""
         request_id = request.request_id
+        self.truth.load_ended(request_id)  # a step after an async load: it landed
         if self.enable_caching:
             for group_hits in step.hits:
                 self.pool.touch_unchecked(group_hits)
@@ -820,6 +821,8 @@ class SpecKVCacheManager:
             local = step.num_computed - step.num_external
             self.truth.computed(request, tables, local, step.num_external)
             self.truth.checks["attention truth: external tokens loaded"] += step.num_external
+            if step.delay_cache:
+                self.truth.load_started(request_id, tables, local, step.num_external)
         self.truth.check_step(request, tables, step.num_computed)
         self.truth.computed(request, tables, step.num_computed, step.num_tokens)
         if self.enable_caching and not step.delay_cache:
@@ -846,9 +849,10 @@ class SpecKVCacheManager:
         """
         check_cache_blocks(request, num_computed_tokens)
         self._require_same_request(request)
-        if not self.enable_caching:
-            return
         request_id = request.request_id
+        if not self.enable_caching:
+            self.truth.load_ended(request_id)  # vLLM 0.33 calls it when a load lands
+            return
         held = self.held(request_id)
         if held is None:
             raise refusals.cache_without_blocks(request_id)
@@ -857,6 +861,7 @@ class SpecKVCacheManager:
                 raise refusals.computed_outside_slots(
                     request_id, request.num_computed_tokens, len(blocks), manager.block_size
                 )
+        self.truth.load_ended(request_id)
         computed = min(request.num_computed_tokens, request.num_tokens)
         if num_computed_tokens > computed:
             raise refusals.cache_past_computed(request_id, num_computed_tokens, computed)
@@ -896,6 +901,19 @@ class SpecKVCacheManager:
                 f"{self.block_size} within its slots, got {num_valid_tokens}"
             )
         self.truth.load_failed(request, held, num_valid_tokens)
+
+    def external_load_finished(self, request: Request) -> None:
+        """Ghost state only (a connector's report, vLLM's `finished_recving`): the async load
+        into the request's blocks is over, so blocks it freed meanwhile may be reused. A
+        caller that frees a request whose load is still in flight must report this before any
+        of those blocks is handed out again (`attention_truth.BLOCK_RELEASED`); landing
+        (`cache_blocks`, or the request's next allocation) and `external_load_failed` report
+        it too. A request with no load in flight: nothing happens.
+
+        Preconditions: a Request (ArgumentTypeError).
+        """
+        check_request("external_load_finished", request)
+        self.truth.load_ended(request.request_id)
 
     # -- release -----------------------------------------------------------------------------
 

@@ -429,3 +429,68 @@ def test_a_failed_load_report_off_a_block_boundary_or_without_blocks_is_refused(
         assert spec.snapshot() == before
     spec.manager.external_load_failed(request, 16)  # the whole of its 16 slots: nothing failed
     spec.check_invariants()
+
+
+def test_an_abort_while_loading_keeps_the_blocks_until_the_load_finishes() -> None:
+    """vLLM 0.33 (the fix of #32255): a request aborted in WAITING_FOR_REMOTE_KVS keeps its
+    blocks until `finished_recving`; then it is freed and its blocks, never cached, are handed
+    out to the next request."""
+    snapshots = []
+    for manager in both(manager_config(num_blocks=6)):
+        request = Request("r", range(20))
+        manager.get_computed_blocks(request)
+        assert external(manager, request, 0, None, 16, delay=True) == ([],)
+        other = Request("s", range(100, 120))
+        manager.get_computed_blocks(other)
+        assert manager.allocate_slots(other, 20) is None  # r's 4 blocks are still held
+        if isinstance(manager, SpecManagerAdapter):
+            manager.manager.external_load_finished(request)
+        manager.free(request)
+        assert manager.allocate_slots(other, 20) == ([5, 4, 3, 2, 1],)
+        manager.check_invariants()
+        snapshots.append(manager.snapshot())
+    assert snapshots[0] == snapshots[1]
+
+
+def test_freeing_a_request_whose_load_is_in_flight_is_caught_at_reuse() -> None:
+    """vLLM #32255: an abort freed the blocks a remote write was still filling, and the next
+    request got them. The spec knows the load is in flight until it lands, fails or is
+    reported finished; handing one of its blocks out before that breaks the rule by name."""
+    spec: Any = GROUP_FACTORIES["spec"](manager_config(num_blocks=6))
+    request = Request("r", range(20))
+    spec.get_computed_blocks(request)
+    external(spec, request, 0, None, 16, delay=True)
+    spec.free(request)  # the scheduler's mistake: the load still writes blocks 1-4
+    other = Request("s", range(100, 120))
+    spec.get_computed_blocks(other)
+    with pytest.raises(InvariantViolation, match=r"block \d handed out again while request 'r'"):
+        spec.allocate_slots(other, 8)
+    # Reported finished before any reuse, the early free did no harm.
+    spec = GROUP_FACTORIES["spec"](manager_config(num_blocks=6))
+    spec.get_computed_blocks(request)
+    external(spec, request, 0, None, 16, delay=True)
+    spec.free(request)
+    spec.manager.external_load_finished(request)
+    spec.get_computed_blocks(other)
+    assert spec.allocate_slots(other, 20) == ([5, 4, 3, 2, 1],)
+    spec.check_invariants()
+
+
+def test_a_landed_or_failed_load_is_over() -> None:
+    """Landing (`cache_blocks`) or a failure report ends the load: the request's blocks are
+    reused freely after its free, without a separate report."""
+    for land in ("cache_blocks", "failed"):
+        spec: Any = GROUP_FACTORIES["spec"](manager_config(num_blocks=6))
+        request = Request("r", range(20))
+        spec.get_computed_blocks(request)
+        external(spec, request, 0, None, 16, delay=True)
+        if land == "cache_blocks":
+            request.num_computed_tokens = 16
+            spec.cache_blocks(request, 16)
+        else:
+            spec.manager.external_load_failed(request, 0)
+        spec.free(request)
+        other = Request("s", range(100, 120))
+        spec.get_computed_blocks(other)
+        assert spec.allocate_slots(other, 20) is not None
+        spec.check_invariants()

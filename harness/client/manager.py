@@ -150,6 +150,10 @@ class ManagerClient:
         chunk boundary); under full attention alone they never are (a spec invariant)."""
         self.caching = config.enable_caching
         self.live: list[Live] = []
+        self.receiving: list[Live] = []
+        """Requests aborted while their async load was in flight: they keep their blocks until
+        the connector reports the load finished (vLLM 0.33: `finished_recving`), the oldest
+        at the next step."""
         self.history: list[Earlier] = []
         self.num_arrived = 0
         self.events = EventConsumer()
@@ -219,6 +223,8 @@ class ManagerClient:
             InvariantViolation: the spec broke an invariant.
         """
         if isinstance(op, Step):
+            if self.receiving:
+                self._load_finished(self.receiving.pop(0))
             touched = self._step(op)
         elif isinstance(op, Admit):
             touched = self._admit(op)
@@ -245,7 +251,10 @@ class ManagerClient:
         self._end(type(op).__name__, touched)
 
     def finish_run(self) -> None:
-        """The end of the run: a full check of both managers and of every request."""
+        """The end of the run: the loads of aborted requests finish; a full check of both
+        managers and of every request."""
+        while self.receiving:
+            self._load_finished(self.receiving.pop(0))
         self.pair.full_check("the end of the run")
 
     def check_requests(self) -> None:
@@ -292,7 +301,7 @@ class ManagerClient:
 
     def _arrive(self, op: Arrive) -> tuple[Live, ...]:
         if op.request_id is not None and any(
-            live.record.request_id == op.request_id for live in self.live
+            live.record.request_id == op.request_id for live in (*self.live, *self.receiving)
         ):
             return ()  # that name is taken: a request arrives under it once it has left
         self.num_arrived += 1
@@ -333,6 +342,10 @@ class ManagerClient:
         live = self._pick(op.which, running=False)
         if live is None:
             return ()
+        if self.receiving:
+            self.coverage.counts[
+                "KV connector: admissions while an aborted load held its blocks"
+            ] += 1
         record = live.record
         request = record.request
         request_id = record.request_id
@@ -826,16 +839,13 @@ class ManagerClient:
 
     def _preempt(self, op: Preempt) -> tuple[Live, ...]:
         live = self._pick(op.which, running=True)
-        if live is None:
-            return ()
+        if live is None or live.loading:
+            return ()  # vLLM preempts running requests only, never one waiting for its load
         self.coverage.counts["requests preempted by the scheduler"] += 1
         self._preempt_request(live)
         return (live,)
 
     def _preempt_request(self, live: Live) -> None:
-        if live.loading:
-            self.coverage.counts["KV connector: requests freed before their load landed"] += 1
-            live.loading = False
         record = live.record
         request = record.request
         self._count_free(record.request_id)
@@ -865,9 +875,14 @@ class ManagerClient:
         return (live,)
 
     def _finish_request(self, live: Live) -> None:
-        if live.loading:
-            self.coverage.counts["KV connector: requests freed before their load landed"] += 1
+        if live.loading:  # aborted while loading: freed once the load finishes
+            self.coverage.counts[
+                "KV connector: requests aborted while their load was in flight"
+            ] += 1
             live.loading = False
+            self.live.remove(live)
+            self.receiving.append(live)
+            return
         record = live.record
         request = record.request
         request_id = record.request_id
@@ -886,6 +901,13 @@ class ManagerClient:
             self.live.remove(live)
             self.coverage.counts["finished requests"] += 1
             self._remember(record)
+
+    def _load_finished(self, live: Live) -> None:
+        """The connector reports an aborted request's load finished: the spec learns it (its
+        blocks may be reused from now on), then the request is freed as a finished one."""
+        self.spec.external_load_finished(live.record.request)
+        self.live.append(live)
+        self._finish_request(live)
 
     def _reset(self) -> tuple[Live, ...]:
         reset, error = self.pair.call(
