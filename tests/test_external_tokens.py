@@ -32,6 +32,9 @@ from pagedkv import (
     SlidingWindowSpec,
 )
 from pagedkv.harness.adapters import SpecManagerAdapter
+from pagedkv.harness.client.manager import ManagerClient
+from pagedkv.harness.client.manager_ops import Admit, Arrive, Finish, Step
+from pagedkv.harness.coverage import Coverage
 from pagedkv.harness.protocol import ManagerConfig, ManagerUnderTest
 from pagedkv.harness.swarm.runs import hybrid_kv_cache_config
 from pagedkv.vocab.errors import InvariantViolation
@@ -494,3 +497,35 @@ def test_a_landed_or_failed_load_is_over() -> None:
         spec.get_computed_blocks(other)
         assert spec.allocate_slots(other, 20) is not None
         spec.check_invariants()
+
+
+def test_the_campaign_client_holds_an_aborted_load_until_it_finishes() -> None:
+    """The campaigns' scheduler stand-in keeps vLLM 0.33's order after #32255: a request
+    aborted while its async load is in flight keeps its blocks until the load finishes (at the
+    next step), so the next admission cannot take them; then they are freed and it can."""
+    coverage = Coverage()
+    client = ManagerClient.build(
+        manager_config(num_blocks=6),
+        GROUP_FACTORIES["impl"],
+        coverage,
+        check_every=1,
+        external_tokens=True,
+    )
+
+    def arrive(first: int) -> Arrive:
+        return Arrive(tuple(range(first, first + 20)), -1, 0, False, None, (), None, False)
+
+    client.execute(arrive(0))
+    client.execute(Admit(0, 0, 0, 0, 16, True))  # 16 tokens loading into 4 of the 5 blocks
+    client.execute(Finish(0))  # aborted while loading: held until the load finishes
+    assert [live.record.request_id for live in client.receiving] == ["req-1"]
+    client.execute(arrive(100))
+    client.execute(Admit(0, 0, 0))  # needs 5 blocks, 1 is free: refused, nothing handed out
+    assert not client.live[0].running
+    client.execute(Step(0, 0, (), 0, 0, 0))  # the load finishes: req-1 is freed
+    assert client.receiving == []
+    client.execute(Admit(0, 0, 0))
+    assert client.live[0].running
+    client.finish_run()
+    assert coverage.counts["KV connector: requests aborted while their load was in flight"] == 1
+    assert coverage.counts["KV connector: admissions while an aborted load held its blocks"] == 1

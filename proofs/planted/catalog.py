@@ -42,6 +42,7 @@ from pagedkv import (
     manager,
 )
 from pagedkv.block import KVCacheBlock
+from pagedkv.harness.client.manager import Live, ManagerClient
 from pagedkv.single_type import base, chunked_local, mamba, sliding_window
 from pagedkv.spec import block_hash as spec_block_hash
 from pagedkv.spec.single_type import chunked_local as spec_chunked_local
@@ -67,7 +68,8 @@ _NUM_REQUIRED_BLOCKS = block_counts.num_required_blocks
 
 @dataclass(frozen=True)
 class MethodPatch:
-    """Replace `owner.attribute` (a method of an impl class) with `replacement`."""
+    """Replace `owner.attribute` (a method of an impl class, or of the campaigns' client for a
+    scheduler's mistake) with `replacement`."""
 
     owner: type
     attribute: str
@@ -698,6 +700,16 @@ def _adopt_and_load_group_by_group(
             single_type.allocate_new_blocks(request_id, count)
 
 
+_FINISH_REQUEST = ManagerClient._finish_request
+
+
+def _abort_frees_a_loading_request(self: ManagerClient, live: Live) -> None:
+    """vLLM's scheduler before the fix of issue #32255: an abort in WAITING_FOR_REMOTE_KVS
+    frees the request at once, while its load still writes the blocks."""
+    live.loading = False
+    _FINISH_REQUEST(self, live)
+
+
 VARIANTS: tuple[Variant, ...] = (
     Variant(
         "free_to_head",
@@ -876,6 +888,12 @@ VARIANTS: tuple[Variant, ...] = (
         "hits are touched (vLLM #43884)",
         (MethodPatch(manager.KVCacheManager, "_adopt_then_load", _adopt_and_load_group_by_group),),
         layer="hybrid",
+    ),
+    Variant(
+        "vllm_32255_abort_frees_loading_blocks",
+        "an abort frees a request whose async load is in flight at once, not when the load "
+        "finishes (vLLM #32255; planted in the campaigns' scheduler stand-in)",
+        (MethodPatch(ManagerClient, "_finish_request", _abort_frees_a_loading_request),),
     ),
     Variant(
         "decision_window_run_short",
