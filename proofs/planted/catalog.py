@@ -700,6 +700,25 @@ def _adopt_and_load_group_by_group(
             single_type.allocate_new_blocks(request_id, count)
 
 
+_FREE_BLOCKS_LOCKED = block_pool.BlockPool.free_blocks_locked
+
+
+def _free_blocks_without_duplicate_check(
+    self: block_pool.BlockPool, blocks: list[KVCacheBlock]
+) -> None:
+    """vLLM's `free_blocks` neither dedups nor asserts (issue #42571: a caller passed the same
+    block twice, the free queue's count went wrong): a repeat is freed again, unchecked."""
+    seen: set[int] = set()
+    first: list[KVCacheBlock] = []
+    again: list[KVCacheBlock] = []
+    for block in blocks:
+        (again if id(block) in seen else first).append(block)
+        seen.add(id(block))
+    _FREE_BLOCKS_LOCKED(self, first)
+    if again:
+        _FREE_BLOCKS_LOCKED(self, again)
+
+
 _FINISH_REQUEST = ManagerClient._finish_request
 
 
@@ -894,6 +913,17 @@ VARIANTS: tuple[Variant, ...] = (
         "an abort frees a request whose async load is in flight at once, not when the load "
         "finishes (vLLM #32255; planted in the campaigns' scheduler stand-in)",
         (MethodPatch(ManagerClient, "_finish_request", _abort_frees_a_loading_request),),
+    ),
+    Variant(
+        "vllm_42571_free_same_block_twice",
+        "free_blocks frees a block listed twice in one call twice, unchecked, as vLLM's does "
+        "(vLLM #42571)",
+        (
+            MethodPatch(
+                block_pool.BlockPool, "free_blocks_locked", _free_blocks_without_duplicate_check
+            ),
+        ),
+        layer="pool",
     ),
     Variant(
         "decision_window_run_short",
