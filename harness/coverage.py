@@ -190,6 +190,7 @@ def _connector_targets(
     failed: int,
     failed_first: int,
     held: int,
+    sends: int,
 ) -> tuple[Target, ...]:
     """A KV connector's targets (runs of a manager that takes external tokens), each count per
     100,000 steps."""
@@ -232,9 +233,15 @@ def _connector_targets(
             need,
         ),
         _t(
-            "KV connector: admissions while an aborted load held its blocks",
+            "KV connector: frees delayed while a send read the blocks",
+            sends,
+            "a finished request's blocks stay held until finished_sending",
+            need,
+        ),
+        _t(
+            "KV connector: admissions while a transfer held a finished request's blocks",
             held,
-            "a block a load still writes is never handed out (vLLM #32255)",
+            "a block a load writes or a send reads is never handed out (vLLM #32255)",
             need,
         ),
         _t(
@@ -259,20 +266,25 @@ def _connector_targets(
 
 
 CONNECTOR_TARGETS_MANAGER = _connector_targets(
-    750, 900, 700, 230, 30, 110, 450, 30, 320, 20, 50, 60
+    750, 900, 700, 230, 30, 110, 450, 30, 320, 20, 50, 120, 40
 )
-"""About half the CI manager campaign's rates (seed 2025, 200,000 steps: 1,552 sync and 1,845
-async loads, 1,550 landed, 474 with blocks cached on landing, 69 pushing hits out, 235 refused,
-941 gated, 59 aborted while loading, 686 whole prompts, 47 failed part-way, 111 failed at their
-first block, 128 admissions while an aborted load held its blocks, per 100,000)."""
+"""About half the CI manager campaign's rates (seed 2025, 200,000 steps: 1,570 sync and 1,882
+async loads, 1,565 landed, 490 with blocks cached on landing, 71 pushing hits out, 289 refused,
+937 gated, 60 aborted while loading, 684 whole prompts, 44 failed part-way, 107 failed at their
+first block, 86 frees delayed by a send, 305 admissions while a transfer held a finished
+request's blocks, per 100,000)."""
 
-CONNECTOR_TARGETS_HYBRID = _connector_targets(700, 750, 550, 380, 190, 350, 100, 35, 3, 12, 30, 35)
-"""About half the CI hybrid campaign's rates (seed 2025, 100,000 steps: 1,475 sync and 1,504
-async loads, 1,200 landed, 802 with blocks cached on landing, 377 pushing hits out, 725
-refused, 198 gated, 79 aborted while loading, 56 failed at their first block, 73 admissions
-while an aborted load held its blocks; 9 whole prompts, hybrids of full attention only, so that
-target is lower). Failed part-way: 45 here, 13 to 36 against vLLM 0.33.0 (seeds 1-5, 150,000
-steps: its engine's groups have fewer windows a failure may recompute in), so 12."""
+CONNECTOR_TARGETS_HYBRID = _connector_targets(
+    700, 750, 450, 300, 170, 350, 100, 30, 3, 8, 24, 100, 100
+)
+"""About half the CI hybrid campaign's rates (seed 2025, 100,000 steps: 1,736 sync and 1,768
+async loads, 928 landed, 642 with blocks cached on landing, 348 pushing hits out, 1,608
+refused, 207 gated, 66 aborted while loading, 49 failed at their first block, 205 frees
+delayed by a send, 1,885 admissions while a transfer held a finished request's blocks (small
+pools: a send holds its blocks until the next step; 213 to 1,316 against vLLM 0.33.0, seeds
+1-5, so 100); 11 whole prompts, hybrids of full attention only, so that target is lower).
+Failed part-way: 40 here, 13 to 39 against vLLM 0.33.0 (seeds 1-5, 150,000 steps: its
+engine's groups have fewer windows a failure may recompute in), so 8."""
 
 MANAGER_TARGETS: tuple[Target, ...] = (
     _t("decode steps inside a block", 10_000, "the O(1) decode path, the hot path in serving"),

@@ -13,10 +13,12 @@ W, those of its own chunk for chunked local attention), and demands, in every KV
   position before s that they read is held by the request's block table with its own KV;
 - **a running request's table stays true**: at every check, every position the request's next
   token reads (`num_computed_tokens` on) holds its own KV;
-- **a block is reused only after every transfer into it finished**: a KV connector's async load
+- **a block is reused only after every transfer using it finished**: a KV connector's async load
   writes the request's blocks until it lands (`cache_blocks`), fails (`external_load_failed`)
-  or is reported finished (`external_load_finished`); a block the request freed meanwhile is
-  never handed out again before that (vLLM #32255: an abort freed blocks a load still filled).
+  or is reported finished (`external_load_finished`); a send reads them from the caller's
+  report (`external_send_started`) until `external_send_finished`; a block the request freed
+  meanwhile is never handed out again before that (vLLM #32255: an abort freed blocks a load
+  still filled).
 
 A decision no other check can judge (how long a window's run must be, where a chunk starts,
 when a skipped block is freed, which key a block is cached under) breaks it as soon as a request
@@ -44,7 +46,7 @@ from pagedkv.vocab.request import Request
 ATTENTION_TRUTH = "every position a request reads holds its own KV"
 """The invariant's name, as `InvariantViolation.invariant` reports it."""
 
-BLOCK_RELEASED = "a block is reused only after every transfer into it finished"
+BLOCK_RELEASED = "a block is reused only after every transfer using it finished"
 """The name of the rule `handed_out` enforces for loads still in flight."""
 
 
@@ -119,8 +121,10 @@ class AttentionTruth:
         loading: request id -> the blocks a connector's async load still writes (from the
             allocation that adopted the external tokens until the load lands, fails or is
             reported finished).
-        stray: block id -> the request whose load still writes it although the request freed
-            it (until the connector reports the load finished): handing it out is a violation.
+        sending: request id -> the blocks a connector still reads to send the request's KV
+            elsewhere (from the caller's report until it reports the send finished).
+        stray: block id -> the transfers (request id, "load" or "send") still using it
+            although the request freed it: handing it out is a violation.
         scheduled: request id -> the end of the tokens its allocations scheduled since it last
             held no block (what its computed count may honestly reach).
         checks: what the checks covered and the known bugs' states, by event (the campaign's
@@ -145,7 +149,8 @@ class AttentionTruth:
         self.fatal_known_bugs = fatal_known_bugs
         self.tainted: dict[str, str] = {}
         self.loading: dict[str, tuple[int, ...]] = {}
-        self.stray: dict[int, str] = {}
+        self.sending: dict[str, tuple[int, ...]] = {}
+        self.stray: dict[int, tuple[tuple[str, str], ...]] = {}
         self.scheduled: dict[str, int] = {}
         self.checks: Counter[str] = Counter()
 
@@ -153,15 +158,19 @@ class AttentionTruth:
 
     def handed_out(self, block_ids: Sequence[int]) -> None:
         """Blocks taken from the free queue: whatever they held is gone. None of them may be
-        one a load still writes (`stray`): the load would overwrite its new owner's KV."""
+        one a transfer still uses (`stray`): a load would overwrite its new owner's KV, a send
+        would read the new owner's."""
         for block_id in block_ids:
-            writer = self.stray.get(block_id)
-            if writer is not None:
+            users = self.stray.get(block_id)
+            if users:
+                request_id, kind = users[0]
+                use = {"load": "async load still writes", "send": "send still reads"}[kind]
+                bug = " (vLLM #32255)" if kind == "load" else ""
                 raise InvariantViolation(
                     BLOCK_RELEASED,
-                    f"block {block_id} handed out again while request {writer!r}'s async load "
-                    "still writes it: the request was freed before the connector reported "
-                    "the load finished (vLLM #32255)",
+                    f"block {block_id} handed out again while request {request_id!r}'s {use} "
+                    f"it: the request was freed before the connector reported the {kind} "
+                    f"finished{bug}",
                 )
         self.ghost.clear(block_ids)
 
@@ -206,8 +215,28 @@ class AttentionTruth:
         its blocks behind the manager's back any more."""
         if self.loading.pop(request_id, None) is not None:
             self.checks["attention truth: async loads ended"] += 1
-        for block_id in [block for block, writer in self.stray.items() if writer == request_id]:
-            del self.stray[block_id]
+        self._release(request_id, "load")
+
+    def send_started(self, request_id: str, tables: Sequence[Sequence[int]]) -> None:
+        """A connector reads every block of the request's tables to send its KV elsewhere
+        until `send_ended`."""
+        self.sending[request_id] = tuple(
+            block for table in tables for block in table if block != NULL_BLOCK_ID
+        )
+        self.checks["attention truth: sends started"] += 1
+
+    def send_ended(self, request_id: str) -> None:
+        """The request's send finished: its blocks may be reused once freed."""
+        self.sending.pop(request_id, None)
+        self._release(request_id, "send")
+
+    def _release(self, request_id: str, kind: str) -> None:
+        for block_id, users in list(self.stray.items()):
+            left = tuple(user for user in users if user != (request_id, kind))
+            if left:
+                self.stray[block_id] = left
+            else:
+                del self.stray[block_id]
 
     def load_failed(
         self, request: Request, tables: Sequence[Sequence[int]], num_valid_tokens: int
@@ -226,13 +255,15 @@ class AttentionTruth:
 
     def freed(self, request_id: str) -> None:
         """The request's blocks were freed: it recomputes from its tokens when readmitted. A
-        load still in flight keeps writing them (`stray`) until reported finished."""
+        load or send still in flight keeps using them (`stray`) until reported finished."""
         self.tainted.pop(request_id, None)
         self.scheduled.pop(request_id, None)
-        loading = self.loading.pop(request_id, None)
-        if loading:
-            self.checks["attention truth: requests freed with their load in flight"] += 1
-            self.stray.update(dict.fromkeys(loading, request_id))
+        for kind, transfers in (("load", self.loading), ("send", self.sending)):
+            blocks = transfers.pop(request_id, ())
+            if blocks:
+                self.checks[f"attention truth: requests freed with a {kind} in flight"] += 1
+            for block_id in blocks:
+                self.stray[block_id] = (*self.stray.get(block_id, ()), (request_id, kind))
 
     def forget(self, request_id: str) -> None:
         """The manager no longer tracks the request."""
@@ -351,6 +382,7 @@ class AttentionTruth:
             self.ghost.canonical(block_ids),
             tuple(sorted(self.tainted.items())),
             tuple(sorted(self.loading.items())),
+            tuple(sorted(self.sending.items())),
             tuple(sorted(self.stray.items())),
         )
 

@@ -915,6 +915,28 @@ class SpecKVCacheManager:
         check_request("external_load_finished", request)
         self.truth.load_ended(request.request_id)
 
+    def external_send_started(self, request: Request) -> None:
+        """Ghost state only (vLLM: `request_finished` returned True, the connector still reads
+        the finished request's blocks to send its KV): until `external_send_finished`, blocks
+        it frees must not be handed out again (`attention_truth.BLOCK_RELEASED`). A request
+        holding no blocks: nothing to read.
+
+        Preconditions: a Request (ArgumentTypeError).
+        """
+        check_request("external_send_started", request)
+        held = self.held(request.request_id)
+        if held is not None:
+            self.truth.send_started(request.request_id, held)
+
+    def external_send_finished(self, request: Request) -> None:
+        """Ghost state only (vLLM's `finished_sending`): the send is over; blocks the request
+        freed may be reused. A request with no send in flight: nothing happens.
+
+        Preconditions: a Request (ArgumentTypeError).
+        """
+        check_request("external_send_finished", request)
+        self.truth.send_ended(request.request_id)
+
     # -- release -----------------------------------------------------------------------------
 
     def free(self, request: Request) -> None:

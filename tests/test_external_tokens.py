@@ -528,4 +528,51 @@ def test_the_campaign_client_holds_an_aborted_load_until_it_finishes() -> None:
     assert client.live[0].running
     client.finish_run()
     assert coverage.counts["KV connector: requests aborted while their load was in flight"] == 1
-    assert coverage.counts["KV connector: admissions while an aborted load held its blocks"] == 1
+    held = "KV connector: admissions while a transfer held a finished request's blocks"
+    assert coverage.counts[held] == 1
+
+
+def test_a_block_a_send_still_reads_is_not_handed_out() -> None:
+    """A finished request whose KV a connector still sends (vLLM: `request_finished` returned
+    True) is freed at `finished_sending`; a caller that frees it earlier is caught when one of
+    its blocks is handed out before the send finished, and not after."""
+    for report_first in (False, True):
+        spec: Any = GROUP_FACTORIES["spec"](manager_config(num_blocks=6))
+        request = Request("r", range(16))
+        spec.get_computed_blocks(request)
+        assert spec.allocate_slots(request, 16) == ([1, 2, 3, 4],)
+        request.num_computed_tokens = 16
+        spec.manager.external_send_started(request)
+        if report_first:
+            spec.manager.external_send_finished(request)
+        spec.free(request)  # the caller's mistake unless the send was reported finished
+        other = Request("s", range(100, 120))
+        spec.get_computed_blocks(other)
+        if report_first:
+            assert spec.allocate_slots(other, 20) is not None
+            spec.check_invariants()
+        else:
+            with pytest.raises(InvariantViolation, match=r"request 'r''s send still reads it"):
+                spec.allocate_slots(other, 20)
+
+
+def test_the_campaign_client_frees_a_sending_request_when_the_send_finishes() -> None:
+    """A Finish with `delay_free` keeps the request's blocks until the next step (the
+    connector's `finished_sending`), as vLLM 0.33's scheduler does."""
+    coverage = Coverage()
+    client = ManagerClient.build(
+        manager_config(num_blocks=6),
+        GROUP_FACTORIES["impl"],
+        coverage,
+        check_every=1,
+        external_tokens=True,
+    )
+    client.execute(Arrive(tuple(range(16)), -1, 0, False, None, (), None, False))
+    client.execute(Admit(0, 0, 0))
+    client.execute(Finish(0, True))
+    assert [live.record.request_id for live in client.sending] == ["req-1"]
+    assert client.spec.held("req-1") is not None
+    client.execute(Step(0, 0, (), 0, 0, 0))
+    assert client.sending == [] and client.spec.held("req-1") is None
+    client.finish_run()
+    assert coverage.counts["KV connector: frees delayed while a send read the blocks"] == 1

@@ -452,7 +452,13 @@ def test_a_third_party_implementation_gets_events_only_when_it_says_it_emits_the
 def test_a_planted_event_bug_is_found_by_a_short_campaign_and_shrunk(
     variant: str, name: str
 ) -> None:
-    layer = manager_layer(pagedkv_manager) if name == "manager" else pool_layer(pagedkv_pool)
+    # Without connector runs: their picks chain through more requests, so the first failing
+    # run (seed 1) shrinks to 20 operations, not the few this test is about.
+    layer = (
+        manager_layer(pagedkv_manager, external_tokens=False)
+        if name == "manager"
+        else pool_layer(pagedkv_pool)
+    )
     with planted(VARIANTS_BY_NAME[variant]):
         result = run_campaign(layer, seed=1, max_steps=20_000)
         failure = result.failure

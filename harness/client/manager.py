@@ -154,6 +154,10 @@ class ManagerClient:
         """Requests aborted while their async load was in flight: they keep their blocks until
         the connector reports the load finished (vLLM 0.33: `finished_recving`), the oldest
         at the next step."""
+        self.sending: list[Live] = []
+        """Finished requests whose free the connector delays while it sends their KV (vLLM:
+        `request_finished` returned True): freed at `finished_sending`, the oldest at the
+        next step."""
         self.history: list[Earlier] = []
         self.num_arrived = 0
         self.events = EventConsumer()
@@ -225,6 +229,8 @@ class ManagerClient:
         if isinstance(op, Step):
             if self.receiving:
                 self._load_finished(self.receiving.pop(0))
+            if self.sending:
+                self._send_finished(self.sending.pop(0))
             touched = self._step(op)
         elif isinstance(op, Admit):
             touched = self._admit(op)
@@ -255,6 +261,8 @@ class ManagerClient:
         managers and of every request."""
         while self.receiving:
             self._load_finished(self.receiving.pop(0))
+        while self.sending:
+            self._send_finished(self.sending.pop(0))
         self.pair.full_check("the end of the run")
 
     def check_requests(self) -> None:
@@ -301,7 +309,8 @@ class ManagerClient:
 
     def _arrive(self, op: Arrive) -> tuple[Live, ...]:
         if op.request_id is not None and any(
-            live.record.request_id == op.request_id for live in (*self.live, *self.receiving)
+            live.record.request_id == op.request_id
+            for live in (*self.live, *self.receiving, *self.sending)
         ):
             return ()  # that name is taken: a request arrives under it once it has left
         self.num_arrived += 1
@@ -342,9 +351,10 @@ class ManagerClient:
         live = self._pick(op.which, running=False)
         if live is None:
             return ()
-        if self.receiving:
-            self.coverage.counts[
-                "KV connector: admissions while an aborted load held its blocks"
+        if self.receiving or self.sending:
+            counts = self.coverage.counts
+            counts[
+                "KV connector: admissions while a transfer held a finished request's blocks"
             ] += 1
         record = live.record
         request = record.request
@@ -871,8 +881,23 @@ class ManagerClient:
         live = self._pick(op.which, running=None)
         if live is None:
             return ()
+        request = live.record.request
+        if op.delay_free and not live.loading and self.spec.held(request.request_id):
+            # The connector sends the request's KV: its free waits for finished_sending.
+            self.spec.external_send_started(request)
+            self.coverage.counts["KV connector: frees delayed while a send read the blocks"] += 1
+            self.live.remove(live)
+            self.sending.append(live)
+            return (live,)
         self._finish_request(live)
         return (live,)
+
+    def _send_finished(self, live: Live) -> None:
+        """The connector reports a finished request's send done: the spec learns it, then the
+        request is freed."""
+        self.spec.external_send_finished(live.record.request)
+        self.live.append(live)
+        self._finish_request(live)
 
     def _finish_request(self, live: Live) -> None:
         if live.loading:  # aborted while loading: freed once the load finishes

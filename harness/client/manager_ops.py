@@ -71,9 +71,12 @@ class Preempt(NamedTuple):
 
 
 class Finish(NamedTuple):
-    """Live request `which` is freed and its hashes dropped."""
+    """Live request `which` is freed and its hashes dropped; with `delay_free` (a run with a
+    KV connector) a connector still sends its KV, so the free waits until the send finishes
+    (at the next step)."""
 
     which: int
+    delay_free: bool = False
 
 
 class Reset(NamedTuple):

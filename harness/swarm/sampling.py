@@ -157,6 +157,8 @@ class ManagerSampler:
         if kind == "preempt":
             return Preempt(which)
         if kind == "finish":
+            if self.run.external_tokens and rng.random() < 1 / 3:  # the connector sends
+                return Finish(which, True)
             return Finish(which)
         if kind == "common prefix":
             return CommonPrefix(which)
