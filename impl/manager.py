@@ -830,16 +830,7 @@ class KVCacheManager:
         num_slots = num_computed + num_tokens + num_lookahead_tokens
         required = [manager.num_required(num_slots) for manager in managers]
         capped = self.semantics.cap_at_max_model_len and num_held + num_hits < self._max_blocks[0]
-        for group, manager in enumerate(managers):
-            if required[group] > self._max_blocks[group] and not capped:
-                raise refusals.past_max_model_len(
-                    request_id,
-                    required[group],
-                    self._max_blocks[group],
-                    self.max_model_len,
-                    manager.block_size,
-                    group if self._mixed_sizes else None,
-                )
+        self._refuse_past_max_model_len(request_id, required, capped)
         block_size = self.block_size
         num_full = num_full_blocks(num_computed, num_tokens, num_spec, block_size)
         num_cached = self._first_cached.get(request_id, num_hits)
@@ -935,6 +926,24 @@ class KVCacheManager:
                     group if self._mixed_sizes else None,
                 )
 
+    def _refuse_past_max_model_len(
+        self, request_id: str, required: list[int], capped: bool
+    ) -> None:
+        """No group may need more than its `_max_blocks` blocks, unless vLLM 0.33's semantics
+        cap the allocation there instead (`capped`)."""
+        if capped:
+            return
+        for group, manager in enumerate(self.coordinator.single_type_managers):
+            if required[group] > self._max_blocks[group]:
+                raise refusals.past_max_model_len(
+                    request_id,
+                    required[group],
+                    self._max_blocks[group],
+                    self.max_model_len,
+                    manager.block_size,
+                    group if self._mixed_sizes else None,
+                )
+
     def _allocate_per_group(
         self, request: Request, num_slots: int, running: bool, full_sequence_must_fit: bool
     ) -> KVCacheBlocks | None:
@@ -948,16 +957,7 @@ class KVCacheManager:
             self.semantics.cap_at_max_model_len
             and len(managers[0].req_to_blocks.get(request_id, ())) < self._max_blocks[0]
         )
-        for group, manager in enumerate(managers):
-            if required[group] > self._max_blocks[group] and not capped:
-                raise refusals.past_max_model_len(
-                    request_id,
-                    required[group],
-                    self._max_blocks[group],
-                    self.max_model_len,
-                    manager.block_size,
-                    group if self._mixed_sizes else None,
-                )
+        self._refuse_past_max_model_len(request_id, required, capped)
         # -- every precondition holds: from here on nothing can fail --
         if full_sequence_must_fit and not self._whole_request_fits(request, ()):
             if self.debug_invariants:

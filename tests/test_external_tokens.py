@@ -499,18 +499,23 @@ def test_a_landed_or_failed_load_is_over() -> None:
         spec.check_invariants()
 
 
-def test_the_campaign_client_holds_an_aborted_load_until_it_finishes() -> None:
-    """The campaigns' scheduler stand-in keeps vLLM 0.33's order after #32255: a request
-    aborted while its async load is in flight keeps its blocks until the load finishes (at the
-    next step), so the next admission cannot take them; then they are freed and it can."""
-    coverage = Coverage()
-    client = ManagerClient.build(
+def connector_client(coverage: Coverage) -> ManagerClient:
+    """The campaigns' client over pagedkv's manager (5 usable blocks), playing a connector."""
+    return ManagerClient.build(
         manager_config(num_blocks=6),
         GROUP_FACTORIES["impl"],
         coverage,
         check_every=1,
         external_tokens=True,
     )
+
+
+def test_the_campaign_client_holds_an_aborted_load_until_it_finishes() -> None:
+    """The campaigns' scheduler stand-in keeps vLLM 0.33's order after #32255: a request
+    aborted while its async load is in flight keeps its blocks until the load finishes (at the
+    next step), so the next admission cannot take them; then they are freed and it can."""
+    coverage = Coverage()
+    client = connector_client(coverage)
 
     def arrive(first: int) -> Arrive:
         return Arrive(tuple(range(first, first + 20)), -1, 0, False, None, (), None, False)
@@ -560,13 +565,7 @@ def test_the_campaign_client_frees_a_sending_request_when_the_send_finishes() ->
     """A Finish with `delay_free` keeps the request's blocks until the next step (the
     connector's `finished_sending`), as vLLM 0.33's scheduler does."""
     coverage = Coverage()
-    client = ManagerClient.build(
-        manager_config(num_blocks=6),
-        GROUP_FACTORIES["impl"],
-        coverage,
-        check_every=1,
-        external_tokens=True,
-    )
+    client = connector_client(coverage)
     client.execute(Arrive(tuple(range(16)), -1, 0, False, None, (), None, False))
     client.execute(Admit(0, 0, 0))
     client.execute(Finish(0, True))

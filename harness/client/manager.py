@@ -418,24 +418,17 @@ class ManagerClient:
         Whether the request still holds its blocks."""
         live.loading = False
         record = live.record
-        request = record.request
         counts = self.coverage.counts
         if fail_at >= 0:
             valid = self._valid_after_failure(live, fail_at)
             if valid is not None:
                 return self._fail(live, valid)
         num_computed = record.num_computed_tokens
-        before = self.spec.num_cached.get(record.request_id, 0)
-        _, error = self.pair.call(
-            "cache_blocks",
-            lambda manager: manager.cache_blocks(request, num_computed),
-            lambda: f"cache_blocks({record.request_id}, {num_computed}) (an async load landed)",
-        )
-        if error is not None:
-            self._error("cache_blocks", error)
+        cached_more = self._cache_blocks(record, " (an async load landed)")
+        if cached_more is None:
             return True
         counts["KV connector: async loads landed"] += 1
-        if self.spec.num_cached.get(record.request_id, 0) > before:
+        if cached_more:
             counts["KV connector: blocks cached when a load landed"] += 1
         if num_computed == record.num_tokens:
             counts["KV connector: whole prompts loaded, the last token recomputed"] += 1
@@ -831,21 +824,29 @@ class ManagerClient:
         """cache_blocks(request, num_computed_tokens) on both sides, as vLLM 0.33's scheduler
         calls it after an output when it decodes speculatively: the blocks the accepted draft
         tokens filled are cached now, not at the next allocation."""
-        request = record.request
         counts = self.coverage.counts
+        cached_more = self._cache_blocks(record)
+        if cached_more is None:
+            return
+        counts["cache_blocks after an output"] += 1
+        if cached_more:
+            counts["cache_blocks after an output: blocks cached before the next step"] += 1
+
+    def _cache_blocks(self, record: RequestRecord, why: str = "") -> bool | None:
+        """cache_blocks(request, num_computed_tokens) on both sides: whether the spec's cached
+        count grew, or None when the call failed (reported)."""
+        request = record.request
         num_computed = record.num_computed_tokens
         before = self.spec.num_cached.get(record.request_id, 0)
         _, error = self.pair.call(
             "cache_blocks",
             lambda manager: manager.cache_blocks(request, num_computed),
-            lambda: f"cache_blocks({record.request_id}, {num_computed})",
+            lambda: f"cache_blocks({record.request_id}, {num_computed}){why}",
         )
         if error is not None:
             self._error("cache_blocks", error)
-            return
-        counts["cache_blocks after an output"] += 1
-        if self.spec.num_cached.get(record.request_id, 0) > before:
-            counts["cache_blocks after an output: blocks cached before the next step"] += 1
+            return None
+        return self.spec.num_cached.get(record.request_id, 0) > before
 
     def _preempt(self, op: Preempt) -> tuple[Live, ...]:
         live = self._pick(op.which, running=True)
