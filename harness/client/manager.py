@@ -470,13 +470,7 @@ class ManagerClient:
             counts["KV connector: loads failed at their first block, freed"] += 1
             self._preempt_request(live)
             return False
-        _, error = self.pair.call(
-            "cache_blocks",
-            lambda manager: manager.cache_blocks(request, valid),
-            lambda: f"cache_blocks({record.request_id}, {valid}) (a load failed past it)",
-        )
-        if error is not None:
-            self._error("cache_blocks", error)
+        if self._cache_blocks(record, " (a load failed past it)", valid) is None:
             return True
         counts["KV connector: loads failed part-way, the valid prefix cached"] += 1
         record.set_computed(valid)
@@ -832,11 +826,13 @@ class ManagerClient:
         if cached_more:
             counts["cache_blocks after an output: blocks cached before the next step"] += 1
 
-    def _cache_blocks(self, record: RequestRecord, why: str = "") -> bool | None:
-        """cache_blocks(request, num_computed_tokens) on both sides: whether the spec's cached
-        count grew, or None when the call failed (reported)."""
+    def _cache_blocks(
+        self, record: RequestRecord, why: str = "", num_tokens: int | None = None
+    ) -> bool | None:
+        """cache_blocks(request, num_tokens) on both sides (default: its num_computed_tokens):
+        whether the spec's cached count grew, or None when the call failed (reported)."""
         request = record.request
-        num_computed = record.num_computed_tokens
+        num_computed = record.num_computed_tokens if num_tokens is None else num_tokens
         before = self.spec.num_cached.get(record.request_id, 0)
         _, error = self.pair.call(
             "cache_blocks",
