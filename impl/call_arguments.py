@@ -352,6 +352,18 @@ def check_allocation(
     )
 
 
+def check_popped_blocks(popped: object, num_groups: int, is_block: IsBlock) -> list[list[Any]]:
+    """KVCacheManager.free_popped_blocks' argument check: one iterable of blocks per KV cache
+    group, in a list or a tuple of `num_groups` of them. Complexity: O(groups + blocks)."""
+    call = f"{MANAGER}.free_popped_blocks"
+    if not isinstance(popped, (list, tuple)) or len(popped) != num_groups:
+        raise per_group_error(call, "popped", num_groups, popped)
+    return [
+        block_list(call, f"popped[{group}]", group_blocks, is_block)
+        for group, group_blocks in enumerate(popped)
+    ]
+
+
 def check_cache_blocks(request: object, num_computed_tokens: object) -> Request:
     """KVCacheManager.cache_blocks(request, num_computed_tokens): a Request and an int >= 0.
     Complexity: O(1)."""

@@ -37,6 +37,7 @@ from pagedkv.call_arguments import (
     check_common_prefix,
     check_lookup,
     check_manager,
+    check_popped_blocks,
     check_request,
     check_semantics,
     is_block_id,
@@ -259,6 +260,9 @@ class KVCacheManager:
         # Request id -> the (group, position, block id) it held when evict_blocks took that
         # block's hash, until it is freed: what the invariant checks excuse (`evict_blocks`).
         self._evicted: dict[str, set[tuple[int, int, int]]] = {}
+        # The deferred frees not yet released (`pop_blocks_for_free`), oldest first: each
+        # group's block ids, and those of them evict_blocks took the hash of while held.
+        self._popped: list[tuple[tuple[tuple[int, ...], ...], frozenset[int]]] = []
         if debug_invariants is None:
             setting = os.environ.get(CHECK_INVARIANTS_ENV, "0").strip() or "0"
             if not setting.isdigit():
@@ -1081,6 +1085,89 @@ class KVCacheManager:
         finally:
             self._call_token.append(None)
 
+    def pop_blocks_for_free(self, request: Request) -> KVCacheBlocks:
+        """Hand the request's blocks to a deferred free (vLLM 0.33's, under `defer_block_free`:
+        a forward pass still in flight may read them). The request is forgotten as by `free`,
+        but its blocks keep their references, so none is reused until `free_popped_blocks`
+        releases the batch. Returns each group's blocks less its leading null blocks; a
+        request holding none: empty lists, and no batch to free.
+
+        Raises:
+            ArgumentTypeError: `request` is not a Request.
+            RequestError: another Request object uses this request id.
+            ConcurrentUseError: another call on this manager is running.
+
+        Complexity: O(groups + blocks held).
+        """
+        self._enter("KVCacheManager.pop_blocks_for_free")
+        try:
+            check_request("pop_blocks_for_free", request)
+            self._check_identity(request)
+            request_id = request.request_id
+            managers = self.coordinator.single_type_managers
+            popped = tuple(manager.pop(request_id) for manager in managers)
+            if any(popped):
+                lost = self._evicted.get(request_id, ()) if self._evicted else ()
+                self._popped.append(
+                    (
+                        tuple(tuple(block.block_id for block in blocks) for blocks in popped),
+                        frozenset(entry[2] for entry in lost),
+                    )
+                )
+            if self._evicted:
+                self._evicted.pop(request_id, None)
+            self._forget_if_done(request_id)
+            self._after_call()
+            return popped
+        finally:
+            self._call_token.append(None)
+
+    def free_popped_blocks(self, popped: object) -> None:
+        """Release a batch `pop_blocks_for_free` returned, exactly once, in the order `free`
+        would have: group by group, each group's tail first (without caching, in order unless
+        `free_tail_first_without_caching`). Under `deferred_free_flattened` (vLLM 0.33's drain,
+        its #48489): one call over every group's blocks, the last group's last first. A batch
+        of empty lists: nothing happens.
+
+        Raises:
+            ArgumentTypeError: not one iterable of KVCacheBlocks per group.
+            BlockStateError: not a batch popped and not yet freed, as returned, of this
+                pool's blocks (nothing changed).
+            ConcurrentUseError: another call on this manager is running.
+
+        Complexity: O(groups + blocks in the batch + batches outstanding).
+        """
+        self._enter("KVCacheManager.free_popped_blocks")
+        try:
+            groups = check_popped_blocks(popped, self.num_groups, KVCacheBlock)
+            if not any(groups):
+                return
+            key = tuple(tuple(block.block_id for block in blocks) for blocks in groups)
+            index = next((i for i, (ids, _) in enumerate(self._popped) if ids == key), None)
+            if index is None:
+                raise refusals.popped_blocks_unknown([list(ids) for ids in key])
+            owned = self.block_pool.blocks
+            for blocks in groups:
+                for block in blocks:
+                    if owned[block.block_id] is not block:
+                        raise refusals.foreign_block(block.block_id)
+            del self._popped[index]
+            self._release_popped(groups)
+            self._after_call()
+        finally:
+            self._call_token.append(None)
+
+    def _release_popped(self, groups: list[list[KVCacheBlock]]) -> None:
+        """Free a checked batch of popped blocks, in `free`'s order (or vLLM 0.33's, one call
+        over every group, the last group's last block first). Complexity: O(blocks)."""
+        pool = self.block_pool
+        if self.semantics.deferred_free_flattened:
+            pool.free_blocks_locked([block for blocks in groups for block in blocks][::-1])
+            return
+        tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
+        for blocks in groups:
+            pool.free_blocks_locked(blocks[::-1] if tail_first else blocks)
+
     def free_block_hashes(self, request: Request) -> None:
         """Drop the request's stored block hashes (when it finishes, not when preempted).
 
@@ -1339,6 +1426,10 @@ class KVCacheManager:
             for blocks in manager.req_to_blocks.values():
                 holders.update(block.block_id for block in blocks if block is not null_block)
         evicted = {entry[2] for lost in self._evicted.values() for entry in lost}
+        for ids, popped_evicted in self._popped:  # deferred frees hold their blocks too
+            for group_ids in ids:
+                holders.update(group_ids)
+            evicted.update(popped_evicted)
         for block in pool.blocks[1:]:
             if block.ref_cnt != holders[block.block_id]:
                 raise InvariantViolation(

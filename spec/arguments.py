@@ -271,6 +271,18 @@ def check_allocation(
     )
 
 
+def check_popped_blocks(popped: object, num_groups: int) -> list[list[int]]:
+    """KVCacheManager.free_popped_blocks(popped): one iterable of block ids per KV cache group
+    (a list or a tuple of `num_groups` of them), as `pop_blocks_for_free` returned them."""
+    call = f"{MANAGER}.free_popped_blocks"
+    if not isinstance(popped, (list, tuple)) or len(popped) != num_groups:
+        raise per_group_error(call, "popped", num_groups, popped)
+    return [
+        require_block_ids(call, f"popped[{group}]", group_blocks)
+        for group, group_blocks in enumerate(popped)
+    ]
+
+
 def check_cache_blocks(request: object, num_computed_tokens: object) -> Request:
     """KVCacheManager.cache_blocks(request, num_computed_tokens): a Request and an int >= 0."""
     checked = check_request("cache_blocks", request)

@@ -51,6 +51,7 @@ from pagedkv.spec.arguments import (
     check_common_prefix,
     check_lookup,
     check_manager,
+    check_popped_blocks,
     check_request,
     check_semantics,
     require_block_ids,
@@ -118,6 +119,20 @@ class Step:
 
 
 @dataclass(frozen=True)
+class PoppedBatch:
+    """One `pop_blocks_for_free` answer not yet freed.
+
+    Attributes:
+        blocks: each group's popped block ids, as returned.
+        evicted: those of them `evict_blocks` took the hash of while the request held them (a
+            block may be shared without a hash only then).
+    """
+
+    blocks: tuple[tuple[int, ...], ...]
+    evicted: frozenset[int]
+
+
+@dataclass(frozen=True)
 class HitTrace:
     """How a common hit was found (`SpecKVCacheManager.trace_common_hit`).
 
@@ -166,6 +181,8 @@ class SpecKVCacheManager:
             closure holds only for keys none of whose ancestors is among them.
         evict_counts: what `evict_blocks` led to, for a campaign's coverage
             (`take_evict_counts`).
+        popped: the deferred frees not yet released (`pop_blocks_for_free`), oldest first:
+            each of their blocks keeps one reference per entry.
     """
 
     def __init__(
@@ -230,6 +247,7 @@ class SpecKVCacheManager:
         self.evicted: dict[str, set[tuple[int, int, int]]] = {}
         self.evicted_keys: set[CacheKey] = set()
         self.evict_counts: Counter[str] = Counter()
+        self.popped: list[PoppedBatch] = []
         self.truth = AttentionTruth(
             self.managers,
             tuple(manager.block_size for manager in self.managers),
@@ -956,6 +974,52 @@ class SpecKVCacheManager:
         self.truth.freed(request.request_id)
         self._forget_if_done(request.request_id)
 
+    def pop_blocks_for_free(self, request: Request) -> GroupBlocks:
+        """Hand the request's blocks to a deferred free (vLLM 0.33's, under `defer_block_free`:
+        a forward pass still in flight may read them). The request is gone as after `free`,
+        but each block keeps its reference, so none is reused, until `free_popped_blocks`
+        releases the batch. Returns each group's blocks less its leading null blocks; a request
+        holding no block: empty lists, and no batch to free.
+
+        Preconditions: as `free`.
+        """
+        check_request("pop_blocks_for_free", request)
+        self._require_same_request(request)
+        request_id = request.request_id
+        popped = tuple(manager.pop(request_id) for manager in self.managers)
+        if any(popped):
+            evicted = frozenset(entry[2] for entry in self.evicted.get(request_id, ()))
+            self.popped.append(PoppedBatch(tuple(map(tuple, popped)), evicted))
+        self.evicted.pop(request_id, None)
+        self.truth.freed(request_id)
+        self._forget_if_done(request_id)
+        return popped
+
+    def free_popped_blocks(self, popped: Sequence[Sequence[int]]) -> None:
+        """Release a batch `pop_blocks_for_free` returned, exactly once, in the order `free`
+        would have freed it: group by group, each group's last first (without caching, in
+        order unless `free_tail_first_without_caching`). Under `deferred_free_flattened` (vLLM
+        0.33's drain, #48489): one call over every group's blocks, the last group's last
+        first. A batch of empty lists: nothing happens.
+
+        Preconditions: one iterable of block ids per group (ArgumentTypeError); a batch popped
+        and not yet freed, as returned (BlockStateError).
+        """
+        groups = check_popped_blocks(popped, self.num_groups)
+        if not any(groups):
+            return
+        key = tuple(map(tuple, groups))
+        index = next((i for i, batch in enumerate(self.popped) if batch.blocks == key), None)
+        if index is None:
+            raise refusals.popped_blocks_unknown(groups)
+        del self.popped[index]
+        if self.semantics.deferred_free_flattened:
+            self.pool.free_blocks_unchecked([b for blocks in groups for b in blocks][::-1])
+            return
+        tail_first = self.enable_caching or self.semantics.free_tail_first_without_caching
+        for blocks in groups:
+            self.pool.free_blocks_unchecked(blocks[::-1] if tail_first else blocks)
+
     def free_block_hashes(self, request: Request) -> None:
         """Drop the stored hashes of a finished request.
 
@@ -1056,13 +1120,16 @@ class SpecKVCacheManager:
             for held in manager.blocks.values()
             for block_id in held
         )
+        holders_of.update(b for batch in self.popped for blocks in batch.blocks for b in blocks)
         evicted = {entry[2] for lost in self.evicted.values() for entry in lost}
+        evicted.update(block_id for batch in self.popped for block_id in batch.evicted)
         for block_id in range(1, self.pool.num_gpu_blocks):
             holders = holders_of.get(block_id, 0)
             if self.pool.ref_cnt[block_id] != holders:
                 raise InvariantViolation(
                     "a block's ref_cnt is the number of requests holding it",
-                    f"block {block_id}: ref_cnt {self.pool.ref_cnt[block_id]}, held {holders}",
+                    f"block {block_id}: ref_cnt {self.pool.ref_cnt[block_id]}, held {holders} "
+                    f"(deferred frees included)",
                 )
             if holders >= 2 and self.pool.block_hash[block_id] is None and block_id not in evicted:
                 raise InvariantViolation(

@@ -20,5 +20,6 @@ PAGEDKV_SEMANTICS = Semantics(
     free_uncached_to_head=False,  # every freed block joins the tail, as vLLM 0.8.5
     free_tail_first_without_caching=False,  # without caching, free in order, as vLLM 0.8.5
     lookup_hashes_every_full_block=False,  # a lookup reads the stored hashes, as vLLM 0.8.5
+    deferred_free_flattened=False,  # a deferred free keeps free's order (vLLM 0.33: #48489)
 )
 """The semantics the spec takes unless told otherwise."""

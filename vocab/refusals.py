@@ -92,6 +92,15 @@ def freed_twice(block_id: int) -> BlockStateError:
     return BlockStateError(block_id, "the same block twice in one free_blocks call")
 
 
+def popped_blocks_unknown(block_ids: list[list[int]]) -> BlockStateError:
+    first = next((block_id for group in block_ids for block_id in group), -1)
+    return BlockStateError(
+        first,
+        "a deferred free releases blocks pop_blocks_for_free handed over, once",
+        f"{block_ids} is no batch popped and not yet freed",
+    )
+
+
 def cache_of_free_block(block_id: int) -> BlockStateError:
     return BlockStateError(block_id, "cache of a free block")
 

@@ -55,6 +55,11 @@ class Semantics:
             input at different places share a key, and one serves the other's KV (a vLLM 0.8.5
             bug). pagedkv keys the input with its place in the block (`MultimodalKey`), as vLLM
             0.33 does.
+        deferred_free_flattened: `free_popped_blocks` releases the blocks of a deferred free
+            in one call, the last group's last block first, as vLLM 0.33's scheduler drains
+            `pop_blocks_for_free` (`free_blocks(reversed(blocks))`, vLLM #48489): the first
+            group's cached blocks are then evicted last, where `free` evicts them first.
+            pagedkv releases them as `free` would, group by group, each group's last first.
     """
 
     null_block_refcounted: bool = False
@@ -67,6 +72,7 @@ class Semantics:
     lookup_hashes_every_full_block: bool = False
     eagle_window_hit_one_short: bool = False
     mm_keys_without_position: bool = False
+    deferred_free_flattened: bool = False
 
     @property
     def name(self) -> str:
@@ -90,6 +96,7 @@ VLLM_0_33 = Semantics(
     free_uncached_to_head=True,
     free_tail_first_without_caching=True,
     lookup_hashes_every_full_block=True,
+    deferred_free_flattened=True,
 )
 """vLLM 0.33.0's block pool: pagedkv's null-block and capacity rules, and the two switches above.
 Its manager differs further; docs/semantics.md lists how `--against` accounts for that."""

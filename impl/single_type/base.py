@@ -233,6 +233,17 @@ class SingleTypeKVCacheManager(ABC):
             del self.req_to_blocks[request_id]
         self.num_cached_block.pop(request_id, None)
 
+    def pop(self, request_id: str) -> list[KVCacheBlock]:
+        """The request's blocks less its leading null blocks, handed to a deferred free; forget
+        it. The blocks keep their references. Complexity: O(blocks held)."""
+        blocks = self.req_to_blocks.pop(request_id, [])
+        self.num_cached_block.pop(request_id, None)
+        null_block = self.block_pool.null_block
+        nulls = 0
+        while nulls < len(blocks) and blocks[nulls] is null_block:
+            nulls += 1
+        return list(blocks[nulls:])
+
     def num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
         """Leading blocks of the request whose ref_cnt is `num_running_requests` (a null
         block's is 0). Complexity: O(the common prefix)."""

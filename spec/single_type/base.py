@@ -206,6 +206,16 @@ class SpecSingleTypeManager:
         self.pool.free_blocks_unchecked(held[::-1] if tail_first else held)
         self.num_cached.pop(request_id, None)
 
+    def pop(self, request_id: str) -> list[int]:
+        """The request's blocks less its leading null blocks, handed to a deferred free: it
+        holds none after, and the blocks keep their references until the caller frees them."""
+        held = self.blocks.pop(request_id, [])
+        self.num_cached.pop(request_id, None)
+        nulls = 0
+        while nulls < len(held) and held[nulls] == NULL_BLOCK_ID:
+            nulls += 1
+        return held[nulls:]
+
     def num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
         """Leading blocks of the request with ref_cnt == num_running_requests."""
         held = self.blocks.get(request_id, [])
