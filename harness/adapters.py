@@ -254,6 +254,12 @@ class ObjectManagerAdapter:
     def evict_blocks(self, block_ids: Sequence[int]) -> None:
         self.manager.evict_blocks(block_ids)
 
+    def pop_blocks_for_free(self, request: Request) -> tuple[list[int], ...]:
+        return _group_ids(self.manager.pop_blocks_for_free(request))
+
+    def free_popped_blocks(self, popped: Sequence[Sequence[int]]) -> None:
+        self.manager.free_popped_blocks(self._group_blocks(popped))
+
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         self.manager.cache_blocks(request, num_computed_tokens)
 
@@ -462,6 +468,14 @@ class OneGroupAdapter:
     def evict_blocks(self, block_ids: Sequence[int]) -> None:
         self.flat.evict_blocks(block_ids)
 
+    def pop_blocks_for_free(self, request: Request) -> tuple[list[int], ...]:
+        return (list(self.flat.pop_blocks_for_free(request)),)
+
+    def free_popped_blocks(self, popped: Sequence[Sequence[int]]) -> None:
+        if not isinstance(popped, (list, tuple)) or len(popped) != 1:
+            raise per_group_error("KVCacheManager.free_popped_blocks", "popped", 1, popped)
+        self.flat.free_popped_blocks(popped[0])
+
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         self.flat.cache_blocks(request, num_computed_tokens)
 
@@ -502,6 +516,8 @@ class SpecManagerAdapter:
         self.free_block_hashes = manager.free_block_hashes
         self.reset_prefix_cache = manager.reset_prefix_cache
         self.evict_blocks = manager.evict_blocks
+        self.pop_blocks_for_free = manager.pop_blocks_for_free
+        self.free_popped_blocks = manager.free_popped_blocks
         self.cache_blocks = manager.cache_blocks
         self.get_num_common_prefix_blocks = manager.get_num_common_prefix_blocks
         self.make_prefix_cache_stats = manager.make_prefix_cache_stats

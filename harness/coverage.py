@@ -286,6 +286,54 @@ pools: a send holds its blocks until the next step; 213 to 1,316 against vLLM 0.
 Failed part-way: 40 here, 13 to 39 against vLLM 0.33.0 (seeds 1-5, 150,000 steps: its
 engine's groups have fewer windows a failure may recompute in), so 8."""
 
+
+def _deferred_free_targets(
+    popped: int, released: int, hit: int, several: int = 0
+) -> tuple[Target, ...]:
+    """Deferred frees' targets (connector runs of a manager that has `pop_blocks_for_free`),
+    each count per 100,000 steps; `several`: batches holding blocks of two groups or more
+    (the hybrid layer)."""
+    need = "deferred frees"
+    targets = [
+        _t(
+            "deferred frees: requests whose blocks were popped",
+            popped,
+            "a popped request is gone, its blocks still referenced",
+            need,
+        ),
+        _t(
+            "deferred frees: batches released",
+            released,
+            "each batch released once, at the next step, in free's order",
+            need,
+        ),
+        _t(
+            "deferred frees: hits on popped blocks before release",
+            hit,
+            "a popped cached block may be hit: one reference each, none lost",
+            need,
+        ),
+    ]
+    if several:
+        targets.append(
+            _t(
+                "deferred frees: batches of several groups",
+                several,
+                "group by group, each tail first: the order vLLM #48489 lost",
+                need,
+            )
+        )
+    return tuple(targets)
+
+
+DEFERRED_FREE_TARGETS_MANAGER = _deferred_free_targets(270, 100, 20)
+"""About half the CI manager campaign's rates (seed 2025, 201,511 steps: 1,117 requests popped,
+411 non-empty batches released, 80 lookups hitting a popped block)."""
+
+DEFERRED_FREE_TARGETS_HYBRID = _deferred_free_targets(380, 220, 60, 220)
+"""About half the CI hybrid campaign's rates (seed 2025, 100,071 steps: 758 popped, 452
+released, every one holding blocks of several groups, 126 lookups hitting a popped block)."""
+
 MANAGER_TARGETS: tuple[Target, ...] = (
     _t("decode steps inside a block", 10_000, "the O(1) decode path, the hot path in serving"),
     _t("block fills", 10_000, "each fill caches a block: the prefix cache is built here"),
@@ -507,6 +555,7 @@ MANAGER_TARGETS: tuple[Target, ...] = (
         "cache_blocks",
     ),
     *CONNECTOR_TARGETS_MANAGER,
+    *DEFERRED_FREE_TARGETS_MANAGER,
     _t("distinct states", 10_000, "block tables, free and cached counts: the drive goes wide"),
 )
 """The manager campaign's targets: each about half the rate the CI campaign (`CI_SEED`,
@@ -792,6 +841,7 @@ HYBRID_TARGETS: tuple[Target, ...] = (
         "cache_blocks",
     ),
     *CONNECTOR_TARGETS_HYBRID,
+    *DEFERRED_FREE_TARGETS_HYBRID,
     _t("distinct states", 20_000, "block tables of every group: the drive goes wide"),
 )
 """The hybrid campaign's targets (`attention="hybrid"`): about half the CI hybrid campaign's

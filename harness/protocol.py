@@ -266,6 +266,16 @@ class ManagerUnderTest(Protocol):
         """Take the listed blocks' hashes out of the prefix cache (vLLM 0.33's; called only
         of a manager whose factory offers it: `harness.swarm.offers_evict_blocks`)."""
 
+    def pop_blocks_for_free(self, request: Request) -> tuple[list[int], ...]:
+        """Hand the request's blocks to a deferred free: each group's, less its leading null
+        blocks, still referenced until `free_popped_blocks` (vLLM 0.33's, under
+        `defer_block_free`; called only of a manager whose factory offers it:
+        `harness.swarm.offers_deferred_frees`)."""
+
+    def free_popped_blocks(self, popped: Sequence[Sequence[int]]) -> None:
+        """Release a batch `pop_blocks_for_free` returned (vLLM 0.33's scheduler drains it
+        with one `block_pool.free_blocks(reversed(...))`; called only as that is)."""
+
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Cache the request's full blocks within its first `num_computed_tokens` tokens
         (vLLM 0.33's; called only of a manager whose factory offers it:

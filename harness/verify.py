@@ -74,6 +74,7 @@ from pagedkv.harness.swarm.engine import (
     execute_run,
     manager_layer,
     offers_cache_blocks,
+    offers_deferred_frees,
     offers_evict_blocks,
     offers_external_tokens,
     offers_full_sequence_gate,
@@ -364,6 +365,7 @@ def _manager_campaign(
         full_sequence_gate=offers_full_sequence_gate(factory),
         cache_blocks=offers_cache_blocks(factory),
         external_tokens=offers_external_tokens(factory),
+        deferred_frees=offers_deferred_frees(factory),
     )
     kinds = {
         "full": ", full attention",

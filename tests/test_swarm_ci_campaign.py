@@ -34,10 +34,11 @@ MODES = frozenset(
         "full-sequence gate",
         "cache_blocks",
         "external tokens",
+        "deferred frees",
     }
 )
 """The campaigns' modes: misuse on, pagedkv's semantics, events on, evict_blocks, Mamba
-groups, the full-sequence gate, cache_blocks and a connector's external tokens
+groups, the full-sequence gate, cache_blocks, a connector's external tokens and deferred frees
 (`pagedkv_manager` offers them), and the full domain, which draws sparse retention."""
 
 

@@ -169,6 +169,17 @@ def test_each_vllm_0_33_switch_is_needed(switch: str) -> None:
     assert any(call in f["text"] for f in failures for call in expected), failures
 
 
+def test_the_deferred_free_switch_is_needed() -> None:
+    """Not vacuous: with `deferred_free_flattened` flipped (a deferred free released group by
+    group, as `free` releases), vLLM 0.33.0's hybrid layer diverges on the free queue's order
+    (its drain is one reversed call over every group: #48489). One group cannot show it."""
+    status, report = campaign("vllm==0.33.0", 30_000, "vllm-0.33~deferred_free_flattened", "hybrid")
+    assert status == 1, report
+    failure = report["hybrid"]["failure"]
+    # the step that releases the deferred frees (the client's, before it allocates)
+    assert failure and failure["signature"] == ["state", "step", "pool.free_order"], failure
+
+
 def test_the_differences_outside_the_vllm_0_33_domain_are_still_there() -> None:
     """docs/semantics.md lists them; when one disappears, the domain and the docs must change
     (and a rule fixed to agree must keep agreeing)."""

@@ -158,6 +158,10 @@ class ManagerClient:
         """Finished requests whose free the connector delays while it sends their KV (vLLM:
         `request_finished` returned True): freed at `finished_sending`, the oldest at the
         next step."""
+        self.deferred: list[tuple[list[int], ...]] = []
+        """Deferred frees (`pop_blocks_for_free`: a step in flight may read the blocks), each
+        group's popped block ids: released together at the next step, as vLLM 0.33's
+        scheduler releases them once the step's output is processed."""
         self.history: list[Earlier] = []
         self.num_arrived = 0
         self.events = EventConsumer()
@@ -227,6 +231,7 @@ class ManagerClient:
             InvariantViolation: the spec broke an invariant.
         """
         if isinstance(op, Step):
+            self._release_deferred()
             if self.receiving:
                 self._load_finished(self.receiving.pop(0))
             if self.sending:
@@ -257,8 +262,9 @@ class ManagerClient:
         self._end(type(op).__name__, touched)
 
     def finish_run(self) -> None:
-        """The end of the run: the loads of aborted requests finish; a full check of both
-        managers and of every request."""
+        """The end of the run: deferred frees are released, the loads of aborted requests
+        finish; a full check of both managers and of every request."""
+        self._release_deferred()
         while self.receiving:
             self._load_finished(self.receiving.pop(0))
         while self.sending:
@@ -369,6 +375,10 @@ class ManagerClient:
             return (live,)
         hits, num_hit_tokens = lookup
         self._count_lookup(record, hits)
+        if self.deferred:
+            popped = {block for batch in self.deferred for blocks in batch for block in blocks}
+            if any(block in popped for group_hits in hits for block in group_hits):
+                self.coverage.counts["deferred frees: hits on popped blocks before release"] += 1
         remaining = record.num_tokens - num_hit_tokens
         external, load_async = 0, False
         if self.external_tokens and op.external > 0:
@@ -849,21 +859,58 @@ class ManagerClient:
         if live is None or live.loading:
             return ()  # vLLM preempts running requests only, never one waiting for its load
         self.coverage.counts["requests preempted by the scheduler"] += 1
-        self._preempt_request(live)
+        self._preempt_request(live, op.deferred)
         return (live,)
 
-    def _preempt_request(self, live: Live) -> None:
+    def _preempt_request(self, live: Live, deferred: bool = False) -> None:
         record = live.record
-        request = record.request
         self._count_free(record.request_id)
-        _, error = self.pair.call(
-            "free", lambda manager: manager.free(request), lambda: f"free({record.request_id})"
-        )
-        if error is not None:
-            self._error("free", error)
+        if not self._release_request(record, deferred):
             return
         record.set_computed(0)
         live.running = False
+
+    def _release_request(self, record: RequestRecord, deferred: bool) -> bool:
+        """Free the request's blocks, or (`deferred`) pop them for release at the next step;
+        whether the call succeeded."""
+        request, request_id = record.request, record.request_id
+        if not deferred:
+            _, error = self.pair.call(
+                "free", lambda manager: manager.free(request), lambda: f"free({request_id})"
+            )
+            self._error("free", error)
+            return error is None
+        popped, error = self.pair.call(
+            "pop_blocks_for_free",
+            lambda manager: manager.pop_blocks_for_free(request),
+            lambda: f"pop_blocks_for_free({request_id})",
+        )
+        self._error("pop_blocks_for_free", error)
+        if error is not None or popped is None:
+            return False
+        self.coverage.counts["deferred frees: requests whose blocks were popped"] += 1
+        if any(popped):
+            self.deferred.append(popped)
+        return True
+
+    def _release_deferred(self) -> None:
+        """The step the deferred frees waited for is processed: release every batch, oldest
+        first."""
+        batches, self.deferred = self.deferred, []
+        for batch in batches:
+            if sum(1 for blocks in batch if blocks) >= 2:
+                self.coverage.counts["deferred frees: batches of several groups"] += 1
+            self._free_popped(batch)
+
+    def _free_popped(self, batch: tuple[list[int], ...]) -> None:
+        _, error = self.pair.call(
+            "free_popped_blocks",
+            lambda manager: manager.free_popped_blocks(batch),
+            lambda: f"free_popped_blocks({batch})",
+        )
+        self._error("free_popped_blocks", error)
+        if error is None:
+            self.coverage.counts["deferred frees: batches released"] += 1
 
     def _count_free(self, request_id: str) -> None:
         """A hybrid request about to be freed holding blocks in several groups: the frees
@@ -886,7 +933,7 @@ class ManagerClient:
             self.live.remove(live)
             self.sending.append(live)
             return (live,)
-        self._finish_request(live)
+        self._finish_request(live, op.deferred)
         return (live,)
 
     def _send_finished(self, live: Live) -> None:
@@ -896,7 +943,7 @@ class ManagerClient:
         self.live.append(live)
         self._finish_request(live)
 
-    def _finish_request(self, live: Live) -> None:
+    def _finish_request(self, live: Live, deferred: bool = False) -> None:
         if live.loading:  # aborted while loading: freed once the load finishes
             self.coverage.counts[
                 "KV connector: requests aborted while their load was in flight"
@@ -909,10 +956,7 @@ class ManagerClient:
         request = record.request
         request_id = record.request_id
         self._count_free(request_id)
-        _, error = self.pair.call(
-            "free", lambda manager: manager.free(request), lambda: f"free({request_id})"
-        )
-        self._error("free", error)
+        self._release_request(record, deferred)
         _, error = self.pair.call(
             "free_block_hashes",
             lambda manager: manager.free_block_hashes(request),

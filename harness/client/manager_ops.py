@@ -65,18 +65,22 @@ class Step(NamedTuple):
 
 
 class Preempt(NamedTuple):
-    """Running request `which` is freed and waits again (its hashes stay)."""
+    """Running request `which` is freed and waits again (its hashes stay); `deferred` (a run
+    with deferred frees): a step still in flight may read its blocks, so they are popped and
+    released at the next step (vLLM 0.33's `pop_blocks_for_free`)."""
 
     which: int
+    deferred: bool = False
 
 
 class Finish(NamedTuple):
     """Live request `which` is freed and its hashes dropped; with `delay_free` (a run with a
     KV connector) a connector still sends its KV, so the free waits until the send finishes
-    (at the next step)."""
+    (at the next step); `deferred` as `Preempt`'s."""
 
     which: int
     delay_free: bool = False
+    deferred: bool = False
 
 
 class Reset(NamedTuple):

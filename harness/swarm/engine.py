@@ -87,6 +87,7 @@ class Layer:
         full_sequence_gate: whether some runs admit through the full-sequence gate.
         cache_blocks: whether runs with draft tokens call `cache_blocks` after each output.
         external_tokens: whether some runs play a KV connector (external tokens at admission).
+        deferred_frees: whether those runs defer some frees (`pop_blocks_for_free`).
     """
 
     name: str
@@ -99,6 +100,7 @@ class Layer:
     full_sequence_gate: bool = False
     cache_blocks: bool = False
     external_tokens: bool = False
+    deferred_frees: bool = False
 
 
 def offers_kv_events(factory: object) -> bool:
@@ -154,6 +156,15 @@ def offers_external_tokens(factory: object) -> bool:
     return getattr(factory, "external_tokens", False) is True and offers_cache_blocks(factory)
 
 
+def offers_deferred_frees(factory: object) -> bool:
+    """Whether `factory`'s managers have `pop_blocks_for_free` and `free_popped_blocks` (vLLM
+    0.33's deferred frees: its scheduler pops a request's blocks while a step in flight may
+    read them and releases them once that step is processed): pagedkv's and the spec's, or a
+    factory that says so with a `deferred_frees` attribute that is True."""
+    own = (pagedkv_manager, spec_manager)
+    return factory in own or getattr(factory, "deferred_frees", False) is True
+
+
 def manager_layer(
     factory: ManagerFactory,
     *,
@@ -169,6 +180,7 @@ def manager_layer(
     full_sequence_gate: bool | None = None,
     cache_blocks: bool | None = None,
     external_tokens: bool | None = None,
+    deferred_frees: bool | None = None,
 ) -> Layer:
     """The request-level manager layer, checking `factory`'s managers on `domain`; `kv_events`
     (default: `offers_kv_events(factory)`) says whether they can emit KV cache events,
@@ -178,7 +190,9 @@ def manager_layer(
     full-sequence admission gate, `cache_blocks` (default: `offers_cache_blocks(factory)`)
     whether they have `cache_blocks` (then runs with draft tokens call it after each output),
     `external_tokens` (default: `offers_external_tokens(factory)`) whether they take a KV
-    connector's external tokens (then a third of the runs play a connector).
+    connector's external tokens (then a third of the runs play a connector), `deferred_frees`
+    (default: `offers_deferred_frees(factory)`) whether they defer frees (then a connector
+    run pops a third of its frees and releases them at the next step).
     With `attention="hybrid"` it is the hybrid layer (named "hybrid": its runs have seeds of
     their own): configurations of 2 to `domain.max_groups` KV cache groups."""
     events = offers_kv_events(factory) if kv_events is None else kv_events
@@ -187,6 +201,7 @@ def manager_layer(
     gate = offers_full_sequence_gate(factory) if full_sequence_gate is None else full_sequence_gate
     caches = offers_cache_blocks(factory) if cache_blocks is None else cache_blocks
     external = offers_external_tokens(factory) if external_tokens is None else external_tokens
+    deferred = offers_deferred_frees(factory) if deferred_frees is None else deferred_frees
     return Layer(
         "hybrid" if attention == "hybrid" else "manager",
         lambda seed: draw_manager_run(
@@ -201,6 +216,7 @@ def manager_layer(
             mamba_groups=mamba,
             full_sequence_gate=gate,
             external_tokens=external,
+            deferred_frees=deferred,
         ),
         lambda run, coverage, check_every: _manager_client(
             run, factory, coverage, check_every, hostile_calls, caches
@@ -212,6 +228,7 @@ def manager_layer(
         gate,
         caches,
         external,
+        external and deferred,
     )
 
 
@@ -387,7 +404,7 @@ class Campaign:
     def modes(self) -> frozenset[str]:
         """What the coverage targets may assume ("misuse", "pagedkv semantics", "kv events",
         "sparse retention", "evict_blocks", "mamba groups", "full-sequence gate",
-        "cache_blocks", "external tokens")."""
+        "cache_blocks", "external tokens", "deferred frees")."""
         modes = {"misuse"} if self.misuse else set()
         if self.domain.draws_sparse_retention:
             modes.add("sparse retention")
@@ -405,6 +422,8 @@ class Campaign:
             modes.add("cache_blocks")
         if self.layer.external_tokens:
             modes.add("external tokens")
+        if self.layer.deferred_frees:
+            modes.add("deferred frees")
         return frozenset(modes)
 
 

@@ -353,6 +353,7 @@ class ManagerRun:
         domain: what the implementation under test supports (the client sends nothing else).
         full_sequence_gate: whether admissions pass `full_sequence_must_fit=True`.
         external_tokens: whether admissions may adopt a connector's external tokens.
+        deferred_frees: whether (a connector run) some frees are deferred.
     """
 
     seed: int
@@ -367,6 +368,7 @@ class ManagerRun:
     domain: Domain = FULL_DOMAIN
     full_sequence_gate: bool = False
     external_tokens: bool = False
+    deferred_frees: bool = False
 
     @property
     def block_size(self) -> int:
@@ -514,6 +516,7 @@ def draw_manager_run(
     mamba_groups: bool = False,
     full_sequence_gate: bool = False,
     external_tokens: bool = False,
+    deferred_frees: bool = False,
 ) -> ManagerRun:
     """The run of this seed. `attention` (`ATTENTIONS`) restricts the draw;
     `steps_per_run` fixes the run length (default: drawn, 20-2,000 steps, log-uniform);
@@ -524,7 +527,8 @@ def draw_manager_run(
     groups (then a quarter of the hybrid runs have some: `with_mamba_groups`),
     `full_sequence_gate` whether it offers vLLM 0.33's admission gate (then a third of the runs
     admit through it: `with_full_sequence_gate`), `external_tokens` whether it takes a KV
-    connector's external tokens (then a third of the runs without a Mamba group play one)."""
+    connector's external tokens (then a third of the runs without a Mamba group play one),
+    `deferred_frees` whether it defers frees (then every connector run pops some)."""
     rng = random.Random(seed)
     block_size = draw_block_size(rng)
     num_blocks = draw_pool_size(rng)
@@ -578,6 +582,14 @@ def draw_manager_run(
         config = gated if gate else config
         if gate:  # vLLM chunks prefills by default: the gate acts on chunked admissions
             features |= {"chunked prefill"}
+    connector = (
+        external_tokens
+        and rng.random() < CONNECTOR_SHARE
+        and not any(
+            isinstance(group.kv_cache_spec, MambaSpec)
+            for group in config.kv_cache_config.kv_cache_groups
+        )
+    )
     return ManagerRun(
         seed=seed,
         config=config,
@@ -590,12 +602,8 @@ def draw_manager_run(
         misuse=misuse,
         domain=domain,
         full_sequence_gate=gate,
-        external_tokens=external_tokens
-        and rng.random() < CONNECTOR_SHARE
-        and not any(
-            isinstance(group.kv_cache_spec, MambaSpec)
-            for group in config.kv_cache_config.kv_cache_groups
-        ),
+        external_tokens=connector,
+        deferred_frees=connector and deferred_frees,
     )
 
 

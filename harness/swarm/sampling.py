@@ -155,10 +155,14 @@ class ManagerSampler:
         if kind == "arrive":
             return self._draw_arrival(rng, client)
         if kind == "preempt":
+            if self.run.deferred_frees and rng.random() < 1 / 3:  # a step in flight
+                return Preempt(which, True)
             return Preempt(which)
         if kind == "finish":
             if self.run.external_tokens and rng.random() < 1 / 3:  # the connector sends
                 return Finish(which, True)
+            if self.run.deferred_frees and rng.random() < 1 / 2:  # a step in flight
+                return Finish(which, False, True)
             return Finish(which)
         if kind == "common prefix":
             return CommonPrefix(which)

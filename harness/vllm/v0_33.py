@@ -25,6 +25,7 @@ stats' counts (vLLM counts tokens, and counts preempted requests apart), and
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -351,6 +352,29 @@ class Vllm033Manager:
         """vLLM takes a set of ids (their order changes only its events, which are off)."""
         self.manager.evict_blocks(set(block_ids))
 
+    def pop_blocks_for_free(self, request: Request) -> tuple[list[int], ...]:
+        """vLLM returns one list, every group's blocks less its leading nulls in group order;
+        it is split here by each group's count, read before the call."""
+        request_id = request.request_id
+        counts = []
+        for single_type in self.single_types:
+            held = [block.block_id for block in single_type.req_to_blocks.get(request_id, ())]
+            counts.append(len(held) - len(list(itertools.takewhile(lambda b: b == 0, held))))
+        view = self._view(request)
+        flat = [block.block_id for block in self.manager.pop_blocks_for_free(view)]
+        if request_id in self.running:  # as `free`: a preemption, if it runs again
+            self.running.discard(request_id)
+            view.num_preemptions += 1
+        starts = list(itertools.accumulate(counts, initial=0))[:-1]
+        pairs = zip(starts, counts, strict=True)
+        return tuple(flat[start : start + count] for start, count in pairs)
+
+    def free_popped_blocks(self, popped: Sequence[Sequence[int]]) -> None:
+        """The scheduler's drain of a deferred free (docs/design/connector-path.md §2.5): one
+        `free_blocks` call over every group's blocks, reversed."""
+        flat = [block for group in popped for block in self.pool._blocks(group)]
+        self.manager.block_pool.free_blocks(reversed(flat))
+
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         self.manager.cache_blocks(self._view(request), num_computed_tokens)
 
@@ -526,6 +550,7 @@ def load(semantics: Semantics, root: Path, settings: Sequence[str]) -> Loaded:
     vllm_manager.full_sequence_must_fit = True  # type: ignore[attr-defined]  # the gate
     vllm_manager.cache_blocks = True  # type: ignore[attr-defined]  # offers_cache_blocks
     vllm_manager.external_tokens = True  # type: ignore[attr-defined]  # a connector's tokens
+    vllm_manager.deferred_frees = True  # type: ignore[attr-defined]  # offers_deferred_frees
 
     domain = dataclasses.replace(
         DOMAIN, retention_intervals=(engine_settings.retention,), group_plan=plan
