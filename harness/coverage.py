@@ -555,6 +555,13 @@ MANAGER_TARGETS: tuple[Target, ...] = (
         "cache_blocks",
     ),
     *CONNECTOR_TARGETS_MANAGER,
+    _t(
+        "KV connector: sync loads failed, their blocks evicted",
+        60,
+        "vLLM's \"fail\" policy: a failed sync load's blocks lose their hashes before any lookup",
+        "external tokens",
+        "evict_blocks",
+    ),
     *DEFERRED_FREE_TARGETS_MANAGER,
     _t("distinct states", 10_000, "block tables, free and cached counts: the drive goes wide"),
 )

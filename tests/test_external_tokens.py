@@ -377,6 +377,42 @@ def test_caching_past_a_failed_load_is_caught_by_the_spec() -> None:
         spec.get_computed_blocks(Request("s", [*range(16), 99]))
 
 
+def test_a_failed_sync_load_under_the_fail_policy_evicts_its_blocks_from_there() -> None:
+    """vLLM 0.33's "fail" policy for a sync load (cached at the allocation) that failed from
+    block 2: the scheduler evicts the request's blocks from there and finishes it with an
+    error; the next lookup stops at the valid prefix."""
+    snapshots = []
+    for manager in both():
+        request = Request("r", range(20))
+        manager.get_computed_blocks(request)
+        assert external(manager, request, 3, None, 16) == ([5],)  # blocks 1-4 loaded, cached
+        if isinstance(manager, SpecManagerAdapter):
+            manager.manager.external_load_failed(request, 8)
+        manager.evict_blocks([3, 4, 5])
+        manager.free(request)
+        manager.free_block_hashes(request)
+        manager.check_invariants()
+        hits, num_tokens = manager.get_computed_blocks(Request("s", [*range(16), 99]))
+        assert hits == ([1, 2],) and num_tokens == 8
+        snapshots.append(manager.snapshot())
+    assert snapshots[0] == snapshots[1]
+
+
+def test_a_failed_sync_load_left_cached_is_caught_by_the_spec() -> None:
+    """Without the eviction (the caller's mistake: vLLM's "recompute" policy relies on the
+    request recomputing in the very next forward pass, before any reader), a finished request
+    leaves blocks 3 and 4 cached over garbage, and the next request that hits them is caught."""
+    spec: Any = GROUP_FACTORIES["spec"](manager_config())
+    request = Request("r", range(20))
+    spec.get_computed_blocks(request)
+    external(spec, request, 3, None, 16)
+    spec.manager.external_load_failed(request, 8)
+    spec.free(request)
+    spec.free_block_hashes(request)
+    with pytest.raises(InvariantViolation, match="a prefix-cache hit of request 's'"):
+        spec.get_computed_blocks(Request("s", [*range(16), 99]))
+
+
 def test_recomputing_a_window_from_a_failed_block_reads_dropped_blocks() -> None:
     """vLLM 0.33's scheduler recomputes from the first failed block, but with a window the
     allocation nulled, for all 32 loaded tokens, blocks 0-5; the token at 24 reads 17-24: the

@@ -417,9 +417,37 @@ class ManagerClient:
             live.loading = load_async
             live.load_start = num_hit_tokens
             record.set_computed(num_hit_tokens + external + chunk)
+            failed = external and not load_async and op.fail_at >= 0
+            if failed and self._fail_sync(live, external, op.fail_at):
+                return (live,)
             if not load_async:
                 self._maybe_sample(live, (), op.token)
         return (live,)
+
+    def _fail_sync(self, live: Live, external: int, fail_at: int) -> bool:
+        """vLLM 0.33's "fail" policy for a sync load that failed from its `fail_at`-th block
+        on, reported with the output of the step that ran it (before any other request is
+        scheduled): the spec's ghost KV learns that the blocks from there hold garbage, the
+        scheduler evicts every block of the request from there (`evict_blocks`: they were
+        cached at the allocation) and finishes it with an error. Whether it failed (False: the
+        failing block lies past the load)."""
+        record = live.record
+        block_size = self.block_size
+        valid = (-(-live.load_start // block_size) + fail_at) * block_size
+        if valid >= live.load_start + external:
+            return False
+        self.spec.external_load_failed(record.request, valid)
+        (table,) = self.spec.held(record.request_id) or ([],)
+        invalid = [block_id for block_id in table[valid // block_size :] if block_id]
+        _, error = self.pair.call(
+            "evict_blocks",
+            lambda manager: manager.evict_blocks(invalid),
+            lambda: f"evict_blocks({invalid}) (a sync load failed)",
+        )
+        self._error("evict_blocks", error)
+        self.coverage.counts["KV connector: sync loads failed, their blocks evicted"] += 1
+        self._finish_request(live)
+        return True
 
     def _land(self, live: Live, fail_at: int = -1) -> bool:
         """An async load lands: the caller caches what it loaded (vLLM 0.33's scheduler,

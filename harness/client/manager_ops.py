@@ -38,7 +38,9 @@ class Admit(NamedTuple):
     most `chunk` tokens, with `lookahead` slots; `token` is sampled if that computes every
     token. In a run with a KV connector, at most `external` tokens past the hit are external
     (a connector loads them), loaded asynchronously when `load_async` (the prefill then waits
-    for the load: the request's next step lands it)."""
+    for the load: the request's next step lands it). `fail_at` >= 0: a sync load that fails
+    from its `fail_at`-th block on, reported with the step's output (vLLM 0.33's "fail"
+    policy: its blocks from there are evicted and the request finishes with an error)."""
 
     which: int
     chunk: int
@@ -46,6 +48,7 @@ class Admit(NamedTuple):
     token: int = 0
     external: int = 0
     load_async: bool = False
+    fail_at: int = -1
 
 
 class Step(NamedTuple):

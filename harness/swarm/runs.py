@@ -354,6 +354,8 @@ class ManagerRun:
         full_sequence_gate: whether admissions pass `full_sequence_must_fit=True`.
         external_tokens: whether admissions may adopt a connector's external tokens.
         deferred_frees: whether (a connector run) some frees are deferred.
+        sync_failures: whether (a connector run of one group, of a manager with
+            `evict_blocks`) some sync loads fail, under vLLM 0.33's "fail" policy.
     """
 
     seed: int
@@ -369,6 +371,7 @@ class ManagerRun:
     full_sequence_gate: bool = False
     external_tokens: bool = False
     deferred_frees: bool = False
+    sync_failures: bool = False
 
     @property
     def block_size(self) -> int:
@@ -604,6 +607,10 @@ def draw_manager_run(
         full_sequence_gate=gate,
         external_tokens=connector,
         deferred_frees=connector and deferred_frees,
+        # vLLM's scheduler handles block-level failures for one group only
+        sync_failures=connector
+        and evict_blocks
+        and len(config.kv_cache_config.kv_cache_groups) == 1,
     )
 
 

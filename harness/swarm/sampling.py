@@ -150,7 +150,11 @@ class ManagerSampler:
             chunk, lookahead = self._draw_chunk(rng), self._draw_lookahead(rng)
             if self.run.external_tokens and rng.random() < 0.7:  # a connector's hit
                 external = rng.randint(1, 4 * self.block_size + 2)
-                return Admit(which, chunk, lookahead, 0, external, rng.random() < 0.5)
+                load_async = rng.random() < 0.5
+                if self.run.sync_failures and not load_async and rng.random() < 0.25:
+                    fail_at = rng.randrange(4)  # the sync load fails from this block on
+                    return Admit(which, chunk, lookahead, 0, external, False, fail_at)
+                return Admit(which, chunk, lookahead, 0, external, load_async)
             return Admit(which, chunk, lookahead)
         if kind == "arrive":
             return self._draw_arrival(rng, client)
