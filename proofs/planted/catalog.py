@@ -722,11 +722,19 @@ def _free_blocks_without_duplicate_check(
 _FINISH_REQUEST = ManagerClient._finish_request
 
 
-def _abort_frees_a_loading_request(self: ManagerClient, live: Live) -> None:
+def _abort_frees_a_loading_request(self: ManagerClient, live: Live, deferred: bool = False) -> None:
     """vLLM's scheduler before the fix of issue #32255: an abort in WAITING_FOR_REMOTE_KVS
     frees the request at once, while its load still writes the blocks."""
     live.loading = False
-    _FINISH_REQUEST(self, live)
+    _FINISH_REQUEST(self, live, deferred)
+
+
+def _release_popped_flattened(
+    self: manager.KVCacheManager, groups: list[list[KVCacheBlock]]
+) -> None:
+    """vLLM 0.33's drain of a deferred free (issue #48489): one `free_blocks` over every group's
+    popped blocks, reversed, so the last group's cached blocks are evicted first."""
+    self.block_pool.free_blocks_locked([block for blocks in groups for block in blocks][::-1])
 
 
 VARIANTS: tuple[Variant, ...] = (
@@ -924,6 +932,13 @@ VARIANTS: tuple[Variant, ...] = (
             ),
         ),
         layer="pool",
+    ),
+    Variant(
+        "vllm_48489_deferred_free_flattened",
+        "a deferred free releases every group's popped blocks in one reversed call, the last "
+        "group's first, not group by group as free does (vLLM #48489)",
+        (MethodPatch(manager.KVCacheManager, "_release_popped", _release_popped_flattened),),
+        layer="hybrid",
     ),
     Variant(
         "decision_window_run_short",

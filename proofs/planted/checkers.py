@@ -315,6 +315,7 @@ SCENARIO_MODULES = (
     "tests/test_mamba_groups.py",
     "tests/test_full_sequence_gate.py",
     "tests/test_external_tokens.py",
+    "tests/test_deferred_frees.py",
 )
 SCENARIO_TIMEOUT = 300.0
 
