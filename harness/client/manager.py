@@ -231,7 +231,7 @@ class ManagerClient:
             InvariantViolation: the spec broke an invariant.
         """
         if isinstance(op, Step):
-            self._release_deferred()
+            self._release_deferred(op.release_twice)
             if self.receiving:
                 self._load_finished(self.receiving.pop(0))
             if self.sending:
@@ -921,14 +921,23 @@ class ManagerClient:
             self.deferred.append(popped)
         return True
 
-    def _release_deferred(self) -> None:
+    def _release_deferred(self, twice: bool = False) -> None:
         """The step the deferred frees waited for is processed: release every batch, oldest
-        first."""
+        first. `twice` (misuse): then the first batch again, which both managers must refuse
+        alike, changing nothing."""
         batches, self.deferred = self.deferred, []
         for batch in batches:
             if sum(1 for blocks in batch if blocks) >= 2:
                 self.coverage.counts["deferred frees: batches of several groups"] += 1
             self._free_popped(batch)
+        if twice and batches:
+            batch = batches[0]
+            _, error = self.pair.call(
+                "free_popped_blocks",
+                lambda manager: manager.free_popped_blocks(batch),
+                lambda: f"free_popped_blocks({batch}) (misuse: released before)",
+            )
+            self._error("free_popped_blocks", error)
 
     def _free_popped(self, batch: tuple[list[int], ...]) -> None:
         _, error = self.pair.call(

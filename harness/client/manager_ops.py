@@ -65,6 +65,9 @@ class Step(NamedTuple):
     fail_at: int = -1
     """A request whose async load lands at this step: -1 it lands whole; k >= 0 it fails from
     its k-th loaded block on (vLLM 0.33's "recompute" policy)."""
+    release_twice: bool = False
+    """Misuse (a run with deferred frees): the first batch the step releases is released again,
+    and both managers must refuse it alike, changing nothing."""
 
 
 class Preempt(NamedTuple):

@@ -144,7 +144,9 @@ class ManagerSampler:
                 rng.randrange(self.run.alphabet),
             )
             if self.run.external_tokens and rng.random() < 0.25:  # a load that fails
-                return step._replace(fail_at=rng.randrange(4))
+                step = step._replace(fail_at=rng.randrange(4))
+            if self.run.deferred_frees and self.run.misuse and rng.random() < 0.1:
+                step = step._replace(release_twice=True)  # misuse: a batch released twice
             return step
         if kind == "admit":
             chunk, lookahead = self._draw_chunk(rng), self._draw_lookahead(rng)
