@@ -129,3 +129,32 @@ class OffloadEvent:
     keys: tuple[OffloadKey, ...]
     removed: bool
     metadata_only: bool = False
+
+
+@dataclass(frozen=True)
+class AccessSnapshot:
+    """One request's record: seen keys per group (first-seen order), and the sorted sets."""
+
+    key_groups: tuple[tuple[int, tuple[OffloadKey, ...]], ...]
+    inserted: tuple[OffloadKey, ...]
+    reused: tuple[OffloadKey, ...]
+    store_misses: tuple[OffloadKey, ...]
+    finished: bool
+
+
+@dataclass(frozen=True)
+class OffloadTierSnapshot:
+    """A tier's whole state in plain values, equal for two tiers in the same state.
+
+    `policy` names each part of the policy's state: LRU's `ranks`, `next_rank`,
+    `request_ranks`; ARC's `t1`, `t2`, `b1`, `b2` (least recent first) and `target`.
+    """
+
+    refs: tuple[tuple[OffloadKey, int], ...]
+    chunk_ids: tuple[tuple[OffloadKey, int], ...]
+    freed_ids: tuple[int, ...]
+    num_fresh_used: int
+    policy: tuple[tuple[str, object], ...]
+    offer_counts: tuple[tuple[OffloadKey, int], ...]
+    accesses: tuple[tuple[str, AccessSnapshot], ...]
+    events: tuple[OffloadEvent, ...]

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from pagedkv.vocab.errors import InvariantViolation
-from pagedkv.vocab.offload import OffloadKey, OffloadRequest, offload_key_group
+from pagedkv.vocab.offload import (
+    AccessSnapshot,
+    OffloadKey,
+    OffloadRequest,
+    offload_key_group,
+)
 
 
 class RequestAccess:
@@ -46,6 +51,15 @@ class RequestAccess:
         if all(key in positions for key in ordered):
             ordered.sort(key=positions.__getitem__)
         return ordered
+
+    def snapshot(self) -> AccessSnapshot:
+        return AccessSnapshot(
+            tuple((group, tuple(self.key_groups[group])) for group in sorted(self.key_groups)),
+            tuple(sorted(self.inserted)),
+            tuple(sorted(self.reused)),
+            tuple(sorted(self.store_misses)),
+            self.finished,
+        )
 
     def check_invariants(self, request_id: str) -> None:
         listed = [key for keys in self.key_groups.values() for key in keys]

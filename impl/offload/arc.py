@@ -118,6 +118,15 @@ class ARCPolicy(CachePolicy):
             keys.clear()
         self.target = 0.0
 
+    def snapshot(self) -> tuple[tuple[str, object], ...]:
+        return (
+            ("t1", tuple(self.t1)),
+            ("t2", tuple(self.t2)),
+            ("b1", tuple(self.b1)),
+            ("b2", tuple(self.b2)),
+            ("target", self.target),
+        )
+
     def check_invariants(self) -> None:
         t1, t2, b1, b2 = self.t1.keys(), self.t2.keys(), self.b1.keys(), self.b2.keys()
         overlaps = (t1 & t2) | ((t1 | t2) & (b1 | b2)) | (b1 & b2)

@@ -134,6 +134,13 @@ class LRUPolicy(CachePolicy):
     def mark_pinned(self, key: OffloadKey) -> None:
         self._evictable.remove(key)
 
+    def snapshot(self) -> tuple[tuple[str, object], ...]:
+        return (
+            ("ranks", tuple(sorted(self._ranks.items()))),
+            ("next_rank", self._counter),
+            ("request_ranks", tuple(sorted(self._request_ranks.items()))),
+        )
+
     def check_invariants(self) -> None:
         if self._ranks.keys() != self.refs.keys():
             raise InvariantViolation(

@@ -58,4 +58,8 @@ class CachePolicy(ABC):
         return
 
     @abstractmethod
+    def snapshot(self) -> tuple[tuple[str, object], ...]:
+        """The policy's state, part by part (`OffloadTierSnapshot.policy`)."""
+
+    @abstractmethod
     def check_invariants(self) -> None: ...

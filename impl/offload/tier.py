@@ -24,6 +24,7 @@ from pagedkv.vocab.offload import (
     OffloadKey,
     OffloadRequest,
     OffloadTierConfig,
+    OffloadTierSnapshot,
     StoreOutput,
 )
 
@@ -318,6 +319,19 @@ class OffloadTier:
                 counts.popitem(last=False)
                 num_evictable -= 1
             counts[key] = 1
+
+    def snapshot(self) -> OffloadTierSnapshot:
+        """The whole state in plain values (the spec's form). Complexity: O(n log n)."""
+        return OffloadTierSnapshot(
+            refs=tuple(sorted(self.refs.items())),
+            chunk_ids=tuple(sorted(self._chunk_ids.items())),
+            freed_ids=tuple(self._freed_ids),
+            num_fresh_used=self._num_fresh_used,
+            policy=self.policy.snapshot(),
+            offer_counts=tuple(self._offer_counts.items()),
+            accesses=tuple((rid, self._accesses[rid].snapshot()) for rid in sorted(self._accesses)),
+            events=tuple(self._events),
+        )
 
     def check_invariants(self) -> None:
         """Raise `InvariantViolation` naming the first broken invariant (the spec's). O(n)."""

@@ -13,7 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pagedkv.vocab.errors import InvariantViolation
-from pagedkv.vocab.offload import OffloadKey, OffloadRequest, offload_key_group
+from pagedkv.vocab.offload import (
+    AccessSnapshot,
+    OffloadKey,
+    OffloadRequest,
+    offload_key_group,
+)
 
 
 @dataclass
@@ -50,6 +55,15 @@ class SpecRequestAccess:
 
         groups = [by_position(self.key_groups[group]) for group in sorted(self.key_groups)]
         return by_position([key for keys in groups for key in keys])
+
+    def snapshot(self) -> AccessSnapshot:
+        return AccessSnapshot(
+            tuple((group, tuple(self.key_groups[group])) for group in sorted(self.key_groups)),
+            tuple(sorted(self.inserted)),
+            tuple(sorted(self.reused)),
+            tuple(sorted(self.store_misses)),
+            self.finished,
+        )
 
     def check_invariants(self, request_id: str) -> None:
         for group, keys in self.key_groups.items():

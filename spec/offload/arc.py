@@ -123,6 +123,15 @@ class SpecARC(SpecPolicy):
         self.t1, self.t2, self.b1, self.b2 = [], [], [], []
         self.target = 0.0
 
+    def snapshot(self) -> tuple[tuple[str, object], ...]:
+        return (
+            ("t1", tuple(self.t1)),
+            ("t2", tuple(self.t2)),
+            ("b1", tuple(self.b1)),
+            ("b2", tuple(self.b2)),
+            ("target", self.target),
+        )
+
     def check_invariants(self, held: Set[OffloadKey]) -> None:
         lists = {"T1": self.t1, "T2": self.t2, "B1": self.b1, "B2": self.b2}
         seen: dict[OffloadKey, str] = {}

@@ -88,6 +88,13 @@ class SpecLRU(SpecPolicy):
         self.next_rank = 0
         self.request_ranks = {}
 
+    def snapshot(self) -> tuple[tuple[str, object], ...]:
+        return (
+            ("ranks", tuple(sorted(self.ranks.items()))),
+            ("next_rank", self.next_rank),
+            ("request_ranks", tuple(sorted(self.request_ranks.items()))),
+        )
+
     def check_invariants(self, held: Set[OffloadKey]) -> None:
         if set(self.ranks) != set(held):
             raise InvariantViolation(

@@ -61,5 +61,9 @@ class SpecPolicy(ABC):
         """Forget everything (a reset)."""
 
     @abstractmethod
+    def snapshot(self) -> tuple[tuple[str, object], ...]:
+        """The policy's state, part by part (`OffloadTierSnapshot.policy`)."""
+
+    @abstractmethod
     def check_invariants(self, held: Set[OffloadKey]) -> None:
         """Raise `InvariantViolation` unless the policy's state fits the tier's `held` keys."""

@@ -35,6 +35,7 @@ from pagedkv.vocab.offload import (
     OffloadKey,
     OffloadRequest,
     OffloadTierConfig,
+    OffloadTierSnapshot,
     StoreOutput,
 )
 
@@ -140,8 +141,8 @@ class SpecOffloadTier:
         keys = list(keys)
         _check_keys(keys)
         self._check_not_finished(request, "prepare_store")
-        for key, count in Counter(keys).items():
-            if count > 1:
+        for index, key in enumerate(keys):
+            if key in keys[:index]:  # the first key named a second time
                 raise refusals.key_offered_twice(key, "prepare_store")
 
         if self.config.tracks_offers:
@@ -200,8 +201,8 @@ class SpecOffloadTier:
         """
         keys = list(keys)
         _check_keys(keys)
-        for key, count in Counter(keys).items():
-            if count > 1:
+        for index, key in enumerate(keys):
+            if key in keys[:index]:  # the first key named a second time
                 raise refusals.key_offered_twice(key, "complete_store")
         for key in keys:
             if self.refs.get(key) != PENDING:
@@ -278,21 +279,35 @@ class SpecOffloadTier:
         access.reused.update(key for key in reused if key not in access.inserted)
 
     def _count_offers(self, keys: list[OffloadKey]) -> None:
-        """Count one offer of each key. A key not yet counted is added as the most recent; if
-        the tracker is full, the least recently offered key not offered now makes room (when
-        every counted key is offered now, the new key is not counted)."""
-        offered_again = [key for key in keys if key in self.offer_counts]
-        for key in offered_again:
-            self.offer_counts[key] = self.offer_counts.pop(key) + 1
+        """Count one offer of each key. A counted key offered again becomes the most recent; a
+        key not yet counted is added as the most recent. If the tracker is full, the least
+        recently offered key that was counted before this offer and is not offered now makes
+        room; if there is none, the new key is not counted."""
+        replaceable = [key for key in self.offer_counts if key not in keys]
+        for key in keys:
+            if key in self.offer_counts:
+                self.offer_counts[key] = self.offer_counts.pop(key) + 1
         for key in keys:
             if key in self.offer_counts:
                 continue
             if len(self.offer_counts) >= self.config.max_tracker_size:
-                oldest = next(iter(self.offer_counts))
-                if oldest in offered_again:
+                if not replaceable:
                     continue
-                del self.offer_counts[oldest]
+                del self.offer_counts[replaceable.pop(0)]
             self.offer_counts[key] = 1
+
+    def snapshot(self) -> OffloadTierSnapshot:
+        """The whole state in plain values (equal for tiers in the same state)."""
+        return OffloadTierSnapshot(
+            refs=tuple(sorted(self.refs.items())),
+            chunk_ids=tuple(sorted(self.chunk_ids.items())),
+            freed_ids=tuple(self.freed_ids),
+            num_fresh_used=self.num_fresh_used,
+            policy=self.policy.snapshot(),
+            offer_counts=tuple(self.offer_counts.items()),
+            accesses=tuple((rid, self.accesses[rid].snapshot()) for rid in sorted(self.accesses)),
+            events=tuple(self.events),
+        )
 
     # -- invariants --------------------------------------------------------------------------
 
