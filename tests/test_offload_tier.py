@@ -472,3 +472,41 @@ def test_misuse_is_refused_by_name_and_changes_nothing(
     with pytest.raises(errors, match=message):
         attempts[call]()
     assert tier.snapshot() == before
+
+
+def test_refusals_name_the_key_or_request_and_the_rule_word_for_word(
+    side: Callable[..., Tier],
+) -> None:
+    tier = side(OffloadTierConfig(2, "lru"))
+    a = placed_request("a", key(0), key(1))
+    stored(tier, a, key(0))
+    assert tier.prepare_store([key(1)], a) is not None
+    with pytest.raises(OffloadChunkError) as pending:
+        tier.prepare_load([key(1)], a)
+    assert str(pending.value) == (
+        f"offload key {key(1).hex()}: prepare_load of a chunk whose store is pending "
+        "(lookup says HIT_PENDING)"
+    )
+    assert (pending.value.key, pending.value.rule) == (
+        key(1),
+        "prepare_load of a chunk whose store is pending",
+    )
+    with pytest.raises(OffloadChunkError) as unpinned:
+        tier.complete_load([key(0), key(0)], a)
+    assert str(unpinned.value) == (
+        f"offload key {key(0).hex()}: complete_load of a chunk no pending load pins "
+        "(2 completion(s) for 0 pin(s))"
+    )
+    with pytest.raises(OffloadChunkError) as ready:
+        tier.complete_store([key(0)], a)
+    assert str(ready.value).endswith(
+        "complete_store of a chunk whose store is not pending (stored and ready)"
+    )
+    tier.on_request_finished(a)
+    with pytest.raises(RequestError) as finished:
+        tier.prepare_load([key(0)], a)
+    assert str(finished.value) == (
+        "request 'a': prepare_load after on_request_finished "
+        "(a finished request submits no transfer)"
+    )
+    assert finished.value.request_id == "a"
