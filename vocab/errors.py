@@ -14,6 +14,7 @@ implementation, and for pagedkv's own the messages too, word for word.
     ├── RequestError              a request-level rule broken (names the request and the rule)
     │   ├── MaxModelLenExceededError
     │   └── FrozenRequestFieldError   a change to a request's identity (id, prompt, keys, salt)
+    ├── OffloadChunkError         a CPU offload tier rule broken (names the key and the rule)
     ├── ConcurrentUseError        a call overlapped another call on the same object
     ├── KVCacheConfigError        a KV cache spec or config that cannot work (memory, mismatch)
     └── InvariantViolation        check_invariants() found a broken invariant (a bug, not misuse)
@@ -104,6 +105,21 @@ class MaxModelLenExceededError(RequestError):
 class FrozenRequestFieldError(RequestError, AttributeError):
     """An assignment to a field of a request's identity (its id, prompt, multimodal inputs, LoRA
     id or cache salt), which is fixed at construction; nothing was changed."""
+
+
+class OffloadChunkError(PagedKVError):
+    """A CPU offload tier call is not allowed in a chunk's current state; nothing was changed.
+
+    Attributes:
+        key: the offload key (block hash + group index) the rule is about.
+        rule: a short name of the broken rule (stable; tests and tools may match on it).
+    """
+
+    def __init__(self, key: bytes, rule: str, detail: str = "") -> None:
+        self.key = key
+        self.rule = rule
+        message = f"offload key {key.hex()}: {rule}"
+        super().__init__(f"{message} ({detail})" if detail else message)
 
 
 class ConcurrentUseError(PagedKVError, RuntimeError):

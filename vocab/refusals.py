@@ -14,6 +14,7 @@ from pagedkv.vocab.errors import (
     InvalidArgumentError,
     KVCacheConfigError,
     MaxModelLenExceededError,
+    OffloadChunkError,
     RequestError,
 )
 
@@ -302,4 +303,50 @@ def hashes_dropped_while_held(request_id: str) -> RequestError:
         request_id,
         "free_block_hashes of a request that still holds blocks",
         "free it first; a running request's cached blocks need their stored hashes",
+    )
+
+
+# -- the CPU offload tier ------------------------------------------------------------------------
+
+
+def load_of_absent_chunk(key: bytes) -> OffloadChunkError:
+    return OffloadChunkError(key, "prepare_load of a key the tier does not hold")
+
+
+def load_of_pending_chunk(key: bytes) -> OffloadChunkError:
+    return OffloadChunkError(
+        key, "prepare_load of a chunk whose store is pending", "lookup says HIT_PENDING"
+    )
+
+
+def complete_load_of_unpinned_chunk(
+    key: bytes, num_pins: int, num_completions: int
+) -> OffloadChunkError:
+    return OffloadChunkError(
+        key,
+        "complete_load of a chunk no pending load pins",
+        f"{num_completions} completion(s) for {max(num_pins, 0)} pin(s)",
+    )
+
+
+def complete_store_of_chunk_not_pending(key: bytes, held: bool) -> OffloadChunkError:
+    state = "stored and ready" if held else "not held"
+    return OffloadChunkError(key, "complete_store of a chunk whose store is not pending", state)
+
+
+def key_offered_twice(key: bytes, call: str) -> OffloadChunkError:
+    return OffloadChunkError(key, f"{call} names the key twice")
+
+
+def submit_after_finish(request_id: str, call: str) -> RequestError:
+    return RequestError(
+        request_id, f"{call} after on_request_finished", "a finished request submits no transfer"
+    )
+
+
+def offload_key_type(value: object) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"an offload key is bytes of a block hash and a 4-byte group index, got {value!r}",
+        argument="keys",
+        rule="offload key",
     )
