@@ -89,23 +89,37 @@ class _Pair:
         self.spec = SpecOffloadTier(config)
         self.other = other
         self.report = report
+        self.target: object = None  # ARC's adaptive target after the last step
 
     def call(self, name: str, *args: Any) -> Any:
         ours = getattr(self.spec, name)(*args)
         theirs = getattr(self.other, name)(*args)
-        self.report.calls[name] += 1
+        calls = self.report.calls
+        calls[name] += 1
         if ours != theirs:
             raise Divergence(f"{name}{args!r}: spec {ours!r}, other {theirs!r}")
         if isinstance(ours, StoreOutput) and ours.evicted_keys:
-            self.report.calls["prepare_store evicting"] += 1
+            calls["prepare_store evicting"] += 1
+        if isinstance(ours, StoreOutput) and args[0] and not ours.keys_to_store:
+            calls["prepare_store with every key held already"] += 1
         if name == "prepare_store" and ours is None:
-            self.report.calls["prepare_store refused room"] += 1
+            calls["prepare_store refused room"] += 1
+        if name == "complete_store" and len(args) > 2 and args[2] is False:
+            calls["complete_store failed"] += 1
+        if isinstance(ours, LookupResult):
+            calls[f"lookup answered {ours.name}"] += 1
+        if name == "reset_cache":
+            self.target = None  # a reset zeroes ARC's target: no ghost hit
         return ours
 
     def compare_states(self) -> None:
         self.spec.check_invariants()
         self.other.check_invariants()
         ours, theirs = self.spec.snapshot(), self.other.snapshot()
+        target = dict(ours.policy).get("target")
+        if target is not None and self.target is not None and target != self.target:
+            self.report.calls["ARC target adapted (a ghost hit)"] += 1
+        self.target = target
         if ours != theirs:
             differing = [
                 name

@@ -60,6 +60,12 @@ from pagedkv.harness.coverage import (
 )
 from pagedkv.harness.divergence import signature_of
 from pagedkv.harness.domain import FULL_DOMAIN, MAX_GROUPS, Domain
+from pagedkv.harness.offload_campaign import (
+    DEFAULT_OFFLOAD_STEPS,
+    format_offload_report,
+    run_offload_campaign,
+)
+from pagedkv.harness.offload_runs import TierUnderTest
 from pagedkv.harness.setup_check import (
     Guarded,
     SetupError,
@@ -96,12 +102,16 @@ from pagedkv.harness.swarm.report import (
 )
 from pagedkv.harness.swarm.runs import run_seed
 from pagedkv.harness.swarm.shrink import shrink
-from pagedkv.harness.vllm.against import Against, prepare
+from pagedkv.harness.vllm import offload_0_33
+from pagedkv.harness.vllm.against import Against, parse_against, prepare
+from pagedkv.harness.vllm.wheel import FetchError, source_tree
+from pagedkv.offload import OffloadTier
 from pagedkv.progress import ProgressBar
 from pagedkv.spec.arguments import VLLM_0_8_5_ONLY
 from pagedkv.spec.known_bugs import FATAL_ENV
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab.errors import InvalidArgumentError
+from pagedkv.vocab.offload import OffloadTierConfig
 from pagedkv.vocab.semantics import VLLM_0_8_5, VLLM_0_33, Semantics
 
 DEFAULT_POOL_IMPL = "pagedkv.harness.adapters:pagedkv_pool"
@@ -151,10 +161,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--layer",
-        choices=("pool", "manager", "hybrid", "all"),
+        choices=("pool", "manager", "hybrid", "offload", "all"),
         default="all",
         help="block pool, request-level manager (one KV cache group), hybrid manager (several "
-        "groups), or each of them (default: all; the hybrid layer where --max-groups > 1)",
+        "groups), the CPU offload tier, or each of them (default: all; the hybrid layer where "
+        "--max-groups > 1; the offload tier, pagedkv's own, only with the default --impl and "
+        "--manager-impl and no --semantics or --against: name it to check vLLM's)",
     )
     parser.add_argument(
         "--max-groups",
@@ -523,6 +535,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.vllm_setting and args.against is None:
         print("pagedkv verify: --vllm-setting needs --against vllm==VERSION", file=sys.stderr)
         return EXIT_SETUP
+    if args.layer == "offload":
+        return _offload_campaign(args)
     against = None
     if args.against is not None:
         chosen = [
@@ -558,7 +572,49 @@ def _run(args: argparse.Namespace) -> int:
             wanted = "manager" if args.layer == "all" else args.layer
             campaign = next(c for c in campaigns if c.layer.name == wanted)
             return replay_one(campaign, args.replay_run)
-        return _run_campaigns(args, campaigns, seed)
+        status = _run_campaigns(args, campaigns, seed)
+    own = (args.impl, args.manager_impl) == (DEFAULT_POOL_IMPL, DEFAULT_MANAGER_IMPL)
+    if args.layer == "all" and own and against is None and args.semantics is None:
+        if args.shard is not None or status == EXIT_DIVERGENCE:
+            return status
+        print()
+        offload = _offload_campaign(args, seed)
+        status = offload if offload == EXIT_DIVERGENCE else status or offload
+    return status
+
+
+def _offload_campaign(args: argparse.Namespace, seed: int | None = None) -> int:
+    """The CPU offload tier's campaign (`pagedkv.harness.offload_campaign`): pagedkv's tier, or
+    with `--against vllm==0.33.0` vLLM 0.33.0's own; its exit status. Not in `--json` reports,
+    shards or worker processes (a campaign of 100,000 steps takes about 10 s of CPU)."""
+    name = "pagedkv.offload"
+    tier: Callable[[OffloadTierConfig], TierUnderTest] = OffloadTier
+    if args.against is not None:
+        try:
+            version = parse_against(args.against)
+            if version != offload_0_33.VERSION:
+                raise SetupError(
+                    f"the CPU offload tier is checked against vllm=={offload_0_33.VERSION} "
+                    f"only, not {args.against}"
+                )
+            root = source_tree(version, offload_0_33.MEMBERS, offload_0_33.STAND_INS)
+        except FetchError as error:
+            return report_setup_error(SetupError(f"cannot fetch vllm {version}: {error}"))
+        except SetupError as error:
+            return report_setup_error(error)
+        name = f"vllm {version}"
+        tier = functools.partial(offload_0_33.VllmOffloadTier, root)
+
+    if seed is None:
+        seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big")
+    campaign = run_offload_campaign(seed, args.steps or DEFAULT_OFFLOAD_STEPS, tier)
+    print("\n".join(format_offload_report(campaign, name)))
+    flags = f" --against {args.against}" if args.against else ""
+    replay = f"--layer offload{flags} --seed {seed} --steps {campaign.steps}"
+    print(f"Replay it: pagedkv verify {replay}")
+    if campaign.failure is not None:
+        return EXIT_DIVERGENCE
+    return EXIT_COVERAGE if campaign.unmet() else 0
 
 
 def _run_campaigns(args: argparse.Namespace, campaigns: list[Campaign], seed: int) -> int:

@@ -34,7 +34,12 @@ def test_a_swarm_run_checks_every_layer_and_prints_the_coverage_table(
         "block pool",
         "KV cache manager",
         "KV cache manager, hybrid (2-4 KV cache groups)",
+        "CPU offload tier",
     ]
+    offload = campaigns.pop()
+    assert "campaign seed          5 (--seed 5 reproduces it)" in offload
+    assert "OK: no divergence (targets need >= 100,000 steps)" in offload
+    assert _steps(offload) == 20_000 and "prepare_store evicting" in offload
     for campaign in campaigns:
         assert "campaign seed          5 (--seed 5 reproduces it)" in campaign
         assert "OK: no divergence (targets need >= 100,000 steps)" in campaign
@@ -332,4 +337,4 @@ def test_verify_needs_no_hypothesis() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    assert completed.stdout.count("OK: no divergence") == 3  # pool, manager, hybrid
+    assert completed.stdout.count("OK: no divergence") == 4  # pool, manager, hybrid, offload
