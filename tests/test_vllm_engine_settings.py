@@ -178,6 +178,7 @@ def test_a_campaign_is_held_to_the_retention_targets_only_where_it_draws_sparse_
             full_sequence_gate=False,
             cache_blocks=False,
             external_tokens=False,
+            deferred_frees=False,
         )
         campaign = Campaign("t", "i", layer, VLLM_0_33, False, domain, 1, MANAGER_TARGETS, "")
         return campaign.modes
