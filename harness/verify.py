@@ -102,7 +102,7 @@ from pagedkv.spec.arguments import VLLM_0_8_5_ONLY
 from pagedkv.spec.known_bugs import FATAL_ENV
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab.errors import InvalidArgumentError
-from pagedkv.vocab.semantics import VLLM_0_8_5, VLLM_0_33, Semantics
+from pagedkv.vocab.semantics import VLLM_0_8_5, VLLM_0_32, VLLM_0_33, Semantics
 
 DEFAULT_POOL_IMPL = "pagedkv.harness.adapters:pagedkv_pool"
 DEFAULT_MANAGER_IMPL = "pagedkv.harness.adapters:pagedkv_manager"
@@ -112,6 +112,7 @@ DEFAULT_HYBRID_STEPS = 150_000
 SEMANTICS: dict[str, Semantics] = {
     "pagedkv": PAGEDKV_SEMANTICS,
     "vllm-0.8.5": VLLM_0_8_5,
+    "vllm-0.32": VLLM_0_32,
     "vllm-0.33": VLLM_0_33,
 }
 """`--semantics` names: pagedkv's (as the spec states it), and the vLLM releases'."""

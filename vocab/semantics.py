@@ -13,6 +13,7 @@ depend on hash values never colliding (see `pagedkv.spec.block_hash.block_extra_
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -100,8 +101,12 @@ VLLM_0_33 = Semantics(
 )
 """vLLM 0.33.0's block pool: pagedkv's null-block and capacity rules, and the two switches above.
 Its manager differs further; docs/semantics.md lists how `--against` accounts for that."""
+VLLM_0_32 = dataclasses.replace(VLLM_0_33, null_block_refcounted=True)
+"""vLLM 0.32.0: 0.33.0's rules, except that `touch` and `free_blocks` count the null block's
+ref_cnt like any block's (0.33.0 passes it over); docs/semantics.md, "vLLM 0.32.0"."""
 SEMANTICS_BY_NAME: dict[str, Semantics] = {
     "pagedkv": PAGEDKV,
     "vllm-0.8.5": VLLM_0_8_5,
+    "vllm-0.32": VLLM_0_32,
     "vllm-0.33": VLLM_0_33,
 }
