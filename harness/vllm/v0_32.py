@@ -22,6 +22,7 @@ import functools
 from types import SimpleNamespace
 from typing import Any
 
+from pagedkv.harness.protocol import ManagerSnapshot
 from pagedkv.harness.vllm import v0_33
 from pagedkv.harness.vllm.engine_0_33 import EnginePath
 from pagedkv.harness.vllm.stand_ins_0_33 import PLANNING_MODULES, PLANNING_STAND_INS
@@ -75,9 +76,22 @@ class EnginePath032(EnginePath):
 
 
 class Vllm032Manager(v0_33.Vllm033Manager):
-    """0.33.0's manager adapter; 0.32.0's `pop_blocks_for_free` keeps leading null blocks."""
+    """0.33.0's manager adapter; 0.32.0's `pop_blocks_for_free` keeps leading null blocks, and
+    the null block's `ref_cnt` is not compared (`UNOBSERVED`): the manager puts the null block
+    at a request's skipped positions without a reference (hits it passed over at admission,
+    external tokens' skipped prefix, blocks the window left) and frees it there with the rest,
+    so the count only drifts below zero; nothing reads it (docs/semantics.md, "vLLM 0.32.0").
+    The pool's `touch` and `free_blocks` count it as `null_block_refcounted` says, and the pool
+    layer compares that."""
 
     pops_leading_nulls = True
+
+    def snapshot(self) -> ManagerSnapshot:
+        snapshot = super().snapshot()
+        ref_cnt = (v0_33.UNOBSERVED, *snapshot.pool.ref_cnt[1:])
+        return dataclasses.replace(
+            snapshot, pool=dataclasses.replace(snapshot.pool, ref_cnt=ref_cnt)
+        )
 
 
 RELEASE = v0_33.Release(
