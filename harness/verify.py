@@ -12,11 +12,11 @@ one-group manager shaped like vLLM 0.8.5's, whose answers are flat lists). A
 campaign is a sequence of seeded swarm runs (`pagedkv.harness.swarm`), each a simulated client
 (`pagedkv.harness.client`) driving the spec and the implementation in lock-step.
 
-`--against vllm==0.8.5` (or `vllm==0.32.0`, `vllm==0.33.0`, `vllm==latest`) checks a vllm release's own pool and
-manager: its KV cache modules are fetched from PyPI at run time and run under the semantics they
-conform to (`pagedkv.harness.vllm`), on the same swarm engine and coverage table, within the
-domain (`pagedkv.harness.domain`) the release supports, with valid calls only (vLLM leaves
-misuse undefined).
+`--against vllm==0.8.5` (or `vllm==0.32.0`, `vllm==0.33.0`, `vllm==latest`) checks a vllm
+release's own pool and manager: its KV cache modules are fetched from PyPI at run time and run
+under the semantics they conform to (`pagedkv.harness.vllm`), on the same swarm engine and
+coverage table, within the domain (`pagedkv.harness.domain`) the release supports, with valid
+calls only (vLLM leaves misuse undefined).
 
 `--jobs N` runs each campaign's runs in N worker processes and `--shard K/N` runs one shard of
 them (`pagedkv.harness.swarm.parallel`: the runs are fixed by index before anything runs);
@@ -218,8 +218,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=VALUE",
         help="with --against vllm==0.32.0 or 0.33.0: an engine setting other than vLLM's "
-        "default, e.g. prefix_cache_retention_interval=None for dense retention (repeatable; the report "
-        "names every setting in force)",
+        "default, e.g. prefix_cache_retention_interval=None for dense retention (repeatable; "
+        "the report names every setting in force)",
     )
     parser.add_argument(
         "--no-misuse",
