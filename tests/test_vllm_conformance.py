@@ -3,9 +3,9 @@
 Fetches the KV cache modules of vllm 0.8.5, 0.32.0 and 0.33.0 (a few hundred kilobytes of each
 wheel, by range requests, cached in ~/.cache/pagedkv) and runs the pool's and the manager's swarm
 campaigns against them under `vllm-0.8.5`, `vllm-0.32` and `vllm-0.33` semantics, on each
-release's domain, each release in a process of its own (`tests/vllm_campaign.py`). Controls show the runs are not vacuous.
-Only an unreachable package index with nothing cached skips, with the reason in the test report
-(`-ra`).
+release's domain, each release in a process of its own (`tests/vllm_campaign.py`). Controls
+show the runs are not vacuous. Only an unreachable package index with nothing cached skips, with
+the reason in the test report (`-ra`).
 """
 
 from __future__ import annotations
@@ -212,20 +212,22 @@ def test_the_differences_outside_the_vllm_0_33_domain_are_still_there() -> None:
 
 def test_vllm_0_32_conforms_to_the_spec_under_its_semantics_and_domain() -> None:
     """vLLM 0.32.0, the release the plugin runs in (docs/design/vllm-plugin.md), through
-    0.33.0's adapter with 0.32.0's planning and constructor (`harness.vllm.v0_32`)."""
-    status, report = campaign("vllm==0.32.0", steps=6_000)
+    0.33.0's adapter with 0.32.0's planning and constructor (`harness.vllm.v0_32`). Short, to
+    keep CI quick: `pagedkv verify --against vllm==0.32.0 --seed S` runs the long campaigns."""
+    status, report = campaign("vllm==0.32.0", steps=4_000)
     assert status == 0, json.dumps(report, indent=1)
     assert report["semantics"] == "vllm-0.32"
     for layer in (*LAYERS, "hybrid"):
         assert report[layer]["failure"] is None
-        assert report[layer]["steps"] >= 6_000, report[layer]
+        assert report[layer]["steps"] >= 4_000, report[layer]
     assert "allocate_slots: returned None" in report["manager"]["outcomes"]
-    # the paths where 0.32.0 differs: the null block in hits, deferred frees of null-led
-    # tables, EAGLE runs under sparse retention (the engine's default, 0)
-    assert report["manager"]["counts"]["sliding-window hits with leading null blocks"] > 0
+    # The paths where 0.32.0 differs were reached: the null block in hits (whose count the
+    # manager adapter leaves out), deferred frees of several groups (vLLM pops leading nulls
+    # too), shared-prefix junctions under sparse retention (the engine's default, 0).
+    assert report["manager"]["counts"]["deferred frees: batches released"] > 0
     hybrid = report["hybrid"]["counts"]
     assert hybrid["hybrid hits with leading null blocks, windowed group"] > 0
-    assert hybrid["deferred frees: batches released"] > 0
+    assert hybrid["deferred frees: batches of several groups"] > 0
     assert hybrid["retention: lookups finding a shared-prefix junction"] > 0
     assert any(
         "vllm 0.32.0's manager built as its engine builds it" in note
