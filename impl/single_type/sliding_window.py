@@ -187,7 +187,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             boundaries = [num_prompt - 1]
         if junction:
             boundaries.append(junction)
-            if eagle and not self.block_pool.semantics.junction_ignores_eagle:
+            if eagle and not self.junction_ignores_eagle:
                 boundaries.append(junction - block_size)
         for boundary in boundaries:
             tail_end = boundary // block_size + shift

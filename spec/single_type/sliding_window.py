@@ -129,7 +129,7 @@ class SlidingWindow(SpecSingleTypeManager):
                 junction,
                 self.block_size,
                 self.use_eagle,
-                self.pool.semantics.junction_ignores_eagle,
+                self.junction_ignores_eagle,
             ),
             need=contiguous_blocks_needed(self._window(self.use_eagle), self.block_size),
             block_size=self.block_size,
