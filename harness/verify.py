@@ -12,11 +12,11 @@ one-group manager shaped like vLLM 0.8.5's, whose answers are flat lists). A
 campaign is a sequence of seeded swarm runs (`pagedkv.harness.swarm`), each a simulated client
 (`pagedkv.harness.client`) driving the spec and the implementation in lock-step.
 
-`--against vllm==0.8.5` (or `vllm==0.33.0`, `vllm==latest`) checks a vllm release's own pool and
-manager: its KV cache modules are fetched from PyPI at run time and run under the semantics they
-conform to (`pagedkv.harness.vllm`), on the same swarm engine and coverage table, within the
-domain (`pagedkv.harness.domain`) the release supports, with valid calls only (vLLM leaves
-misuse undefined).
+`--against vllm==0.8.5` (or `vllm==0.32.0`, `vllm==0.33.0`, `vllm==latest`) checks a vllm
+release's own pool and manager: its KV cache modules are fetched from PyPI at run time and run
+under the semantics they conform to (`pagedkv.harness.vllm`), on the same swarm engine and
+coverage table, within the domain (`pagedkv.harness.domain`) the release supports, with valid
+calls only (vLLM leaves misuse undefined).
 
 `--jobs N` runs each campaign's runs in N worker processes and `--shard K/N` runs one shard of
 them (`pagedkv.harness.swarm.parallel`: the runs are fixed by index before anything runs);
@@ -112,7 +112,7 @@ from pagedkv.spec.known_bugs import FATAL_ENV
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab.errors import InvalidArgumentError
 from pagedkv.vocab.offload import OffloadTierConfig
-from pagedkv.vocab.semantics import VLLM_0_8_5, VLLM_0_33, Semantics
+from pagedkv.vocab.semantics import VLLM_0_8_5, VLLM_0_32, VLLM_0_33, Semantics
 
 DEFAULT_POOL_IMPL = "pagedkv.harness.adapters:pagedkv_pool"
 DEFAULT_MANAGER_IMPL = "pagedkv.harness.adapters:pagedkv_manager"
@@ -122,6 +122,7 @@ DEFAULT_HYBRID_STEPS = 150_000
 SEMANTICS: dict[str, Semantics] = {
     "pagedkv": PAGEDKV_SEMANTICS,
     "vllm-0.8.5": VLLM_0_8_5,
+    "vllm-0.32": VLLM_0_32,
     "vllm-0.33": VLLM_0_33,
 }
 """`--semantics` names: pagedkv's (as the spec states it), and the vLLM releases'."""
@@ -220,17 +221,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="vllm==VERSION",
         help="check a vllm release's own BlockPool and KVCacheManager, fetched from PyPI "
-        "(vllm==0.8.5, vllm==0.33.0 or vllm==latest); sets the implementations, the semantics "
-        "and the domain",
+        "(vllm==0.8.5, vllm==0.32.0, vllm==0.33.0 or vllm==latest); sets the implementations, "
+        "the semantics and the domain",
     )
     parser.add_argument(
         "--vllm-setting",
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="with --against vllm==0.33.0: an engine setting other than vLLM's default, e.g. "
-        "prefix_cache_retention_interval=None for dense retention (repeatable; the report "
-        "names every setting in force)",
+        help="with --against vllm==0.32.0 or 0.33.0: an engine setting other than vLLM's "
+        "default, e.g. prefix_cache_retention_interval=None for dense retention (repeatable; "
+        "the report names every setting in force)",
     )
     parser.add_argument(
         "--no-misuse",

@@ -187,7 +187,6 @@ def check_cache_full_blocks(
 # -- the manager ---------------------------------------------------------------------------------
 
 VLLM_0_8_5_ONLY = (
-    "null_block_refcounted",
     "capacity_counts_null_blocks",
     "vllm_new_block_mm_keys",
     "cap_at_max_model_len",
@@ -195,7 +194,7 @@ VLLM_0_8_5_ONLY = (
     "mm_keys_without_position",
 )
 """The semantics switches of vLLM 0.8.5's behaviour: with one KV cache group only (0.8.5 had no
-hybrid manager)."""
+hybrid manager). `null_block_refcounted` is also 0.32.0's, with any number of groups."""
 
 
 def check_manager(

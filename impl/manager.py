@@ -215,6 +215,8 @@ class KVCacheManager:
             self._eagle_lookup,
             config.prefix_cache_retention_interval,
         )
+        for single_type in self.coordinator.single_type_managers:
+            single_type.junction_ignores_eagle = semantics.junction_ignores_eagle
         # Sparse retention (a sliding-window group with an interval): the shared-prefix
         # junction of each request's last lookup, which its caching keeps (several groups).
         self._sparse = self.coordinator.sparse

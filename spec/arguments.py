@@ -30,7 +30,6 @@ from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
 
 VLLM_0_8_5_ONLY = (
-    "null_block_refcounted",
     "capacity_counts_null_blocks",
     "vllm_new_block_mm_keys",
     "cap_at_max_model_len",
@@ -38,7 +37,8 @@ VLLM_0_8_5_ONLY = (
     "mm_keys_without_position",
 )
 """The semantics switches of vLLM 0.8.5's behaviour: one KV cache group only (it had no hybrid
-manager)."""
+manager). `null_block_refcounted` is 0.8.5's and 0.32.0's, whose hybrid manager counts the null
+block in every group, so it takes any number of groups."""
 
 POOL = "BlockPool"
 MANAGER = "KVCacheManager"

@@ -220,6 +220,8 @@ class SpecKVCacheManager:
             spec_single_type_manager(spec, self.pool, group, use_eagle, self.retention_interval)
             for group, spec in enumerate(self.specs)
         )
+        for manager in self.managers:
+            manager.junction_ignores_eagle = semantics.junction_ignores_eagle
         check_semantics(semantics, self.num_groups)
         self.max_model_len = max_model_len
         self.max_num_blocks_per_req = ceil_div(max_model_len, self.block_size)

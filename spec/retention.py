@@ -47,15 +47,19 @@ def replay_boundaries(num_prompt_tokens: int, block_size: int, use_eagle: bool) 
 
 
 def reachable_boundaries(
-    num_prompt_tokens: int, junction: int, block_size: int, use_eagle: bool
+    num_prompt_tokens: int,
+    junction: int,
+    block_size: int,
+    use_eagle: bool,
+    junction_ignores_eagle: bool = False,
 ) -> tuple[int, ...]:
     """The replay boundaries, then the shared-prefix junction (tokens; 0: none), and with
     EAGLE the position a block below it (a sibling that diverges right after the junction
-    has no block past it to drop)."""
+    has no block past it to drop), unless `junction_ignores_eagle` (vLLM 0.32.0)."""
     boundaries = replay_boundaries(num_prompt_tokens, block_size, use_eagle)
     if junction:
         boundaries += (junction,)
-        if use_eagle:
+        if use_eagle and not junction_ignores_eagle:
             boundaries += (junction - block_size,)
     return boundaries
 

@@ -21,5 +21,6 @@ PAGEDKV_SEMANTICS = Semantics(
     free_tail_first_without_caching=False,  # without caching, free in order, as vLLM 0.8.5
     lookup_hashes_every_full_block=False,  # a lookup reads the stored hashes, as vLLM 0.8.5
     deferred_free_flattened=False,  # a deferred free keeps free's order (vLLM 0.33: #48489)
+    junction_ignores_eagle=False,  # with EAGLE a junction keeps the run a block lower too
 )
 """The semantics the spec takes unless told otherwise."""

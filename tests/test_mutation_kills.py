@@ -33,6 +33,7 @@ from pagedkv.manager import CHECK_INVARIANTS_ENV
 from pagedkv.vocab import hashes as block_hash_module
 from pagedkv.vocab.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from pagedkv.vocab.request import TokenView
+from pagedkv.vocab.semantics import VLLM_0_32
 
 FULL = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype="float16")
 
@@ -72,9 +73,11 @@ def test_vllm_0_8_5s_switches_need_exactly_one_kv_cache_group() -> None:
         KVCacheManager(config, 64, semantics=VLLM_0_8_5)
     assert str(info.value) == (
         "vLLM 0.8.5's switches need one KV cache group (0.8.5 had no hybrid manager), got 2 "
-        "groups and null_block_refcounted, capacity_counts_null_blocks, vllm_new_block_mm_keys, "
+        "groups and capacity_counts_null_blocks, vllm_new_block_mm_keys, "
         "cap_at_max_model_len, eagle_window_hit_one_short, mm_keys_without_position"
     )
+    # vLLM 0.32.0's hybrid coordinator counts the null block too: that switch takes groups.
+    assert KVCacheManager(config, 64, semantics=VLLM_0_32).num_groups == 2
 
 
 @dataclasses.dataclass(frozen=True, init=False)

@@ -1,11 +1,11 @@
 """vLLM's own code as the oracle: short derandomized conformance runs in CI.
 
-Fetches the KV cache modules of vllm 0.8.5 and 0.33.0 (a few hundred kilobytes of each wheel, by
-range requests, cached in ~/.cache/pagedkv) and runs the pool's and the manager's swarm campaigns
-against them under `vllm-0.8.5` and `vllm-0.33` semantics, on each release's domain, each release
-in a process of its own (`tests/vllm_campaign.py`). Controls show the runs are not vacuous.
-Only an unreachable package index with nothing cached skips, with the reason in the test report
-(`-ra`).
+Fetches the KV cache modules of vllm 0.8.5, 0.32.0 and 0.33.0 (a few hundred kilobytes of each
+wheel, by range requests, cached in ~/.cache/pagedkv) and runs the pool's and the manager's swarm
+campaigns against them under `vllm-0.8.5`, `vllm-0.32` and `vllm-0.33` semantics, on each
+release's domain, each release in a process of its own (`tests/vllm_campaign.py`). Controls
+show the runs are not vacuous. Only an unreachable package index with nothing cached skips, with
+the reason in the test report (`-ra`).
 """
 
 from __future__ import annotations
@@ -206,9 +206,81 @@ def test_the_differences_outside_the_vllm_0_33_domain_are_still_there() -> None:
     # The `lookup_hashes_every_full_block` switch is needed: without it the spec's lookup of a
     # preempted request stops at its last cached block (3 tokens), vLLM's covers 4.
     assert report["preempted_lookup"] == {"spec": 4, "spec without the switch": 3, "vllm": 4}
+    # 0.33.0 counts the null block no more than its semantics does
+    assert report["null_count"] == {"spec": [0, 0], "vllm": [0, 0]}
 
 
-@pytest.mark.parametrize("against", ["vllm==0.8.5", "vllm==0.33.0"])
+def test_vllm_0_32_conforms_to_the_spec_under_its_semantics_and_domain() -> None:
+    """vLLM 0.32.0, the release the plugin runs in (docs/design/vllm-plugin.md), through
+    0.33.0's adapter with 0.32.0's planning and constructor (`harness.vllm.v0_32`). Short, to
+    keep CI quick: `pagedkv verify --against vllm==0.32.0 --seed S` runs the long campaigns."""
+    status, report = campaign("vllm==0.32.0", steps=4_000)
+    assert status == 0, json.dumps(report, indent=1)
+    assert report["semantics"] == "vllm-0.32"
+    for layer in (*LAYERS, "hybrid"):
+        assert report[layer]["failure"] is None
+        assert report[layer]["steps"] >= 4_000, report[layer]
+    assert "allocate_slots: returned None" in report["manager"]["outcomes"]
+    # The paths where 0.32.0 differs were reached: the null block in hits (whose count the
+    # manager adapter leaves out), deferred frees of several groups (vLLM pops leading nulls
+    # too), shared-prefix junctions under sparse retention (the engine's default, 0).
+    assert report["manager"]["counts"]["deferred frees: batches released"] > 0
+    hybrid = report["hybrid"]["counts"]
+    assert hybrid["hybrid hits with leading null blocks, windowed group"] > 0
+    assert hybrid["deferred frees: batches of several groups"] > 0
+    assert hybrid["retention: lookups finding a shared-prefix junction"] > 0
+    assert any(
+        "vllm 0.32.0's manager built as its engine builds it" in note
+        and "prefix_cache_retention_interval=0 (CacheConfig default)" in note
+        for note in report["notes"]
+    ), report["notes"]
+
+
+VLLM_0_32_SWITCHES = {
+    "null_block_refcounted": "pool",  # its touch and free_blocks count the null block
+    "usage_excludes_null_block": "pool",
+    "free_uncached_to_head": "pool",
+    "free_tail_first_without_caching": "manager",
+    "deferred_free_flattened": "hybrid",
+    "junction_ignores_eagle": "hybrid",  # with EAGLE, no run a block below a junction
+}
+"""Each switch of `vllm-0.32` and the layer where the CI campaign finds its flip;
+`lookup_hashes_every_full_block` is replayed (`vllm_033_divergences.py vllm==0.32.0`)."""
+
+
+@pytest.mark.parametrize("switch", sorted(VLLM_0_32_SWITCHES))
+def test_each_vllm_0_32_switch_is_needed(switch: str) -> None:
+    """Not vacuous: with any one switch of `vllm-0.32` flipped, vLLM 0.32.0 diverges."""
+    layer = VLLM_0_32_SWITCHES[switch]
+    status, report = campaign("vllm==0.32.0", 30_000, f"vllm-0.32~{switch}", layer)
+    assert status == 1, report
+    failure = report[layer]["failure"]
+    assert failure is not None, report
+    if switch == "null_block_refcounted":
+        assert "block 0 differs" in failure["text"], failure
+
+
+def test_the_vllm_0_32_differences_outside_its_domain_and_the_null_count() -> None:
+    """The replays of `vllm_033_divergences.py` on 0.32.0: the same three behaviours outside
+    the domain, the same rules agreeing, `lookup_hashes_every_full_block` needed; and the
+    null block's count, which the 0.32.0 manager adapter does not compare (docs/semantics.md,
+    "vLLM 0.32.0"): vLLM leaves a hit's skipped null uncounted and then counts it down."""
+    completed = run(str(TESTS / "vllm_033_divergences.py"), "vllm==0.32.0", what="vllm==0.32.0")
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    report = json.loads(completed.stdout.splitlines()[-1])
+    assert report["mm_offset"] == {"spec": [[1], [2]], "vllm": [[1], [2]]}
+    assert report["eagle_sliding_hit"] == {"spec": [[[1, 2]], 2], "vllm": [[[1, 2]], 2]}
+    assert report["eagle_hybrid_hit"] == {"spec": 2, "vllm": 2}
+    assert report["one_token_window"]["spec"][1] is True
+    assert not any(report["one_token_window"]["vllm"])
+    assert report["stale_parent"]["vllm"] == {"reused": True, "own chain": True}
+    assert report["stale_parent"]["spec"] == {"reused": True, "own chain": False}
+    assert report["preempted_lookup"] == {"spec": 4, "spec without the switch": 3, "vllm": 4}
+    # after the admission (a hit of two nulls and a block), then after both frees
+    assert report["null_count"] == {"spec": [2, 0], "vllm": [0, -2]}
+
+
+@pytest.mark.parametrize("against", ["vllm==0.8.5", "vllm==0.32.0", "vllm==0.33.0"])
 def test_against_needs_no_torch(against: str) -> None:
     """`pip install 'pagedkv[verify]'` has no torch: the dtypes vLLM's specs name are stood in."""
     program = (
@@ -218,5 +290,5 @@ def test_against_needs_no_torch(against: str) -> None:
     )
     completed = run("-c", program, what=against)
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    layers = 3 if against == "vllm==0.33.0" else 2  # 0.33.0's hybrid coordinator too
+    layers = 2 if against == "vllm==0.8.5" else 3  # a hybrid coordinator too, since 0.32
     assert completed.stdout.count("OK: no divergence") == layers

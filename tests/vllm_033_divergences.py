@@ -1,6 +1,6 @@
 """The differences between vLLM 0.33.0 and the spec outside the `--against` domain, replayed.
 
-    python tests/vllm_033_divergences.py
+    python tests/vllm_033_divergences.py [vllm==0.32.0]
 
 docs/semantics.md lists the behaviours of vLLM 0.33.0 that no semantics of the spec has, and
 `pagedkv verify --against vllm==0.33.0` leaves them out of its domain. This replays one
@@ -33,15 +33,15 @@ from pagedkv.vocab.kv_cache_interface import (
     uniform_kv_cache_config,
 )
 from pagedkv.vocab.request import PlaceholderRange, Request
-from pagedkv.vocab.semantics import VLLM_0_33
+from pagedkv.vocab.semantics import Semantics
 
 
-def sliding_config(window: int, use_eagle: bool) -> ManagerConfig:
+def sliding_config(window: int, use_eagle: bool, semantics: Semantics) -> ManagerConfig:
     spec = SlidingWindowSpec(
         block_size=1, num_kv_heads=1, head_size=1, dtype="float16", sliding_window=window
     )
     return ManagerConfig(
-        uniform_kv_cache_config(spec, 5), 8, True, "sha256", use_eagle, False, VLLM_0_33
+        uniform_kv_cache_config(spec, 5), 8, True, "sha256", use_eagle, False, semantics
     )
 
 
@@ -51,8 +51,8 @@ def mm_offset(target: Any) -> dict[str, object]:
     second = Request("b", [0, 0], mm_positions=[PlaceholderRange(1, 1)], mm_hashes=["img-a"])
     seen: dict[str, object] = {}
     pools = (
-        ("spec", spec_pool(4, True, VLLM_0_33)),
-        ("vllm", target.pool_factory(4, True, VLLM_0_33)),
+        ("spec", spec_pool(4, True, target.adapter.semantics)),
+        ("vllm", target.pool_factory(4, True, target.adapter.semantics)),
     )
     for side, pool in pools:
         pool.get_new_blocks(2)
@@ -69,7 +69,7 @@ def mm_offset(target: Any) -> dict[str, object]:
 def eagle_sliding_hit(target: Any) -> dict[str, object]:
     """An eagle lookup in a sliding window of 3 tokens, after a 3-token prompt was cached."""
     seen: dict[str, object] = {}
-    config = sliding_config(window=3, use_eagle=True)
+    config = sliding_config(window=3, use_eagle=True, semantics=target.adapter.semantics)
     for side, manager in (("spec", spec_manager(config)), ("vllm", target.manager_factory(config))):
         first = Request("a", [0, 0, 0])
         manager.get_computed_blocks(first)
@@ -88,7 +88,7 @@ def eagle_hybrid_hit(target: Any) -> dict[str, object]:
         ),
     ]
     config = ManagerConfig(
-        hybrid_kv_cache_config(specs, 9), 8, True, "sha256", True, False, VLLM_0_33
+        hybrid_kv_cache_config(specs, 9), 8, True, "sha256", True, False, target.adapter.semantics
     )
     seen: dict[str, object] = {}
     for side, manager in (("spec", spec_manager(config)), ("vllm", target.manager_factory(config))):
@@ -105,9 +105,13 @@ def preempted_lookup(target: Any) -> dict[str, object]:
     token was accepted (its newest full block computed, not yet cached), looked up again once
     another request cached that block: how many tokens does the hit cover?"""
     spec = FullAttentionSpec(block_size=1, num_kv_heads=1, head_size=1, dtype="float16")
-    flipped = replace(VLLM_0_33, lookup_hashes_every_full_block=False)
+    flipped = replace(target.adapter.semantics, lookup_hashes_every_full_block=False)
     seen: dict[str, object] = {}
-    sides = (("spec", VLLM_0_33), ("spec without the switch", flipped), ("vllm", VLLM_0_33))
+    sides = (
+        ("spec", target.adapter.semantics),
+        ("spec without the switch", flipped),
+        ("vllm", target.adapter.semantics),
+    )
     for side, semantics in sides:
         config = ManagerConfig(
             uniform_kv_cache_config(spec, 12), 10, True, "sha256", False, False, semantics
@@ -139,8 +143,8 @@ def stale_parent(target: Any) -> dict[str, object]:
     own = request_block_hashes(sha256, 2, first)[1]
     seen: dict[str, object] = {}
     pools = (
-        ("spec", spec_pool(3, True, VLLM_0_33)),
-        ("vllm", target.pool_factory(3, True, VLLM_0_33)),
+        ("spec", spec_pool(3, True, target.adapter.semantics)),
+        ("vllm", target.pool_factory(3, True, target.adapter.semantics)),
     )
     for side, pool in pools:
         parent, child = pool.get_new_blocks(2)
@@ -160,7 +164,7 @@ def stale_parent(target: Any) -> dict[str, object]:
 def one_token_window(target: Any) -> dict[str, object]:
     """A full block computed under a one-token window: is it cached?"""
     seen: dict[str, object] = {}
-    config = sliding_config(window=1, use_eagle=False)
+    config = sliding_config(window=1, use_eagle=False, semantics=target.adapter.semantics)
     for side, manager in (("spec", spec_manager(config)), ("vllm", target.manager_factory(config))):
         request = Request("a", [0])
         manager.get_computed_blocks(request)
@@ -169,9 +173,38 @@ def one_token_window(target: Any) -> dict[str, object]:
     return seen
 
 
+def null_ref_cnt(side: str, manager: Any) -> int:
+    """The null block's `ref_cnt`: vLLM's from its pool adapter (its manager adapter leaves it
+    out for 0.32.0), the spec's from its snapshot."""
+    pool = manager.pool.snapshot() if side == "vllm" else manager.snapshot().pool
+    return int(pool.ref_cnt[0])
+
+
+def null_count(target: Any) -> dict[str, object]:
+    """The null block's `ref_cnt` after an admission whose sliding-window hit starts with the
+    null block, then after both requests are freed. vLLM 0.32.0 places a hit's skipped
+    positions without touching them; the spec, under `null_block_refcounted`, touches every
+    hit. vLLM 0.33.0 and its semantics count nothing."""
+    seen: dict[str, object] = {}
+    config = sliding_config(window=2, use_eagle=False, semantics=target.adapter.semantics)
+    for side, manager in (("spec", spec_manager(config)), ("vllm", target.manager_factory(config))):
+        first, second = Request("a", [0, 0, 0]), Request("b", [0, 0, 0, 1])
+        manager.get_computed_blocks(first)
+        manager.allocate_slots(first, 3)
+        hits, num_hits = manager.get_computed_blocks(second)
+        assert hits[0][0] == 0, hits  # the hit starts with the null block
+        manager.allocate_slots(second, 4 - num_hits, hits)
+        counts = [null_ref_cnt(side, manager)]
+        manager.free(second)
+        manager.free(first)
+        counts.append(null_ref_cnt(side, manager))
+        seen[side] = counts
+    return seen
+
+
 if __name__ == "__main__":
     try:
-        against = prepare("vllm==0.33.0")
+        against = prepare(sys.argv[1] if len(sys.argv) > 1 else "vllm==0.33.0")
     except SetupError as error:
         print(json.dumps({"setup_error": str(error)}))
         sys.exit(UNREACHABLE if _unreachable(error) else 2)
@@ -182,5 +215,6 @@ if __name__ == "__main__":
         "stale_parent": stale_parent(against),
         "eagle_hybrid_hit": eagle_hybrid_hit(against),
         "preempted_lookup": preempted_lookup(against),
+        "null_count": null_count(against),
     }
     print(json.dumps(report))

@@ -13,6 +13,7 @@ depend on hash values never colliding (see `pagedkv.spec.block_hash.block_extra_
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -60,6 +61,11 @@ class Semantics:
             `pop_blocks_for_free` (`free_blocks(reversed(blocks))`, vLLM #48489): the first
             group's cached blocks are then evicted last, where `free` evicts them first.
             pagedkv releases them as `free` would, group by group, each group's last first.
+        junction_ignores_eagle: under sparse retention with EAGLE, a request's shared-prefix
+            junction keeps only the run of blocks a hit stopping at the junction reads, as
+            vLLM 0.32.0 retains them. pagedkv and vLLM 0.33 also keep the run one block lower:
+            a sibling that diverges right after the junction has no block past it for EAGLE
+            to drop, so its hit lands a block lower, and finds it only if that run is cached.
     """
 
     null_block_refcounted: bool = False
@@ -73,6 +79,7 @@ class Semantics:
     eagle_window_hit_one_short: bool = False
     mm_keys_without_position: bool = False
     deferred_free_flattened: bool = False
+    junction_ignores_eagle: bool = False
 
     @property
     def name(self) -> str:
@@ -100,8 +107,13 @@ VLLM_0_33 = Semantics(
 )
 """vLLM 0.33.0's block pool: pagedkv's null-block and capacity rules, and the two switches above.
 Its manager differs further; docs/semantics.md lists how `--against` accounts for that."""
+VLLM_0_32 = dataclasses.replace(VLLM_0_33, null_block_refcounted=True, junction_ignores_eagle=True)
+"""vLLM 0.32.0: 0.33.0's rules, except that `touch` and `free_blocks` count the null block's
+ref_cnt like any block's (0.33.0 passes it over), and that with EAGLE a shared-prefix junction
+keeps no run a block below it; docs/semantics.md, "vLLM 0.32.0"."""
 SEMANTICS_BY_NAME: dict[str, Semantics] = {
     "pagedkv": PAGEDKV,
     "vllm-0.8.5": VLLM_0_8_5,
+    "vllm-0.32": VLLM_0_32,
     "vllm-0.33": VLLM_0_33,
 }

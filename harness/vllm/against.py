@@ -18,7 +18,7 @@ from pathlib import Path
 from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.protocol import ManagerFactory, PoolFactory
 from pagedkv.harness.setup_check import SetupError
-from pagedkv.harness.vllm import v0_8_5, v0_33
+from pagedkv.harness.vllm import v0_8_5, v0_32, v0_33
 from pagedkv.harness.vllm.engine_0_33 import Loaded
 from pagedkv.harness.vllm.wheel import (
     FetchError,
@@ -27,7 +27,7 @@ from pagedkv.harness.vllm.wheel import (
     release_key,
     source_tree,
 )
-from pagedkv.vocab.semantics import VLLM_0_8_5, VLLM_0_33, Semantics
+from pagedkv.vocab.semantics import VLLM_0_8_5, VLLM_0_32, VLLM_0_33, Semantics
 
 _AGAINST = re.compile(r"^vllm(==(?P<version>[\w.+-]+))?$")
 LATEST_ALIASES = ("latest", "newest")
@@ -71,6 +71,16 @@ ADAPTERS: dict[str, VllmAdapter] = {
         v0_8_5.LOGGERS,
         v0_8_5.DOMAIN,
         v0_8_5.HASH_SEEDING,
+    ),
+    v0_32.VERSION: VllmAdapter(
+        v0_32.VERSION,
+        VLLM_0_32,
+        v0_32.MODULES,
+        v0_32.STAND_INS,
+        v0_32.load,
+        v0_32.LOGGERS,
+        v0_32.DOMAIN,
+        v0_32.HASH_SEEDING,
     ),
     v0_33.VERSION: VllmAdapter(
         v0_33.VERSION,

@@ -238,16 +238,27 @@ class EnginePath:
     `layers.<g>` per drawn group) as `EngineCore` runs them."""
 
     def __init__(self, settings: EngineSettings, interface: Any, torch: Any) -> None:
-        from vllm.v1.core import kv_cache_planning as planning
         from vllm.v1.core import kv_cache_utils
-        from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
 
         self.settings = settings
         self.interface = interface
         self.torch = torch
-        self.planning = planning
         self.utils = kv_cache_utils
-        self.builder = get_kv_cache_config_builder(self.vllm_config(1, 1, False, None, False))
+
+    def global_groups(self, config: Any, layers: dict[str, Any]) -> list[Any]:
+        """The release's grouping of the whole model's layers, as `EngineCore` calls it
+        (0.33.0: `kv_cache_planning.get_global_kv_cache_groups`)."""
+        from vllm.v1.core import kv_cache_planning
+
+        return list(kv_cache_planning.get_global_kv_cache_groups(config, [layers]))
+
+    def config_from_groups(self, config: Any, groups: list[Any], num_blocks: int) -> Any:
+        """The release's `KVCacheConfig` of `groups` at `num_blocks` blocks (0.33.0: the config
+        builder's `get_kv_cache_config_from_groups`, which takes the block count)."""
+        from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
+
+        builder = get_kv_cache_config_builder(config)
+        return builder.get_kv_cache_config_from_groups(config, groups, num_blocks)
 
     def vllm_config(
         self,
@@ -313,7 +324,7 @@ class EnginePath:
         bucket, which vLLM may split (`layers[i::n]`) or keep whole.
         """
         layers = {f"layers.{i}": spec for i, spec in enumerate(vllm_specs)}
-        groups = self.planning.get_global_kv_cache_groups(config, [dict(layers)])
+        groups = self.global_groups(config, dict(layers))
         for group in groups:
             spec = group.kv_cache_spec
             if type(spec).__name__ not in MODELLED_SPECS:
@@ -326,7 +337,7 @@ class EnginePath:
     def kv_cache_config(self, groups: list[Any], num_blocks: int, config: Any) -> Any:
         """The `KVCacheConfig` the engine sizes for `groups` at `num_blocks`, with its block
         sizes and hit alignment resolved as `EngineCore` resolves them; and those sizes."""
-        built = self.builder.get_kv_cache_config_from_groups(config, groups, num_blocks)
+        built = self.config_from_groups(config, groups, num_blocks)
         scheduler_block_size, hash_block_size = self.utils.resolve_kv_cache_block_sizes(
             built, config
         )

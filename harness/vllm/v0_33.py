@@ -65,7 +65,19 @@ from pagedkv.vocab.kv_cache_interface import (
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
 
-__all__ = ["DOMAIN", "HASH_SEEDING", "LOGGERS", "MODULES", "STAND_INS", "VERSION", "load"]
+__all__ = [
+    "DOMAIN",
+    "HASH_SEEDING",
+    "LOGGERS",
+    "MODULES",
+    "RELEASE",
+    "STAND_INS",
+    "VERSION",
+    "Release",
+    "Vllm033Manager",
+    "load",
+    "load_release",
+]
 
 VERSION = "0.33.0"
 LOGGERS = ("vllm",)
@@ -278,6 +290,9 @@ class Vllm033Manager:
     answers) and pagedkv requests: a `ManagerUnderTest` (vLLM's unitary coordinator inside for
     one group, its hybrid coordinator for several)."""
 
+    pops_leading_nulls = False
+    """Whether `pop_blocks_for_free` returns each group's leading null blocks too (0.32.0)."""
+
     def __init__(self, manager: Any, api: Any, config: ManagerConfig, hasher: Any) -> None:
         self.manager = manager
         self.api = api
@@ -288,6 +303,7 @@ class Vllm033Manager:
         self.views = request_views(hasher if config.enable_caching else hashing_off)
         self.running: set[str] = set()
         self.single_types = manager.coordinator.single_type_managers
+        self.popped: list[tuple[tuple[list[int], ...], list[Any]]] = []  # answered, vLLM's
 
     def _view(self, request: Request) -> RequestView:
         view = self.views(request).refresh()
@@ -353,27 +369,40 @@ class Vllm033Manager:
         self.manager.evict_blocks(set(block_ids))
 
     def pop_blocks_for_free(self, request: Request) -> tuple[list[int], ...]:
-        """vLLM returns one list, every group's blocks less its leading nulls in group order;
-        it is split here by each group's count, read before the call."""
+        """vLLM returns one list, every group's blocks in group order, less each group's
+        leading nulls (0.33.0) or with them (`pops_leading_nulls`: 0.32.0); it is split here by
+        each group's count, read before the call, and answered less the leading nulls, as
+        pagedkv answers. vLLM's own list is kept for `free_popped_blocks`."""
         request_id = request.request_id
-        counts = []
+        counts, leading = [], []
         for single_type in self.single_types:
             held = [block.block_id for block in single_type.req_to_blocks.get(request_id, ())]
-            counts.append(len(held) - len(list(itertools.takewhile(lambda b: b == 0, held))))
+            nulls = len(list(itertools.takewhile(lambda b: b == 0, held)))
+            counts.append(len(held) if self.pops_leading_nulls else len(held) - nulls)
+            leading.append(nulls if self.pops_leading_nulls else 0)
         view = self._view(request)
-        flat = [block.block_id for block in self.manager.pop_blocks_for_free(view)]
+        popped = list(self.manager.pop_blocks_for_free(view))
+        flat = [block.block_id for block in popped]
         if request_id in self.running:  # as `free`: a preemption, if it runs again
             self.running.discard(request_id)
             view.num_preemptions += 1
         starts = list(itertools.accumulate(counts, initial=0))[:-1]
-        pairs = zip(starts, counts, strict=True)
-        return tuple(flat[start : start + count] for start, count in pairs)
+        groups = tuple(
+            flat[start + nulls : start + count]
+            for start, count, nulls in zip(starts, counts, leading, strict=True)
+        )
+        if any(groups):
+            self.popped.append((groups, popped))
+        return groups
 
     def free_popped_blocks(self, popped: Sequence[Sequence[int]]) -> None:
         """The scheduler's drain of a deferred free (docs/design/connector-path.md §2.5): one
-        `free_blocks` call over every group's blocks, reversed."""
-        flat = [block for group in popped for block in self.pool._blocks(group)]
-        self.manager.block_pool.free_blocks(reversed(flat))
+        `free_blocks` call over the list vLLM popped, reversed."""
+        key = tuple(list(group) for group in popped)
+        index = next((i for i, (groups, _) in enumerate(self.popped) if groups == key), None)
+        assert index is not None, f"free_popped_blocks of a batch never popped: {key}"
+        _, blocks = self.popped.pop(index)
+        self.manager.block_pool.free_blocks(reversed(blocks))
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         self.manager.cache_blocks(self._view(request), num_computed_tokens)
@@ -438,6 +467,31 @@ def engine_block_sizes(specs: Sequence[KVCacheSpec]) -> tuple[int, int | None]:
     return (attention or [specs[0].block_size])[0], (mamba[0] if mamba else None)
 
 
+@dataclass(frozen=True)
+class Release:
+    """What tells one release's manager path from 0.33.0's (`v0_32` names 0.32.0's).
+
+    Attributes:
+        version: the release.
+        engine_path: its planning and sizing functions (`EnginePath` or a subclass).
+        manager: the adapter class over its `KVCacheManager`.
+        manager_arguments: the `KVCacheManager` arguments only some releases take.
+        marks_draft_layers: with EAGLE, each layer's spec says it is the drafter's
+            (`is_draft`, 0.33.0), so every group is flagged; a release without the field flags
+            every group when none is (0.32.0's coordinator).
+    """
+
+    version: str
+    engine_path: type[EnginePath] = EnginePath
+    manager: type[Vllm033Manager] = Vllm033Manager
+    manager_arguments: tuple[tuple[str, object], ...] = ()
+    marks_draft_layers: bool = True
+
+
+RELEASE = Release(VERSION, manager_arguments=(("num_hash_lookahead_tokens", 0),))
+"""0.33.0: lookahead hashes off (the EAGLE drop, as pagedkv models it; docs/semantics.md)."""
+
+
 def load(semantics: Semantics, root: Path, settings: Sequence[str]) -> Loaded:
     """Pool and manager factories over vLLM 0.33.0's classes (its tree, at `root`, must be on
     sys.path); the manager built as the engine builds it (`engine_0_33`), with the engine's
@@ -446,6 +500,13 @@ def load(semantics: Semantics, root: Path, settings: Sequence[str]) -> Loaded:
     Raises:
         SetupError: a malformed or unmodelled setting.
     """
+    return load_release(RELEASE, semantics, root, settings)
+
+
+def load_release(
+    release: Release, semantics: Semantics, root: Path, settings: Sequence[str]
+) -> Loaded:
+    """`load` for `release`, whose manager path differs from 0.33.0's only as it states."""
     torch = torch_or_stand_in()  # before vLLM's modules import it
     from vllm.utils.hashing import sha256
     from vllm.v1 import kv_cache_interface as interface
@@ -455,7 +516,7 @@ def load(semantics: Semantics, root: Path, settings: Sequence[str]) -> Loaded:
     from vllm.v1.request import RequestStatus
 
     engine_settings = EngineSettings.resolve(engine_defaults(root), settings)
-    path = EnginePath(engine_settings, interface, torch)
+    path = release.engine_path(engine_settings, interface, torch)
     kv_cache_utils.init_none_hash(sha256)
     api = SimpleNamespace(
         make_block_hash_with_group_id=kv_cache_utils.make_block_hash_with_group_id,
@@ -472,7 +533,7 @@ def load(semantics: Semantics, root: Path, settings: Sequence[str]) -> Loaded:
         return Vllm033Pool(pool, api, hasher)
 
     def vllm_specs(specs: Sequence[Any], use_eagle: bool) -> list[Any]:
-        draft = {"is_draft": True} if use_eagle else {}
+        draft = {"is_draft": True} if use_eagle and release.marks_draft_layers else {}
         try:
             return [vllm_layer_spec(spec, interface, torch, **draft) for spec in specs]
         except UnknownMambaTypeError as error:
@@ -496,6 +557,7 @@ def load(semantics: Semantics, root: Path, settings: Sequence[str]) -> Loaded:
         return [specs[int(group.layer_names[0].rpartition(".")[2])] for group in groups]
 
     def vllm_manager(config: ManagerConfig) -> Vllm033Manager:
+        """vLLM's manager for `config`, built as the release's scheduler builds it."""
         ours = config.kv_cache_config
         specs = [group.kv_cache_spec for group in ours.kv_cache_groups]
         retention = (
@@ -530,7 +592,6 @@ def load(semantics: Semantics, root: Path, settings: Sequence[str]) -> Loaded:
             or engine_settings.max_in_flight_tokens,
             enable_caching=config.enable_caching,
             use_eagle=config.use_eagle,
-            num_hash_lookahead_tokens=0,
             num_prefill_lookahead=0,
             log_stats=config.log_stats,
             enable_kv_cache_events=False,
@@ -542,8 +603,9 @@ def load(semantics: Semantics, root: Path, settings: Sequence[str]) -> Loaded:
             enable_mamba_shared_prefix_checkpoint=engine_settings.values[
                 "enable_mamba_shared_prefix_checkpoint"
             ],
+            **dict(release.manager_arguments),
         )
-        return Vllm033Manager(manager, api, config, hasher(hash_block_size))
+        return release.manager(manager, api, config, hasher(hash_block_size))
 
     vllm_manager.evict_blocks = True  # type: ignore[attr-defined]  # offers_evict_blocks
     vllm_manager.mamba_groups = True  # type: ignore[attr-defined]  # offers_mamba_groups
@@ -555,5 +617,8 @@ def load(semantics: Semantics, root: Path, settings: Sequence[str]) -> Loaded:
     domain = dataclasses.replace(
         DOMAIN, retention_intervals=(engine_settings.retention,), group_plan=plan
     )
-    notes = (f"vllm 0.33.0's manager built as its engine builds it: {engine_settings.describe()}",)
+    notes = (
+        f"vllm {release.version}'s manager built as its engine builds it: "
+        f"{engine_settings.describe()}",
+    )
     return Loaded(vllm_pool, vllm_manager, domain, notes)

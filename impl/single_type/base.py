@@ -49,6 +49,8 @@ class SingleTypeKVCacheManager(ABC):
         acts_on_retention: whether the attention type caches sparsely under an interval
             (`retained`; a sliding window).
         sparse: it does here: an interval is set (set by the registry).
+        junction_ignores_eagle: the semantics' switch of that name (set by the manager; a
+            sliding window acts on it under sparse retention with EAGLE).
         extra_blocks: blocks a request holds beyond those its token slots fill (Mamba's
             speculative states; 0 for attention).
     """
@@ -68,6 +70,7 @@ class SingleTypeKVCacheManager(ABC):
         self.num_cached_block: dict[str, int] = {}
         self.use_eagle = False
         self.retention_interval: int | None = None
+        self.junction_ignores_eagle = False
         self.sparse = False
         self.extra_blocks = 0
 

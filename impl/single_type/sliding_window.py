@@ -156,7 +156,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     def retained(self, request: Request, junction: int, first: int, end: int) -> list[bool]:
         """vLLM 0.33's reachable-block mask (`pagedkv.spec.retention` states it): the run of
         blocks a hit needs (`need`: the window's, one more with EAGLE) ending at each replay
-        boundary of the prompt and at the junction (a block lower too with EAGLE), each run
+        boundary of the prompt and at the junction (a block lower too with EAGLE, unless
+        `junction_ignores_eagle`: vLLM 0.32.0), each run
         ending a block further with EAGLE; with a positive interval also the last `need`
         blocks of every interval-long segment.
 
@@ -186,7 +187,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             boundaries = [num_prompt - 1]
         if junction:
             boundaries.append(junction)
-            if eagle:
+            if eagle and not self.junction_ignores_eagle:
                 boundaries.append(junction - block_size)
         for boundary in boundaries:
             tail_end = boundary // block_size + shift

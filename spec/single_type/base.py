@@ -42,6 +42,8 @@ class SpecSingleTypeManager:
         use_eagle: hits drop their last block (set by the registry).
         retention_interval: the config's `prefix_cache_retention_interval` (set by the
             registry; only a sliding window acts on it, `pagedkv.spec.retention`).
+        junction_ignores_eagle: the semantics' switch of that name (set by the manager; only a
+            sliding window under sparse retention with EAGLE acts on it).
         blocks: request id -> its block ids, in position order (null block 0 = skipped).
         num_cached: request id -> how many of its positions are cached.
         left_out: ghost state: block id -> the key retention kept it from being cached under,
@@ -63,6 +65,7 @@ class SpecSingleTypeManager:
         self.group_id = group_id
         self.use_eagle = False
         self.retention_interval: int | None = None
+        self.junction_ignores_eagle = False  # set by the manager from its semantics
         self.blocks: dict[str, list[int]] = {}
         self.num_cached: dict[str, int] = {}
         self.left_out: dict[int, CacheKey] = {}

@@ -125,7 +125,11 @@ class SlidingWindow(SpecSingleTypeManager):
             positions,
             interval=self.retention_interval,
             boundaries=retention.reachable_boundaries(
-                request.num_prompt_tokens, junction, self.block_size, self.use_eagle
+                request.num_prompt_tokens,
+                junction,
+                self.block_size,
+                self.use_eagle,
+                self.junction_ignores_eagle,
             ),
             need=contiguous_blocks_needed(self._window(self.use_eagle), self.block_size),
             block_size=self.block_size,
