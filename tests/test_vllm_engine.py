@@ -100,7 +100,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
 
 def plugin_summary(result: dict[str, Any]) -> dict[str, Any]:
     """The plugin's JSON summary of a run (`PAGEDKV_VLLM_REPORT`), which must be there."""
-    summary = result["plugin"]
+    summary: dict[str, Any] = result["plugin"]
     assert summary, f"{result['mode']} run of {result['model']}: the plugin wrote no summary"
     return summary
 
