@@ -241,15 +241,13 @@ def replay_trace(path: str, side: str = "impl") -> ReplayResult:
         if event["call"] == "divergence":
             result.recorded.append(event["message"])
             continue
+        if result.divergence is not None or result.failure is not None:
+            continue  # read on only for what the run recorded
         try:
-            divergence = replayer.apply(event)
+            result.divergence = replayer.apply(event)
         except Exception as error:  # reported, as shadow mode reports it
-            result.failure = (
-                f"call #{event['i']} ({event['call']}): {type(error).__name__}: {error}"
-            )
-            return result
+            name = type(error).__name__
+            result.failure = f"call #{event['i']} ({event['call']}): {name}: {error}"
+            continue
         result.calls += 1
-        if divergence is not None:
-            result.divergence = divergence
-            return result
     return result
