@@ -24,6 +24,10 @@ them (`pagedkv.harness.swarm.parallel`: the runs are fixed by index before anyth
 every shard into the report of the whole campaign: for any N, the same coverage and digest as
 the campaign run in one process.
 
+`--replay-trace FILE` re-drives pagedkv's manager (`--trace-side impl`, `spec` or `both`) from
+a call trace that the vLLM plugin wrote (`pagedkv.vllm_plugin`: shadow mode dumps one at a
+divergence) and reports the first call where pagedkv and vLLM's recorded answers part.
+
 Every report ends with the one command that replays it. Exit status: 0 when no divergence was
 found and every coverage target was met; 1 with the shrunk failing run when one was; 2 on bad
 arguments or a setup error (a factory that cannot be loaded or built, a release that cannot be
@@ -145,6 +149,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="SEED",
         help="run only the run of this seed (as a report names it) and shrink it if it fails",
+    )
+    parser.add_argument(
+        "--replay-trace",
+        default=None,
+        metavar="FILE",
+        help="re-drive pagedkv from a vLLM plugin trace and compare with vLLM's answers in it",
+    )
+    parser.add_argument(
+        "--trace-side",
+        choices=("impl", "spec", "both"),
+        default="both",
+        help="with --replay-trace: the implementation, the spec, or both (default)",
     )
     parser.add_argument(
         "--check-every",
@@ -500,8 +516,41 @@ def run(args: argparse.Namespace) -> int:
     """`pagedkv verify` with parsed arguments; the exit status."""
     if args.merge is not None:
         return merge_reports(args.merge, args.json)
+    if args.replay_trace is not None:
+        return replay_vllm_trace(args.replay_trace, args.trace_side)
     with _known_bugs(args.known_bugs):
         return _run(args)
+
+
+def replay_vllm_trace(path: str, side: str) -> int:
+    """`pagedkv verify --replay-trace FILE`: exit 0 when every side agrees with every vLLM
+    answer the trace holds, 1 at a divergence or a pagedkv failure, 2 for an unreadable file."""
+    from pagedkv.vllm_plugin.replay import replay_trace
+    from pagedkv.vllm_plugin.trace import TraceFormatError
+
+    status = 0
+    for each in ("impl", "spec") if side == "both" else (side,):
+        try:
+            result = replay_trace(path, each)
+        except (OSError, TraceFormatError) as error:
+            print(f"pagedkv verify: {error}", file=sys.stderr)
+            return EXIT_SETUP
+        header = result.header
+        print(
+            f"replay of {path}: vLLM {header['vllm']}, {header['mode']} mode, semantics "
+            f"{header['semantics']}, pagedkv's {each}: {result.calls} calls"
+        )
+        for message in result.recorded:
+            print(f"  the run recorded: {message}")
+        if result.divergence is not None:
+            print(f"  DIVERGENCE at {result.divergence}")
+            status = EXIT_DIVERGENCE
+        elif result.failure is not None:
+            print(f"  pagedkv FAILED at {result.failure}")
+            status = EXIT_DIVERGENCE
+        else:
+            print("  no divergence")
+    return status
 
 
 @contextlib.contextmanager

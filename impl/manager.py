@@ -1341,6 +1341,20 @@ class KVCacheManager:
         finally:
             self._call_token.append(None)
 
+    def shared_prefix_boundary(self, request_id: object) -> int:
+        """The shared-prefix junction the request's last lookup found, in tokens (vLLM's
+        `shared_prefix_boundary`, the third value of its `get_computed_blocks`): where the
+        longest single-group hit ends when the common hit is shorter. 0 when there is none,
+        without sparse retention (nothing keeps a junction then) or for an unknown request.
+
+        Raises:
+            ArgumentTypeError: `request_id` is not a str.
+
+        Complexity: O(1).
+        """
+        checked = require_str(f"{MANAGER}.shared_prefix_boundary", "request_id", request_id)
+        return self._junctions.get(checked, 0) if self._sparse else 0
+
     def get_block_ids(self, request_id: object) -> tuple[list[int], ...]:
         """The ids of the blocks `request_id` holds, one list per group (the null block's id
         is 0); empty lists for a request that holds none.

@@ -79,7 +79,7 @@ from pagedkv.vocab.hashes import (
     key_group,
     key_hash,
 )
-from pagedkv.vocab.kv_cache_interface import KVCacheConfig, MambaSpec
+from pagedkv.vocab.kv_cache_interface import KVCacheConfig, MambaSpec, SlidingWindowSpec
 from pagedkv.vocab.kv_events import KVCacheEvent
 from pagedkv.vocab.prefix_cache_stats import PrefixCacheStats
 from pagedkv.vocab.request import Request
@@ -279,6 +279,15 @@ class SpecKVCacheManager:
     @property
     def usage(self) -> float:
         return self.pool.get_usage()
+
+    def shared_prefix_boundary(self, request_id: str) -> int:
+        """The junction of the request's last lookup (`junction_of`), in tokens, where a
+        sliding-window group keeps it (sparse retention); else 0."""
+        if self.retention_interval is None or not any(
+            isinstance(spec, SlidingWindowSpec) for spec in self.specs
+        ):
+            return 0
+        return self.junction.get(request_id, 0)
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
         """The stats since the last call, renewed; None without log_stats."""

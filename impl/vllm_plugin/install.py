@@ -1,0 +1,167 @@
+"""Putting pagedkv into vLLM's scheduler: one wrapper around `Scheduler.__init__` (which
+`AsyncScheduler` inherits) that builds vLLM's manager as usual, then puts the shadow or the
+façade in its place. Installed once per process (a marker on the wrapper), in every process
+that loads vLLM's general plugins; only the engine core builds a scheduler.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+from typing import Any
+
+import pagedkv
+from pagedkv.manager import KVCacheManager
+
+from .domain import OutOfDomainError, config_refusals, pagedkv_config
+from .recorder import Recorder
+from .replay import Replayer, build_manager
+from .report import Report
+from .settings import Mode, Settings, UnsupportedReleaseError, release_semantics
+from .shadow import ShadowKVCacheManager, ShadowStoppedError
+from .trace import TRACE_FORMAT, Event, TraceSink, config_to_json
+
+logger = logging.getLogger("pagedkv.vllm_plugin")
+
+_MARK = "_pagedkv_vllm_plugin"
+
+
+def install(settings: Settings) -> bool:
+    """Wrap vLLM's `Scheduler.__init__` for `settings.mode`; False when shadow mode stays
+    off (an unknown vLLM release, logged).
+
+    Raises:
+        UnsupportedReleaseError: replace mode (or strict shadow) on a release it does not know.
+    """
+    import vllm
+
+    version = str(vllm.__version__)
+    try:
+        semantics_name, _ = release_semantics(version)
+    except UnsupportedReleaseError as error:
+        if settings.mode is Mode.REPLACE or settings.strict:
+            raise
+        logger.warning("pagedkv shadow off: %s", error)
+        return False
+    from vllm.v1.core.sched import scheduler as scheduler_module
+
+    scheduler_class = scheduler_module.Scheduler
+    if getattr(scheduler_class.__init__, _MARK, False):
+        return True
+    original = scheduler_class.__init__
+
+    @functools.wraps(original)
+    def init_then_substitute(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.kv_cache_manager = substitute(self, settings, version, semantics_name)
+
+    original_shutdown = scheduler_class.shutdown
+
+    @functools.wraps(original_shutdown)
+    def shutdown_then_close(self: Any) -> None:
+        original_shutdown(self)
+        close = getattr(self.kv_cache_manager, "close", None)
+        if close is not None:  # the shadow or the façade: the summary and trace, final
+            close()
+
+    setattr(init_then_substitute, _MARK, True)
+    scheduler_class.__init__ = init_then_substitute
+    scheduler_class.shutdown = shutdown_then_close
+    logger.info("pagedkv: vLLM %s's KV cache manager runs in %s mode", version, settings.mode.value)
+    return True
+
+
+def substitute(scheduler: Any, settings: Settings, version: str, semantics_name: str) -> Any:
+    """The manager the scheduler gets: the shadow or the façade around pagedkv's, or vLLM's
+    own when shadow mode stays off.
+
+    Raises:
+        OutOfDomainError: replace mode (or strict shadow) with a configuration outside pagedkv's
+            domain, every feature named.
+    """
+    vllm_manager = scheduler.kv_cache_manager
+    vllm_config = scheduler.vllm_config
+    replace = settings.mode is Mode.REPLACE
+    refusals = list(config_refusals(vllm_config, replace=replace))
+    config = None
+    try:
+        config = pagedkv_config(vllm_manager.kv_cache_config)
+    except OutOfDomainError as error:
+        refusals.append(error)
+    labels = _labels(vllm_config)
+    report = Report(
+        settings.report_path,
+        labels,
+        mode=settings.mode.value,
+        side=settings.side if not replace else "impl",
+        semantics=semantics_name,
+        vllm=version,
+        pagedkv=pagedkv.__version__,
+    )
+    if refusals:
+        message = "; ".join(str(error) for error in refusals)
+        if replace or settings.strict:
+            report.stop(f"refused at start: {message}")
+            raise OutOfDomainError(
+                ", ".join(error.feature for error in refusals),
+                "; ".join(error.detail for error in refusals),
+                replace=replace,
+            )
+        logger.warning("pagedkv shadow off: %s", message)
+        report.stop(f"out of domain at start: {message}")
+        return vllm_manager
+    assert config is not None
+    max_in_flight = getattr(vllm_config, "max_in_flight_tokens", None)
+    header: Event = {
+        "format": TRACE_FORMAT,
+        "vllm": version,
+        "pagedkv": pagedkv.__version__,
+        "mode": settings.mode.value,
+        "semantics": semantics_name,
+        "config": config_to_json(config),
+        "max_model_len": vllm_manager.max_model_len,
+        "enable_caching": vllm_manager.enable_caching,
+        "max_in_flight_tokens": max_in_flight,
+    }
+    sink = TraceSink(header, settings.trace_dir, settings.trace_limit)
+    recorder = Recorder(vllm_manager.max_model_len)
+    if replace:
+        from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+        from vllm.v1.metrics.stats import PrefixCacheStats
+
+        from .facade import PagedKVFacade
+
+        manager = build_manager(header, "impl")
+        assert isinstance(manager, KVCacheManager)
+        facade = PagedKVFacade(
+            vllm_manager, manager, recorder, sink, KVCacheBlocks, PrefixCacheStats
+        )
+        report.write()
+        atexit.register(facade.close)
+        return facade
+    header["check_every"] = settings.snapshot_every
+    shadow = ShadowKVCacheManager(
+        vllm_manager,
+        Replayer(build_manager(header, settings.side)),
+        recorder,
+        sink,
+        report,
+        strict=settings.strict,
+        snapshot_every=settings.snapshot_every,
+    )
+    report.write()
+    atexit.register(shadow.close)
+    return shadow
+
+
+def _labels(vllm_config: Any) -> dict[str, str]:
+    model = vllm_config.model_config
+    name = getattr(model, "served_model_name", None) or getattr(model, "model", "")
+    if isinstance(name, list | tuple):
+        name = name[0] if name else ""
+    rank = getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0
+    return {"model_name": str(name), "engine": str(rank)}
+
+
+__all__ = ["ShadowStoppedError", "install", "substitute"]

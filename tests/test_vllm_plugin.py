@@ -1,0 +1,569 @@
+"""The vLLM plugin without vLLM (`pagedkv.vllm_plugin`): what CI checks on every run.
+
+- `register()` stays inert (imports no vLLM) unless PAGEDKV_VLLM is set, and refuses values it
+  does not know; the entry point is registered.
+- vLLM's `KVCacheConfig` (objects of vLLM's class names, read by attribute) translates to
+  pagedkv's, and every out-of-domain feature is refused by name.
+- Traces recorded inside vLLM 0.32.0's own engine (tests/vllm_traces: tiny Llama, tiny
+  Gemma-3-style, shadow mode) replay on the implementation and the spec with no divergence,
+  and a planted bug in the implementation makes the replay diverge.
+- The shadow manager itself, around a stand-in with vLLM's surface (pagedkv's façade over its
+  implementation, mirrored to the spec): agreement, a planted divergence reported once with a
+  trace that replays it offline, strict mode, a pagedkv failure that never reaches the caller,
+  a call outside the domain.
+
+The same plugin inside vLLM's engine: tests/test_vllm_engine.py (the vLLM tier).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pagedkv.harness.verify import EXIT_SETUP
+from pagedkv.harness.verify import main as verify_main
+from pagedkv.manager import KVCacheManager
+from pagedkv.vllm_plugin import register
+from pagedkv.vllm_plugin.domain import OutOfDomainError, config_refusals, pagedkv_config
+from pagedkv.vllm_plugin.facade import PagedKVFacade
+from pagedkv.vllm_plugin.recorder import Recorder
+from pagedkv.vllm_plugin.replay import Replayer, build_manager, replay_trace
+from pagedkv.vllm_plugin.report import Report
+from pagedkv.vllm_plugin.settings import (
+    PluginSettingError,
+    Settings,
+    UnsupportedReleaseError,
+    release_semantics,
+)
+from pagedkv.vllm_plugin.shadow import ShadowKVCacheManager, ShadowStoppedError
+from pagedkv.vllm_plugin.trace import (
+    TRACE_FORMAT,
+    TraceSink,
+    config_from_json,
+    config_to_json,
+    read_trace,
+)
+from pagedkv.vocab.kv_cache_interface import SlidingWindowSpec
+from proofs.planted.catalog import VARIANTS_BY_NAME, planted
+
+TRACES = Path(__file__).parent / "vllm_traces"
+LLAMA_TRACE = TRACES / "llama-shadow-30.jsonl"
+GEMMA_TRACE = TRACES / "gemma3-shadow-30.jsonl"
+
+# -- stand-ins for vLLM's objects, under vLLM's class names (the plugin reads by attribute) ---
+
+
+def _vllm_class(name: str) -> type:
+    return type(name, (), {"__init__": lambda self, **kw: self.__dict__.update(kw)})
+
+
+FullAttentionSpec = _vllm_class("FullAttentionSpec")
+SlidingWindowSpecV = _vllm_class("SlidingWindowSpec")
+MambaSpec = _vllm_class("MambaSpec")
+KVCacheGroupSpec = _vllm_class("KVCacheGroupSpec")
+KVCacheConfig = _vllm_class("KVCacheConfig")
+
+BLOCK = 16
+
+
+def attention(kind: type = FullAttentionSpec, block_size: int = BLOCK, **extra: Any) -> Any:
+    return kind(block_size=block_size, num_kv_heads=2, head_size=64, dtype="float16", **extra)
+
+
+def vllm_config(*specs: Any, num_blocks: int = 24, **extra: Any) -> Any:
+    groups = [
+        KVCacheGroupSpec(layer_names=[f"layers.{index}"], kv_cache_spec=spec)
+        for index, spec in enumerate(specs)
+    ]
+    fields = {"prefix_cache_retention_interval": 0, "hash_block_size": None, **extra}
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_groups=groups, **fields)
+
+
+def engine_config(**changes: Any) -> Any:
+    """A vLLM `VllmConfig` in pagedkv's domain, with `changes` ("scheduler.async_scheduling")."""
+    parts: dict[str, dict[str, Any]] = {
+        "scheduler": {"async_scheduling": False, "watermark": 0.0},
+        "parallel": {"pipeline_parallel_size": 1, "decode_context_parallel_size": 1},
+        "model": {"is_encoder_decoder": False},
+        "top": {"kv_transfer_config": None, "speculative_config": None, "kv_events_config": None},
+    }
+    for key, value in changes.items():
+        part, _, name = key.rpartition(".")
+        parts[part or "top"][name] = value
+    namespace = _vllm_class("VllmConfig")
+    return namespace(
+        scheduler_config=namespace(**parts["scheduler"]),
+        parallel_config=namespace(**parts["parallel"]),
+        model_config=namespace(**parts["model"]),
+        **parts["top"],
+    )
+
+
+@dataclass(eq=False)
+class VllmRequest:
+    """What the plugin reads of vLLM's `Request`."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    all_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_preemptions: int = 0
+    finished: bool = False
+    skip_reading_prefix_cache: bool = False
+    cache_salt: str | None = None
+    lora_request: Any = None
+    mm_features: list[Any] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    def is_finished(self) -> bool:
+        return self.finished
+
+
+@dataclass
+class KVCacheBlocks:
+    """vLLM's answer type, as the scheduler reads it."""
+
+    blocks: tuple[Any, ...]
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        return tuple([block.block_id for block in group] for group in self.blocks)
+
+
+@dataclass
+class PrefixCacheStats:
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+    reset: bool = False
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+        self.requests += 1
+        self.queries += num_tokens
+        self.hits += num_hits
+
+
+def header_of(config: Any, mode: str = "shadow") -> dict[str, Any]:
+    return {
+        "format": TRACE_FORMAT,
+        "vllm": "0.32.0",
+        "pagedkv": "test",
+        "mode": mode,
+        "semantics": "vllm-0.32",
+        "config": config_to_json(pagedkv_config(config)),
+        "max_model_len": 256,
+        "enable_caching": True,
+        "max_in_flight_tokens": 32,
+        "check_every": 8,
+    }
+
+
+class VllmStandIn(PagedKVFacade):
+    """pagedkv's implementation with vLLM 0.32's manager surface, including the state the
+    shadow reads for its snapshots: the part of vLLM that shadow mode compares against."""
+
+    def __init__(self, config: Any) -> None:
+        header = header_of(config, "replace")
+        manager = build_manager(header, "impl")
+        assert isinstance(manager, KVCacheManager)
+        vllm_manager = type(
+            "VllmManager",
+            (),
+            {"kv_cache_config": config, "max_model_len": 256, "enable_caching": True},
+        )()
+        vllm_manager.log_stats = True
+        sink = TraceSink(header, None, 1_000_000)
+        recorder = Recorder(256)
+        super().__init__(vllm_manager, manager, recorder, sink, KVCacheBlocks, PrefixCacheStats)
+        self.coordinator = manager.coordinator
+
+    @property
+    def block_pool(self) -> Any:
+        pool = self._manager.block_pool
+
+        class Queue:
+            @staticmethod
+            def get_all_free_blocks() -> list[Any]:
+                blocks = []
+                block = pool.free_block_queue.free_list_head
+                while block is not None:
+                    blocks.append(block)
+                    block = block.next_free_block
+                return blocks
+
+        return type("Pool", (), {"free_block_queue": Queue})()
+
+
+# -- a scheduler loop, as vLLM 0.32's synchronous scheduler calls the manager ------------------
+
+
+def schedule(manager: Any, *, seed: int, num_requests: int = 24, chunk: int = 24) -> list[str]:
+    """Admit, chunk, decode, preempt and finish requests with shared prefixes through
+    `manager`'s vLLM surface; the ids of the requests that finished, in order."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(500) for _ in range(BLOCK * rng.randint(1, 3))] for _ in range(3)]
+    waiting = [
+        VllmRequest(
+            f"r{index}",
+            rng.choice(prefixes) + [rng.randrange(500) for _ in range(rng.randint(1, 40))],
+        )
+        for index in range(num_requests)
+    ]
+    outputs = {request.request_id: rng.randint(1, 30) for request in waiting}
+    running: list[VllmRequest] = []
+    finished: list[str] = []
+    for _ in range(2000):
+        if not waiting and not running:
+            return finished
+        scheduled: dict[str, int] = {}
+        for request in list(running):
+            if request not in running:
+                continue
+            num_new = min(request.num_tokens - request.num_computed_tokens, chunk)
+            while manager.allocate_slots(request, num_new) is None:
+                victim = running.pop()
+                manager.free(victim)
+                victim.num_computed_tokens = 0
+                victim.num_preemptions += 1
+                scheduled.pop(victim.request_id, None)
+                waiting.insert(0, victim)
+                if victim is request:
+                    break
+            else:
+                scheduled[request.request_id] = num_new
+        while waiting:
+            request = waiting[0]
+            hits, num_hit_tokens, _ = manager.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_hit_tokens, chunk)
+            answer = manager.allocate_slots(
+                request, num_new, num_hit_tokens, hits, full_sequence_must_fit=True
+            )
+            if answer is None:
+                break
+            manager.record_prefix_cache_stats(request, num_hit_tokens)
+            manager.get_blocks(request.request_id)
+            waiting.pop(0)
+            request.num_computed_tokens += num_hit_tokens
+            running.append(request)
+            scheduled[request.request_id] = num_new
+        for request in list(running):
+            request.num_computed_tokens += scheduled.get(request.request_id, 0)
+            if request.num_computed_tokens == request.num_tokens:
+                request.all_token_ids.append(rng.randrange(500))
+                produced = request.num_tokens - len(request.prompt_token_ids)
+                if produced >= outputs[request.request_id]:
+                    request.finished = True
+                    running.remove(request)
+                    manager.free(request)
+                    finished.append(request.request_id)
+        if rng.random() < 0.01:
+            manager.reset_prefix_cache()
+    raise AssertionError("the scheduler loop did not drain")
+
+
+def shadow_around(
+    vllm_manager: Any, config: Any, tmp_path: Path, *, side: str = "spec", strict: bool = False
+) -> ShadowKVCacheManager:
+    header = header_of(config)
+    report = Report(str(tmp_path / "report.json"), {"model_name": "test", "engine": "0"})
+    return ShadowKVCacheManager(
+        vllm_manager,
+        Replayer(build_manager(header, side)),
+        Recorder(256),
+        TraceSink(header, None, 1_000_000),
+        report,
+        strict=strict,
+        snapshot_every=8,
+    )
+
+
+ONE_GROUP = vllm_config(attention())
+TWO_GROUPS = vllm_config(attention(SlidingWindowSpecV, sliding_window=32), attention())
+
+# -- register() and settings ---------------------------------------------------------------
+
+
+def test_entry_point_is_registered() -> None:
+    names = {entry.value for entry in entry_points(group="vllm.general_plugins")}
+    assert "pagedkv.vllm_plugin:register" in names
+
+
+def test_register_is_inert_without_the_variable() -> None:
+    code = (
+        "import os, sys; os.environ.pop('PAGEDKV_VLLM', None)\n"
+        "from pagedkv.vllm_plugin import register; register()\n"
+        "assert 'vllm' not in sys.modules, 'register() imported vllm'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("PAGEDKV_VLLM", "on"),
+        ("PAGEDKV_VLLM_STRICT", "yes"),
+        ("PAGEDKV_VLLM_SIDE", "vllm"),
+        ("PAGEDKV_VLLM_SNAPSHOT_EVERY", "0"),
+    ],
+)
+def test_settings_refuse_unknown_values(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv("PAGEDKV_VLLM", "shadow")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(PluginSettingError, match=variable):
+        register()
+
+
+def test_settings_read_every_variable() -> None:
+    settings = Settings.from_environ(
+        {
+            "PAGEDKV_VLLM": "Replace",
+            "PAGEDKV_VLLM_STRICT": "1",
+            "PAGEDKV_VLLM_SIDE": "spec",
+            "PAGEDKV_VLLM_TRACE": "/tmp/t",
+            "PAGEDKV_VLLM_REPORT": "/tmp/r.json",
+            "PAGEDKV_VLLM_SNAPSHOT_EVERY": "5",
+        }
+    )
+    assert (settings.mode.value, settings.strict, settings.side) == ("replace", True, "spec")
+    assert (settings.trace_dir, settings.report_path, settings.snapshot_every) == (
+        "/tmp/t",
+        "/tmp/r.json",
+        5,
+    )
+
+
+def test_only_known_releases() -> None:
+    assert release_semantics("0.32.1+cpu")[0] == "vllm-0.32"
+    with pytest.raises(UnsupportedReleaseError, match=r"vLLM 0\.33\.0.*supports 0\.32\.x"):
+        release_semantics("0.33.0")
+
+
+# -- the domain ----------------------------------------------------------------------------
+
+
+def test_config_translation_keeps_groups_blocks_and_retention() -> None:
+    config = pagedkv_config(TWO_GROUPS)
+    assert config.num_blocks == 24
+    window, full = (group.kv_cache_spec for group in config.kv_cache_groups)
+    assert isinstance(window, SlidingWindowSpec) and window.sliding_window == 32
+    assert type(full).__name__ == "FullAttentionSpec" and full.block_size == BLOCK
+    assert config.prefix_cache_retention_interval == 0
+    # Without a window group the interval means nothing: dense, as vLLM's coordinator acts.
+    assert pagedkv_config(ONE_GROUP).prefix_cache_retention_interval is None
+    assert config_from_json(config_to_json(config)) == config
+
+
+@pytest.mark.parametrize(
+    ("config", "feature"),
+    [
+        (vllm_config(attention(), MambaSpec(block_size=BLOCK)), "MambaSpec layers"),
+        (vllm_config(attention(), attention(block_size=32)), "several block sizes"),
+        (vllm_config(attention(), hash_block_size=8), "hash block size"),
+        (
+            vllm_config(attention(SlidingWindowSpecV, sliding_window=32, extra_retained_tokens=4)),
+            "SlidingWindowSpec layers",
+        ),
+    ],
+)
+def test_configs_outside_the_domain_are_refused_by_name(config: Any, feature: str) -> None:
+    with pytest.raises(OutOfDomainError, match=feature) as caught:
+        pagedkv_config(config)
+    assert "PAGEDKV_VLLM=shadow" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "feature"),
+    [
+        ({"kv_transfer_config": object()}, "KV connectors"),
+        ({"scheduler.async_scheduling": True}, "asynchronous scheduling"),
+        ({"parallel.pipeline_parallel_size": 2}, "pipeline parallelism"),
+        ({"parallel.decode_context_parallel_size": 2}, "context parallelism"),
+        ({"model.is_encoder_decoder": True}, "encoder-decoder"),
+        ({"speculative_config": object()}, "speculative decoding"),
+        ({"scheduler.watermark": 0.01}, "watermark"),
+    ],
+)
+def test_engine_features_outside_the_domain(change: dict[str, Any], feature: str) -> None:
+    assert list(config_refusals(engine_config(), replace=True)) == []
+    refusals = list(config_refusals(engine_config(**change), replace=True))
+    assert [feature in error.feature for error in refusals] == [True]
+
+
+def test_kv_events_are_refused_by_replace_only() -> None:
+    events = type("KVEventsConfig", (), {"enable_kv_cache_events": True})()
+    config = engine_config(kv_events_config=events)
+    assert [error.feature for error in config_refusals(config, replace=True)] == ["KV cache events"]
+    assert list(config_refusals(config, replace=False)) == []
+
+
+# -- traces recorded inside vLLM's engine --------------------------------------------------
+
+
+@pytest.mark.parametrize("trace", [LLAMA_TRACE, GEMMA_TRACE], ids=lambda path: path.stem)
+@pytest.mark.parametrize("side", ["impl", "spec"])
+def test_engine_traces_replay_without_divergence(trace: Path, side: str) -> None:
+    result = replay_trace(str(trace), side)
+    assert (result.divergence, result.failure, result.recorded) == (None, None, [])
+    _, calls = read_trace(str(trace))
+    lines = list(calls)
+    assert result.calls == len(lines) > 500
+    counts = {call: sum(line["call"] == call for line in lines) for call in ("free", "snapshot")}
+    assert counts["snapshot"] > 10 and counts["free"] >= 30
+
+
+@pytest.mark.parametrize(
+    ("trace", "variant", "what"),
+    [
+        (LLAMA_TRACE, "forward_free", "free queue order"),
+        (LLAMA_TRACE, "touch_keeps_queued", "new blocks"),
+        (LLAMA_TRACE, "required_floor", "new blocks"),
+        (GEMMA_TRACE, "hybrid_free_last_group_first", "free queue order"),
+        (GEMMA_TRACE, "window_off_by_one", "new blocks"),
+        (GEMMA_TRACE, "decision_window_run_short", "hit blocks"),
+        (GEMMA_TRACE, "no_last_block_rule", "shared-prefix boundary"),
+    ],
+)
+def test_a_planted_bug_diverges_from_the_engine_trace(trace: Path, variant: str, what: str) -> None:
+    with planted(VARIANTS_BY_NAME[variant]):
+        result = replay_trace(str(trace), "impl")
+    assert result.divergence is not None, f"{variant} went unnoticed"
+    assert result.divergence.what == what
+
+
+def test_verify_replays_a_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert verify_main(["--replay-trace", str(LLAMA_TRACE)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("no divergence") == 2 and "vLLM 0.32.0, shadow mode" in out
+    with planted(VARIANTS_BY_NAME["forward_free"]):
+        assert verify_main(["--replay-trace", str(LLAMA_TRACE), "--trace-side", "impl"]) == 1
+    assert "DIVERGENCE at call #" in capsys.readouterr().out
+    not_a_trace = tmp_path / "x.jsonl"
+    not_a_trace.write_text('{"format": "other"}\n')
+    assert verify_main(["--replay-trace", str(not_a_trace)]) == EXIT_SETUP
+
+
+# -- the shadow manager --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config", [ONE_GROUP, TWO_GROUPS], ids=["one group", "two groups"])
+@pytest.mark.parametrize("side", ["impl", "spec"])
+def test_shadow_agrees_and_changes_no_answer(config: Any, side: str, tmp_path: Path) -> None:
+    alone = schedule(VllmStandIn(config), seed=7)
+    shadow = shadow_around(VllmStandIn(config), config, tmp_path, side=side, strict=True)
+    assert schedule(shadow, seed=7) == alone
+    shadow.close()
+    summary = json.loads((tmp_path / "report.json").read_text())
+    assert shadow.active and summary["active"] and summary["divergences"] == []
+    calls = summary["calls"]
+    assert calls["lookup"] >= 24 and calls["free"] >= 24 and calls["snapshot"] > 10
+    assert summary["unmirrored"]["record_prefix_cache_stats"] >= 24
+
+
+def test_shadow_reports_a_planted_divergence_with_its_replay(tmp_path: Path) -> None:
+    config = TWO_GROUPS
+    vllm = VllmStandIn(config)  # "vLLM" is pagedkv's implementation with a bug planted
+    shadow = shadow_around(vllm, config, tmp_path, side="spec")
+    with planted(VARIANTS_BY_NAME["hybrid_free_last_group_first"]):
+        finished = schedule(shadow, seed=3)
+        assert len(finished) == 24  # vLLM's answers served the loop to the end
+        assert not shadow.active
+        summary = json.loads((tmp_path / "report.json").read_text())
+        assert summary["active"] is False and len(summary["divergences"]) == 1
+        divergence = summary["divergences"][0]
+        assert divergence["message"].startswith("call #")
+        # Offline, the spec parts from the recorded answers at the same call ...
+        result = replay_trace(divergence["trace"], "spec")
+        assert result.divergence is not None and str(result.divergence) == divergence["message"]
+        assert result.recorded == [divergence["message"]]
+        # ... and the implementation with the same bug reproduces every recorded answer.
+        assert replay_trace(divergence["trace"], "impl").divergence is None
+    assert replay_trace(divergence["trace"], "impl").divergence is not None
+
+
+def test_strict_shadow_raises_at_the_divergence(tmp_path: Path) -> None:
+    shadow = shadow_around(VllmStandIn(ONE_GROUP), ONE_GROUP, tmp_path, strict=True)
+    with (
+        planted(VARIANTS_BY_NAME["forward_free"]),
+        pytest.raises(ShadowStoppedError, match=r"stopped at call #\d+"),
+    ):
+        schedule(shadow, seed=5)
+
+
+def test_a_pagedkv_failure_never_reaches_vllm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shadow = shadow_around(VllmStandIn(ONE_GROUP), ONE_GROUP, tmp_path, side="impl")
+    manager = shadow._replayer.manager
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("pagedkv broke")
+
+    monkeypatch.setattr(manager, "allocate_slots", broken)
+    assert len(schedule(shadow, seed=1)) == 24
+    summary = json.loads((tmp_path / "report.json").read_text())
+    assert summary["divergences"] == [] and len(summary["failures"]) == 1
+    assert "RuntimeError: pagedkv broke" in summary["failures"][0]["message"]
+    assert summary["off_reason"].startswith("failure:")
+
+
+def test_a_call_outside_the_domain_stops_mirroring(tmp_path: Path) -> None:
+    vllm = VllmStandIn(ONE_GROUP)
+    vllm.pop_blocks_for_free = lambda request: []
+    shadow = shadow_around(vllm, ONE_GROUP, tmp_path)
+    request = VllmRequest("a", list(range(40)))
+    shadow.get_computed_blocks(request)
+    assert shadow.pop_blocks_for_free(request) == []  # vLLM's answer, served
+    summary = json.loads((tmp_path / "report.json").read_text())
+    assert not shadow.active
+    assert (
+        summary["off_reason"] == "out of domain: pop_blocks_for_free (pagedkv mirrors no such call)"
+    )
+    with pytest.raises(ShadowStoppedError, match="external"):
+        served = VllmStandIn(ONE_GROUP)
+        served.allocate_slots = lambda *args, **kwargs: None  # vLLM serves what pagedkv lacks
+        strict = shadow_around(served, ONE_GROUP, tmp_path, strict=True)
+        strict.allocate_slots(request, 8, num_external_computed_tokens=16)
+
+
+# -- the façade ----------------------------------------------------------------------------
+
+
+def test_facade_answers_in_vllms_shapes() -> None:
+    facade = VllmStandIn(TWO_GROUPS)
+    request = VllmRequest("a", list(range(70)))
+    hits, num_tokens, boundary = facade.get_computed_blocks(request)
+    assert hits is facade.empty_kv_cache_blocks and (num_tokens, boundary) == (0, 0)
+    new = facade.allocate_slots(request, 70, 0, hits, full_sequence_must_fit=True)
+    assert isinstance(new, KVCacheBlocks) and [len(ids) for ids in new.get_block_ids()] == [5, 5]
+    assert facade.get_blocks("a").get_block_ids() == facade.get_block_ids("a")
+    request.num_computed_tokens = 70
+    assert facade.estimate_cached_tokens(request) == 64  # four full blocks, hashed
+    assert (facade.take_events(), facade.take_new_block_ids()) == ([], [])
+    assert facade.take_kv_cache_block_copies() == ([], [])
+    assert facade.get_num_common_prefix_blocks("a") == [0, 0]
+    facade.record_prefix_cache_stats(request, 0)
+    stats = facade.make_prefix_cache_stats()
+    assert (stats.requests, stats.queries) == (1, 70)
+    assert facade.make_prefix_cache_stats().requests == 0
+    with pytest.raises(OutOfDomainError, match="num_external_computed_tokens"):
+        facade.allocate_slots(request, 1, num_external_computed_tokens=32)
+    assert not hasattr(facade, "get_computed_blocks_for_connector")
+    request.finished = True
+    facade.free(request)
+    assert facade.usage == 0.0 and facade.reset_prefix_cache()
+    assert facade.make_prefix_cache_stats().reset
