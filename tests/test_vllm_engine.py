@@ -4,7 +4,8 @@ These run only where vLLM is installed: `.venv-vllm` (`./dev setup --vllm`), whi
 sets up and runs this file in after the main pytest run. Elsewhere (the main `.venv`) they are
 skipped with that reason. Each engine run is a subprocess (`python -m
 pagedkv.harness.vllm_engine.run`), so vLLM's processes, warnings and environment stay out of
-pytest's; a run is made once per module and shared by the tests that read it.
+pytest's; a run is made once per module and shared by the tests that read it. The runs the
+selected tests read are made first, one per core at a time.
 
 The smoke (the gate): `SMOKE_REQUESTS` requests per model in modes `off`, `shadow` with
 `PAGEDKV_VLLM_STRICT=1`, and `replace`. The full tier (`--full`): `FULL_REQUESTS` per model.
@@ -21,8 +22,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +47,9 @@ if importlib.util.find_spec("vllm") is None:
         allow_module_level=True,
     )
 
+HAVE_PLUGIN = importlib.util.find_spec("pagedkv.vllm_plugin") is not None
 needs_plugin = pytest.mark.skipif(
-    importlib.util.find_spec("pagedkv.vllm_plugin") is None,
-    reason="pagedkv.vllm_plugin is not in this tree yet",
+    not HAVE_PLUGIN, reason="pagedkv.vllm_plugin is not in this tree yet"
 )
 
 SIZES = [
@@ -55,47 +58,88 @@ SIZES = [
 ]
 
 
+MODES_READ = {
+    "test_off_exercises_the_scheduler": ("off",),
+    "test_shadow_reports_no_divergence": ("shadow", "off"),
+    "test_replace_generates_vllms_tokens": ("replace", "off"),
+}
+"""The runs each engine test reads, by its function's name."""
+
+
+def run_workers() -> int:
+    """How many engine runs go at once: one per core (PAGEDKV_TEST_WORKERS overrides). An
+    engine run is mostly its processes' start-up (about 20 s of imports, one core each)."""
+    workers = os.environ.get("PAGEDKV_TEST_WORKERS", "auto")
+    return max(1, os.cpu_count() or 1) if workers == "auto" else max(1, int(workers))
+
+
 class Runs:
-    """The engine runs of this module, each made on first use: (model, mode, requests) -> the
-    run's JSON (`run.RunResult`)."""
+    """The engine runs of this module: (model, mode, requests) -> the run's JSON
+    (`run.RunResult`). `start` makes the runs the selected tests read, several at once; `get`
+    makes one on first use otherwise."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.results: dict[tuple[str, str, int], dict[str, Any]] = {}
 
+    def start(self, keys: list[tuple[str, str, int]]) -> None:
+        with ThreadPoolExecutor(run_workers()) as pool:
+            for key, result in zip(keys, pool.map(self._run, keys), strict=True):
+                self.results[key] = result
+
     def get(self, model: str, mode: str, num_requests: int) -> dict[str, Any]:
         key = (model, mode, num_requests)
         if key not in self.results:
-            out = self.directory / f"{model}-{mode}-{num_requests}.json"
-            command = [
-                sys.executable,
-                "-m",
-                "pagedkv.harness.vllm_engine.run",
-                f"--model={model}",
-                f"--requests={num_requests}",
-                f"--mode={mode}",
-                f"--models-dir={MODELS_DIR}",
-                f"--out={out}",
-            ]
-            if mode == "shadow":
-                command.append("--strict")
-            done = subprocess.run(
-                command,
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                timeout=RUN_TIMEOUT_S,
-                check=False,
-            )
-            assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stderr[-6000:]}"
-            loaded: dict[str, Any] = json.loads(out.read_text())
-            self.results[key] = loaded
+            self.results[key] = self._run(key)
         return self.results[key]
+
+    def _run(self, key: tuple[str, str, int]) -> dict[str, Any]:
+        model, mode, num_requests = key
+        out = self.directory / f"{model}-{mode}-{num_requests}.json"
+        command = [
+            sys.executable,
+            "-m",
+            "pagedkv.harness.vllm_engine.run",
+            f"--model={model}",
+            f"--requests={num_requests}",
+            f"--mode={mode}",
+            f"--models-dir={MODELS_DIR}",
+            f"--out={out}",
+        ]
+        if mode == "shadow":
+            command.append("--strict")
+        done = subprocess.run(
+            command, cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
+        )
+        assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stderr[-6000:]}"
+        loaded: dict[str, Any] = json.loads(out.read_text())
+        return loaded
+
+
+def selected_runs(items: list[pytest.Item]) -> list[tuple[str, str, int]]:
+    """The runs that the selected, unskipped tests of this module read, each once."""
+    keys: dict[tuple[str, str, int], None] = {}
+    for item in items:
+        if not isinstance(item, pytest.Function) or item.module is not sys.modules[__name__]:
+            continue
+        if item.get_closest_marker("skip") is not None:  # the full tier, when not --full
+            continue
+        plugin_test = item.originalname != "test_off_exercises_the_scheduler"
+        if plugin_test and not HAVE_PLUGIN:
+            continue
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        model, num_requests = params.get("model"), params.get("num_requests")
+        for mode in MODES_READ.get(item.originalname, ()):
+            assert isinstance(model, str) and isinstance(num_requests, int), item.nodeid
+            keys[(model, mode, num_requests)] = None
+    return sorted(keys, key=lambda key: key[1] != "off")
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
-    return Runs(tmp_path_factory.mktemp("vllm-runs"))
+def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    made = Runs(tmp_path_factory.mktemp("vllm-runs"))
+    made.start(selected_runs(request.session.items))
+    return made
 
 
 def plugin_summary(result: dict[str, Any]) -> dict[str, Any]:
