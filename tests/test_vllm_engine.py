@@ -159,6 +159,8 @@ def assert_exercised(result: dict[str, Any]) -> None:
     assert counts["prefix_cache_hits"] > 0, f"{where}: no prefix-cache hit"
     assert probe.get("chunked_prefill_chunks", 0) > 0, f"{where}: no chunked prefill"
     assert counts["generation_tokens"] == result["workload"]["max_tokens"], where
+    # The engine core shut down cleanly: the probe's and the plugin's summaries are final.
+    assert probe.get("shut_down"), f"{where}: the engine core did not shut down cleanly"
     assert sum(map(len, result["outputs"])) == result["workload"]["max_tokens"], where
 
 

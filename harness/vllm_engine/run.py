@@ -43,6 +43,9 @@ REPORT_ENV = "PAGEDKV_VLLM_REPORT"
 BLOCK_SIZE = 32
 """The CPU attention backend takes multiples of 32 only."""
 
+SHUTDOWN_TIMEOUT_S = 120.0
+"""How long the engine core may take to shut down before vLLM kills it."""
+
 KV_CACHE_BYTES = 256 * 2**20
 """The KV space vLLM's CPU worker sizes its cache from (a tiny model's block is 64 KiB a layer
 pair); `EngineSettings.num_gpu_blocks` then sets the blocks."""
@@ -203,7 +206,9 @@ def run(
     cpu_s = time.process_time() - cpu_before
     outputs = [list(request.outputs[0].token_ids) for request in generated]
     vllm_counters = counters(llm.get_metrics())
-    llm.llm_engine.engine_core.shutdown()
+    # vLLM's default grace is 5 s, then the engine core is killed; it shuts its worker down
+    # before its scheduler, whose shutdown writes the probe's and the plugin's final summaries.
+    llm.llm_engine.engine_core.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
     num_tokens = sum(len(tokens) for tokens in outputs)
     return RunResult(
         model=model,
