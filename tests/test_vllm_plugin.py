@@ -567,3 +567,31 @@ def test_facade_answers_in_vllms_shapes() -> None:
     facade.free(request)
     assert facade.usage == 0.0 and facade.reset_prefix_cache()
     assert facade.make_prefix_cache_stats().reset
+
+
+def test_shadow_counts_in_prometheus(tmp_path: Path) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    registry = prometheus_client.REGISTRY
+    labels = {"model_name": "test", "engine": "0"}
+
+    def total(name: str) -> float:
+        return sum(
+            sample.value
+            for family in registry.collect()
+            for sample in family.samples
+            if sample.name == name and labels.items() <= sample.labels.items()
+        )
+
+    divergences = total("pagedkv_vllm_shadow_divergences_total")
+    calls = total("pagedkv_vllm_shadow_calls_total")
+    shadow = shadow_around(VllmStandIn(ONE_GROUP), ONE_GROUP, tmp_path, side="spec")
+    assert registry.get_sample_value("pagedkv_vllm_shadow_active", labels) == 1
+    with planted(VARIANTS_BY_NAME["forward_free"]):
+        schedule(shadow, seed=5)
+    summary = json.loads((tmp_path / "report.json").read_text())
+    assert total("pagedkv_vllm_shadow_calls_total") == calls + summary["mirrored_calls"]
+    assert total("pagedkv_vllm_shadow_divergences_total") == divergences + 1
+    (divergence,) = summary["divergences"]
+    by_kind = {"call": divergence["call"], "kind": divergence["kind"], **labels}
+    assert registry.get_sample_value("pagedkv_vllm_shadow_divergences_total", by_kind) >= 1
+    assert registry.get_sample_value("pagedkv_vllm_shadow_active", labels) == 0

@@ -13,6 +13,7 @@ vLLM's two labels, `model_name` and `engine`:
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -100,9 +101,8 @@ class Report:
 class _Prometheus:
     """The three series, in prometheus_client's default registry."""
 
-    def __init__(self, prom: Any, labels: dict[str, str]) -> None:
-        names = list(labels)
-        self._labels = labels
+    def __init__(self, prom: Any, names: list[str]) -> None:
+        self._labels: dict[str, str] = {}
         self._calls = prom.Counter(
             "pagedkv_vllm_shadow_calls",
             "vLLM KV cache manager calls mirrored to pagedkv.",
@@ -122,14 +122,21 @@ class _Prometheus:
 
     @classmethod
     def create(cls, labels: dict[str, str]) -> _Prometheus | None:
+        """The series for `labels`, registered once per process (a process may build several
+        schedulers: each gets its own label values); None without prometheus_client."""
+        global _SERIES
         try:
             import prometheus_client
         except ImportError:
             return None
-        try:
-            return cls(prometheus_client, labels)
-        except ValueError:  # already registered in this process (a second engine core)
-            return None
+        if _SERIES is None:
+            _SERIES = cls(prometheus_client, list(labels))
+        return _SERIES.labelled(labels)
+
+    def labelled(self, labels: dict[str, str]) -> _Prometheus:
+        series = copy.copy(self)
+        series._labels = labels
+        return series
 
     def call(self, call: str) -> None:
         self._calls.labels(**self._labels, call=call).inc()
@@ -139,3 +146,6 @@ class _Prometheus:
 
     def active(self, on: bool) -> None:
         self._active.labels(**self._labels).set(1 if on else 0)
+
+
+_SERIES: _Prometheus | None = None
