@@ -124,14 +124,13 @@ class _Prometheus:
     def create(cls, labels: dict[str, str]) -> _Prometheus | None:
         """The series for `labels`, registered once per process (a process may build several
         schedulers: each gets its own label values); None without prometheus_client."""
-        global _SERIES
         try:
             import prometheus_client
         except ImportError:
             return None
-        if _SERIES is None:
-            _SERIES = cls(prometheus_client, list(labels))
-        return _SERIES.labelled(labels)
+        if not _SERIES:
+            _SERIES.append(cls(prometheus_client, list(labels)))
+        return _SERIES[0].labelled(labels)
 
     def labelled(self, labels: dict[str, str]) -> _Prometheus:
         series = copy.copy(self)
@@ -148,4 +147,4 @@ class _Prometheus:
         self._active.labels(**self._labels).set(1 if on else 0)
 
 
-_SERIES: _Prometheus | None = None
+_SERIES: list[_Prometheus] = []  # the one set of series of this process, once created
