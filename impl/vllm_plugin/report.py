@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from typing import Any
 
-logger = logging.getLogger("pagedkv.vllm_plugin")
+logger = logging.getLogger("vllm.pagedkv")  # under vLLM's logger: its handler and format
 
 WRITE_EVERY_S = 2.0  # the summary file is rewritten at most this often between events
 
