@@ -548,6 +548,11 @@ def replay_vllm_trace(path: str, side: str) -> int:
         elif result.failure is not None:
             print(f"  pagedkv FAILED at {result.failure}")
             status = EXIT_DIVERGENCE
+        elif result.recorded:
+            print(
+                "  no divergence: this build's pagedkv answers every call as vLLM did, so the "
+                "run's divergence came from the build that ran it"
+            )
         else:
             print("  no divergence")
     return status

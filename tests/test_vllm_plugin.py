@@ -4,8 +4,8 @@
   does not know; the entry point is registered.
 - vLLM's `KVCacheConfig` (objects of vLLM's class names, read by attribute) translates to
   pagedkv's, and every out-of-domain feature is refused by name.
-- Traces recorded inside vLLM 0.32.0's own engine (tests/vllm_traces: tiny Llama, tiny
-  Gemma-3-style, shadow mode) replay on the implementation and the spec with no divergence,
+- Traces recorded inside vLLM 0.32.0's own engine (tests/vllm_traces/record.py: tiny Llama,
+  tiny Gemma-3-style, shadow mode) replay on the implementation and the spec with no divergence,
   and a planted bug in the implementation makes the replay diverge.
 - The shadow manager itself, around a stand-in with vLLM's surface (pagedkv's façade over its
   implementation, mirrored to the spec): agreement, a planted divergence reported once with a
@@ -55,8 +55,8 @@ from pagedkv.vocab.kv_cache_interface import SlidingWindowSpec
 from proofs.planted.catalog import VARIANTS_BY_NAME, planted
 
 TRACES = Path(__file__).parent / "vllm_traces"
-LLAMA_TRACE = TRACES / "llama-shadow-30.jsonl"
-GEMMA_TRACE = TRACES / "gemma3-shadow-30.jsonl"
+LLAMA_TRACE = TRACES / "llama-shadow.jsonl"
+GEMMA_TRACE = TRACES / "gemma3-shadow.jsonl"
 
 # -- stand-ins for vLLM's objects, under vLLM's class names (the plugin reads by attribute) ---
 
@@ -422,19 +422,23 @@ def test_engine_traces_replay_without_divergence(trace: Path, side: str) -> None
     _, calls = read_trace(str(trace))
     lines = list(calls)
     assert result.calls == len(lines) > 500
-    counts = {call: sum(line["call"] == call for line in lines) for call in ("free", "snapshot")}
-    assert counts["snapshot"] > 10 and counts["free"] >= 30
+    counts = {call: sum(line["call"] == call for line in lines) for call in ("free", "reset")}
+    assert counts["free"] >= 40 and counts["reset"] == 2
+    new = [line["new"] for line in lines if "new" in line]
+    assert any(identity["salt"] for identity in new) and any(i["logprobs"] for i in new)
 
 
 @pytest.mark.parametrize(
     ("trace", "variant", "what"),
     [
         (LLAMA_TRACE, "forward_free", "free queue order"),
-        (LLAMA_TRACE, "touch_keeps_queued", "new blocks"),
+        (LLAMA_TRACE, "touch_keeps_queued", "usage"),
         (LLAMA_TRACE, "required_floor", "new blocks"),
-        (GEMMA_TRACE, "hybrid_free_last_group_first", "free queue order"),
+        (LLAMA_TRACE, "no_last_block_rule", "hit tokens"),
+        (LLAMA_TRACE, "salt_ignored", "hit tokens"),
+        (GEMMA_TRACE, "hybrid_free_last_group_first", "new blocks"),
         (GEMMA_TRACE, "window_off_by_one", "new blocks"),
-        (GEMMA_TRACE, "decision_window_run_short", "hit blocks"),
+        (GEMMA_TRACE, "window_blocks_floor", "new blocks"),
         (GEMMA_TRACE, "no_last_block_rule", "shared-prefix boundary"),
     ],
 )
@@ -567,3 +571,31 @@ def test_facade_answers_in_vllms_shapes() -> None:
     facade.free(request)
     assert facade.usage == 0.0 and facade.reset_prefix_cache()
     assert facade.make_prefix_cache_stats().reset
+
+
+def test_shadow_counts_in_prometheus(tmp_path: Path) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    registry = prometheus_client.REGISTRY
+    labels = {"model_name": "test", "engine": "0"}
+
+    def total(name: str) -> float:
+        return sum(
+            sample.value
+            for family in registry.collect()
+            for sample in family.samples
+            if sample.name == name and labels.items() <= sample.labels.items()
+        )
+
+    divergences = total("pagedkv_vllm_shadow_divergences_total")
+    calls = total("pagedkv_vllm_shadow_calls_total")
+    shadow = shadow_around(VllmStandIn(ONE_GROUP), ONE_GROUP, tmp_path, side="spec")
+    assert registry.get_sample_value("pagedkv_vllm_shadow_active", labels) == 1
+    with planted(VARIANTS_BY_NAME["forward_free"]):
+        schedule(shadow, seed=5)
+    summary = json.loads((tmp_path / "report.json").read_text())
+    assert total("pagedkv_vllm_shadow_calls_total") == calls + summary["mirrored_calls"]
+    assert total("pagedkv_vllm_shadow_divergences_total") == divergences + 1
+    (divergence,) = summary["divergences"]
+    by_kind = {"call": divergence["call"], "kind": divergence["kind"], **labels}
+    assert registry.get_sample_value("pagedkv_vllm_shadow_divergences_total", by_kind) >= 1
+    assert registry.get_sample_value("pagedkv_vllm_shadow_active", labels) == 0

@@ -22,7 +22,7 @@ from .settings import Mode, Settings, UnsupportedReleaseError, release_semantics
 from .shadow import ShadowKVCacheManager, ShadowStoppedError
 from .trace import TRACE_FORMAT, Event, TraceSink, config_to_json
 
-logger = logging.getLogger("pagedkv.vllm_plugin")
+logger = logging.getLogger("vllm.pagedkv")  # under vLLM's logger: its handler and format
 
 _MARK = "_pagedkv_vllm_plugin"
 
@@ -68,7 +68,6 @@ def install(settings: Settings) -> bool:
     setattr(init_then_substitute, _MARK, True)
     scheduler_class.__init__ = init_then_substitute
     scheduler_class.shutdown = shutdown_then_close
-    logger.info("pagedkv: vLLM %s's KV cache manager runs in %s mode", version, settings.mode.value)
     return True
 
 
@@ -139,6 +138,7 @@ def substitute(scheduler: Any, settings: Settings, version: str, semantics_name:
         )
         report.write()
         atexit.register(facade.close)
+        logger.info("pagedkv: vLLM %s's scheduler runs on pagedkv's KV cache manager", version)
         return facade
     header["check_every"] = settings.snapshot_every
     shadow = ShadowKVCacheManager(
@@ -152,6 +152,12 @@ def substitute(scheduler: Any, settings: Settings, version: str, semantics_name:
     )
     report.write()
     atexit.register(shadow.close)
+    logger.info(
+        "pagedkv: vLLM %s's KV cache manager is shadowed by pagedkv's %s (%s semantics)",
+        version,
+        settings.side,
+        semantics_name,
+    )
     return shadow
 
 

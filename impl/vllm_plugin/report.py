@@ -13,6 +13,7 @@ vLLM's two labels, `model_name` and `engine`:
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import time
 from collections import Counter
 from typing import Any
 
-logger = logging.getLogger("pagedkv.vllm_plugin")
+logger = logging.getLogger("vllm.pagedkv")  # under vLLM's logger: its handler and format
 
 WRITE_EVERY_S = 2.0  # the summary file is rewritten at most this often between events
 
@@ -100,9 +101,8 @@ class Report:
 class _Prometheus:
     """The three series, in prometheus_client's default registry."""
 
-    def __init__(self, prom: Any, labels: dict[str, str]) -> None:
-        names = list(labels)
-        self._labels = labels
+    def __init__(self, prom: Any, names: list[str]) -> None:
+        self._labels: dict[str, str] = {}
         self._calls = prom.Counter(
             "pagedkv_vllm_shadow_calls",
             "vLLM KV cache manager calls mirrored to pagedkv.",
@@ -122,14 +122,20 @@ class _Prometheus:
 
     @classmethod
     def create(cls, labels: dict[str, str]) -> _Prometheus | None:
+        """The series for `labels`, registered once per process (a process may build several
+        schedulers: each gets its own label values); None without prometheus_client."""
         try:
             import prometheus_client
         except ImportError:
             return None
-        try:
-            return cls(prometheus_client, labels)
-        except ValueError:  # already registered in this process (a second engine core)
-            return None
+        if not _SERIES:
+            _SERIES.append(cls(prometheus_client, list(labels)))
+        return _SERIES[0].labelled(labels)
+
+    def labelled(self, labels: dict[str, str]) -> _Prometheus:
+        series = copy.copy(self)
+        series._labels = labels
+        return series
 
     def call(self, call: str) -> None:
         self._calls.labels(**self._labels, call=call).inc()
@@ -139,3 +145,6 @@ class _Prometheus:
 
     def active(self, on: bool) -> None:
         self._active.labels(**self._labels).set(1 if on else 0)
+
+
+_SERIES: list[_Prometheus] = []  # the one set of series of this process, once created
