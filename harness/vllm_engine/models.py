@@ -20,6 +20,8 @@ dependency, and only the vLLM tier's environment has them.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,21 +99,38 @@ def ensure_model(name: str, cache_dir: Path = MODELS_DIR) -> Path:
     A directory whose `pagedkv-model.json` records another shape (an older version of this
     module) is written again. The same name always gives the same weights: they are drawn under
     `SEED` with torch's global generator forked, so the caller's random state is left as it was.
+    The checkpoint is written beside the directory and renamed into place, so runs started at
+    once never read a half-written one.
 
     Raises:
         KeyError: no model is called `name`.
     """
     shape = MODELS[name]
     directory = model_dir(name, cache_dir)
-    marker = directory / "pagedkv-model.json"
     recorded = _shape_record(shape)
-    if marker.is_file() and json.loads(marker.read_text()) == recorded:
+    if _holds(directory, recorded):
         return directory
     model = _build(shape)
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
-    marker.write_text(json.dumps(recorded, indent=1) + "\n")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache_dir))
+    model.save_pretrained(staging)
+    (staging / MARKER).write_text(json.dumps(recorded, indent=1) + "\n")
+    if _holds(directory, recorded):  # another run wrote it meanwhile
+        shutil.rmtree(staging)
+        return directory
+    if directory.exists():
+        shutil.rmtree(directory)
+    staging.rename(directory)
     return directory
+
+
+MARKER = "pagedkv-model.json"
+"""The file in a model's directory that records the shape it was written from."""
+
+
+def _holds(directory: Path, recorded: dict[str, object]) -> bool:
+    marker = directory / MARKER
+    return marker.is_file() and bool(json.loads(marker.read_text()) == recorded)
 
 
 def _shape_record(shape: TinyModel) -> dict[str, object]:
