@@ -198,6 +198,7 @@ def test_off_exercises_the_scheduler(runs: Runs, model: str, num_requests: int) 
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_shadow_reports_no_divergence(runs: Runs, model: str, num_requests: int) -> None:
     result = runs.get(model, "shadow", num_requests)
+    assert result["probe"]["manager_class"].startswith("pagedkv."), result["probe"]
     assert_exercised(result)
     summary = plugin_summary(result)
     assert summary["divergences"] == [], summary["divergences"][:3]
