@@ -68,6 +68,10 @@ class Step(NamedTuple):
     release_twice: bool = False
     """Misuse (a run with deferred frees): the first batch the step releases is released again,
     and both managers must refuse it alike, changing nothing."""
+    store: int = 0
+    """A run with a CPU offload tier: what the store jobs in flight do at this step (taken
+    modulo 3): 0 they complete, 1 the oldest fails and the others complete, 2 they stay
+    pending."""
 
 
 class Preempt(NamedTuple):

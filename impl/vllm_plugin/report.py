@@ -124,7 +124,7 @@ class _Prometheus:
     def create(cls, labels: dict[str, str]) -> _Prometheus | None:
         """The series for `labels`, registered once per process (a process may build several
         schedulers: each gets its own label values); None without prometheus_client."""
-        global _SERIES
+        global _SERIES  # noqa: PLW0603
         try:
             import prometheus_client
         except ImportError:
