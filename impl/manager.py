@@ -1314,16 +1314,20 @@ class KVCacheManager:
         """
         self._enter("KVCacheManager.reset_prefix_cache")
         try:
-            if not self.block_pool.reset_prefix_cache_locked():
-                return False
-            if self.offload_tier is not None:
-                self.offload_tier.reset_cache()
-            if self.prefix_cache_stats is not None:
-                self.prefix_cache_stats.reset = True
-            self._after_call()
-            return True
+            return self._reset_prefix_cache()
         finally:
             self._call_token.append(None)
+
+    def _reset_prefix_cache(self) -> bool:
+        """`reset_prefix_cache` under the call token: both tiers, or neither."""
+        if not self.block_pool.reset_prefix_cache_locked():
+            return False
+        if self.offload_tier is not None:
+            self.offload_tier.reset_cache()
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        self._after_call()
+        return True
 
     def get_num_common_prefix_blocks(
         self, request: Request, num_running_requests: object
