@@ -6,9 +6,12 @@ included, so sliding-window hits with leading null blocks happen), admissions (p
 then `allocate_slots` with the hits, whole or chunked, with lookahead slots), prefill chunks and
 decode steps with draft tokens, preemption when `allocate_slots` returns None, finishing, resets,
 stats, common-prefix queries, hostile calls (`harness/client/hostile.py`) and takes of both
-managers' KV cache events. What an operation asks for is clamped to what the state allows, so any
-subsequence of operations runs. Every event the coverage table names is counted on the spec's
-side (`harness/coverage.py`).
+managers' KV cache events. A run with a KV connector adopts external tokens; with a CPU offload
+tier behind it (both managers hold one), the connector looks the tier up past the local hit,
+loads its hit chunks, stores every step's computed blocks, and tells the spec's ghost state what
+each chunk holds (docs/semantics.md, "The tier behind the connector"). What an operation asks
+for is clamped to what the state allows, so any subsequence of operations runs. Every event the
+coverage table names is counted on the spec's side (`harness/coverage.py`).
 
 The swarm samples operations (`harness/swarm/sampling.py`), the hypothesis machines draw them
 (`harness/machines/manager.py`), the exhaustive search enumerates them
