@@ -267,15 +267,17 @@ def _connector_targets(
 
 
 CONNECTOR_TARGETS_MANAGER = _connector_targets(
-    750, 900, 700, 200, 25, 110, 450, 30, 320, 20, 50, 120, 40
+    750, 900, 700, 90, 25, 110, 450, 30, 130, 20, 22, 120, 40
 )
 """About half the CI manager campaign's rates (seed 2025, 200,000 steps: 1,570 sync and 1,882
 async loads, 1,565 landed, 490 with blocks cached on landing, 71 pushing hits out, 289 refused,
 937 gated, 60 aborted while loading, 684 whole prompts, 44 failed part-way, 107 failed at their
 first block, 86 frees delayed by a send, 305 admissions while a transfer held a finished
 request's blocks, per 100,000). Since half the connector runs with caching keep a CPU tier,
-whose hits are the external tokens (rarer than a drawn length), 226 with blocks cached on
-landing and 27 pushing hits out per 100,000 (201,511 steps), so 200 and 25."""
+whose hits are the external tokens (rarer than a drawn length), per 100,000: 226 with blocks
+cached on landing, 27 pushing hits out, 330 whole prompts, 56 failed at their first block (CI,
+201,511 steps); 189, 99, 264 and 44 (`pagedkv verify --seed 2025`, 400,550 steps); so 90, 25,
+130 and 22."""
 
 CONNECTOR_TARGETS_HYBRID = _connector_targets(
     700, 750, 450, 300, 170, 350, 100, 30, 1, 8, 24, 100, 100
