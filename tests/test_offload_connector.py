@@ -10,12 +10,17 @@ One group of full attention, block size 4, 10 blocks; the tier holds 4 chunks of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from manager_fixtures import manager_config
 
 from pagedkv import ArgumentTypeError, KVCacheManager, Request
+from pagedkv.harness.adapters import pagedkv_manager
+from pagedkv.harness.coverage import Coverage
+from pagedkv.harness.swarm import manager_layer
+from pagedkv.harness.swarm.engine import execute_run
 from pagedkv.offload import OffloadTier
 from pagedkv.spec.attention_truth import ATTENTION_TRUTH, STALE_KV
 from pagedkv.spec.manager import SpecKVCacheManager
@@ -156,3 +161,35 @@ def test_kv_stored_before_a_reset_is_never_read_after_it() -> None:
         loaded(manager, again, KEYS)
     assert caught.value.invariant == STALE_KV
     assert "computed in weights epoch 0 (now 1)" in str(caught.value)
+
+
+def keeping_the_tier(reset: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """`reset` made vLLM 0.33's default: the manager's tier is left out of it."""
+
+    def reset_gpu_pool_only(manager: Any) -> bool:
+        tier, manager.offload_tier = manager.offload_tier, None
+        try:
+            return reset(manager)
+        finally:
+            manager.offload_tier = tier
+
+    return reset_gpu_pool_only
+
+
+def test_the_campaign_catches_a_reset_that_keeps_the_tier_on_both_sides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM #57727 in the spec and the implementation alike: the two agree, so no comparison
+    can see it; the spec's weights epochs do, as soon as a request loads a pre-reset chunk
+    (manager run 15 of the CI campaign, seed 2025)."""
+    spec_reset = keeping_the_tier(SpecKVCacheManager.reset_prefix_cache)
+    impl_reset = keeping_the_tier(KVCacheManager._reset_prefix_cache)
+    monkeypatch.setattr(SpecKVCacheManager, "reset_prefix_cache", spec_reset)
+    monkeypatch.setattr(KVCacheManager, "_reset_prefix_cache", impl_reset)
+    layer = manager_layer(pagedkv_manager)
+    run = layer.draw(8280324179490601438)
+    assert run.offload_tier is not None
+    ops, error = execute_run(layer, run, Coverage())
+    assert isinstance(error, InvariantViolation), error
+    assert error.invariant == STALE_KV
+    assert len(ops) == 586
