@@ -70,7 +70,7 @@ from pagedkv.spec.offload.tier import SpecOffloadTier
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.spec.single_type import SpecSingleTypeManager, spec_single_type_manager
 from pagedkv.vocab import refusals
-from pagedkv.vocab.errors import InvalidArgumentError, InvariantViolation
+from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError, InvariantViolation
 from pagedkv.vocab.hashes import (
     BlockHashType,
     CacheKey,
@@ -1072,7 +1072,15 @@ class SpecKVCacheManager:
     def attach_offload_tier(self, tier: SpecOffloadTier | None) -> None:
         """The CPU offload tier behind this manager's KV connector (None: none): the caller
         (the connector) stores and loads its chunks; `reset_prefix_cache` clears it with the
-        GPU pool."""
+        GPU pool.
+
+        Preconditions: `tier` is a `SpecOffloadTier` or None (ArgumentTypeError).
+        """
+        if tier is not None and not isinstance(tier, SpecOffloadTier):
+            raise ArgumentTypeError(
+                f"KVCacheManager.attach_offload_tier: tier must be an OffloadTier or None, "
+                f"got {type(tier).__name__}"
+            )
         self.offload_tier = tier
 
     def offload_stored(self, stored: Sequence[tuple[bytes, int]]) -> None:

@@ -99,10 +99,12 @@ def test_a_refused_reset_leaves_both_tiers(side: str) -> None:
     assert answers(manager) == [LookupResult.HIT, LookupResult.HIT]
 
 
-def test_attach_offload_tier_takes_a_tier_or_none() -> None:
-    manager = manager_config().build(KVCacheManager)
+@pytest.mark.parametrize("side", SIDES)
+def test_attach_offload_tier_takes_a_tier_of_its_side_or_none(side: str) -> None:
+    manager = build(side)
+    other = OffloadTier(TIER) if side == "spec" else SpecOffloadTier(TIER)
     with pytest.raises(ArgumentTypeError, match="OffloadTier or None"):
-        manager.attach_offload_tier(SpecOffloadTier(TIER))
+        manager.attach_offload_tier(other)
     manager.attach_offload_tier(None)
     assert manager.reset_prefix_cache()
 
