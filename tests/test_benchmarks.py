@@ -53,3 +53,26 @@ def test_the_vllm_benchmark_runs_against_pagedkv_itself(capsys: pytest.CaptureFi
     assert "checked call by call: same blocks, same hits" in report
     assert "compiled build: not measured" in report
     assert "decode inside a block" in report
+
+
+def test_the_vllm_engine_benchmark_checks_and_reports_its_rounds() -> None:
+    """Its arithmetic and checks on made-up runs (the runs themselves need .venv-vllm)."""
+    import bench_vllm_engine as bench
+
+    def result(mode: str, outputs: list[list[int]], manager: str) -> dict[str, object]:
+        probe = {"schedule_cpu_s": 0.2, "update_cpu_s": 0.1, "steps": 100, "manager_class": manager}
+        return {"model": "llama", "mode": mode, "outputs": outputs, "probe": probe, "plugin": {}}
+
+    off = result("off", [[1, 2], [3]], "vllm.v1.core.kv_cache_manager.KVCacheManager")
+    bench.check_round(off, result("replace", [[1, 2], [3]], "pagedkv.vllm_plugin.facade.X"))
+    with pytest.raises(AssertionError, match="request 1 differs at output token 0"):
+        bench.check_round(off, result("replace", [[1, 2], [4]], "pagedkv.vllm_plugin.facade.X"))
+    with pytest.raises(AssertionError, match="did not take the scheduler's manager"):
+        bench.check_round(off, result("shadow", [[1, 2], [3]], "vllm.KVCacheManager"))
+    assert bench.scheduler_us_per_step(off) == pytest.approx(3000.0)
+    comparison = bench.Comparison("llama", "replace")
+    for first, tokens in (("off", 900.0), ("replace", 1100.0), ("off", 1000.0)):
+        comparison.rounds.append(bench.Round(first, 1000.0, tokens, 30.0, 27.0, 100, 100))
+    assert comparison.median("tokens_ratio") == pytest.approx(1.0)
+    assert comparison.median("sched_ratio") == pytest.approx(0.9)
+    assert "llama    replace       1000  1.000" in bench.report([comparison], 3, 200)
