@@ -156,7 +156,8 @@ class Target:
             the implementation emits KV cache events; "sparse retention": the domain draws a
             retention interval other than dense; "evict_blocks": the manager offers it; "mamba
             groups": it serves Mamba groups, in the hybrid layer; "full-sequence gate": it takes
-            vLLM 0.33's admission gate; "cache_blocks": it has `cache_blocks`); it is
+            vLLM 0.33's admission gate; "cache_blocks": it has `cache_blocks`; "offload
+            tier": it keeps a CPU offload tier behind its connector); it is
             shown but not enforced otherwise.
         scales: whether the minimum grows with the campaign's length.
     """
@@ -266,16 +267,20 @@ def _connector_targets(
 
 
 CONNECTOR_TARGETS_MANAGER = _connector_targets(
-    750, 900, 700, 230, 30, 110, 450, 30, 320, 20, 50, 120, 40
+    750, 900, 700, 90, 25, 110, 450, 30, 130, 20, 22, 120, 40
 )
 """About half the CI manager campaign's rates (seed 2025, 200,000 steps: 1,570 sync and 1,882
 async loads, 1,565 landed, 490 with blocks cached on landing, 71 pushing hits out, 289 refused,
 937 gated, 60 aborted while loading, 684 whole prompts, 44 failed part-way, 107 failed at their
 first block, 86 frees delayed by a send, 305 admissions while a transfer held a finished
-request's blocks, per 100,000)."""
+request's blocks, per 100,000). Since half the connector runs with caching keep a CPU tier,
+whose hits are the external tokens (rarer than a drawn length), per 100,000: 226 with blocks
+cached on landing, 27 pushing hits out, 330 whole prompts, 56 failed at their first block (CI,
+201,511 steps); 189, 99, 264 and 44 (`pagedkv verify --seed 2025`, 400,550 steps); so 90, 25,
+130 and 22."""
 
 CONNECTOR_TARGETS_HYBRID = _connector_targets(
-    700, 750, 450, 300, 170, 350, 100, 30, 3, 8, 24, 100, 100
+    700, 750, 450, 300, 170, 350, 100, 30, 1, 8, 24, 100, 100
 )
 """About half the CI hybrid campaign's rates (seed 2025, 100,000 steps: 1,736 sync and 1,768
 async loads, 928 landed, 642 with blocks cached on landing, 348 pushing hits out, 1,608
@@ -284,7 +289,50 @@ delayed by a send, 1,885 admissions while a transfer held a finished request's b
 pools: a send holds its blocks until the next step; 213 to 1,316 against vLLM 0.33.0, seeds
 1-5, so 100); 11 whole prompts, hybrids of full attention only, so that target is lower).
 Failed part-way: 40 here, 13 to 39 against vLLM 0.33.0 (seeds 1-5, 150,000 steps: its
-engine's groups have fewer windows a failure may recompute in), so 8."""
+engine's groups have fewer windows a failure may recompute in), so 8. Whole prompts: 2 since
+half the connector runs with caching keep a CPU tier (its hits are rarer), so 1."""
+
+
+def _offload_tier_targets(hits: int, stored: int, failed: int, resets: int) -> tuple[Target, ...]:
+    """The targets of the CPU offload tier behind the connector (connector runs of a manager
+    that keeps one), each count per 100,000 steps."""
+    need = "offload tier"
+    return (
+        _t(
+            "offload tier: tier hits used as external tokens",
+            hits,
+            "a chunk loads what its store copied: the attention-truth check reads it",
+            need,
+        ),
+        _t(
+            "offload tier: chunks stored from the GPU pool",
+            stored,
+            "whole chunks of computed blocks, null positions skipped",
+            need,
+        ),
+        _t(
+            "offload tier: loads failed",
+            failed,
+            "a failed load from the tier unpins its chunks; the request recomputes",
+            need,
+        ),
+        _t(
+            "offload tier: resets clearing both tiers",
+            resets,
+            "KV computed before a reset is never read after it (vLLM #57727)",
+            need,
+        ),
+    )
+
+
+OFFLOAD_TIER_TARGETS_MANAGER = _offload_tier_targets(35, 1_500, 5, 50)
+"""About half the CI manager campaign's rates (seed 2025, 201,511 steps: 144 tier hits used,
+6,446 chunks stored, 22 loads failed, 216 resets with chunks in the tier), per 100,000."""
+
+OFFLOAD_TIER_TARGETS_HYBRID = _offload_tier_targets(35, 2_000, 1, 15)
+"""About half the CI hybrid campaign's rates (seed 2025, 100,071 steps: 71 tier hits used,
+9,094 chunks stored, 2 loads failed (no sync failures with several groups), 30 resets with
+chunks in the tier)."""
 
 
 def _deferred_free_targets(
@@ -564,6 +612,7 @@ MANAGER_TARGETS: tuple[Target, ...] = (
         "evict_blocks",
     ),
     *DEFERRED_FREE_TARGETS_MANAGER,
+    *OFFLOAD_TIER_TARGETS_MANAGER,
     _t("distinct states", 10_000, "block tables, free and cached counts: the drive goes wide"),
 )
 """The manager campaign's targets: each about half the rate the CI campaign (`CI_SEED`,
@@ -850,6 +899,7 @@ HYBRID_TARGETS: tuple[Target, ...] = (
     ),
     *CONNECTOR_TARGETS_HYBRID,
     *DEFERRED_FREE_TARGETS_HYBRID,
+    *OFFLOAD_TIER_TARGETS_HYBRID,
     _t("distinct states", 20_000, "block tables of every group: the drive goes wide"),
 )
 """The hybrid campaign's targets (`attention="hybrid"`): about half the CI hybrid campaign's

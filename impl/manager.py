@@ -43,10 +43,16 @@ from pagedkv.call_arguments import (
     is_block_id,
 )
 from pagedkv.kv_cache_coordinator import KVCacheCoordinator, kv_cache_coordinator
+from pagedkv.offload.tier import OffloadTier
 from pagedkv.single_type import SingleTypeKVCacheManager
 from pagedkv.vocab import refusals
 from pagedkv.vocab.arguments import require_int, require_str
-from pagedkv.vocab.errors import ConcurrentUseError, InvalidArgumentError, InvariantViolation
+from pagedkv.vocab.errors import (
+    ArgumentTypeError,
+    ConcurrentUseError,
+    InvalidArgumentError,
+    InvariantViolation,
+)
 from pagedkv.vocab.hashes import BlockHashType, cache_key, get_hash_fn, sha256
 from pagedkv.vocab.kv_cache_interface import KVCacheConfig, MambaSpec
 from pagedkv.vocab.kv_events import KVCacheEvent
@@ -152,6 +158,9 @@ class KVCacheManager:
         KVCacheConfigError: groups of different block sizes, a spec no per-type manager serves,
             EAGLE with chunked local attention, or a vLLM 0.8.5 switch with several groups.
     """
+
+    offload_tier: OffloadTier | None = None
+    """The CPU offload tier behind this manager's KV connector (`attach_offload_tier`)."""
 
     def __init__(
         self,
@@ -1275,25 +1284,50 @@ class KVCacheManager:
         finally:
             self._call_token.append(None)
 
+    def attach_offload_tier(self, tier: OffloadTier | None) -> None:
+        """Put the CPU offload tier behind this manager's KV connector (None: none). The
+        connector stores and loads its chunks; `reset_prefix_cache` clears it with the GPU
+        pool, so that KV computed before a reset (with older weights) is never loaded after
+        it (vLLM 0.33 keeps serving it unless asked to reset the connector: #57727).
+
+        Raises:
+            ArgumentTypeError: `tier` is not an `OffloadTier` or None.
+
+        Complexity: O(1).
+        """
+        if tier is not None and not isinstance(tier, OffloadTier):
+            raise ArgumentTypeError(
+                f"KVCacheManager.attach_offload_tier: tier must be an OffloadTier or None, "
+                f"got {type(tier).__name__}"
+            )
+        self.offload_tier = tier
+
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached hash of every group if no request holds blocks; else refuse
-        (False).
+        """Forget every cached hash of every group, and every chunk of the CPU offload tier
+        (`attach_offload_tier`), if no request holds blocks; else refuse (False), changing
+        neither.
 
         Raises:
             ConcurrentUseError: another call on this manager is running.
 
-        Complexity: O(num_gpu_blocks).
+        Complexity: O(num_gpu_blocks + the tier's chunks).
         """
         self._enter("KVCacheManager.reset_prefix_cache")
         try:
-            if not self.block_pool.reset_prefix_cache_locked():
-                return False
-            if self.prefix_cache_stats is not None:
-                self.prefix_cache_stats.reset = True
-            self._after_call()
-            return True
+            return self._reset_prefix_cache()
         finally:
             self._call_token.append(None)
+
+    def _reset_prefix_cache(self) -> bool:
+        """`reset_prefix_cache` under the call token: both tiers, or neither."""
+        if not self.block_pool.reset_prefix_cache_locked():
+            return False
+        if self.offload_tier is not None:
+            self.offload_tier.reset_cache()
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        self._after_call()
+        return True
 
     def get_num_common_prefix_blocks(
         self, request: Request, num_running_requests: object

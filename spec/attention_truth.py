@@ -20,6 +20,15 @@ W, those of its own chunk for chunked local attention), and demands, in every KV
   meanwhile is never handed out again before that (vLLM #32255: an abort freed blocks a load
   still filled).
 
+- **KV computed before a reset is never read after it**: a successful `reset_prefix_cache`
+  stands for new weights (`GhostKV.new_epoch`); a read of KV of an older epoch (a CPU offload
+  tier that kept serving its chunks: vLLM #57727) is this violation, whatever its hash says.
+
+A connector's load writes what its source holds: a CPU offload tier's chunk holds the content
+its store copied from a GPU block (`tier_stored`), and a load from it writes that content into
+the request's blocks (`load_from_tier`, then `loaded`), so a wrong load is caught here, not
+taken on the connector's word. Without a named source a load writes the request's own KV.
+
 A decision no other check can judge (how long a window's run must be, where a chunk starts,
 when a skipped block is freed, which key a block is cached under) breaks it as soon as a request
 would read a wrong value.
@@ -48,6 +57,12 @@ ATTENTION_TRUTH = "every position a request reads holds its own KV"
 
 BLOCK_RELEASED = "a block is reused only after every transfer using it finished"
 """The name of the rule `handed_out` enforces for loads still in flight."""
+
+STALE_KV = "KV computed before a reset is never read after it"
+"""The name of the rule a read of KV of an older weights epoch breaks (module docstring)."""
+
+ChunkContent = tuple[int, tuple[int | None, ...]]
+"""What a CPU tier's chunk holds: the group, and each slot's history number (None: nothing)."""
 
 
 class ReadPolicy(Protocol):
@@ -129,6 +144,9 @@ class AttentionTruth:
             held no block (what its computed count may honestly reach).
         checks: what the checks covered and the known bugs' states, by event (the campaign's
             coverage takes them).
+        tier: CPU offload tier key -> the content its store copied (module docstring).
+        tier_loads: request id -> (group, block position) -> the content its next
+            allocation's external tokens load there (`load_from_tier`).
     """
 
     def __init__(
@@ -153,6 +171,8 @@ class AttentionTruth:
         self.stray: dict[int, tuple[tuple[str, str], ...]] = {}
         self.scheduled: dict[str, int] = {}
         self.checks: Counter[str] = Counter()
+        self.tier: dict[bytes, ChunkContent] = {}
+        self.tier_loads: dict[str, dict[tuple[int, int], ChunkContent]] = {}
 
     # -- the manager's events ----------------------------------------------------------------
 
@@ -184,6 +204,46 @@ class AttentionTruth:
             block_size = self.block_sizes[group]
             self.ghost.write(group, table, block_size, request, start, num_tokens, poisoned_by)
         self.scheduled[request.request_id] = start + num_tokens
+
+    def loaded(
+        self, request: Request, tables: Sequence[Sequence[int]], start: int, num_tokens: int
+    ) -> None:
+        """A connector loads tokens [start, start + num_tokens) of `request` into its blocks:
+        the request's own KV (the connector's word), except in the blocks `load_from_tier`
+        named a tier chunk for, which get that chunk's content."""
+        self.computed(request, tables, start, num_tokens)
+        sources = self.tier_loads.pop(request.request_id, {})
+        for (group, position), (chunk_group, slots) in sources.items():
+            table = tables[group]
+            if position < len(table) and table[position] != NULL_BLOCK_ID:
+                self.ghost.put(table[position], chunk_group, slots)
+                self.checks["attention truth: blocks loaded from a CPU tier"] += 1
+
+    def tier_stored(self, key: bytes, block_id: int) -> None:
+        """A CPU tier's store of chunk `key` copies what GPU block `block_id` holds now."""
+        content = self.ghost.content(block_id)
+        if content is not None:
+            self.tier[key] = content
+        else:
+            self.tier.pop(key, None)
+
+    def tier_dropped(self, keys: Iterable[bytes]) -> None:
+        """The tier no longer holds these chunks (evicted, a store failed)."""
+        for key in keys:
+            self.tier.pop(key, None)
+
+    def load_from_tier(self, request_id: str, sources: dict[tuple[int, int], bytes]) -> None:
+        """The next allocation of the request adopting external tokens loads, into its block
+        at (group, position), the tier chunk named there (what it holds now)."""
+        self.tier_loads[request_id] = {
+            place: self.tier[key] for place, key in sources.items() if key in self.tier
+        }
+
+    def new_epoch(self) -> None:
+        """A successful reset: new weights (module docstring). Loads not yet allocated are
+        dropped; what a tier still holds stays as it was computed, in the older epoch."""
+        self.ghost.new_epoch()
+        self.tier_loads.clear()
 
     def _adopt_claims(self, request: Request, tables: Sequence[Sequence[int]]) -> None:
         """Tokens the caller counts as computed (`num_computed_tokens`) that no step of this
@@ -258,6 +318,7 @@ class AttentionTruth:
         load or send still in flight keeps using them (`stray`) until reported finished."""
         self.tainted.pop(request_id, None)
         self.scheduled.pop(request_id, None)
+        self.tier_loads.pop(request_id, None)
         for kind, transfers in (("load", self.loading), ("send", self.sending)):
             blocks = transfers.pop(request_id, ())
             if blocks:
@@ -308,6 +369,9 @@ class AttentionTruth:
         untruth = self.first_untruth(request, tables, num_tokens, where)
         if untruth is None:
             return
+        found = untruth.found
+        if found is not None and self.ghost.histories.epoch_of(found[1]) < self.ghost.epoch:
+            raise InvariantViolation(STALE_KV, self.report(untruth))
         bug = self.tainted.get(request.request_id) or untruth.poisoned_by
         if bug is None:
             bug = next(

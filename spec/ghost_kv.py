@@ -17,6 +17,11 @@ nothing. It is written when the token is computed into the block (`GhostKV.write
 `allocate_slots` call scheduled, drafts included, are computed by the step it allocated for),
 kept while the block is free (the prefix cache reuses it), and gone when the block is handed
 out again (`GhostKV.clear`): a block's old KV is never read by its next owner.
+
+**Weights epochs.** A successful `reset_prefix_cache` stands for new weights (RLHF): every KV
+computed before it is wrong afterwards, however well its hash matches. Every history starts at
+a root that names the epoch it was computed in (`GhostKV.epoch`, bumped by `new_epoch`), so KV
+of an older epoch is never the KV a request expects, and `epoch_of` tells it apart.
 """
 
 from __future__ import annotations
@@ -36,10 +41,11 @@ SlotKV = tuple[int, int]
 
 
 class Root(NamedTuple):
-    """Where every history of one adapter and tenant starts."""
+    """Where every history of one adapter and tenant starts, in one weights epoch."""
 
     lora_id: int | None
     cache_salt: str | None
+    epoch: int = 0
 
 
 class Step(NamedTuple):
@@ -72,9 +78,9 @@ class KVHistories:
         self._steps: dict[tuple[int, int, MultimodalPlace | None], int] = {}  # Steps
         self._poisoned: dict[Poisoned, int] = {}
 
-    def root(self, lora_id: int | None, cache_salt: str | None) -> int:
-        """The number of the empty history of an adapter and a tenant."""
-        return self._number(self._roots, Root(lora_id, cache_salt))
+    def root(self, lora_id: int | None, cache_salt: str | None, epoch: int = 0) -> int:
+        """The number of the empty history of an adapter and a tenant in weights `epoch`."""
+        return self._number(self._roots, Root(lora_id, cache_salt, epoch))
 
     def step(self, parent: int, token: int, place: MultimodalPlace | None) -> int:
         """The number of history `parent` followed by `token` (at multimodal `place`)."""
@@ -106,6 +112,10 @@ class KVHistories:
         assert isinstance(entry, Root), "every history starts at a root"
         return entry, steps[::-1]
 
+    def epoch_of(self, number: int) -> int:
+        """The weights epoch the KV `number` names was computed in."""
+        return self.unfold(number)[0].epoch
+
     def poisoned_by(self, number: int) -> str | None:
         """The known bug that poisoned this KV, or None for true KV."""
         entry = self.entries[number]
@@ -133,9 +143,12 @@ class GhostKV:
             group between two hand-outs).
         expected: request id -> (the Request, the history number of each of its tokens so
             far): what its KV is, extended as its tokens grow.
+        epoch: the current weights epoch (module docstring): what a request expects is
+            computed in it.
     """
 
     def __init__(self) -> None:
+        self.epoch = 0
         self.histories = KVHistories()
         self.slots: dict[int, list[int | None]] = {}
         self.group_of: dict[int, int] = {}
@@ -151,7 +164,11 @@ class GhostKV:
         tokens = request.all_token_ids
         if len(numbers) < len(tokens):
             histories = self.histories
-            parent = numbers[-1] if numbers else histories.root(request.lora_id, request.cache_salt)
+            parent = (
+                numbers[-1]
+                if numbers
+                else histories.root(request.lora_id, request.cache_salt, self.epoch)
+            )
             for position in range(len(numbers), len(tokens)):
                 place = multimodal_place(request, position) if request.mm_positions else None
                 parent = histories.step(parent, tokens[position], place)
@@ -161,6 +178,23 @@ class GhostKV:
     def forget(self, request_id: str) -> None:
         """Drop what is remembered of a request the manager no longer tracks."""
         self.expected.pop(request_id, None)
+
+    def new_epoch(self) -> None:
+        """New weights: every request's KV is computed afresh, in the next epoch."""
+        self.epoch += 1
+        self.expected.clear()
+
+    def content(self, block_id: int) -> tuple[int, tuple[int | None, ...]] | None:
+        """What block `block_id` holds: its group and each slot's history number (None: it
+        holds nothing)."""
+        slots = self.slots.get(block_id)
+        return None if slots is None else (self.group_of[block_id], tuple(slots))
+
+    def put(self, block_id: int, group: int, slots: Sequence[int | None]) -> None:
+        """Block `block_id` now holds `slots` of group `group` (a copy written into it: a
+        connector's load)."""
+        self.group_of[block_id] = group
+        self.slots[block_id] = list(slots)
 
     def clear(self, block_ids: Sequence[int]) -> None:
         """Blocks handed out again: their old KV is gone."""
@@ -252,6 +286,7 @@ class GhostKV:
                     continue
                 group = self.group_of[block_id]
                 root, steps = self.histories.unfold(number)
+                root = root._replace(epoch=root.epoch - self.epoch)  # epochs before now
                 poisoned_by = self.histories.poisoned_by(number)
                 spelled.append((block_id, group, root, tuple(steps), poisoned_by))
         return tuple(spelled)
@@ -274,6 +309,8 @@ class GhostKV:
             words += f", multimodal places {places}"
         if root.lora_id is not None or root.cache_salt is not None:
             words += f", LoRA {root.lora_id}, {'a' if root.cache_salt else 'no'} cache salt"
+        if root.epoch != self.epoch:
+            words += f", computed in weights epoch {root.epoch} (now {self.epoch})"
         bug = self.histories.poisoned_by(number)
         if bug is not None:
             words += f", poisoned by {bug}"

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pagedkv.spec.arguments import (
@@ -66,10 +66,11 @@ from pagedkv.spec.block_counts import (
 from pagedkv.spec.block_hash import request_block_hashes
 from pagedkv.spec.block_pool import NULL_BLOCK_ID, SpecBlockPool
 from pagedkv.spec.known_bugs import known_bugs, known_bugs_fatal
+from pagedkv.spec.offload.tier import SpecOffloadTier
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.spec.single_type import SpecSingleTypeManager, spec_single_type_manager
 from pagedkv.vocab import refusals
-from pagedkv.vocab.errors import InvalidArgumentError, InvariantViolation
+from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError, InvariantViolation
 from pagedkv.vocab.hashes import (
     BlockHashType,
     CacheKey,
@@ -250,6 +251,8 @@ class SpecKVCacheManager:
         self.evicted_keys: set[CacheKey] = set()
         self.evict_counts: Counter[str] = Counter()
         self.popped: list[PoppedBatch] = []
+        self.offload_tier: SpecOffloadTier | None = None
+        """The CPU offload tier behind the manager's KV connector (`attach_offload_tier`)."""
         self.truth = AttentionTruth(
             self.managers,
             tuple(manager.block_size for manager in self.managers),
@@ -848,7 +851,7 @@ class SpecKVCacheManager:
         if step.num_external:
             # The connector's load: the external tokens' KV, computed elsewhere.
             local = step.num_computed - step.num_external
-            self.truth.computed(request, tables, local, step.num_external)
+            self.truth.loaded(request, tables, local, step.num_external)
             self.truth.checks["attention truth: external tokens loaded"] += step.num_external
             if step.delay_cache:
                 self.truth.load_started(request_id, tables, local, step.num_external)
@@ -1066,10 +1069,48 @@ class SpecKVCacheManager:
                     if block_id in lost:
                         self.evicted.setdefault(request_id, set()).add((group, position, block_id))
 
+    def attach_offload_tier(self, tier: SpecOffloadTier | None) -> None:
+        """The CPU offload tier behind this manager's KV connector (None: none): the caller
+        (the connector) stores and loads its chunks; `reset_prefix_cache` clears it with the
+        GPU pool.
+
+        Preconditions: `tier` is a `SpecOffloadTier` or None (ArgumentTypeError).
+        """
+        if tier is not None and not isinstance(tier, SpecOffloadTier):
+            raise ArgumentTypeError(
+                f"KVCacheManager.attach_offload_tier: tier must be an OffloadTier or None, "
+                f"got {type(tier).__name__}"
+            )
+        self.offload_tier = tier
+
+    def offload_stored(self, stored: Sequence[tuple[bytes, int]]) -> None:
+        """Ghost state only (the connector's report): each (key, block id) is a chunk whose
+        store `prepare_store` started, copying what the GPU block holds now."""
+        for key, block_id in stored:
+            self.truth.tier_stored(key, block_id)
+
+    def offload_dropped(self, keys: Iterable[bytes]) -> None:
+        """Ghost state only: the tier dropped these chunks (evicted, or their store failed)."""
+        self.truth.tier_dropped(keys)
+
+    def offload_load_next(self, request: Request, sources: Mapping[tuple[int, int], bytes]) -> None:
+        """Ghost state only (the connector's word): the request's next allocation adopting
+        external tokens loads, into its block at each (group, position), the tier chunk named
+        there: its block then holds what the chunk's store copied, which the attention-truth
+        check holds to what the request reads."""
+        check_request("offload_load_next", request)
+        self.truth.load_from_tier(request.request_id, dict(sources))
+
     def reset_prefix_cache(self) -> bool:
-        """The pool's reset; a successful one is recorded in the stats."""
+        """The pool's reset, and with it the CPU offload tier's (`attach_offload_tier`): both
+        tiers or neither. A successful reset is recorded in the stats and stands for new
+        weights: KV computed before it is never read after it (`attention_truth.STALE_KV`)."""
         if not self.pool.reset_prefix_cache():
             return False
+        if self.offload_tier is not None:
+            self.offload_tier.reset_cache()
+            self.truth.tier.clear()
+        self.truth.new_epoch()
         self.evicted_keys.clear()
         if self.stats is not None:
             self.stats.reset = True

@@ -35,11 +35,13 @@ MODES = frozenset(
         "cache_blocks",
         "external tokens",
         "deferred frees",
+        "offload tier",
     }
 )
 """The campaigns' modes: misuse on, pagedkv's semantics, events on, evict_blocks, Mamba
-groups, the full-sequence gate, cache_blocks, a connector's external tokens and deferred frees
-(`pagedkv_manager` offers them), and the full domain, which draws sparse retention."""
+groups, the full-sequence gate, cache_blocks, a connector's external tokens, deferred frees and
+a CPU offload tier behind the connector (`pagedkv_manager` offers them), and the full domain,
+which draws sparse retention."""
 
 
 @pytest.fixture(autouse=True)

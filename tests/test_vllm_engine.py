@@ -219,3 +219,70 @@ def test_replace_generates_vllms_tokens(runs: Runs, model: str, num_requests: in
     assert_exercised(result)
     comparison = compare_outputs(runs.get(model, "off", num_requests)["outputs"], result["outputs"])
     assert comparison.equal, comparison.detail
+
+
+PLANTED_RUN = """
+import json, os, random, sys
+from pagedkv.harness.vllm_engine.models import ensure_model
+from pagedkv.harness.vllm_engine.run import ENGINE_SETTINGS, engine_kwargs
+from proofs.planted.catalog import VARIANTS_BY_NAME, planted
+
+def main():
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+    with planted(VARIANTS_BY_NAME[sys.argv[1]]):
+        llm = LLM(**engine_kwargs(ensure_model("llama", __import__("pathlib").Path(sys.argv[2])),
+                                  ENGINE_SETTINGS["llama"]))
+        rng = random.Random(1)
+        prefixes = [[rng.randrange(512) for _ in range(64)] for _ in range(3)]
+        prompts = [TokensPrompt(prompt_token_ids=rng.choice(prefixes) +
+                                [rng.randrange(512) for _ in range(20)]) for _ in range(24)]
+        params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, detokenize=False)
+        print(json.dumps([list(out.outputs[0].token_ids) for out in llm.generate(prompts, params)]))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@needs_plugin
+def test_shadow_reports_a_planted_divergence_replayed_offline(tmp_path: Path) -> None:
+    """The implementation, edited to free a request's blocks head first (planted bug
+    `forward_free`), runs in shadow mode inside vLLM's engine (in process, so the edit applies):
+    the shadow reports one divergence, with a trace; offline, the edited implementation
+    reproduces the recorded message exactly, the clean implementation and the spec answer every
+    call as vLLM did, and vLLM's tokens were never touched."""
+    from pagedkv.vllm_plugin.replay import replay_trace
+    from proofs.planted.catalog import VARIANTS_BY_NAME, planted
+
+    report = tmp_path / "report.json"
+    environment = {
+        **os.environ,
+        "PAGEDKV_VLLM": "shadow",
+        "PAGEDKV_VLLM_REPORT": str(report),
+        "PAGEDKV_VLLM_TRACE": str(tmp_path / "traces"),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", PLANTED_RUN, "forward_free", str(MODELS_DIR)],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-6000:]
+    assert len(json.loads(done.stdout.strip().splitlines()[-1])) == 24  # vLLM served all
+    summary = json.loads(report.read_text())
+    assert summary["failures"] == [] and summary["active"] is False
+    (divergence,) = summary["divergences"]
+    trace = divergence["trace"]
+    with planted(VARIANTS_BY_NAME["forward_free"]):
+        reproduced = replay_trace(trace, "impl")
+    assert reproduced.divergence is not None
+    assert str(reproduced.divergence) == divergence["message"]
+    for side in ("impl", "spec"):
+        clean = replay_trace(trace, side)
+        assert (clean.divergence, clean.failure) == (None, None)
+        assert clean.recorded == [divergence["message"]]

@@ -6,9 +6,12 @@ included, so sliding-window hits with leading null blocks happen), admissions (p
 then `allocate_slots` with the hits, whole or chunked, with lookahead slots), prefill chunks and
 decode steps with draft tokens, preemption when `allocate_slots` returns None, finishing, resets,
 stats, common-prefix queries, hostile calls (`harness/client/hostile.py`) and takes of both
-managers' KV cache events. What an operation asks for is clamped to what the state allows, so any
-subsequence of operations runs. Every event the coverage table names is counted on the spec's
-side (`harness/coverage.py`).
+managers' KV cache events. A run with a KV connector adopts external tokens; with a CPU offload
+tier behind it (both managers hold one), the connector looks the tier up past the local hit,
+loads its hit chunks, stores every step's computed blocks, and tells the spec's ghost state what
+each chunk holds (docs/semantics.md, "The tier behind the connector"). What an operation asks
+for is clamped to what the state allows, so any subsequence of operations runs. Every event the
+coverage table names is counted on the spec's side (`harness/coverage.py`).
 
 The swarm samples operations (`harness/swarm/sampling.py`), the hypothesis machines draw them
 (`harness/machines/manager.py`), the exhaustive search enumerates them
@@ -42,8 +45,9 @@ from pagedkv.harness.client.manager_ops import (
     TakeEvents,
 )
 from pagedkv.harness.client.requests import RequestRecord, new_request
-from pagedkv.harness.comparison import ComparedPair
+from pagedkv.harness.comparison import ComparedPair, describe_difference, differing_fields
 from pagedkv.harness.coverage import Coverage
+from pagedkv.harness.divergence import Divergence
 from pagedkv.harness.domain import FULL_DOMAIN, Domain, MultimodalInputs
 from pagedkv.harness.probes import manager_probe
 from pagedkv.harness.protocol import (
@@ -53,13 +57,25 @@ from pagedkv.harness.protocol import (
     ManagerFactory,
     ManagerUnderTest,
 )
+from pagedkv.offload import OffloadTier
 from pagedkv.spec.block_pool import NULL_BLOCK_ID
 from pagedkv.spec.manager import SpecKVCacheManager
+from pagedkv.spec.offload import SpecOffloadTier
+from pagedkv.vocab.errors import InvariantViolation
+from pagedkv.vocab.hashes import BlockHashType
 from pagedkv.vocab.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     KVCacheSpec,
     MambaSpec,
     SlidingWindowSpec,
+)
+from pagedkv.vocab.offload import (
+    LookupResult,
+    OffloadKey,
+    OffloadRequest,
+    OffloadTierConfig,
+    StoreOutput,
+    make_offload_key,
 )
 from pagedkv.vocab.request import Request
 
@@ -77,6 +93,8 @@ class Live:
     loading: bool = False
     load_start: int = 0
     """Where its async load starts (its local hit, in tokens)."""
+    load_keys: tuple[OffloadKey, ...] = ()
+    """The CPU tier chunks its async load pins until it lands, fails or finishes."""
 
 
 @dataclass(frozen=True)
@@ -114,8 +132,18 @@ class ManagerClient:
         full_sequence_gate: bool = False,
         cache_after_output: bool = False,
         external_tokens: bool = False,
+        offload_tier: OffloadTierConfig | None = None,
     ) -> None:
         self.pair = pair
+        self.offload_tier = offload_tier
+        """The CPU offload tier behind the connector (both managers hold one), or None: then
+        the connector's external hits are its word (`Admit.external`), else the tier's."""
+        self.tier_requests: dict[str, OffloadRequest] = {}
+        """What each live request's tier calls carry (where its keys' chunks end)."""
+        self.store_cursor: dict[str, int] = {}
+        """Request id -> the blocks of it offered to the tier so far."""
+        self.store_jobs: list[tuple[OffloadRequest, tuple[OffloadKey, ...]]] = []
+        """Store jobs in flight, oldest first: completed, failed or left pending at a step."""
         self.external_tokens = external_tokens
         """Whether admissions adopt a KV connector's external tokens (`Admit.external`)."""
         self.full_sequence_gate = full_sequence_gate
@@ -184,11 +212,16 @@ class ManagerClient:
         full_sequence_gate: bool = False,
         cache_after_output: bool = False,
         external_tokens: bool = False,
+        offload_tier: OffloadTierConfig | None = None,
     ) -> ManagerClient:
         """A client over a fresh spec manager and a fresh `factory` manager built from `config`
-        (pagedkv's own manager must also word each refusal as the spec does)."""
+        (pagedkv's own manager must also word each refusal as the spec does); with
+        `offload_tier`, each holds a CPU offload tier of that shape (`attach_offload_tier`)."""
         spec = spec_manager(config)
         impl = factory(config)
+        if offload_tier is not None:
+            _manager_of(spec).attach_offload_tier(SpecOffloadTier(offload_tier))
+            _manager_of(impl).attach_offload_tier(OffloadTier(offload_tier))
         pair: ComparedPair[Any] = ComparedPair(
             spec,
             impl,
@@ -208,6 +241,7 @@ class ManagerClient:
             full_sequence_gate=full_sequence_gate,
             cache_after_output=cache_after_output,
             external_tokens=external_tokens,
+            offload_tier=offload_tier,
         )
 
     def __getstate__(self) -> dict[str, object]:
@@ -232,6 +266,8 @@ class ManagerClient:
         """
         if isinstance(op, Step):
             self._release_deferred(op.release_twice)
+            if self.store_jobs:
+                self._end_store(op.store)
             if self.receiving:
                 self._load_finished(self.receiving.pop(0))
             if self.sending:
@@ -272,9 +308,29 @@ class ManagerClient:
         self.pair.full_check("the end of the run")
 
     def check_requests(self) -> None:
-        """Every live request against the client's record of it (each full check runs this)."""
+        """Every live request against the client's record of it, and the two CPU tiers'
+        whole states and invariants (each full check runs this)."""
         for live in self.live:
             live.record.check_all("step")
+        if self.offload_tier is None:
+            return
+        spec_tier, impl_tier = _tier(self.pair.spec), _tier(self.pair.impl)
+        spec_state, impl_state = spec_tier.snapshot(), impl_tier.snapshot()
+        if spec_state != impl_state:
+            fields = differing_fields(spec_state, impl_state)
+            raise Divergence(
+                "CPU offload tiers differ:\n" + describe_difference(spec_state, impl_state),
+                "state",
+                "step",
+                f"offload tier {fields[0] if fields else ''}",
+            )
+        spec_tier.check_invariants()
+        try:
+            impl_tier.check_invariants()
+        except InvariantViolation as error:
+            raise Divergence(
+                f"the CPU offload tier under test breaks {error}", "invariant", "step"
+            ) from error
 
     def waiting(self) -> list[Live]:
         return [live for live in self.live if not live.running]
@@ -381,15 +437,21 @@ class ManagerClient:
                 self.coverage.counts["deferred frees: hits on popped blocks before release"] += 1
         remaining = record.num_tokens - num_hit_tokens
         external, load_async = 0, False
+        sources: dict[tuple[int, int], OffloadKey] = {}
         if self.external_tokens and op.external > 0:
             # A connector's hit past the local one: an async load may reach the last token
             # (then it is recomputed: `_land`) under full attention alone (vLLM 0.33's
             # OffloadingConnector: a window or chunk has dropped what that token reads); a sync
-            # one leaves a token to compute.
+            # one leaves a token to compute. With a CPU tier the hit is the tier's answer.
             load_async = op.load_async
             whole = load_async and not self.drops_blocks
-            external = min(op.external, remaining if whole else remaining - 1)
+            wanted = op.external
+            if self.offload_tier is not None:
+                wanted, sources = self._tier_hit(record, num_hit_tokens // self.block_size)
+            external = min(wanted, remaining if whole else remaining - 1)
             load_async = load_async and external > 0
+            end = -(-(num_hit_tokens + external) // self.block_size)  # the blocks it loads
+            sources = {place: key for place, key in sources.items() if place[1] < end}
         remaining -= external
         if load_async:
             chunk = 0  # the prefill waits for the load
@@ -402,6 +464,8 @@ class ManagerClient:
             self._finish_request(live)  # the prompt alone is past max_model_len
             return (live,)
         lookahead = 0 if load_async else min(op.lookahead, room)
+        if sources:
+            self.spec.offload_load_next(request, sources)
         allocated = self._allocate(
             record,
             chunk,
@@ -412,15 +476,20 @@ class ManagerClient:
             external=external,
             load_async=load_async,
         )
+        if not allocated and sources:
+            self.spec.offload_load_next(request, {})  # nothing loads
         if allocated:
             live.running = True
             live.loading = load_async
             live.load_start = num_hit_tokens
             record.set_computed(num_hit_tokens + external + chunk)
+            if sources:
+                self._start_load(live, sources)
             failed = external and not load_async and op.fail_at >= 0
             if failed and self._fail_sync(live, external, op.fail_at):
                 return (live,)
             if not load_async:
+                self._store(live)
                 self._maybe_sample(live, (), op.token)
         return (live,)
 
@@ -437,6 +506,8 @@ class ManagerClient:
         if valid >= live.load_start + external:
             return False
         self.spec.external_load_failed(record.request, valid)
+        if self.offload_tier is not None:
+            self.coverage.counts["offload tier: loads failed"] += 1
         (table,) = self.spec.held(record.request_id) or ([],)
         invalid = [block_id for block_id in table[valid // block_size :] if block_id]
         _, error = self.pair.call(
@@ -457,9 +528,12 @@ class ManagerClient:
         live.loading = False
         record = live.record
         counts = self.coverage.counts
+        self._end_load(live)
         if fail_at >= 0:
             valid = self._valid_after_failure(live, fail_at)
             if valid is not None:
+                if self.offload_tier is not None:
+                    counts["offload tier: loads failed"] += 1
                 return self._fail(live, valid)
         num_computed = record.num_computed_tokens
         cached_more = self._cache_blocks(record, " (an async load landed)")
@@ -551,6 +625,7 @@ class ManagerClient:
             return (live,)
         accepted = drafts[: op.accepted]
         record.set_computed(computed + chunk + len(accepted))
+        self._store(live)
         self._maybe_sample(live, accepted, op.token)
         return (live,)
 
@@ -882,6 +957,177 @@ class ManagerClient:
             return None
         return self.spec.num_cached.get(record.request_id, 0) > before
 
+    # -- the CPU offload tier behind the connector ------------------------------------------
+
+    def _tier_call(self, operation: str, call: Any, label: str) -> Any:
+        """`call` on both managers' CPU tiers, compared; the spec's result (None if refused)."""
+        result, error = self.pair.call(
+            f"offload tier: {operation}", lambda manager: call(_tier(manager)), lambda: label
+        )
+        self._error(f"offload tier: {operation}", error)
+        return None if error is not None else result
+
+    def _tier_request(self, request_id: str) -> OffloadRequest:
+        tier_request = self.tier_requests.get(request_id)
+        if tier_request is None:
+            tier_request = self.tier_requests[request_id] = OffloadRequest(request_id)
+        return tier_request
+
+    def _tier_keys(
+        self, request_id: str, block_hash: BlockHashType, position: int
+    ) -> list[OffloadKey]:
+        """The tier keys of the request's block at `position` (one chunk a block), one per
+        group, placed in its request record. A key is the block's whole pagedkv hash (value,
+        tokens, extra keys), as bytes: no two prefixes share one."""
+        tier_request = self._tier_request(request_id)
+        data = repr(tuple(block_hash)).encode()
+        keys = [make_offload_key(data, group) for group in range(len(self.layers))]
+        for key in keys:
+            tier_request.place(key, (position + 1) * self.block_size)
+        return keys
+
+    def _tier_hit(
+        self, record: RequestRecord, num_hits: int
+    ) -> tuple[int, dict[tuple[int, int], OffloadKey]]:
+        """The connector's lookup past a local hit of `num_hits` blocks (vLLM 0.33's
+        OffloadingConnector): chunk by chunk, every group's key, up to the first that is not a
+        HIT (a MISS, or a store still pending). The tokens it covers, and each (group,
+        position)'s key."""
+        request_id = record.request_id
+        hashes = self.spec.hashes.get(request_id, [])
+        sources: dict[tuple[int, int], OffloadKey] = {}
+        tier_request = self._tier_request(request_id)
+        position = num_hits
+        counts = self.coverage.counts
+        while position < len(hashes):
+            keys = self._tier_keys(request_id, hashes[position], position)
+            answers = [
+                self._tier_call(
+                    "lookup",
+                    lambda tier, key=key: tier.lookup(key, tier_request),
+                    f"lookup({key.hex()[:16]}..., {request_id})",
+                )
+                for key in keys
+            ]
+            if any(answer is not LookupResult.HIT for answer in answers):
+                if LookupResult.HIT_PENDING in answers:
+                    counts["offload tier: lookups stopped at a store still pending"] += 1
+                break
+            sources.update(((group, position), key) for group, key in enumerate(keys))
+            position += 1
+        if position > num_hits:
+            counts["offload tier: lookups hitting chunks past the GPU hit"] += 1
+        return (position - num_hits) * self.block_size, sources
+
+    def _start_load(self, live: Live, sources: dict[tuple[int, int], OffloadKey]) -> None:
+        """The admission adopted the tier's hit: pin the chunks its blocks load (positions a
+        window or chunk left null load nothing); a sync load ran with the step and ends now."""
+        record = live.record
+        held = self.spec.held(record.request_id) or ()
+        keys = tuple(
+            key
+            for (group, position), key in sorted(sources.items(), key=lambda item: item[0][::-1])
+            if position < len(held[group]) and held[group][position] != NULL_BLOCK_ID
+        )
+        if not keys:
+            return
+        tier_request = self._tier_request(record.request_id)
+        if (
+            self._tier_call(
+                "prepare_load",
+                lambda tier: tier.prepare_load(keys, tier_request),
+                f"prepare_load({len(keys)} keys, {record.request_id})",
+            )
+            is None
+        ):
+            return
+        self.coverage.counts["offload tier: tier hits used as external tokens"] += 1
+        live.load_keys = keys
+        if not live.loading:
+            self._end_load(live)
+
+    def _end_load(self, live: Live) -> None:
+        """The request's load from the tier ended (landed, failed or reported finished): its
+        chunks are unpinned."""
+        keys, live.load_keys = live.load_keys, ()
+        if not keys:
+            return
+        tier_request = self._tier_request(live.record.request_id)
+        self._tier_call(
+            "complete_load",
+            lambda tier: tier.complete_load(keys, tier_request),
+            f"complete_load({len(keys)} keys, {live.record.request_id})",
+        )
+
+    def _store(self, live: Live) -> None:
+        """The connector's store job for a request its step computed (vLLM 0.33's
+        `_build_store_jobs`): every block it computed since the last offer, whole chunks of
+        one block, each group's (null positions skipped), offered with `prepare_store`; the
+        chunks the tier takes copy what their blocks hold (the spec's ghost state) and wait
+        for the job to end. None (no room): offered again after the next step."""
+        if self.offload_tier is None or live not in self.live:
+            return
+        record = live.record
+        request_id = record.request_id
+        held = self.spec.held(request_id)
+        hashes = self.spec.hashes.get(request_id, [])
+        start = self.store_cursor.get(request_id, 0)
+        end = min(
+            min(record.num_computed_tokens, record.num_tokens) // self.block_size, len(hashes)
+        )
+        if held is None or end <= start:
+            return
+        keys: list[OffloadKey] = []
+        blocks: dict[OffloadKey, int] = {}
+        for position in range(start, end):
+            for key, table in zip(
+                self._tier_keys(request_id, hashes[position], position), held, strict=True
+            ):
+                if position < len(table) and table[position] != NULL_BLOCK_ID:
+                    keys.append(key)
+                    blocks[key] = table[position]
+        tier_request = self._tier_request(request_id)
+        counts = self.coverage.counts
+        output: StoreOutput | None = self._tier_call(
+            "prepare_store",
+            lambda tier: tier.prepare_store(keys, tier_request),
+            f"prepare_store({len(keys)} keys, {request_id})",
+        )
+        if output is None:
+            counts["offload tier: stores refused, nothing evictable"] += 1
+            return
+        self.store_cursor[request_id] = end
+        if output.evicted_keys:
+            self.spec.offload_dropped(output.evicted_keys)
+            counts["offload tier: chunks evicted for a store"] += len(output.evicted_keys)
+        if output.keys_to_store:
+            self.spec.offload_stored([(key, blocks[key]) for key in output.keys_to_store])
+            self.store_jobs.append((tier_request, output.keys_to_store))
+            counts["offload tier: chunks stored from the GPU pool"] += len(output.keys_to_store)
+
+    def _end_store(self, outcome: int) -> None:
+        """The store jobs in flight at a step: `outcome` (modulo 3) 0, every one completes; 1,
+        the oldest fails (its chunks are dropped) and the others complete; 2, every one stays
+        pending. Then both tiers' events are taken and compared."""
+        counts = self.coverage.counts
+        if outcome % 3 == 2:
+            counts["offload tier: stores left pending at a step"] += 1
+            return
+        jobs, self.store_jobs = self.store_jobs, []
+        for index, (tier_request, keys) in enumerate(jobs):
+            success = index > 0 or outcome % 3 == 0
+            self._tier_call(
+                "complete_store",
+                lambda tier, keys=keys, req=tier_request, ok=success: tier.complete_store(
+                    keys, req, ok
+                ),
+                f"complete_store({len(keys)} keys, {tier_request.req_id}, success={success})",
+            )
+            if not success:
+                self.spec.offload_dropped(keys)
+                counts["offload tier: stores failed"] += 1
+        self._tier_call("take_events", lambda tier: tier.take_events(), "take_events()")
+
     def _preempt(self, op: Preempt) -> tuple[Live, ...]:
         live = self._pick(op.which, running=True)
         if live is None or live.loading:
@@ -1004,15 +1250,26 @@ class ManagerClient:
             self.live.remove(live)
             self.coverage.counts["finished requests"] += 1
             self._remember(record)
+        tier_request = self.tier_requests.pop(request_id, None)
+        self.store_cursor.pop(request_id, None)
+        if tier_request is not None:
+            self._tier_call(
+                "on_request_finished",
+                lambda tier: tier.on_request_finished(tier_request),
+                f"on_request_finished({request_id})",
+            )
 
     def _load_finished(self, live: Live) -> None:
         """The connector reports an aborted request's load finished: the spec learns it (its
         blocks may be reused from now on), then the request is freed as a finished one."""
         self.spec.external_load_finished(live.record.request)
+        self._end_load(live)
         self.live.append(live)
         self._finish_request(live)
 
     def _reset(self) -> tuple[Live, ...]:
+        tier = self.spec.offload_tier
+        num_chunks = 0 if tier is None else len(tier.refs)
         reset, error = self.pair.call(
             "reset_prefix_cache", lambda manager: manager.reset_prefix_cache()
         )
@@ -1020,6 +1277,12 @@ class ManagerClient:
             self._error("reset_prefix_cache", error)
         elif reset:
             self.coverage.counts["successful prefix-cache resets"] += 1
+            if tier is not None:
+                # Both tiers are cleared: jobs in flight are ignored, stores start over.
+                self.store_jobs.clear()
+                self.store_cursor.clear()
+                if num_chunks:
+                    self.coverage.counts["offload tier: resets clearing both tiers"] += 1
             self.pair.full_check("a prefix-cache reset")
         else:
             self.coverage.counts["refused prefix-cache resets"] += 1
@@ -1114,6 +1377,16 @@ class ManagerClient:
     def _error(self, operation: str, error: Exception | None) -> None:
         if error is not None:
             self.coverage.count_error(operation, error)
+
+
+def _manager_of(manager: ManagerUnderTest) -> Any:
+    """The manager an adapter drives (pagedkv's or the spec's), or the object itself."""
+    return getattr(manager, "manager", manager)
+
+
+def _tier(manager: ManagerUnderTest) -> Any:
+    """The CPU offload tier a manager under test holds (`attach_offload_tier`)."""
+    return _manager_of(manager).offload_tier
 
 
 def _layer_key(layer: KVCacheSpec) -> tuple[int, int, int]:

@@ -38,9 +38,11 @@ class Admit(NamedTuple):
     most `chunk` tokens, with `lookahead` slots; `token` is sampled if that computes every
     token. In a run with a KV connector, at most `external` tokens past the hit are external
     (a connector loads them), loaded asynchronously when `load_async` (the prefill then waits
-    for the load: the request's next step lands it). `fail_at` >= 0: a sync load that fails
-    from its `fail_at`-th block on, reported with the step's output (vLLM 0.33's "fail"
-    policy: its blocks from there are evicted and the request finishes with an error)."""
+    for the load: the request's next step lands it); with a CPU offload tier behind the
+    connector, `external` > 0 asks the tier, whose hit is the external tokens. `fail_at` >= 0:
+    a sync load that fails from its `fail_at`-th block on, reported with the step's output
+    (vLLM 0.33's "fail" policy: its blocks from there are evicted and the request finishes
+    with an error)."""
 
     which: int
     chunk: int
@@ -68,6 +70,10 @@ class Step(NamedTuple):
     release_twice: bool = False
     """Misuse (a run with deferred frees): the first batch the step releases is released again,
     and both managers must refuse it alike, changing nothing."""
+    store: int = 0
+    """A run with a CPU offload tier: what the store jobs in flight do at this step (taken
+    modulo 3): 0 they complete, 1 the oldest fails and the others complete, 2 they stay
+    pending."""
 
 
 class Preempt(NamedTuple):

@@ -88,6 +88,7 @@ class Layer:
         cache_blocks: whether runs with draft tokens call `cache_blocks` after each output.
         external_tokens: whether some runs play a KV connector (external tokens at admission).
         deferred_frees: whether those runs defer some frees (`pop_blocks_for_free`).
+        offload_tier: whether some of those runs keep a CPU offload tier behind the connector.
     """
 
     name: str
@@ -101,6 +102,7 @@ class Layer:
     cache_blocks: bool = False
     external_tokens: bool = False
     deferred_frees: bool = False
+    offload_tier: bool = False
 
 
 def offers_kv_events(factory: object) -> bool:
@@ -165,6 +167,14 @@ def offers_deferred_frees(factory: object) -> bool:
     return factory in own or getattr(factory, "deferred_frees", False) is True
 
 
+def offers_offload_tier(factory: object) -> bool:
+    """Whether `factory`'s managers keep a CPU offload tier behind their KV connector
+    (`attach_offload_tier`, cleared by `reset_prefix_cache`): pagedkv's and the spec's, or a
+    factory that says so with an `offload_tier` attribute that is True."""
+    own = (pagedkv_manager, spec_manager)
+    return factory in own or getattr(factory, "offload_tier", False) is True
+
+
 def manager_layer(
     factory: ManagerFactory,
     *,
@@ -181,6 +191,7 @@ def manager_layer(
     cache_blocks: bool | None = None,
     external_tokens: bool | None = None,
     deferred_frees: bool | None = None,
+    offload_tier: bool | None = None,
 ) -> Layer:
     """The request-level manager layer, checking `factory`'s managers on `domain`; `kv_events`
     (default: `offers_kv_events(factory)`) says whether they can emit KV cache events,
@@ -192,7 +203,9 @@ def manager_layer(
     `external_tokens` (default: `offers_external_tokens(factory)`) whether they take a KV
     connector's external tokens (then a third of the runs play a connector), `deferred_frees`
     (default: `offers_deferred_frees(factory)`) whether they defer frees (then a connector
-    run pops a third of its frees and releases them at the next step).
+    run pops a third of its frees and releases them at the next step), `offload_tier`
+    (default: `offers_offload_tier(factory)`) whether they keep a CPU offload tier behind the
+    connector (then half the connector runs with caching have one).
     With `attention="hybrid"` it is the hybrid layer (named "hybrid": its runs have seeds of
     their own): configurations of 2 to `domain.max_groups` KV cache groups."""
     events = offers_kv_events(factory) if kv_events is None else kv_events
@@ -202,6 +215,7 @@ def manager_layer(
     caches = offers_cache_blocks(factory) if cache_blocks is None else cache_blocks
     external = offers_external_tokens(factory) if external_tokens is None else external_tokens
     deferred = offers_deferred_frees(factory) if deferred_frees is None else deferred_frees
+    tier = offers_offload_tier(factory) if offload_tier is None else offload_tier
     return Layer(
         "hybrid" if attention == "hybrid" else "manager",
         lambda seed: draw_manager_run(
@@ -217,6 +231,7 @@ def manager_layer(
             full_sequence_gate=gate,
             external_tokens=external,
             deferred_frees=deferred,
+            offload_tier=external and tier,
         ),
         lambda run, coverage, check_every: _manager_client(
             run, factory, coverage, check_every, hostile_calls, caches
@@ -229,6 +244,7 @@ def manager_layer(
         caches,
         external,
         external and deferred,
+        external and tier,
     )
 
 
@@ -251,6 +267,7 @@ def _manager_client(
         full_sequence_gate=run.full_sequence_gate,
         cache_after_output=cache_blocks and "draft tokens" in run.features,
         external_tokens=run.external_tokens,
+        offload_tier=run.offload_tier,
     )
 
 
@@ -404,7 +421,7 @@ class Campaign:
     def modes(self) -> frozenset[str]:
         """What the coverage targets may assume ("misuse", "pagedkv semantics", "kv events",
         "sparse retention", "evict_blocks", "mamba groups", "full-sequence gate",
-        "cache_blocks", "external tokens", "deferred frees")."""
+        "cache_blocks", "external tokens", "deferred frees", "offload tier")."""
         modes = {"misuse"} if self.misuse else set()
         if self.domain.draws_sparse_retention:
             modes.add("sparse retention")
@@ -424,6 +441,8 @@ class Campaign:
             modes.add("external tokens")
         if self.layer.deferred_frees:
             modes.add("deferred frees")
+        if self.layer.offload_tier:
+            modes.add("offload tier")
         return frozenset(modes)
 
 

@@ -32,7 +32,10 @@ prefills, as vLLM does by default (the gate decides nothing a whole-prompt step 
 Last, a run of a manager that takes a KV connector's external tokens (`offers_external_tokens`)
 and has no Mamba group plays, in a third of the runs, a connector beside the scheduler: most
 admissions then adopt external tokens past their hit, loaded synchronously or asynchronously
-(`Admit.external`, `Admit.load_async`).
+(`Admit.external`, `Admit.load_async`). Last of all, a connector run with prefix caching on,
+of a manager that keeps a CPU offload tier behind its connector (`offers_offload_tier`), has
+one in half the runs (`draw_offload_tier`): the connector's external hits are then the tier's
+answer, and every step stores the blocks it computed.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from pagedkv.vocab.kv_cache_interface import (
     SlidingWindowSpec,
     uniform_kv_cache_config,
 )
+from pagedkv.vocab.offload import OffloadTierConfig
 from pagedkv.vocab.semantics import Semantics
 
 MANAGER_FEATURES = (
@@ -125,6 +129,10 @@ GATE_SHARE = 1 / 3
 
 CONNECTOR_SHARE = 1 / 3
 """The share of runs that play a KV connector (of a manager that takes external tokens)."""
+
+TIER_SHARE = 1 / 2
+"""The share of connector runs with prefix caching on that keep a CPU offload tier behind the
+connector (of a manager that offers one)."""
 
 MAMBA_TYPES = ("mamba2", "mamba2", "mamba1", "gdn_attn", "linear", "short_conv")
 """The state layers a Mamba group's spec is drawn of (vLLM 0.33's `MambaAttentionBackendEnum`;
@@ -356,6 +364,7 @@ class ManagerRun:
         deferred_frees: whether (a connector run) some frees are deferred.
         sync_failures: whether (a connector run of one group, of a manager with
             `evict_blocks`) some sync loads fail, under vLLM 0.33's "fail" policy.
+        offload_tier: the CPU offload tier behind the connector (a connector run), or None.
     """
 
     seed: int
@@ -372,6 +381,7 @@ class ManagerRun:
     external_tokens: bool = False
     deferred_frees: bool = False
     sync_failures: bool = False
+    offload_tier: OffloadTierConfig | None = None
 
     @property
     def block_size(self) -> int:
@@ -444,6 +454,10 @@ class ManagerRun:
             flags.append(config.semantics.name)
         if self.external_tokens:
             flags.append("KV connector")
+        if self.offload_tier is not None:
+            tier = self.offload_tier
+            threshold = f", store threshold {tier.store_threshold}" * tier.tracks_offers
+            flags.append(f"CPU tier of {tier.num_chunks} chunks, {tier.policy}{threshold}")
         on = ", ".join(sorted(self.features)) or "none"
         ops = ", ".join(sorted(self.weights))
         return f"{'; '.join(flags)}; features: {on}; operations: {ops}"
@@ -470,6 +484,8 @@ class ManagerRun:
             keys.append("admission full-sequence gate")
         if self.external_tokens:
             keys.append("KV connector: external tokens")
+        if self.offload_tier is not None:
+            keys.append(f"KV connector: CPU offload tier, {self.offload_tier.policy}")
         keys += [f"feature {name}" for name in self.features]
         keys += [f"operation {name}" for name in self.weights]
         return keys
@@ -520,6 +536,7 @@ def draw_manager_run(
     full_sequence_gate: bool = False,
     external_tokens: bool = False,
     deferred_frees: bool = False,
+    offload_tier: bool = False,
 ) -> ManagerRun:
     """The run of this seed. `attention` (`ATTENTIONS`) restricts the draw;
     `steps_per_run` fixes the run length (default: drawn, 20-2,000 steps, log-uniform);
@@ -531,7 +548,9 @@ def draw_manager_run(
     `full_sequence_gate` whether it offers vLLM 0.33's admission gate (then a third of the runs
     admit through it: `with_full_sequence_gate`), `external_tokens` whether it takes a KV
     connector's external tokens (then a third of the runs without a Mamba group play one),
-    `deferred_frees` whether it defers frees (then every connector run pops some)."""
+    `deferred_frees` whether it defers frees (then every connector run pops some),
+    `offload_tier` whether it keeps a CPU offload tier behind its connector (then half the
+    connector runs with caching have one: `draw_offload_tier`)."""
     rng = random.Random(seed)
     block_size = draw_block_size(rng)
     num_blocks = draw_pool_size(rng)
@@ -611,6 +630,27 @@ def draw_manager_run(
         sync_failures=connector
         and evict_blocks
         and len(config.kv_cache_config.kv_cache_groups) == 1,
+        offload_tier=(  # the last draw of all (module docstring)
+            draw_offload_tier(rng, num_blocks)
+            if connector and offload_tier and config.enable_caching and rng.random() < TIER_SHARE
+            else None
+        ),
+    )
+
+
+def draw_offload_tier(rng: random.Random, num_blocks: int) -> OffloadTierConfig:
+    """A CPU tier behind a connector run's manager, in chunks of one block: in three runs out
+    of four 1 to 4 times the GPU pool's blocks (it keeps what the pool evicted: hits past the
+    GPU's), else up to the pool's (log-uniform: it evicts); LRU or ARC; in a quarter of the
+    runs a store threshold of 2 (a chunk is stored the second time it is offered)."""
+    if rng.random() < 3 / 4:
+        num_chunks = rng.randint(num_blocks, 4 * num_blocks)
+    else:
+        num_chunks = _log_uniform(rng, 1, num_blocks)
+    return OffloadTierConfig(
+        num_chunks=num_chunks,
+        policy=rng.choice(("lru", "arc")),
+        store_threshold=2 if rng.random() < 0.25 else 1,
     )
 
 

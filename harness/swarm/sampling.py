@@ -147,6 +147,8 @@ class ManagerSampler:
                 step = step._replace(fail_at=rng.randrange(4))
             if self.run.deferred_frees and self.run.misuse and rng.random() < 0.1:
                 step = step._replace(release_twice=True)  # misuse: a batch released twice
+            if self.run.offload_tier is not None:  # the oldest store: done, failed, pending
+                step = step._replace(store=rng.choice((0, 0, 0, 0, 1, 2)))
             return step
         if kind == "admit":
             chunk, lookahead = self._draw_chunk(rng), self._draw_lookahead(rng)

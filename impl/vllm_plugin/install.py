@@ -123,7 +123,10 @@ def substitute(scheduler: Any, settings: Settings, version: str, semantics_name:
         "enable_caching": vllm_manager.enable_caching,
         "max_in_flight_tokens": max_in_flight,
     }
-    sink = TraceSink(header, settings.trace_dir, settings.trace_limit)
+    # Replace mode keeps no trace in memory (nothing compares it); with PAGEDKV_VLLM_TRACE it
+    # writes one as shadow mode does.
+    keep = settings.trace_limit if not replace or settings.trace_dir else 0
+    sink = TraceSink(header, settings.trace_dir, keep)
     recorder = Recorder(vllm_manager.max_model_len)
     if replace:
         from vllm.v1.core.kv_cache_manager import KVCacheBlocks

@@ -129,15 +129,14 @@ class TraceSink:
             self._file.write(json.dumps(header) + "\n")
 
     def write(self, event: Event) -> None:
-        line = json.dumps(event, separators=(",", ":"))
         if self._file is not None:
-            self._file.write(line + "\n")
+            self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
         elif self.complete:
             if len(self._lines) >= self.limit:
-                self.complete = False
+                self.complete = False  # from here on a line costs nothing
                 self._lines.clear()
             else:
-                self._lines.append(line)
+                self._lines.append(json.dumps(event, separators=(",", ":")))
 
     def dump(self) -> str | None:
         """The trace as a file (written now when it was kept in memory), or None if dropped."""

@@ -737,6 +737,17 @@ def _release_popped_flattened(
     self.block_pool.free_blocks_locked([block for blocks in groups for block in blocks][::-1])
 
 
+def _reset_keeping_tier(self: manager.KVCacheManager) -> bool:
+    """vLLM 0.33's default reset (issue #57727, `reset_connector=False`): the GPU pool's
+    hashes are forgotten, but the CPU offload tier keeps serving the chunks stored before."""
+    if not self.block_pool.reset_prefix_cache_locked():
+        return False
+    if self.prefix_cache_stats is not None:
+        self.prefix_cache_stats.reset = True
+    self._after_call()
+    return True
+
+
 VARIANTS: tuple[Variant, ...] = (
     Variant(
         "free_to_head",
@@ -939,6 +950,12 @@ VARIANTS: tuple[Variant, ...] = (
         "group's first, not group by group as free does (vLLM #48489)",
         (MethodPatch(manager.KVCacheManager, "_release_popped", _release_popped_flattened),),
         layer="hybrid",
+    ),
+    Variant(
+        "vllm_57727_reset_keeps_tier",
+        "reset_prefix_cache clears the GPU pool only: the CPU offload tier keeps serving KV "
+        "computed before the reset (vLLM #57727)",
+        (MethodPatch(manager.KVCacheManager, "_reset_prefix_cache", _reset_keeping_tier),),
     ),
     Variant(
         "decision_window_run_short",

@@ -316,6 +316,7 @@ SCENARIO_MODULES = (
     "tests/test_full_sequence_gate.py",
     "tests/test_external_tokens.py",
     "tests/test_deferred_frees.py",
+    "tests/test_offload_connector.py",
 )
 SCENARIO_TIMEOUT = 300.0
 
