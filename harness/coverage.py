@@ -155,7 +155,8 @@ class Target:
         needs: the campaign modes it applies to ("misuse", "pagedkv semantics", "kv events":
             the implementation emits KV cache events; "sparse retention": the domain draws a
             retention interval other than dense; "evict_blocks": the manager offers it; "mamba
-            groups": it serves Mamba groups, in the hybrid layer; "full-sequence gate": it takes
+            groups": it serves Mamba groups (beside attention groups in the hybrid layer, alone
+            in the manager layer); "full-sequence gate": it takes
             vLLM 0.33's admission gate; "cache_blocks": it has `cache_blocks`; "offload
             tier": it keeps a CPU offload tier behind its connector); it is
             shown but not enforced otherwise.
@@ -382,6 +383,44 @@ DEFERRED_FREE_TARGETS_HYBRID = _deferred_free_targets(380, 220, 30, 220)
 """About half the CI hybrid campaign's rates (seed 2025, 100,071 steps: 758 popped, 452
 released, every one holding blocks of several groups, 126 lookups hitting a popped block;
 against vLLM 0.33.0, seed 1, 45 such lookups per 100,000: its engine's groups, so 30)."""
+
+MAMBA_ALONE_TARGETS: tuple[Target, ...] = (
+    _t(
+        "Mamba alone: allocations",
+        450,
+        "a model of state layers only: one Mamba group, vLLM 0.33's coordinator without caching",
+        "mamba groups",
+    ),
+    _t(
+        "Mamba alone: allocations taking no block",
+        240,
+        "a running request's state is updated in place: one block whatever its length",
+        "mamba groups",
+    ),
+    _t(
+        "Mamba alone: speculative state blocks taken",
+        60,
+        "num_speculative_blocks more blocks per request (MTP's draft states)",
+        "mamba groups",
+    ),
+    _t(
+        "Mamba alone: allocations refused for lack of blocks",
+        15,
+        "the pool holds a few requests' states: one more request finds none free",
+        "mamba groups",
+    ),
+    _t(
+        "Mamba alone: requests freed holding state blocks",
+        190,
+        "the state blocks back to the free queue, each tail first",
+        "mamba groups",
+    ),
+)
+"""A manager campaign's runs of one Mamba group (`mamba_alone`: 10-20 runs in 400,000 steps,
+so their counts vary by seed). Per 100,000 steps, the CI campaign (seed 2025, 201,511 steps)
+reaches 1,905 allocations, 1,182 of them taking no block, 753 speculative blocks, 55
+refusals, 717 requests freed holding states; `--against vllm==0.33.0` seeds 1-5 (400,000 steps
+each) 934-1,658, 484-873, 122-828, 34-111 and 382-865. Each target is about half the lowest."""
 
 MANAGER_TARGETS: tuple[Target, ...] = (
     _t("decode steps inside a block", 10_000, "the O(1) decode path, the hot path in serving"),
@@ -613,6 +652,7 @@ MANAGER_TARGETS: tuple[Target, ...] = (
     ),
     *DEFERRED_FREE_TARGETS_MANAGER,
     *OFFLOAD_TIER_TARGETS_MANAGER,
+    *MAMBA_ALONE_TARGETS,
     _t("distinct states", 10_000, "block tables, free and cached counts: the drive goes wide"),
 )
 """The manager campaign's targets: each about half the rate the CI campaign (`CI_SEED`,

@@ -206,3 +206,26 @@ def test_mixed_attention_block_sizes_without_caching() -> None:
     # After 19 computed tokens the window starts at token 16: the 6-token group's first two
     # blocks are dropped (freed to the queue's tail), the 2-token group keeps all ten.
     assert results[0][-1] == [[1, 2, 3, 4, 7, 8, 9, 11, 12, 13], [0, 0, 10, 14]]
+
+
+def test_a_model_of_state_layers_only_holds_one_state_per_request() -> None:
+    """One Mamba group alone (a Mamba-2 model, caching off; the manager campaign's
+    `mamba_alone` runs): a request holds its state block and its speculative one whatever its
+    length, a decode step takes none, and the pool runs out at a number of requests; spec and
+    impl take the same blocks."""
+    results: list[list[object]] = []
+    for manager in both(config(5, mamba(speculative=1))):
+        first, long, late = Request("a", range(3)), Request("b", range(30)), Request("c", [7])
+        trace = [ids(step(manager, first, 3)), ids(step(manager, long, 30))]
+        first.append_output_token_ids(3)
+        trace.append(ids(step(manager, first, 1)))
+        trace.append(ids(step(manager, late, 1)))
+        manager.free(first)
+        trace.append(ids(step(manager, late, 1)))
+        trace.append(held(manager, "b"))
+        results.append(trace)
+    assert results[0] == results[1]
+    # Blocks 1-4 hold two requests' states; the third waits until the first is freed, and
+    # takes its blocks back in the order they were freed (with caching off, pagedkv frees a
+    # request's blocks first to last).
+    assert results[0] == [[[1, 2]], [[3, 4]], [[]], None, [[1, 2]], [[3, 4]]]

@@ -43,6 +43,7 @@ from pagedkv.harness.swarm.runs import draw_manager_run, draw_pool_run, run_seed
 from pagedkv.harness.swarm.shrink import shrink
 from pagedkv.manager import KVCacheManager
 from pagedkv.vocab.errors import InvariantViolation
+from pagedkv.vocab.kv_cache_interface import MambaSpec
 from pagedkv.vocab.kv_events import BlockRemoved, KVCacheEvent
 from pagedkv.vocab.semantics import Semantics
 from proofs.planted.catalog import VARIANTS_BY_NAME, planted
@@ -480,3 +481,31 @@ def test_a_free_queue_whose_links_loop_is_a_broken_invariant_not_an_endless_walk
     queue.free_list_tail.next_free_block = queue.free_list_head  # 5 -> 1: the links loop
     with pytest.raises(InvariantViolation, match="block 1 is reached twice from the head"):
         adapter.snapshot()
+
+
+def test_models_of_state_layers_only_are_the_last_draw_of_a_manager_run() -> None:
+    """A manager that serves Mamba groups gets, in some single-group runs drawn with caching
+    off (no EAGLE, gate or connector), one Mamba group alone (`mamba_alone`), its pool holding
+    one to `max_live` requests' states and the null block; every other run is drawn as for a
+    manager that does not."""
+    flags = {"evict_blocks": True, "external_tokens": True, "full_sequence_gate": True}
+    alone = 0
+    for index in range(400):
+        seed = run_seed(2025, "manager", index)
+        run = draw_manager_run(seed, mamba_groups=True, **flags)
+        before = draw_manager_run(seed, **flags)
+        groups = run.config.kv_cache_config.kv_cache_groups
+        spec = groups[0].kv_cache_spec
+        if not isinstance(spec, MambaSpec):
+            assert run == before
+            continue
+        alone += 1
+        assert len(groups) == 1 and spec.page_size_padded is None
+        assert spec.block_size == run.config.max_model_len
+        assert not (run.config.enable_caching or run.config.use_eagle)
+        assert not (run.full_sequence_gate or run.external_tokens)
+        per_request = spec.blocks_per_request
+        assert per_request < run.config.kv_cache_config.num_blocks
+        assert run.config.kv_cache_config.num_blocks <= per_request * run.max_live + 1
+        assert dataclasses.replace(run, config=before.config) == before
+    assert 4 <= alone <= 25  # half of the ~5% of runs eligible

@@ -675,7 +675,7 @@ class ManagerClient:
         if result is None:
             counts["allocate_slots refused for lack of blocks"] += 1
             if self.mamba_groups:
-                counts["Mamba hybrids: allocations refused for lack of blocks"] += 1
+                counts[f"{self._mamba_label}: allocations refused for lack of blocks"] += 1
             if self.hybrid:
                 self._count_hybrid_refusal(request_id, start + num_tokens + lookahead, hit_lists)
             return False
@@ -815,16 +815,26 @@ class ManagerClient:
             if needed <= num_free:
                 counts["full-sequence gate: capped admissions admitted"] += 1
 
+    @property
+    def _mamba_label(self) -> str:
+        """The coverage counters' prefix of a run with Mamba groups: beside attention groups
+        (a hybrid) or alone (a model of state layers only)."""
+        return "Mamba hybrids" if self.hybrid else "Mamba alone"
+
     def _count_mamba_step(self, new_lists: GroupIds) -> None:
-        """A Mamba hybrid's allocation: what the Mamba groups took beside the attention groups
-        (groups of several block sizes take different numbers of blocks)."""
+        """An allocation of a run with Mamba groups: what the Mamba groups took, beside the
+        attention groups of a hybrid (groups of several block sizes take different numbers of
+        blocks)."""
         counts = self.coverage.counts
-        counts["Mamba hybrids: allocations"] += 1
+        label = self._mamba_label
+        counts[f"{label}: allocations"] += 1
+        if not any(new_lists):
+            counts[f"{label}: allocations taking no block"] += 1
         if len({len(blocks) for blocks in new_lists}) > 1:
-            counts["Mamba hybrids: steps where groups took different numbers of blocks"] += 1
+            counts[f"{label}: steps where groups took different numbers of blocks"] += 1
         for group in self.mamba_groups:
             if len(new_lists[group]) > 1:
-                counts["Mamba hybrids: speculative state blocks taken"] += len(new_lists[group]) - 1
+                counts[f"{label}: speculative state blocks taken"] += len(new_lists[group]) - 1
 
     def _cached_candidates(self, held: tuple[list[int], ...], end_token: int) -> dict[int, bool]:
         """Whether each block an allocation may hand out is cached: new blocks come from the
@@ -1196,13 +1206,14 @@ class ManagerClient:
             self.coverage.counts["deferred frees: batches released"] += 1
 
     def _count_free(self, request_id: str) -> None:
-        """A hybrid request about to be freed holding blocks in several groups: the frees
-        group by group, each tail first, decide the free queue's order."""
-        held = self.spec.held(request_id) or () if self.hybrid else ()
-        if sum(1 for blocks in held if any(blocks)) >= 2:
+        """A request about to be freed: a hybrid one holding blocks in several groups (the
+        frees group by group, each tail first, decide the free queue's order), or one holding
+        Mamba state blocks."""
+        held = self.spec.held(request_id) or () if self.hybrid or self.mamba_groups else ()
+        if self.hybrid and sum(1 for blocks in held if any(blocks)) >= 2:
             self.coverage.counts["hybrid requests freed from several groups"] += 1
-        if self.mamba_groups and held:
-            self.coverage.counts["Mamba hybrids: requests freed holding state blocks"] += 1
+        if held and any(held[group] for group in self.mamba_groups):
+            self.coverage.counts[f"{self._mamba_label}: requests freed holding state blocks"] += 1
 
     def _finish(self, op: Finish) -> tuple[Live, ...]:
         live = self._pick(op.which, running=None)

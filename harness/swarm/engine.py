@@ -83,7 +83,8 @@ class Layer:
         sampler: run -> the sampler of its operations.
         kv_events: whether some runs turn KV cache events on.
         evict_blocks: whether some runs call `evict_blocks` (a manager layer).
-        mamba_groups: whether some runs have Mamba groups (the hybrid layer).
+        mamba_groups: whether some runs have Mamba groups (beside attention groups in the hybrid
+            layer, alone in the manager layer).
         full_sequence_gate: whether some runs admit through the full-sequence gate.
         cache_blocks: whether runs with draft tokens call `cache_blocks` after each output.
         external_tokens: whether some runs play a KV connector (external tokens at admission).
@@ -239,7 +240,7 @@ def manager_layer(
         lambda run: ManagerSampler(run, tuple(hostile_calls)),
         events,
         evict,
-        mamba and attention == "hybrid",
+        mamba,
         gate,
         caches,
         external,
@@ -431,7 +432,7 @@ class Campaign:
             modes.add("kv events")
         if self.layer.evict_blocks:
             modes.add("evict_blocks")
-        if self.layer.mamba_groups and self.domain.max_groups > 1:
+        if self.layer.mamba_groups and (self.layer.name == "manager" or self.domain.max_groups > 1):
             modes.add("mamba groups")
         if self.layer.full_sequence_gate:
             modes.add("full-sequence gate")

@@ -35,7 +35,9 @@ admissions then adopt external tokens past their hit, loaded synchronously or as
 (`Admit.external`, `Admit.load_async`). Last of all, a connector run with prefix caching on,
 of a manager that keeps a CPU offload tier behind its connector (`offers_offload_tier`), has
 one in half the runs (`draw_offload_tier`): the connector's external hits are then the tier's
-answer, and every step stores the blocks it computed.
+answer, and every step stores the blocks it computed. The very last draw: a single-group run
+with prefix caching off and without EAGLE, the gate or a connector, of a manager that serves
+Mamba groups, is in half the runs a model of state layers only (`mamba_alone`), one Mamba group.
 """
 
 from __future__ import annotations
@@ -147,6 +149,10 @@ manager that serves Mamba groups), and the `num_speculative_blocks` each Mamba g
 (MTP keeps 1-2 draft states). Only runs drawn without caching: a Mamba hybrid takes nothing
 from the prefix-cache coverage."""
 
+MAMBA_ALONE_SHARE = 1 / 2
+"""The share of single-group runs with caching off and without EAGLE whose group is a Mamba
+group (of a manager that serves Mamba groups): a model of state layers only."""
+
 ATTENTIONS = ("both", "full", "sliding", "hybrid")
 """What a manager layer draws: single-group runs of either attention type ("both"), of one, or
 hybrid runs (the hybrid layer)."""
@@ -212,11 +218,12 @@ def _draw_chunked(rng: random.Random, block_size: int, domain: Domain) -> KVCach
 def mamba_spec(
     max_model_len: int,
     num_speculative_blocks: int,
-    page_size_bytes: int,
+    page_size_bytes: int | None,
     mamba_type: str = "mamba2",
 ) -> MambaSpec:
     """The smallest state layer of `mamba_type` (one float16 state value) in mode "none": one
-    block of `max_model_len` tokens, its page padded to the attention page (as vLLM pads it)."""
+    block of `max_model_len` tokens, its page padded to `page_size_bytes`, the attention page
+    (as vLLM pads it), or not padded (None: no attention layer)."""
     return MambaSpec(
         block_size=max_model_len,
         shapes=[(1,)],
@@ -467,6 +474,8 @@ class ManagerRun:
         window = self.sliding_window
         if self.hybrid:
             attention = f"attention hybrid, {len(self.specs)} groups"
+        elif isinstance(self.specs[0], MambaSpec):
+            attention = "attention Mamba states alone"
         else:
             attention = "attention full" if window is None else "attention sliding window"
         keys = [
@@ -492,11 +501,15 @@ class ManagerRun:
 
 
 def describe_spec(spec: KVCacheSpec) -> str:
-    """A group's attention in words: "full attention", "sliding window 5", "chunks of 8"."""
+    """A group's attention in words: "full attention", "sliding window 5", "chunks of 8",
+    "mamba2 states", "gdn_attn states, 2 speculative"."""
     if isinstance(spec, SlidingWindowSpec):
         return f"sliding window {spec.sliding_window}"
     if isinstance(spec, ChunkedLocalAttentionSpec):
         return f"chunks of {spec.attention_chunk_size}"
+    if isinstance(spec, MambaSpec):
+        speculative = spec.num_speculative_blocks
+        return f"{spec.mamba_type} states" + f", {speculative} speculative" * (speculative > 0)
     return "full attention"
 
 
@@ -612,6 +625,20 @@ def draw_manager_run(
             for group in config.kv_cache_config.kv_cache_groups
         )
     )
+    tier = (
+        draw_offload_tier(rng, num_blocks)
+        if connector and offload_tier and config.enable_caching and rng.random() < TIER_SHARE
+        else None
+    )
+    if (  # the last draw of all (module docstring)
+        mamba_groups
+        and not hybrid
+        and cacheless
+        and not gate
+        and not connector
+        and rng.random() < MAMBA_ALONE_SHARE
+    ):
+        config = mamba_alone(rng, config, max_live)
     return ManagerRun(
         seed=seed,
         config=config,
@@ -630,11 +657,7 @@ def draw_manager_run(
         sync_failures=connector
         and evict_blocks
         and len(config.kv_cache_config.kv_cache_groups) == 1,
-        offload_tier=(  # the last draw of all (module docstring)
-            draw_offload_tier(rng, num_blocks)
-            if connector and offload_tier and config.enable_caching and rng.random() < TIER_SHARE
-            else None
-        ),
+        offload_tier=tier,
     )
 
 
@@ -695,6 +718,20 @@ def with_retention(rng: random.Random, config: ManagerConfig, domain: Domain) ->
         return config
     interval = domain.retention(rng, kv_cache_config.scheduler_block_size)
     return dataclasses.replace(config, kv_cache_config=kv_cache_config.with_retention(interval))
+
+
+def mamba_alone(rng: random.Random, config: ManagerConfig, max_live: int) -> ManagerConfig:
+    """`config` (one group, caching off) as a model of state layers only (Mamba-1/2 models,
+    Falcon-Mamba): its one group becomes a Mamba group (drawn as `_draw_mamba` draws one),
+    whose page is the state itself (no attention page to pad to). Its pool holds the states of
+    one request to `max_live` requests, uniformly, and the null block: a pool of states is a
+    number of concurrent requests, and the drive runs out of it. vLLM 0.33 serves such a model
+    through its coordinator without prefix caching and one `MambaManager`."""
+    speculative = rng.choice(MAMBA_SPECULATIVE_BLOCKS)
+    alone = mamba_spec(config.max_model_len, speculative, None, rng.choice(MAMBA_TYPES))
+    per_request = alone.blocks_per_request
+    num_blocks = rng.randint(per_request + 1, per_request * max_live + 1)
+    return dataclasses.replace(config, kv_cache_config=hybrid_kv_cache_config([alone], num_blocks))
 
 
 def with_mamba_groups(rng: random.Random, config: ManagerConfig, domain: Domain) -> ManagerConfig:
