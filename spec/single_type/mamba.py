@@ -257,3 +257,37 @@ class MambaAlignState(SpecSingleTypeManager):
             if position < self.retired.get(request_id, 0):
                 return f"column {position} holds block {block_id} though retired"
         return None
+
+
+def mamba_chunk(
+    start: int,
+    wanted: int,
+    num_prompt_tokens: int,
+    num_tokens: int,
+    block_size: int,
+    junction: int = 0,
+) -> int:
+    """The tokens a step from `start` computes when the scheduler's budget allows `wanted`, as
+    vLLM 0.33's scheduler cuts a prefill chunk for a Mamba group in mode "align"
+    (`_mamba_block_aligned_split`, default flags: no EAGLE, no sub-block tail, no checkpoint
+    blocks); for a harness or a test to play the scheduler's part. During prefill (`start` below
+    `max(num_prompt_tokens, num_tokens - 1)`): a chunk starting inside a block stops at its end;
+    none runs past the last block boundary before the last token (`(num_tokens - 1) // B * B`,
+    so that the prompt's replay state is a step's end) nor past the shared-prefix `junction`;
+    a chunk that is not the last is cut down to a block boundary unless that leaves nothing (a
+    budget smaller than a block advances inside it). Never past `num_tokens`; outside
+    prefill, `wanted` up to there."""
+    prefill_end = max(num_prompt_tokens, num_tokens - 1)
+    if start >= prefill_end:
+        return max(min(wanted, num_tokens - start), 0)
+    end = min(start + wanted, num_tokens)
+    if start % block_size:
+        end = min(end, -(-start // block_size) * block_size)
+    last_cache_position = (num_tokens - 1) // block_size * block_size
+    if start < last_cache_position:
+        end = min(end, last_cache_position)
+    if start < junction:
+        end = min(end, junction)
+    if end < prefill_end and end // block_size * block_size > start:
+        end = end // block_size * block_size
+    return end - start
