@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import pytest
-from hypothesis import event, given, settings
+from hypothesis import Phase, event, given, settings
 from hypothesis import strategies as st
 
 from pagedkv import (
@@ -31,6 +31,7 @@ from pagedkv import (
     RequestError,
     SlidingWindowSpec,
 )
+from pagedkv.single_type import MambaAlignManager, SingleTypeKVCacheManager
 from pagedkv.spec.manager import SpecKVCacheManager
 from pagedkv.spec.single_type.mamba import mamba_chunk
 
@@ -509,10 +510,11 @@ OPS = st.lists(
     min_size=10,
     max_size=80,
 )
+RETENTIONS = st.sampled_from([None, 0, 8])
 
 
 @settings(max_examples=150, deadline=None)
-@given(OPS, st.sampled_from([None, 0, 8]))
+@given(OPS, RETENTIONS)
 def test_spec_and_impl_agree_on_random_aligned_workloads(
     ops: list[Op], retention: int | None
 ) -> None:
@@ -521,6 +523,46 @@ def test_spec_and_impl_agree_on_random_aligned_workloads(
     them), stepped, decoded, freed and preempted, with scheduler steps in between; after each
     operation both sides answer alike, hold the same tables, keys and counts, and keep their
     invariants (attention truth included)."""
+    run_workload(ops, retention)
+
+
+PLANTED: dict[str, tuple[str, object]] = {
+    "the range walk stops at the first null": (
+        "remove_skipped_blocks",
+        SingleTypeKVCacheManager.remove_skipped_blocks,
+    ),
+    "the previous state is freed a step early": (
+        "num_skipped_blocks",
+        lambda self, num_computed_tokens: num_computed_tokens // self.block_size,
+    ),
+    "masked states are cached": (
+        "retained",
+        lambda self, request, junction, first, end: [True] * (end - first),
+    ),
+    "no same-step deferral": ("defers", lambda self, hits: False),
+}
+
+
+@pytest.mark.parametrize("bug", list(PLANTED))
+def test_the_differential_run_catches_planted_mamba_bugs(
+    bug: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each planted bug of the implementation's Mamba group (the plan's step 2 list) makes the
+    random workloads above diverge from the spec or break an invariant."""
+    name, planted = PLANTED[bug]
+    monkeypatch.setattr(MambaAlignManager, name, planted)
+
+    @settings(max_examples=300, deadline=None, database=None, phases=[Phase.generate])
+    @given(OPS, RETENTIONS)
+    def diverges(ops: list[Op], retention: int | None) -> None:
+        run_workload(ops, retention)
+
+    with pytest.raises((AssertionError, InvariantViolation)):
+        diverges()
+
+
+def run_workload(ops: list[Op], retention: int | None) -> None:
+    """`test_spec_and_impl_agree_on_random_aligned_workloads`'s run of `ops`."""
     spec_config = config(24, full(SMALL), mamba(SMALL), retention=retention)
     managers = both(spec_config, max_model_len=64)
     running: list[Request] = []
