@@ -426,6 +426,25 @@ def test_calls_left_out_are_refused_alike_and_change_nothing(case: str) -> None:
 
 
 @SIDES
+def test_a_deferred_free_hands_over_the_states_without_nulls(side: int) -> None:
+    """`pop_blocks_for_free` hands over a Mamba table's real blocks only (its null blocks lie
+    between them too), and `free_popped_blocks` releases them as `free` would."""
+    manager = both(config())[side]
+    request = Request("A", range(100))
+    manager.new_step_starts()
+    admit(manager, request, 96)
+    manager.new_step_starts()
+    step(manager, request, 4)
+    assert tables(manager, "A")[1] == [0, 0, 0, 0, 0, 7, 9]
+    popped = manager.pop_blocks_for_free(request)
+    assert ids(popped) == [[1, 2, 3, 4, 5, 6, 8], [7, 9]]
+    manager.check_invariants()
+    manager.free_popped_blocks(popped)
+    manager.check_invariants()
+    assert num_free(manager) == 39 and cached(manager)[7]
+
+
+@SIDES
 def test_a_hit_of_another_shape_is_refused(side: int) -> None:
     """A Mamba hit is nulls then one cached state: a hit holding two real blocks, or a cached
     state at a position other than its key's, is refused, and nothing changes."""
