@@ -39,6 +39,7 @@ class KVCacheCoordinator(ABC):
         num_groups: how many there are.
         use_eagle: a hit drops its last block (EAGLE needs its hidden states).
         sparse: a sliding-window group caches under sparse retention.
+        state_group: the Mamba group in mode "align" (at most one: `check_manager`), or None.
         eagle_lookup: hits are found `for_eagle` (with use_eagle, unless vLLM 0.8.5's
             `eagle_window_hit_one_short`).
 
@@ -80,6 +81,7 @@ class KVCacheCoordinator(ABC):
         self._stateful = tuple(
             manager for manager in self.single_type_managers if manager.holds_state
         )
+        self.state_group = self._stateful[0].group_id if self._stateful else None
 
     @abstractmethod
     def find_longest_cache_hit(

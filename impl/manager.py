@@ -252,8 +252,9 @@ class KVCacheManager:
             manager.extra_blocks for manager in single_type_managers
         )
         self._mixed_sizes = len({manager.block_size for manager in single_type_managers}) > 1
-        # The Mamba group in mode "align" (at most one: `check_manager`), or None.
-        self._state_group = next((m.group_id for m in single_type_managers if m.holds_state), None)
+        # Junctions are recorded under sparse retention, and with a Mamba group in mode
+        # "align" whatever the retention (`shared_prefix_boundary`).
+        self._keeps_junctions = self._sparse or self.coordinator.state_group is not None
         self._unitary = self.num_groups == 1 and not self._per_group
         # The admission fast path's ground: one full-attention group that caches every block.
         self._admits_fast = (
@@ -388,7 +389,7 @@ class KVCacheManager:
         if stats is not None:
             stats.requests += 1
         if request.prompt_logprobs:
-            if self._sparse:
+            if self._keeps_junctions:
                 self._junctions[request_id] = 0
             self._after_call()
             return self._no_blocks, 0
@@ -397,7 +398,7 @@ class KVCacheManager:
         lookup = block_hashes[:-1] if last_left_out else block_hashes
         hits = self.coordinator.find_longest_cache_hit(lookup, block_hashes)
         num_hits = len(hits[0])
-        if self._sparse:
+        if self._keeps_junctions:
             self._junctions[request_id] = self.coordinator.junction(num_hits, lookup, block_hashes)
         if num_hits:
             # Group 0's blocks carry the hashes themselves: allocate_slots' check of them
@@ -786,7 +787,7 @@ class KVCacheManager:
         num_evictable = self._num_evictable_hits(hits) if num_hits else 0
         num_to_allocate = coordinator.get_num_blocks_to_allocate(num_new)
         if not fits(num_to_allocate, pool.get_num_free_blocks(), num_evictable) or (
-            num_hits and self._state_group is not None and coordinator.defers(hits)
+            num_hits and self.coordinator.state_group is not None and coordinator.defers(hits)
         ):
             if self.debug_invariants:
                 self._after_call()
@@ -826,7 +827,7 @@ class KVCacheManager:
         """With a Mamba group in mode "align" (the spec's precondition 8): no speculative or
         lookahead tokens, and a step starting inside one of its blocks ends by that block's
         end. Complexity: O(1)."""
-        group = self._state_group
+        group = self.coordinator.state_group
         if group is None:
             return
         if num_spec or num_lookahead:
@@ -1069,7 +1070,7 @@ class KVCacheManager:
         adopted as the step adopts them), as the step's own check counts them.
         Complexity: O(groups + hits)."""
         request_id = request.request_id
-        if hits and self._state_group is not None and self.coordinator.defers(hits):
+        if hits and self.coordinator.state_group is not None and self.coordinator.defers(hits):
             return False
         num_tokens = min(request.num_tokens, self.max_model_len)
         missing = 0
@@ -1428,7 +1429,9 @@ class KVCacheManager:
         """The shared-prefix junction the request's last lookup found, in tokens (vLLM's
         `shared_prefix_boundary`, the third value of its `get_computed_blocks`): where the
         longest single-group hit ends when the common hit is shorter. 0 when there is none,
-        without sparse retention (nothing keeps a junction then) or for an unknown request.
+        without sparse retention (nothing keeps a junction then) unless a Mamba group in mode
+        "align" is there (vLLM's scheduler cuts its chunks at the junction whatever the
+        retention), or for an unknown request.
 
         Raises:
             ArgumentTypeError: `request_id` is not a str.
@@ -1436,7 +1439,7 @@ class KVCacheManager:
         Complexity: O(1).
         """
         checked = require_str(f"{MANAGER}.shared_prefix_boundary", "request_id", request_id)
-        return self._junctions.get(checked, 0) if self._sparse else 0
+        return self._junctions.get(checked, 0) if self._keeps_junctions else 0
 
     def get_block_ids(self, request_id: object) -> tuple[list[int], ...]:
         """The ids of the blocks `request_id` holds, one list per group (the null block's id
@@ -1474,7 +1477,7 @@ class KVCacheManager:
             request = self._requests.pop(request_id, None)
             if type(request) is Request:
                 self._records.pop(request, None)
-            if self._junctions:  # only sparse retention records junctions
+            if self._junctions:  # only sparse retention or a Mamba group records junctions
                 self._junctions.pop(request_id, None)
 
     def _after_call(self) -> None:

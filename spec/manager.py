@@ -284,12 +284,14 @@ class SpecKVCacheManager:
         return self.pool.get_usage()
 
     def shared_prefix_boundary(self, request_id: str) -> int:
-        """The junction of the request's last lookup (`junction_of`), in tokens, where a
-        sliding-window group or a Mamba group in mode "align" keeps it (sparse retention);
-        else 0."""
+        """The junction of the request's last lookup (`junction_of`), in tokens: with a Mamba
+        group in mode "align" whatever the retention (vLLM 0.33 answers it always, and its
+        scheduler cuts a Mamba group's chunks there), else where a sliding-window group keeps
+        it (sparse retention); else 0."""
+        if any(manager.holds_state for manager in self.managers):
+            return self.junction.get(request_id, 0)
         if self.retention_interval is None or not any(
-            isinstance(spec, SlidingWindowSpec) or manager.holds_state
-            for spec, manager in zip(self.specs, self.managers, strict=True)
+            isinstance(spec, SlidingWindowSpec) for spec in self.specs
         ):
             return 0
         return self.junction.get(request_id, 0)
