@@ -1272,7 +1272,9 @@ class KVCacheManager:
             managers = self.coordinator.single_type_managers
             # Each group from its own count (they differ after external tokens pushed hits out
             # of a window).
-            if any(num_full > manager.num_cached_block.get(request_id, 0) for manager in managers):
+            if self.coordinator.state_group is not None or any(
+                num_full > manager.num_cached_block.get(request_id, 0) for manager in managers
+            ):
                 stored = self.req_to_block_hashes.setdefault(request_id, [])
                 junction = self._junctions.get(request_id, 0) if self._sparse else 0
                 for manager in managers:

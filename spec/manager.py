@@ -936,8 +936,10 @@ class SpecKVCacheManager:
         if num_computed_tokens > computed:
             raise refusals.cache_past_computed(request_id, num_computed_tokens, computed)
         num_full = num_computed_tokens // self.block_size
-        if all(num_full <= manager.num_cached.get(request_id, 0) for manager in self.managers):
-            return
+        if not any(manager.holds_state for manager in self.managers) and all(
+            num_full <= manager.num_cached.get(request_id, 0) for manager in self.managers
+        ):
+            return  # (a Mamba group in mode "align" may key its replay state again)
         num_cached = self.num_cached.get(request_id, 0)
         stored = self.hashes.setdefault(request_id, [])
         num_recorded = len(stored)

@@ -231,6 +231,30 @@ def test_the_same_step_refusal_is_by_key(side: int) -> None:
 
 
 @SIDES
+def test_an_evicted_replay_state_is_keyed_again(side: int) -> None:
+    """`evict_blocks` takes the key of A's state at 96 (its prompt's replay boundary) while A
+    holds it as its previous state; A's next step, caching up to 96 again, keys it again (as
+    vLLM 0.33's partial-tail path does), and that key counts as cached in this step."""
+    manager = both(config())[side]
+    request = Request("A", range(100))
+    manager.new_step_starts()
+    admit(manager, request, 96)
+    manager.new_step_starts()
+    manager.evict_blocks([7])
+    assert not cached(manager)[7]
+    manager.check_invariants()
+    assert step(manager, request, 4) == [[8], [9]]
+    assert cached(manager)[7]
+    sibling = Request("B", [*range(100), 5])
+    hits, num_hit_tokens = manager.get_computed_blocks(sibling)
+    assert num_hit_tokens == 96
+    assert manager.allocate_slots(sibling, 5, hits) is None  # keyed again in this step
+    manager.new_step_starts()
+    assert manager.allocate_slots(sibling, 5, hits) is not None
+    manager.check_invariants()
+
+
+@SIDES
 def test_preemption_and_readmission(side: int) -> None:
     """Section 4.4: A freed at n = 105 is readmitted after one more token: its own state at
     96 is hit (112 was never reached), its table as a first admission with a hit."""
@@ -528,7 +552,7 @@ Op = tuple[str, int, int]
 OPS = st.lists(
     st.tuples(
         st.sampled_from(
-            ["admit", "admit", "step", "step", "step", "free", "preempt", "new", "new"]
+            ["admit", "admit", "step", "step", "step", "free", "preempt", "new", "new", "evict"]
         ),
         st.integers(0, 40),
         st.integers(1, 24),
@@ -665,6 +689,15 @@ def run_workload(
             else:
                 for manager in managers:
                     manager.free_block_hashes(request)
+        elif kind == "reset":
+            answers = [manager.reset_prefix_cache() for manager in managers]
+            assert answers[0] == answers[1]
+        elif kind == "evict":
+            keyed = [block for block, key in enumerate(cached(managers[0])) if key]
+            if keyed:
+                evicted = [keyed[choice % len(keyed)], keyed[budget % len(keyed)]]
+                for manager in managers:
+                    manager.evict_blocks(evicted)
         for manager in managers:
             manager.check_invariants()
         request_ids = [request.request_id for request in running]

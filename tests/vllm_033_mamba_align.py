@@ -64,6 +64,12 @@ class VllmSide:
     def free_block_hashes(self, request: Request) -> None:
         self.adapter.free_block_hashes(request)
 
+    def reset_prefix_cache(self) -> bool:
+        return bool(self.adapter.reset_prefix_cache())
+
+    def evict_blocks(self, block_ids: list[int]) -> None:
+        self.adapter.evict_blocks(block_ids)
+
     def new_step_starts(self) -> None:
         self.adapter.manager.new_step_starts()
 

@@ -189,21 +189,43 @@ class MambaAlignManager(SingleTypeKVCacheManager):
         junction: int = 0,
     ) -> None:
         """The base class's caching (null columns skipped), recording every key a state is
-        cached under in `keyed_this_step`. Complexity: O(columns cached * block_size)."""
+        cached under in `keyed_this_step`; then the state at the prompt's replay boundary is
+        keyed again when the cached length is that boundary and it lost its key (the spec's
+        `MambaAlignState.cache_blocks`). Complexity: O(columns cached * block_size)."""
         request_id = request.request_id
         blocks = self.req_to_blocks[request_id]
         first = min(self.num_cached_block.get(request_id, num_cached), len(blocks))
         end = min(num_full, len(blocks))
         super().cache_blocks(request, block_hashes, num_cached, num_full, hash_fn, junction)
-        if end <= first:
-            return
-        mask = self.retained(request, junction, first, end) if self.sparse else None
         null_block = self.null_block
         group_id = self.group_id
-        for position in range(first, end):
-            if blocks[position] is not null_block and (mask is None or mask[position - first]):
-                key = block_hashes[position]
-                self.keyed_this_step.add(GroupKey(group_id, key) if group_id else key)
+        if end > first:
+            mask = self.retained(request, junction, first, end) if self.sparse else None
+            for position in range(first, end):
+                if blocks[position] is not null_block and (mask is None or mask[position - first]):
+                    key = block_hashes[position]
+                    self.keyed_this_step.add(GroupKey(group_id, key) if group_id else key)
+        position = num_full - 1
+        if (
+            0 < num_full == (request.num_prompt_tokens - 1) // self.block_size
+            and position < len(blocks)
+            and blocks[position] is not null_block
+            and blocks[position].block_hash is None
+        ):
+            self.block_pool.cache_full_blocks_locked(
+                request,
+                blocks,
+                block_hashes,
+                position,
+                num_full,
+                self.block_size,
+                hash_fn,
+                group_id,
+                None,
+                True,  # parent_from_stored
+            )
+            key = block_hashes[position]
+            self.keyed_this_step.add(GroupKey(group_id, key) if group_id else key)
 
     def defers(self, hits: Sequence[KVCacheBlock]) -> bool:
         """Whether the hit's state was keyed in this scheduler step (by its key).

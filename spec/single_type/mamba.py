@@ -195,7 +195,10 @@ class MambaAlignState(SpecSingleTypeManager):
         junction: int = 0,
     ) -> list[int]:
         """As every type caches (null columns are skipped), and every key a state is cached
-        under is recorded in `keyed_this_step`."""
+        under is recorded in `keyed_this_step`. Then, when the cached length `num_full * B` is
+        the prompt's replay boundary (`P - 1` aligned down), the state there is keyed again if
+        it lost its key (`evict_blocks`): vLLM 0.33 re-keys the prompt's last boundary state on
+        every cache call (its partial-tail path, a no-op unless the key was taken)."""
         held = self.blocks[request.request_id]
         first = min(self.num_cached.get(request.request_id, num_cached), len(held))
         end = min(num_full, len(held))
@@ -206,6 +209,26 @@ class MambaAlignState(SpecSingleTypeManager):
         for index, position in enumerate(range(first, end)):
             if held[position] != NULL_BLOCK_ID and (kept is None or kept[index]):
                 self.keyed_this_step.add(cache_key(block_hashes[position], self.group_id))
+        boundary = (request.num_prompt_tokens - 1) // self.block_size
+        position = num_full - 1
+        if (
+            0 < num_full == boundary
+            and position < len(held)
+            and held[position] != NULL_BLOCK_ID
+            and self.pool.block_hash[held[position]] is None
+        ):
+            self.pool.cache_full_blocks_unchecked(
+                request,
+                held,
+                block_hashes,
+                position,
+                num_full,
+                self.block_size,
+                hash_fn,
+                self.group_id,
+                parent_from_stored=True,
+            )
+            self.keyed_this_step.add(cache_key(block_hashes[position], self.group_id))
         return left_out
 
     def defers(self, hits: Sequence[int]) -> bool:
