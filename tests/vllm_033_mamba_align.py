@@ -20,6 +20,7 @@ nothing is cached.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +30,7 @@ from test_mamba_align import OPS, Op, config, ids, run_workload
 from vllm_campaign import UNREACHABLE, _unreachable
 
 from pagedkv import KVCacheConfig, Request
+from pagedkv.harness.comparison import quiet_refusal_warnings
 from pagedkv.harness.protocol import ManagerConfig
 from pagedkv.harness.setup_check import SetupError
 from pagedkv.harness.vllm.against import Against, prepare
@@ -178,6 +180,8 @@ def main(retention: int | None, examples: int) -> tuple[int, dict[str, object]]:
     except SetupError as error:
         status = UNREACHABLE if _unreachable(error) else 2
         return status, {"setup_error": f"{error} (cause: {error.__cause__!r})"}
+    for name in against.adapter.loggers:
+        logging.getLogger(name).setLevel(logging.ERROR)
     semantics = against.adapter.semantics
     report: dict[str, object] = {"retention": retention, "scenarios": {}, "failure": None}
     agreed: dict[str, bool] = {}
@@ -209,7 +213,8 @@ def main(retention: int | None, examples: int) -> tuple[int, dict[str, object]]:
         run_workload(ops, retention, build)
 
     try:
-        workloads()
+        with quiet_refusal_warnings():  # refused resets warn, on both sides
+            workloads()
     except AssertionError as error:
         report["failure"] = f"{type(error).__name__}: {error}"
     report["workloads"] = runs
