@@ -264,14 +264,11 @@ def _check_mamba_align(
     if use_eagle:
         raise refusals.mamba_align_unserved(group, "EAGLE (use_eagle=True)")
     groups = config.kv_cache_groups
-    if num_mamba > 1:
-        mamba_groups = [g for g, gs in enumerate(groups) if isinstance(gs.kv_cache_spec, MambaSpec)]
-        raise refusals.mamba_align_unserved(group, f"several Mamba groups {mamba_groups}")
-    if len(groups) == 1:
+    if not any(isinstance(other.kv_cache_spec, FullAttentionSpec) for other in groups):
         raise refusals.mamba_align_unserved(group, "no full-attention group beside it")
     for other, other_group in enumerate(groups):
         other_spec = other_group.kv_cache_spec
-        if other != group and not isinstance(other_spec, FullAttentionSpec):
+        if not isinstance(other_spec, (FullAttentionSpec, MambaSpec)):
             name = type(other_spec).__name__
             raise refusals.mamba_align_unserved(group, f"a {name} group beside it (group {other})")
 

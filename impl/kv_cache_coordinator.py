@@ -39,7 +39,7 @@ class KVCacheCoordinator(ABC):
         num_groups: how many there are.
         use_eagle: a hit drops its last block (EAGLE needs its hidden states).
         sparse: a sliding-window group caches under sparse retention.
-        state_group: the Mamba group in mode "align" (at most one: `check_manager`), or None.
+        state_group: the first Mamba group in mode "align" (refusals name it), or None.
         eagle_lookup: hits are found `for_eagle` (with use_eagle, unless vLLM 0.8.5's
             `eagle_window_hit_one_short`).
 

@@ -215,8 +215,8 @@ def check_mamba_align(
 ) -> None:
     """A Mamba group in mode "align" (caching on) is served with vLLM 0.33's engine defaults
     only, in this order (KVCacheConfigError): no speculative blocks, no prefill checkpoint
-    blocks, no EAGLE, no other Mamba group, at least one other group, and every other group
-    full attention (docs/semantics.md, "Mamba states with prefix caching")."""
+    blocks, no EAGLE, a full-attention group in the config, and every group full attention or
+    Mamba (docs/semantics.md, "Mamba states with prefix caching")."""
     if spec.num_speculative_blocks:
         raise refusals.mamba_align_unserved(
             group, f"num_speculative_blocks={spec.num_speculative_blocks}"
@@ -227,12 +227,10 @@ def check_mamba_align(
         )
     if use_eagle:
         raise refusals.mamba_align_unserved(group, "EAGLE (use_eagle=True)")
-    if len(mamba_groups) > 1:
-        raise refusals.mamba_align_unserved(group, f"several Mamba groups {list(mamba_groups)}")
-    if len(specs) == 1:
+    if not any(isinstance(other_spec, FullAttentionSpec) for other_spec in specs):
         raise refusals.mamba_align_unserved(group, "no full-attention group beside it")
     for other, other_spec in enumerate(specs):
-        if other != group and not isinstance(other_spec, FullAttentionSpec):
+        if not isinstance(other_spec, (FullAttentionSpec, MambaSpec)):
             name = type(other_spec).__name__
             raise refusals.mamba_align_unserved(group, f"a {name} group beside it (group {other})")
 

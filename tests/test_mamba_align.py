@@ -343,35 +343,35 @@ CONFIG_REFUSALS: dict[str, tuple[KVCacheConfig, dict[str, object], str]] = {
         config(8, full(), mamba(num_speculative_blocks=2)),
         {},
         "KV cache group 1: mamba_cache_mode 'align' is not served yet with "
-        "num_speculative_blocks=2 (served: one Mamba group beside full-attention groups, no "
+        "num_speculative_blocks=2 (served: Mamba groups beside full-attention groups, no "
         "speculative or prefill checkpoint blocks, no EAGLE)",
     ),
     "checkpoint blocks": (
         config(8, full(), mamba(num_prefill_checkpoint_blocks=1)),
         {},
         "KV cache group 1: mamba_cache_mode 'align' is not served yet with "
-        "num_prefill_checkpoint_blocks=1 (served: one Mamba group beside full-attention "
-        "groups, no speculative or prefill checkpoint blocks, no EAGLE)",
+        "num_prefill_checkpoint_blocks=1 (served: Mamba groups beside full-attention groups, "
+        "no speculative or prefill checkpoint blocks, no EAGLE)",
     ),
     "EAGLE": (
         config(8),
         {"use_eagle": True},
         "KV cache group 1: mamba_cache_mode 'align' is not served yet with EAGLE "
-        "(use_eagle=True) (served: one Mamba group beside full-attention groups, no "
+        "(use_eagle=True) (served: Mamba groups beside full-attention groups, no "
         "speculative or prefill checkpoint blocks, no EAGLE)",
     ),
-    "several Mamba groups": (
-        config(8, full(), mamba(), mamba()),
+    "Mamba groups without full attention": (
+        config(8, mamba(), mamba()),
         {},
-        "KV cache group 1: mamba_cache_mode 'align' is not served yet with several Mamba "
-        "groups [1, 2] (served: one Mamba group beside full-attention groups, no speculative "
+        "KV cache group 0: mamba_cache_mode 'align' is not served yet with no full-attention "
+        "group beside it (served: Mamba groups beside full-attention groups, no speculative "
         "or prefill checkpoint blocks, no EAGLE)",
     ),
     "a Mamba-only model": (
         config(8, mamba()),
         {},
         "KV cache group 0: mamba_cache_mode 'align' is not served yet with no full-attention "
-        "group beside it (served: one Mamba group beside full-attention groups, no "
+        "group beside it (served: Mamba groups beside full-attention groups, no "
         "speculative or prefill checkpoint blocks, no EAGLE)",
     ),
     "a sliding window beside it": (
@@ -385,7 +385,7 @@ CONFIG_REFUSALS: dict[str, tuple[KVCacheConfig, dict[str, object], str]] = {
         ),
         {},
         "KV cache group 2: mamba_cache_mode 'align' is not served yet with a "
-        "SlidingWindowSpec group beside it (group 1) (served: one Mamba group beside "
+        "SlidingWindowSpec group beside it (group 1) (served: Mamba groups beside "
         "full-attention groups, no speculative or prefill checkpoint blocks, no EAGLE)",
     ),
 }
@@ -574,20 +574,45 @@ OPS = st.lists(
     max_size=80,
 )
 RETENTIONS = st.sampled_from([None, 0, 8])
+LAYOUTS = {
+    "full attention, Mamba": ("full", "mamba"),
+    "full attention, two Mamba groups": ("full", "mamba", "mamba 3"),
+    "Mamba first, full attention, Mamba": ("mamba", "full", "mamba 3"),
+    "full attention, two Mamba groups of one spec": ("full", "mamba", "mamba"),
+    "two Mamba groups of one spec, full attention": ("mamba", "mamba", "full"),
+}
+"""The groups of the random workloads, in order ("mamba 3": another state shape, so another
+spec; groups of one spec are planned next to each other, as vLLM plans them)."""
+
+
+def layout_specs(layout: str) -> list[KVCacheSpec]:
+    specs: dict[str, KVCacheSpec] = {
+        "full": full(SMALL),
+        "mamba": mamba(SMALL),
+        "mamba 3": MambaSpec(
+            block_size=SMALL,
+            shapes=[(3,)],
+            dtypes=["float16"],
+            page_size_padded=full(SMALL).page_size_bytes,
+            mamba_cache_mode="align",
+        ),
+    }
+    return [specs[name] for name in LAYOUTS[layout]]
 
 
 @settings(max_examples=150, deadline=None)
-@given(OPS, RETENTIONS)
+@given(OPS, RETENTIONS, st.sampled_from(list(LAYOUTS)))
 def test_spec_and_impl_agree_on_random_aligned_workloads(
-    ops: list[Op], retention: int | None
+    ops: list[Op], retention: int | None, layout: str
 ) -> None:
-    """A full-attention group and a Mamba group of block size 4 in 24 blocks: requests from
-    three families of shared prefixes are admitted (chunks cut as vLLM 0.33's scheduler cuts
-    them), stepped, decoded, freed and preempted, with scheduler steps in between; after each
-    operation both sides answer alike, hold the same tables, keys and counts, and keep their
-    invariants (attention truth included)."""
+    """Full attention and one or two Mamba groups (`LAYOUTS`) of block size 4 in 24 blocks:
+    requests from three families of shared prefixes are admitted (chunks cut as vLLM 0.33's
+    scheduler cuts them), stepped, decoded, freed, preempted, some of their cached blocks
+    evicted, resets tried, with scheduler steps in between; after each operation both sides
+    answer alike, hold the same tables, keys and counts, and keep their invariants (attention
+    truth included)."""
     with quiet_refusal_warnings():  # refused resets warn, on both sides
-        run_workload(ops, retention)
+        run_workload(ops, retention, layout=layout)
 
 
 PLANTED: dict[str, tuple[str, object]] = {
@@ -617,9 +642,10 @@ def test_the_differential_run_catches_planted_mamba_bugs(
     monkeypatch.setattr(MambaAlignManager, name, planted)
 
     @settings(max_examples=300, deadline=None, database=None, phases=[Phase.generate])
-    @given(OPS, RETENTIONS)
-    def diverges(ops: list[Op], retention: int | None) -> None:
-        run_workload(ops, retention)
+    @given(OPS, RETENTIONS, st.sampled_from(list(LAYOUTS)))
+    def diverges(ops: list[Op], retention: int | None, layout: str) -> None:
+        with quiet_refusal_warnings():
+            run_workload(ops, retention, layout=layout)
 
     with pytest.raises((AssertionError, InvariantViolation)):
         diverges()
@@ -629,11 +655,12 @@ def run_workload(
     ops: list[Op],
     retention: int | None,
     build: Callable[[KVCacheConfig, int], list[Any]] = both,
+    layout: str = "full attention, Mamba",
 ) -> None:
-    """`test_spec_and_impl_agree_on_random_aligned_workloads`'s run of `ops`, on the two
-    managers `build` makes (the spec's first; `tests/vllm_033_mamba_align.py` passes vLLM
-    0.33.0's own as the other)."""
-    spec_config = config(24, full(SMALL), mamba(SMALL), retention=retention)
+    """`test_spec_and_impl_agree_on_random_aligned_workloads`'s run of `ops` with the groups
+    of `layout`, on the two managers `build` makes (the spec's first;
+    `tests/vllm_033_mamba_align.py` passes vLLM 0.33.0's own as the other)."""
+    spec_config = config(24, *layout_specs(layout), retention=retention)
     managers = build(spec_config, 64)
     running: list[Request] = []
     waiting: list[Request] = []
@@ -742,12 +769,23 @@ def vllm_033(*args: str) -> tuple[int, dict[str, Any]]:
     return completed.returncode, report
 
 
-@pytest.mark.parametrize("retention", ["0", "16", "None"])
-def test_vllm_0_33_agrees_with_the_spec(retention: str) -> None:
+@pytest.mark.parametrize(
+    ("retention", "layout"),
+    [
+        ("0", "full attention, Mamba"),
+        ("16", "full attention, Mamba"),
+        ("None", "full attention, Mamba"),
+        ("0", "full attention, two Mamba groups"),
+        ("None", "Mamba first, full attention, Mamba"),
+        ("0", "full attention, two Mamba groups of one spec"),
+        ("16", "two Mamba groups of one spec, full attention"),
+    ],
+)
+def test_vllm_0_33_agrees_with_the_spec(retention: str, layout: str) -> None:
     """vLLM 0.33.0's own manager (built as its engine builds it) and the spec: the note's
-    scenarios 4.1, 4.3 and 5.2, then 100 random aligned workloads, every answer, table and
-    key equal."""
-    status, report = vllm_033(retention, "100")
+    scenarios 4.1, 4.3 and 5.2, then 100 random aligned workloads over the groups of
+    `layout`, every answer, table and key equal."""
+    status, report = vllm_033(retention, "100", layout)
     assert status == 0, report
     assert report["scenarios"] == {"4.1": True, "4.3": True, "5.2": True}
     assert report["workloads"] == 100 and report["failure"] is None
@@ -757,6 +795,6 @@ def test_the_vllm_comparison_sees_a_missing_mask() -> None:
     """Control: a spec whose Mamba group keys every state a step ended on, whatever the
     retention, diverges from vLLM 0.33.0 under retention 0 (decode reaching 112 keys a
     state vLLM leaves out)."""
-    status, report = vllm_033("0", "100", "no-mask")
+    status, report = vllm_033("0", "100", "full attention, Mamba", "no-mask")
     assert status == 1, report
     assert report["scenarios"]["4.1"] is False and report["failure"] is not None

@@ -1,17 +1,18 @@
 """vLLM 0.33.0's own `MambaManager` in mode "align" against pagedkv's spec, in a process of its
 own (its KV cache modules are imported as the package `vllm`).
 
-    python tests/vllm_033_mamba_align.py RETENTION EXAMPLES [no-mask]
+    python tests/vllm_033_mamba_align.py RETENTION EXAMPLES [LAYOUT [no-mask]]
 
 RETENTION is the engine's `prefix_cache_retention_interval` (`None` or a number of tokens).
 vLLM's manager is built as its engine builds it (`pagedkv verify --against vllm==0.33.0`'s
-adapter) for a full-attention group and a Mamba group in mode "align"; this script plays the
-scheduler (`new_step_starts` first in every step, chunks cut by
+adapter) for full-attention and Mamba groups in mode "align"; this script plays the scheduler
+(`new_step_starts` first in every step, chunks cut by
 `pagedkv.spec.single_type.mamba.mamba_chunk`). It runs the scenarios of
 docs/design/mamba-align.md section 4 (4.1, 4.3, 5.2) on both and compares every answer, table
 and keyed block, then EXAMPLES random aligned workloads of `tests/test_mamba_align.py`
-(derandomized), and prints one JSON line: the scenarios that agreed, the workloads run, and
-the first divergence, if any. `no-mask` is the control: the spec's Mamba group then keys
+(derandomized) over the groups of LAYOUT (a key of its `LAYOUTS`; by default one full-attention
+and one Mamba group), and prints one JSON line: the scenarios that agreed, the workloads run,
+and the first divergence, if any. `no-mask` is the control: the spec's Mamba group then keys
 every state a step ended on (as under dense retention), and the comparison must find it. Exit
 status: 0 agreement, 1 a divergence, 2 a setup error, 3 the package index is unreachable and
 nothing is cached.
@@ -173,7 +174,7 @@ SCENARIOS: dict[str, Callable[[Any], list[object]]] = {
 }
 
 
-def main(retention: int | None, examples: int) -> tuple[int, dict[str, object]]:
+def main(retention: int | None, examples: int, layout: str) -> tuple[int, dict[str, object]]:
     setting = f"prefix_cache_retention_interval={retention}"
     try:
         against = prepare("vllm==0.33.0", (setting,))
@@ -183,7 +184,12 @@ def main(retention: int | None, examples: int) -> tuple[int, dict[str, object]]:
     for name in against.adapter.loggers:
         logging.getLogger(name).setLevel(logging.ERROR)
     semantics = against.adapter.semantics
-    report: dict[str, object] = {"retention": retention, "scenarios": {}, "failure": None}
+    report: dict[str, object] = {
+        "retention": retention,
+        "layout": layout,
+        "scenarios": {},
+        "failure": None,
+    }
     agreed: dict[str, bool] = {}
     for name, scenario in SCENARIOS.items():
         kv_config = config(60, retention=retention)
@@ -210,7 +216,7 @@ def main(retention: int | None, examples: int) -> tuple[int, dict[str, object]]:
     def workloads(ops: list[Op]) -> None:
         nonlocal runs
         runs += 1
-        run_workload(ops, retention, build)
+        run_workload(ops, retention, build, layout)
 
     try:
         with quiet_refusal_warnings():  # refused resets warn, on both sides
@@ -224,8 +230,9 @@ def main(retention: int | None, examples: int) -> tuple[int, dict[str, object]]:
 
 if __name__ == "__main__":
     interval = None if sys.argv[1] == "None" else int(sys.argv[1])
-    if sys.argv[3:] == ["no-mask"]:
+    chosen = sys.argv[3] if len(sys.argv) > 3 else "full attention, Mamba"
+    if sys.argv[4:] == ["no-mask"]:
         MambaAlignState.retained = lambda self, request, junction, positions: None  # type: ignore[method-assign]
-    exit_status, answer = main(interval, int(sys.argv[2]))
+    exit_status, answer = main(interval, int(sys.argv[2]), chosen)
     print(json.dumps(answer))
     sys.exit(exit_status)

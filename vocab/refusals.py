@@ -63,12 +63,12 @@ def mamba_cache_mode_unserved(group: int, mode: str, enable_caching: bool) -> KV
 
 
 def mamba_align_unserved(group: int, what: str) -> KVCacheConfigError:
-    """Mamba prefix caching (mode "align") is served for its engine defaults only: one Mamba
-    group beside full-attention groups of its block size, no speculative or checkpoint blocks,
-    no EAGLE (docs/design/mamba-align.md, plan steps 4-6 for the rest)."""
+    """Mamba prefix caching (mode "align") is served for its engine defaults only: Mamba
+    groups beside full-attention groups of their block size, no speculative or checkpoint
+    blocks, no EAGLE (docs/design/mamba-align.md, plan steps 4-6 for the rest)."""
     return KVCacheConfigError(
         f"KV cache group {group}: mamba_cache_mode 'align' is not served yet with {what} "
-        "(served: one Mamba group beside full-attention groups, no speculative or prefill "
+        "(served: Mamba groups beside full-attention groups, no speculative or prefill "
         "checkpoint blocks, no EAGLE)"
     )
 
