@@ -86,7 +86,8 @@ class MambaAlignState(SpecSingleTypeManager):
     **Retention.** `pagedkv.spec.retention` with a run of one block: under an interval of 0
     only the states at the prompt's replay boundary and at the shared-prefix junction are
     keyed, under an interval R also every R-token segment's last block; None keys every state
-    a step ended on a boundary at.
+    a step ended on a boundary at. The state at the prompt's replay boundary is keyed again
+    when a cache call reaches exactly that boundary and it lost its key (`cache_blocks`).
 
     Attributes:
         keyed_this_step: the keys (hash and group) this group cached since the last
