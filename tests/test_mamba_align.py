@@ -21,6 +21,7 @@ import pytest
 from hypothesis import Phase, event, given, settings
 from hypothesis import strategies as st
 
+import pagedkv
 from pagedkv import (
     FullAttentionSpec,
     InvalidArgumentError,
@@ -638,6 +639,8 @@ def test_the_differential_run_catches_planted_mamba_bugs(
 ) -> None:
     """Each planted bug of the implementation's Mamba group (the plan's step 2 list) makes the
     random workloads above diverge from the spec or break an invariant."""
+    if pagedkv.COMPILED:
+        pytest.skip("a compiled MambaAlignManager's methods cannot be patched")
     name, planted = PLANTED[bug]
     monkeypatch.setattr(MambaAlignManager, name, planted)
 
