@@ -29,7 +29,7 @@ from pagedkv.vocab.arguments import (
 )
 from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError
 from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey
-from pagedkv.vocab.kv_cache_interface import KVCacheConfig, MambaSpec
+from pagedkv.vocab.kv_cache_interface import FullAttentionSpec, KVCacheConfig, MambaSpec
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
 
@@ -233,13 +233,44 @@ def check_manager(
     block_sizes = sorted({group.kv_cache_spec.block_size for group in config.kv_cache_groups})
     if len(block_sizes) != 1 and enable_caching:
         raise refusals.groups_of_several_block_sizes(block_sizes)
-    for group, group_spec in enumerate(config.kv_cache_groups):
+    groups = config.kv_cache_groups
+    num_mamba = sum(isinstance(group.kv_cache_spec, MambaSpec) for group in groups)
+    for group, group_spec in enumerate(groups):
         spec = group_spec.kv_cache_spec
-        if isinstance(spec, MambaSpec) and (spec.mamba_cache_mode != "none" or enable_caching):
-            raise refusals.mamba_cache_mode_unserved(
-                group, spec.mamba_cache_mode, bool(enable_caching)
-            )
+        if not isinstance(spec, MambaSpec):
+            continue
+        mode = spec.mamba_cache_mode
+        if mode == "none" and enable_caching is False:
+            continue
+        if mode != "align" or enable_caching is not True:
+            raise refusals.mamba_cache_mode_unserved(group, mode, bool(enable_caching))
+        _check_mamba_align(config, group, spec, num_mamba, use_eagle is True)
     return config
+
+
+def _check_mamba_align(
+    config: KVCacheConfig, group: int, spec: MambaSpec, num_mamba: int, use_eagle: bool
+) -> None:
+    """A Mamba group in mode "align" (caching on): vLLM 0.33's engine defaults only, refused
+    in the spec's order (`pagedkv.spec.arguments.check_mamba_align`). Complexity: O(groups)."""
+    if spec.num_speculative_blocks > 0:
+        raise refusals.mamba_align_unserved(
+            group, f"num_speculative_blocks={spec.num_speculative_blocks}"
+        )
+    if spec.num_prefill_checkpoint_blocks > 0:
+        raise refusals.mamba_align_unserved(
+            group, f"num_prefill_checkpoint_blocks={spec.num_prefill_checkpoint_blocks}"
+        )
+    if use_eagle:
+        raise refusals.mamba_align_unserved(group, "EAGLE (use_eagle=True)")
+    groups = config.kv_cache_groups
+    if not any(isinstance(other.kv_cache_spec, FullAttentionSpec) for other in groups):
+        raise refusals.mamba_align_unserved(group, "no full-attention group beside it")
+    for other, other_group in enumerate(groups):
+        other_spec = other_group.kv_cache_spec
+        if not isinstance(other_spec, (FullAttentionSpec, MambaSpec)):
+            name = type(other_spec).__name__
+            raise refusals.mamba_align_unserved(group, f"a {name} group beside it (group {other})")
 
 
 def check_semantics(semantics: Semantics, num_groups: int) -> None:

@@ -39,6 +39,7 @@ class KVCacheCoordinator(ABC):
         num_groups: how many there are.
         use_eagle: a hit drops its last block (EAGLE needs its hidden states).
         sparse: a sliding-window group caches under sparse retention.
+        state_group: the first Mamba group in mode "align" (refusals name it), or None.
         eagle_lookup: hits are found `for_eagle` (with use_eagle, unless vLLM 0.8.5's
             `eagle_window_hit_one_short`).
 
@@ -76,6 +77,11 @@ class KVCacheCoordinator(ABC):
         self._skipping = tuple(
             manager for manager in self.single_type_managers if manager.allows_null_blocks
         )
+        # The groups whose blocks hold recurrent states (a Mamba group in mode "align").
+        self._stateful = tuple(
+            manager for manager in self.single_type_managers if manager.holds_state
+        )
+        self.state_group = self._stateful[0].group_id if self._stateful else None
 
     @abstractmethod
     def find_longest_cache_hit(
@@ -97,9 +103,23 @@ class KVCacheCoordinator(ABC):
         return 0
 
     def get_num_blocks_to_allocate(self, num_new: int) -> int:
-        """The blocks every group takes together when each takes `num_new` (one block size:
-        `num_new` in every group). Complexity: O(1)."""
-        return num_new * self.num_groups
+        """The blocks every group takes together when each list grows by `num_new` positions
+        (one block size: `num_new` in every group, but one in a Mamba group in mode "align",
+        whose new positions before its running one are null). Complexity: O(groups)."""
+        if not self._stateful:
+            return num_new * self.num_groups
+        return sum(manager.num_blocks_to_allocate(num_new) for manager in self.single_type_managers)
+
+    def defers(self, hits: Sequence[list[KVCacheBlock]]) -> bool:
+        """Whether a group defers these hits to the next scheduler step (a Mamba state keyed
+        in this one). Complexity: O(groups)."""
+        return any(manager.defers(hits[manager.group_id]) for manager in self._stateful)
+
+    def new_step_starts(self) -> None:
+        """A new scheduler step starts: every group forgets the keys of the last one.
+        Complexity: O(groups + keys)."""
+        for manager in self._stateful:
+            manager.new_step_starts()
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Group by group, drop (and free, the newest first) the request's blocks its group's

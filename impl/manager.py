@@ -252,6 +252,9 @@ class KVCacheManager:
             manager.extra_blocks for manager in single_type_managers
         )
         self._mixed_sizes = len({manager.block_size for manager in single_type_managers}) > 1
+        # Junctions are recorded under sparse retention, and with a Mamba group in mode
+        # "align" whatever the retention (`shared_prefix_boundary`).
+        self._keeps_junctions = self._sparse or self.coordinator.state_group is not None
         self._unitary = self.num_groups == 1 and not self._per_group
         # The admission fast path's ground: one full-attention group that caches every block.
         self._admits_fast = (
@@ -386,7 +389,7 @@ class KVCacheManager:
         if stats is not None:
             stats.requests += 1
         if request.prompt_logprobs:
-            if self._sparse:
+            if self._keeps_junctions:
                 self._junctions[request_id] = 0
             self._after_call()
             return self._no_blocks, 0
@@ -395,7 +398,7 @@ class KVCacheManager:
         lookup = block_hashes[:-1] if last_left_out else block_hashes
         hits = self.coordinator.find_longest_cache_hit(lookup, block_hashes)
         num_hits = len(hits[0])
-        if self._sparse:
+        if self._keeps_junctions:
             self._junctions[request_id] = self.coordinator.junction(num_hits, lookup, block_hashes)
         if num_hits:
             # Group 0's blocks carry the hashes themselves: allocate_slots' check of them
@@ -729,6 +732,9 @@ class KVCacheManager:
             raise refusals.more_tokens_than_request(
                 request_id, num_scheduled_real, request.num_tokens
             )
+        self._check_mamba_step(
+            request_id, num_spec, num_lookahead_tokens, num_computed_tokens, num_tokens
+        )
         if num_external_computed_tokens or delay_cache_blocks is True:
             return self._allocate_adopting(
                 request,
@@ -777,10 +783,12 @@ class KVCacheManager:
             coordinator.remove_skipped_blocks(request_id, num_computed)
         num_new = num_new_blocks(num_required, num_held, num_hits)
         # Every group takes its blocks: together they must fit in the free blocks the hits
-        # leave.
+        # leave; a hit on a Mamba state keyed in this scheduler step waits for the next.
         num_evictable = self._num_evictable_hits(hits) if num_hits else 0
         num_to_allocate = coordinator.get_num_blocks_to_allocate(num_new)
-        if not fits(num_to_allocate, pool.get_num_free_blocks(), num_evictable):
+        if not fits(num_to_allocate, pool.get_num_free_blocks(), num_evictable) or (
+            num_hits and self.coordinator.state_group is not None and coordinator.defers(hits)
+        ):
             if self.debug_invariants:
                 self._after_call()
             return None
@@ -795,11 +803,10 @@ class KVCacheManager:
                 self.max_num_blocks_per_req - num_held - num_hits,
             )
         caching = self.enable_caching
-        stored = self.req_to_block_hashes.setdefault(request_id, []) if caching else []
         new_blocks = coordinator.allocate_new_blocks(
             request,
             num_new,
-            stored,
+            self.req_to_block_hashes.setdefault(request_id, []) if caching else [],
             num_cached,
             num_full,
             self.caching_hash_fn if caching else None,
@@ -808,6 +815,29 @@ class KVCacheManager:
         if self.debug_invariants:
             self._after_call()
         return new_blocks
+
+    def _check_mamba_step(
+        self,
+        request_id: str,
+        num_spec: int,
+        num_lookahead: int,
+        num_computed: int,
+        num_tokens: int,
+    ) -> None:
+        """With a Mamba group in mode "align" (the spec's precondition 8): no speculative or
+        lookahead tokens, and a step starting inside one of its blocks ends by that block's
+        end. Complexity: O(1)."""
+        group = self.coordinator.state_group
+        if group is None:
+            return
+        if num_spec or num_lookahead:
+            raise refusals.mamba_align_speculation(request_id, group, num_spec, num_lookahead)
+        block_size = self.block_size
+        offset = num_computed % block_size
+        if offset and offset + num_tokens > block_size:
+            raise refusals.mamba_unaligned_chunk(
+                request_id, group, num_computed, num_computed + num_tokens, block_size
+            )
 
     def _check_external(self, request_id: str, running: int, num_external: int) -> None:
         """External tokens extend a request's first allocation only (`running`: it holds
@@ -1040,6 +1070,8 @@ class KVCacheManager:
         adopted as the step adopts them), as the step's own check counts them.
         Complexity: O(groups + hits)."""
         request_id = request.request_id
+        if hits and self.coordinator.state_group is not None and self.coordinator.defers(hits):
+            return False
         num_tokens = min(request.num_tokens, self.max_model_len)
         missing = 0
         managers = self.coordinator.single_type_managers
@@ -1050,7 +1082,7 @@ class KVCacheManager:
             num_hits = len(hits[group]) if hits else 0
             lacking = required - len(manager.req_to_blocks.get(request_id, ())) - num_hits
             if lacking > 0:
-                missing += lacking
+                missing += manager.num_blocks_to_allocate(lacking)
         num_evictable = self._num_evictable_hits(hits) if hits else 0
         return fits(missing, self.block_pool.get_num_free_blocks(), num_evictable)
 
@@ -1240,7 +1272,9 @@ class KVCacheManager:
             managers = self.coordinator.single_type_managers
             # Each group from its own count (they differ after external tokens pushed hits out
             # of a window).
-            if any(num_full > manager.num_cached_block.get(request_id, 0) for manager in managers):
+            if self.coordinator.state_group is not None or any(
+                num_full > manager.num_cached_block.get(request_id, 0) for manager in managers
+            ):
                 stored = self.req_to_block_hashes.setdefault(request_id, [])
                 junction = self._junctions.get(request_id, 0) if self._sparse else 0
                 for manager in managers:
@@ -1375,11 +1409,31 @@ class KVCacheManager:
         finally:
             self._call_token.append(None)
 
+    def new_step_starts(self) -> None:
+        """A new scheduler step starts (vLLM 0.33's scheduler calls it first in every
+        `schedule()`): the Mamba states keyed during the last step have been written, so
+        hits on them fit from now on (`allocate_slots` answers None for a hit on a state keyed
+        since the last call, as vLLM 0.33 does). Without a Mamba group in mode "align" it
+        changes nothing a call can see.
+
+        Raises:
+            ConcurrentUseError: another call on this manager is running.
+
+        Complexity: O(groups + the keys cached since the last call).
+        """
+        self._enter("KVCacheManager.new_step_starts")
+        try:
+            self.coordinator.new_step_starts()
+        finally:
+            self._call_token.append(None)
+
     def shared_prefix_boundary(self, request_id: object) -> int:
         """The shared-prefix junction the request's last lookup found, in tokens (vLLM's
         `shared_prefix_boundary`, the third value of its `get_computed_blocks`): where the
         longest single-group hit ends when the common hit is shorter. 0 when there is none,
-        without sparse retention (nothing keeps a junction then) or for an unknown request.
+        without sparse retention (nothing keeps a junction then) unless a Mamba group in mode
+        "align" is there (vLLM's scheduler cuts its chunks at the junction whatever the
+        retention), or for an unknown request.
 
         Raises:
             ArgumentTypeError: `request_id` is not a str.
@@ -1387,7 +1441,7 @@ class KVCacheManager:
         Complexity: O(1).
         """
         checked = require_str(f"{MANAGER}.shared_prefix_boundary", "request_id", request_id)
-        return self._junctions.get(checked, 0) if self._sparse else 0
+        return self._junctions.get(checked, 0) if self._keeps_junctions else 0
 
     def get_block_ids(self, request_id: object) -> tuple[list[int], ...]:
         """The ids of the blocks `request_id` holds, one list per group (the null block's id
@@ -1425,7 +1479,7 @@ class KVCacheManager:
             request = self._requests.pop(request_id, None)
             if type(request) is Request:
                 self._records.pop(request, None)
-            if self._junctions:  # only sparse retention records junctions
+            if self._junctions:  # only sparse retention or a Mamba group records junctions
                 self._junctions.pop(request_id, None)
 
     def _after_call(self) -> None:
@@ -1521,6 +1575,15 @@ class KVCacheManager:
         null_block = self.block_pool.null_block
         group_blocks = [blocks for blocks in held if blocks is not None]
         for manager, blocks in zip(managers, group_blocks, strict=True):
+            if manager.holds_state:
+                error = manager.layout_error(request_id)
+                if error is not None:
+                    raise InvariantViolation(
+                        "a Mamba table holds its running state and at most its previous one",
+                        f"request {request_id!r}, group {manager.group_id}: "
+                        f"{[block.block_id for block in blocks]}: {error}",
+                    )
+                continue
             nulls = [i for i, block in enumerate(blocks) if block is null_block]
             if nulls and (not manager.allows_null_blocks or nulls != list(range(len(nulls)))):
                 raise InvariantViolation(

@@ -25,7 +25,7 @@ from pagedkv.vocab.arguments import (
 )
 from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError
 from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey
-from pagedkv.vocab.kv_cache_interface import KVCacheConfig, MambaSpec
+from pagedkv.vocab.kv_cache_interface import FullAttentionSpec, KVCacheConfig, MambaSpec
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import Semantics
 
@@ -174,8 +174,9 @@ def check_manager(
     """KVCacheManager(...): a KVCacheConfig; max_model_len an int >= 1; flags that are bools; a
     str hash algorithm (its name is checked by `get_hash_fn`); a Semantics; max_in_flight_tokens
     None or an int >= 1; then
-    (KVCacheConfigError) one block size in every group when caching, and a Mamba group only in
-    mamba_cache_mode "none" with caching off. Each group's spec is checked next, by the registry of
+    (KVCacheConfigError) one block size in every group when caching, and a Mamba group in
+    mamba_cache_mode "none" with caching off or in "align" with caching on
+    (`check_mamba_align`). Each group's spec is checked next, by the registry of
     per-type managers (`pagedkv.spec.single_type`), then the semantics (`check_semantics`)."""
     config = require_instance(MANAGER, "kv_cache_config", kv_cache_config, KVCacheConfig)
     require_int(MANAGER, "max_model_len", max_model_len, 1)
@@ -190,13 +191,48 @@ def check_manager(
     block_sizes = sorted({group.kv_cache_spec.block_size for group in config.kv_cache_groups})
     if len(block_sizes) != 1 and enable_caching:
         raise refusals.groups_of_several_block_sizes(block_sizes)
-    for group, group_spec in enumerate(config.kv_cache_groups):
-        spec = group_spec.kv_cache_spec
-        if isinstance(spec, MambaSpec) and (spec.mamba_cache_mode != "none" or enable_caching):
+    specs = [group.kv_cache_spec for group in config.kv_cache_groups]
+    mamba_groups = [group for group, spec in enumerate(specs) if isinstance(spec, MambaSpec)]
+    for group in mamba_groups:
+        spec = specs[group]
+        assert isinstance(spec, MambaSpec)
+        if spec.mamba_cache_mode == "none" and not enable_caching:
+            continue
+        if spec.mamba_cache_mode != "align" or not enable_caching:
             raise refusals.mamba_cache_mode_unserved(
                 group, spec.mamba_cache_mode, bool(enable_caching)
             )
+        check_mamba_align(group, spec, specs, mamba_groups, bool(use_eagle))
     return config
+
+
+def check_mamba_align(
+    group: int,
+    spec: MambaSpec,
+    specs: Sequence[object],
+    mamba_groups: Sequence[int],
+    use_eagle: bool,
+) -> None:
+    """A Mamba group in mode "align" (caching on) is served with vLLM 0.33's engine defaults
+    only, in this order (KVCacheConfigError): no speculative blocks, no prefill checkpoint
+    blocks, no EAGLE, a full-attention group in the config, and every group full attention or
+    Mamba (docs/semantics.md, "Mamba states with prefix caching")."""
+    if spec.num_speculative_blocks:
+        raise refusals.mamba_align_unserved(
+            group, f"num_speculative_blocks={spec.num_speculative_blocks}"
+        )
+    if spec.num_prefill_checkpoint_blocks:
+        raise refusals.mamba_align_unserved(
+            group, f"num_prefill_checkpoint_blocks={spec.num_prefill_checkpoint_blocks}"
+        )
+    if use_eagle:
+        raise refusals.mamba_align_unserved(group, "EAGLE (use_eagle=True)")
+    if not any(isinstance(other_spec, FullAttentionSpec) for other_spec in specs):
+        raise refusals.mamba_align_unserved(group, "no full-attention group beside it")
+    for other, other_spec in enumerate(specs):
+        if not isinstance(other_spec, (FullAttentionSpec, MambaSpec)):
+            name = type(other_spec).__name__
+            raise refusals.mamba_align_unserved(group, f"a {name} group beside it (group {other})")
 
 
 def check_semantics(semantics: Semantics, num_groups: int) -> None:

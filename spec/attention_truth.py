@@ -20,6 +20,14 @@ W, those of its own chunk for chunked local attention), and demands, in every KV
   meanwhile is never handed out again before that (vLLM #32255: an abort freed blocks a load
   still filled).
 
+- **a Mamba state is read only once written** (a group whose blocks hold recurrent states,
+  `holds_state`: Mamba in mode "align"): a step computing tokens up to e writes the state
+  after e into its running column, replacing what the block held (`GhostKV.write_state`);
+  the state after s tokens is read, by a hit of s or a step starting at s, from column
+  `(s - 1) // B`, which must hold exactly it; and a state written in this scheduler step
+  (since the last `new_step`) is read by no other request before the step ends: its forward
+  pass has not run.
+
 - **KV computed before a reset is never read after it**: a successful `reset_prefix_cache`
   stands for new weights (`GhostKV.new_epoch`); a read of KV of an older epoch (a CPU offload
   tier that kept serving its chunks: vLLM #57727) is this violation, whatever its hash says.
@@ -147,6 +155,9 @@ class AttentionTruth:
         tier: CPU offload tier key -> the content its store copied (module docstring).
         tier_loads: request id -> (group, block position) -> the content its next
             allocation's external tokens load there (`load_from_tier`).
+        state_groups: the groups whose blocks hold recurrent states (module docstring).
+        written_this_step: state block id -> the request whose step of this scheduler step
+            writes it (until `new_step`).
     """
 
     def __init__(
@@ -173,6 +184,12 @@ class AttentionTruth:
         self.checks: Counter[str] = Counter()
         self.tier: dict[bytes, ChunkContent] = {}
         self.tier_loads: dict[str, dict[tuple[int, int], ChunkContent]] = {}
+        self.state_groups = frozenset(
+            group
+            for group, policy in enumerate(self.policies)
+            if getattr(policy, "holds_state", False)
+        )
+        self.written_this_step: dict[int, str] = {}
 
     # -- the manager's events ----------------------------------------------------------------
 
@@ -192,7 +209,12 @@ class AttentionTruth:
                     f"it: the request was freed before the connector reported the {kind} "
                     f"finished{bug}",
                 )
+            self.written_this_step.pop(block_id, None)
         self.ghost.clear(block_ids)
+
+    def new_step(self) -> None:
+        """A new scheduler step: the states the last one wrote are there to read."""
+        self.written_this_step.clear()
 
     def computed(
         self, request: Request, tables: Sequence[Sequence[int]], start: int, num_tokens: int
@@ -202,6 +224,17 @@ class AttentionTruth:
         poisoned_by = self.tainted.get(request.request_id)
         for group, table in enumerate(tables):
             block_size = self.block_sizes[group]
+            if group in self.state_groups:
+                if num_tokens <= 0:
+                    continue
+                end = start + num_tokens
+                written = self.ghost.write_state(
+                    group, table, block_size, request, end, poisoned_by
+                )
+                if written is not None:
+                    self.written_this_step[written] = request.request_id
+                    self.checks["attention truth: Mamba states written"] += 1
+                continue
             self.ghost.write(group, table, block_size, request, start, num_tokens, poisoned_by)
         self.scheduled[request.request_id] = start + num_tokens
 
@@ -357,6 +390,29 @@ class AttentionTruth:
         self.checks["attention truth: steps checked"] += 1
         self._adopt_claims(request, tables)
         self._check(request, tables, num_computed_tokens, "step")
+        self._check_state_written(request, tables, num_computed_tokens)
+
+    def _check_state_written(
+        self, request: Request, tables: Sequence[Sequence[int]], num_computed_tokens: int
+    ) -> None:
+        """A step starting at s > 0 reads, in each state group, a state no other request's
+        step of this scheduler step writes (module docstring)."""
+        if num_computed_tokens <= 0:
+            return
+        for group in sorted(self.state_groups):
+            table = tables[group]
+            index = (num_computed_tokens - 1) // self.block_sizes[group]
+            block_id = table[index] if index < len(table) else NULL_BLOCK_ID
+            writer = self.written_this_step.get(block_id)
+            self.checks["attention truth: Mamba state reads checked"] += 1
+            if writer is not None and writer != request.request_id:
+                raise InvariantViolation(
+                    ATTENTION_TRUTH,
+                    f"an allocation for request {request.request_id!r}: group {group} reads "
+                    f"the state after {num_computed_tokens} tokens in block {block_id}, which "
+                    f"request {writer!r}'s step of this scheduler step writes: its forward pass "
+                    "has not run yet (a same-step hit of a just-keyed Mamba state)",
+                )
 
     def check_table(self, request: Request, tables: Sequence[Sequence[int]]) -> None:
         """A running request's next token reads true KV from its tables."""

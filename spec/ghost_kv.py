@@ -239,6 +239,40 @@ class GhostKV:
             slots = self.slots.setdefault(block_id, [None] * block_size)
             slots[position % block_size] = number
 
+    def write_state(
+        self,
+        group: int,
+        table: Sequence[int],
+        block_size: int,
+        request: Request,
+        end: int,
+        poisoned_by: str | None = None,
+    ) -> int | None:
+        """A recurrent state: the state after tokens [0, end) of `request` in group `group`,
+        written into the block at column `(end - 1) // block_size` of `table` (nowhere if
+        there is no block there), replacing whatever that block held. A state is spelled as
+        the history of its last token, in that token's slot and no other, so that a read of
+        position p (the state after p + 1 tokens) finds it only in the block holding exactly
+        that state. Returns the block written, or None."""
+        if end <= 0:
+            return None
+        numbers = self.histories_of(request)
+        if end - 1 < len(numbers):
+            number = numbers[end - 1]
+        else:  # a draft token's state (not served in mode "align"; stated for completeness)
+            number = numbers[-1]
+            for token in request.spec_token_ids[: end - len(numbers)]:
+                number = self.histories.step(number, token, None)
+        if poisoned_by is not None:
+            number = self.histories.poisoned(number, poisoned_by)
+        index = (end - 1) // block_size
+        if index >= len(table) or table[index] == NULL_BLOCK_ID:
+            return None
+        slots: list[int | None] = [None] * block_size
+        slots[(end - 1) % block_size] = number
+        self.put(table[index], group, slots)
+        return table[index]
+
     def holds(self, block_id: int, slot: int) -> SlotKV | None:
         """What slot `slot` of block `block_id` holds (None: nothing)."""
         slots = self.slots.get(block_id)

@@ -284,13 +284,26 @@ class SpecKVCacheManager:
         return self.pool.get_usage()
 
     def shared_prefix_boundary(self, request_id: str) -> int:
-        """The junction of the request's last lookup (`junction_of`), in tokens, where a
-        sliding-window group keeps it (sparse retention); else 0."""
+        """The junction of the request's last lookup (`junction_of`), in tokens: with a Mamba
+        group in mode "align" whatever the retention (vLLM 0.33 answers it always, and its
+        scheduler cuts a Mamba group's chunks there), else where a sliding-window group keeps
+        it (sparse retention); else 0."""
+        if any(manager.holds_state for manager in self.managers):
+            return self.junction.get(request_id, 0)
         if self.retention_interval is None or not any(
             isinstance(spec, SlidingWindowSpec) for spec in self.specs
         ):
             return 0
         return self.junction.get(request_id, 0)
+
+    def new_step_starts(self) -> None:
+        """A new scheduler step starts (vLLM 0.33's scheduler calls it first in every
+        `schedule()`): the Mamba states keyed during the last step have been written, so hits
+        on them fit from now on (`allocate_slots`). Without a Mamba group in mode "align" it
+        changes nothing a call can see."""
+        for manager in self.managers:
+            manager.new_step_starts()
+        self.truth.new_step()
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
         """The stats since the last call, renewed; None without log_stats."""
@@ -608,7 +621,11 @@ class SpecKVCacheManager:
              (RequestError); the group's hits have a shape its attention can produce when
              found with `eagle_lookup`, less the last block with use_eagle (RequestError);
           8. computed tokens after the step (hits and external tokens included, speculative
-             ones excluded) do not exceed the request's tokens (InvalidArgumentError);
+             ones excluded) do not exceed the request's tokens (InvalidArgumentError); with a
+             Mamba group in mode "align", no speculative and no lookahead tokens
+             (InvalidArgumentError: speculative decoding needs speculative state blocks), and
+             a step starting inside one of its blocks ends by that block's end (RequestError:
+             the state it leaves would be keyed at the boundary it crossed);
           9. the blocks required, lookahead included, do not exceed cdiv(max_model_len, B)
              (MaxModelLenExceededError; under vLLM 0.8.5's `cap_at_max_model_len` only when
              nothing could be added);
@@ -618,7 +635,10 @@ class SpecKVCacheManager:
         Then: with `full_sequence_must_fit`, `_whole_request_fits`, or None with nothing
         changed; `_drop_skipped_blocks` (even if the request then does not fit); `_fits`, or
         None; `_grow`, which returns the new blocks of each group (not the blocks the external
-        tokens fill: vLLM 0.33 returns them only in the request's table).
+        tokens fill: vLLM 0.33 returns them only in the request's table; a Mamba group in mode
+        "align": the columns its table grew by, null blocks included, as vLLM 0.33 returns
+        them). A hit whose Mamba state was keyed since the last `new_step_starts` does not
+        fit (None) in either count, as vLLM 0.33's.
         """
         hits = check_allocation(
             request,
@@ -687,6 +707,17 @@ class SpecKVCacheManager:
             raise refusals.more_tokens_than_request(
                 request_id, computed + num_tokens - num_spec, request.num_tokens
             )
+        state_groups = [g for g, manager in enumerate(self.managers) if manager.holds_state]
+        for group in state_groups:
+            if num_spec or num_lookahead_tokens:
+                raise refusals.mamba_align_speculation(
+                    request_id, group, num_spec, num_lookahead_tokens
+                )
+            size = self.managers[group].block_size
+            if computed % size and computed + num_tokens > ceil_div(computed, size) * size:
+                raise refusals.mamba_unaligned_chunk(
+                    request_id, group, computed, computed + num_tokens, size
+                )
         slots = computed + num_tokens + num_lookahead_tokens
         required = tuple(manager.num_required(slots) for manager in self.managers)
         could_grow = num_held + num_hits < self.max_blocks[0]
@@ -772,12 +803,18 @@ class SpecKVCacheManager:
 
     def _fits(self, request: Request, hits: GroupBlocks, num_required: Sequence[int]) -> bool:
         """The blocks still missing in every group (each needing `num_required`, each adopting
-        its `hits`) fit, together, in the free blocks the hits leave: a hit at ref_cnt 0 leaves
-        the free queue when touched (a null hit only under vLLM 0.8.5's
-        `capacity_counts_null_blocks`)."""
+        its `hits`; a Mamba group in mode "align" one at most, `num_missing`) fit, together,
+        in the free blocks the hits leave: a hit at ref_cnt 0 leaves the free queue when
+        touched (a null hit only under vLLM 0.8.5's `capacity_counts_null_blocks`). Never
+        when a group defers its hits to the next scheduler step (`defers`)."""
+        if any(
+            manager.defers(group_hits)
+            for manager, group_hits in zip(self.managers, hits, strict=True)
+        ):
+            return False
         missing = sum(
             max(
-                num_new_blocks(
+                manager.num_missing(
                     required, len(manager.blocks.get(request.request_id, [])), len(group_hits)
                 ),
                 0,
@@ -834,9 +871,10 @@ class SpecKVCacheManager:
         junction = self.junction.get(request_id, 0)
         for group, (manager, group_new) in enumerate(zip(self.managers, num_new, strict=True)):
             taken = manager.take_new_blocks(request_id, group_new)
-            self.truth.handed_out(taken)
+            real = [block_id for block_id in taken if block_id != NULL_BLOCK_ID]
+            self.truth.handed_out(real)
             for other in self.managers:
-                other.handed_out(taken)
+                other.handed_out(real)
             new_blocks.append(taken)
             if self.enable_caching and not step.delay_cache:
                 stored = self.hashes.setdefault(request_id, [])
@@ -898,8 +936,10 @@ class SpecKVCacheManager:
         if num_computed_tokens > computed:
             raise refusals.cache_past_computed(request_id, num_computed_tokens, computed)
         num_full = num_computed_tokens // self.block_size
-        if all(num_full <= manager.num_cached.get(request_id, 0) for manager in self.managers):
-            return
+        if not any(manager.holds_state for manager in self.managers) and all(
+            num_full <= manager.num_cached.get(request_id, 0) for manager in self.managers
+        ):
+            return  # (a Mamba group in mode "align" may key its replay state again)
         num_cached = self.num_cached.get(request_id, 0)
         stored = self.hashes.setdefault(request_id, [])
         num_recorded = len(stored)
@@ -1220,6 +1260,14 @@ class SpecKVCacheManager:
             )
         held = tuple(blocks for blocks in found if blocks is not None)
         for group, (manager, blocks) in enumerate(zip(self.managers, held, strict=True)):
+            if manager.holds_state:
+                error = manager.layout_error(request_id)
+                if error is not None:
+                    raise InvariantViolation(
+                        "a Mamba table holds its running state and at most its previous one",
+                        f"request {request_id!r}, group {group}: {blocks}: {error}",
+                    )
+                continue
             nulls = [position for position, block_id in enumerate(blocks) if block_id == 0]
             if nulls and (not manager.allows_null_blocks or nulls != list(range(len(nulls)))):
                 raise InvariantViolation(

@@ -579,15 +579,15 @@ CONFIG_REFUSALS: dict[str, tuple[KVCacheConfig, dict[str, Any], str]] = {
         "KV cache group 1: a Mamba group with mamba_cache_mode 'none' needs prefix caching off "
         "(vLLM 0.33 caches states only in mode 'align')",
     ),
-    "a Mamba group in mode align": (
+    "a Mamba group in mode align with caching off": (
         config(
             8,
             MambaSpec(block_size=2, shapes=[(4,)], dtypes=["float16"], mamba_cache_mode="align"),
             full(),
         ),
         {"enable_caching": False},
-        "KV cache group 0: mamba_cache_mode 'align' (prefix caching of Mamba states) is not "
-        "served yet; use 'none' with prefix caching off (enable_caching=False)",
+        "KV cache group 0: a Mamba group with mamba_cache_mode 'align' needs prefix caching on "
+        "(vLLM 0.33 switches it to 'none' with caching off)",
     ),
     "a vLLM 0.8.5 switch with two groups": (
         config(8, full(), window(4)),

@@ -32,8 +32,17 @@ def groups_of_several_block_sizes(block_sizes: list[int]) -> KVCacheConfigError:
 MAMBA_HIT_DETAIL = (
     "a Mamba group caches no state (mamba_cache_mode 'none'), so no lookup finds a hit"
 )
-"""Why no hit fits a Mamba group (never reached: caching is off with one, so hits are refused
-before their shape is asked)."""
+"""Why no hit fits a Mamba group in mode "none" (never reached: caching is off with one, so
+hits are refused before their shape is asked)."""
+
+
+def mamba_align_hit_detail(nulls: int, cached: int) -> str:
+    """Why a hit cannot be a Mamba group's in mode "align": its null blocks, then exactly one
+    cached state (the state after the hit's last token)."""
+    return (
+        f"a Mamba hit (mamba_cache_mode 'align') is null blocks then one cached state, got "
+        f"{nulls} null blocks then {cached} blocks"
+    )
 
 
 def mamba_cache_mode_unserved(group: int, mode: str, enable_caching: bool) -> KVCacheConfigError:
@@ -42,10 +51,25 @@ def mamba_cache_mode_unserved(group: int, mode: str, enable_caching: bool) -> KV
             f"KV cache group {group}: a Mamba group with mamba_cache_mode 'none' needs prefix "
             "caching off (vLLM 0.33 caches states only in mode 'align')"
         )
+    if mode == "align":
+        return KVCacheConfigError(
+            f"KV cache group {group}: a Mamba group with mamba_cache_mode 'align' needs prefix "
+            "caching on (vLLM 0.33 switches it to 'none' with caching off)"
+        )
     return KVCacheConfigError(
-        f"KV cache group {group}: mamba_cache_mode {mode!r} (prefix caching of Mamba states) "
-        f"is not served yet; use 'none' with prefix caching off (enable_caching="
-        f"{enable_caching})"
+        f"KV cache group {group}: mamba_cache_mode {mode!r} is not served; use 'align' with "
+        f"prefix caching on or 'none' with it off (enable_caching={enable_caching})"
+    )
+
+
+def mamba_align_unserved(group: int, what: str) -> KVCacheConfigError:
+    """Mamba prefix caching (mode "align") is served for its engine defaults only: Mamba
+    groups beside full-attention groups of their block size, no speculative or checkpoint
+    blocks, no EAGLE (docs/design/mamba-align.md, plan steps 4-6 for the rest)."""
+    return KVCacheConfigError(
+        f"KV cache group {group}: mamba_cache_mode 'align' is not served yet with {what} "
+        "(served: Mamba groups beside full-attention groups, no speculative or prefill "
+        "checkpoint blocks, no EAGLE)"
     )
 
 
@@ -202,6 +226,35 @@ def external_with_mamba(request_id: str, group: int) -> InvalidArgumentError:
 
 
 NOT_CACHED_HITS = "new_computed_blocks must be the request's cached blocks"
+
+
+def mamba_align_speculation(
+    request_id: str, group: int, num_spec: int, num_lookahead: int
+) -> InvalidArgumentError:
+    """Speculative decoding with Mamba prefix caching needs speculative state blocks
+    (vLLM 0.33: `num_speculative_blocks`), which pagedkv does not serve in mode "align" yet."""
+    return InvalidArgumentError(
+        f"request {request_id!r}: {num_spec} speculative and {num_lookahead} lookahead tokens "
+        f"with a Mamba group in mamba_cache_mode 'align' (group {group}): speculative decoding "
+        "with Mamba prefix caching is not served yet"
+    )
+
+
+def mamba_unaligned_chunk(
+    request_id: str, group: int, start: int, end: int, block_size: int
+) -> RequestError:
+    """A step starting inside a Mamba block must end by that block's end: the state the step
+    leaves is written into the column of its last token, so a step from inside block c past its
+    end leaves column c holding the state at `start`, which caching would key at (c + 1) * B
+    (vLLM 0.33's scheduler never cuts such a chunk, `_mamba_block_aligned_split`; its manager
+    does not check)."""
+    boundary = -(-start // block_size) * block_size
+    return RequestError(
+        request_id,
+        "a step starting inside a Mamba block ends by that block's end",
+        f"tokens [{start}, {end}) cross {boundary} in KV cache group {group} (block size "
+        f"{block_size}): cut the chunk at {boundary}",
+    )
 
 
 def hits_of_unequal_length(request_id: str, lengths: list[int]) -> RequestError:

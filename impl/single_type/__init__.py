@@ -11,7 +11,7 @@ from pagedkv.block_pool import BlockPool
 from pagedkv.single_type.base import SingleTypeKVCacheManager
 from pagedkv.single_type.chunked_local import ChunkedLocalAttentionManager
 from pagedkv.single_type.full_attention import FullAttentionManager
-from pagedkv.single_type.mamba import MambaManager
+from pagedkv.single_type.mamba import MambaAlignManager, MambaManager
 from pagedkv.single_type.sliding_window import SlidingWindowManager
 from pagedkv.vocab import refusals
 from pagedkv.vocab.kv_cache_interface import (
@@ -26,6 +26,7 @@ __all__ = [
     "SINGLE_TYPE_MANAGERS",
     "ChunkedLocalAttentionManager",
     "FullAttentionManager",
+    "MambaAlignManager",
     "MambaManager",
     "SingleTypeKVCacheManager",
     "SlidingWindowManager",
@@ -38,7 +39,8 @@ SINGLE_TYPE_MANAGERS: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = 
     ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
     MambaSpec: MambaManager,
 }
-"""The manager of each spec type, keyed by the exact type (as vLLM's `spec_manager_map`)."""
+"""The manager of each spec type, keyed by the exact type (as vLLM's `spec_manager_map`; a
+Mamba group in mamba_cache_mode "align" takes `MambaAlignManager`)."""
 
 
 def single_type_manager(
@@ -58,6 +60,8 @@ def single_type_manager(
     Complexity: O(1).
     """
     manager_class = SINGLE_TYPE_MANAGERS.get(type(spec))
+    if isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align":
+        manager_class = MambaAlignManager
     if manager_class is None:
         raise refusals.no_manager_for(type(spec).__name__)
     if use_eagle and not manager_class.supports_eagle:

@@ -47,7 +47,9 @@ class SingleTypeKVCacheManager(ABC):
         retention_interval: the config's `prefix_cache_retention_interval` (set by the
             registry).
         acts_on_retention: whether the attention type caches sparsely under an interval
-            (`retained`; a sliding window).
+            (`retained`; a sliding window, a Mamba group in mode "align").
+        holds_state: whether a block holds one recurrent state, its table positional with
+            null blocks anywhere (a Mamba group in mode "align").
         sparse: it does here: an interval is set (set by the registry).
         junction_ignores_eagle: the semantics' switch of that name (set by the manager; a
             sliding window acts on it under sparse retention with EAGLE).
@@ -59,6 +61,7 @@ class SingleTypeKVCacheManager(ABC):
     allows_null_blocks: ClassVar[bool]
     supports_eagle: ClassVar[bool] = True
     acts_on_retention: ClassVar[bool] = False
+    holds_state: ClassVar[bool] = False
 
     def __init__(self, kv_cache_spec: KVCacheSpec, block_pool: BlockPool, group_id: int) -> None:
         self.kv_cache_spec = kv_cache_spec
@@ -142,6 +145,25 @@ class SingleTypeKVCacheManager(ABC):
         """Token slots `num_held` blocks give (`extra_blocks` of them give none).
         Complexity: O(1)."""
         return max(num_held - self.extra_blocks, 0) * self.block_size
+
+    def num_blocks_to_allocate(self, num_new: int) -> int:
+        """Blocks taken from the free queue when the request's list grows by `num_new`
+        positions (every one, for attention). Complexity: O(1)."""
+        return num_new
+
+    def defers(self, hits: Sequence[KVCacheBlock]) -> bool:
+        """Whether these hits must wait for the next scheduler step (never, for attention).
+        Complexity: O(1)."""
+        return False
+
+    def new_step_starts(self) -> None:  # noqa: B027 (a hook most types leave empty)
+        """A new scheduler step starts (only a Mamba group in mode "align" keeps per-step
+        state). Complexity: O(1)."""
+
+    def layout_error(self, request_id: str) -> str | None:
+        """Why the request's list breaks a `holds_state` type's layout (None: it holds).
+        Complexity: O(1)."""
+        return None
 
     # -- the request's blocks (every type alike) ---------------------------------------------
 

@@ -202,7 +202,9 @@ class PagedKVFacade:
         return []
 
     def new_step_starts(self) -> None:
-        return None
+        """vLLM's scheduler calls it first in every step: the manager forgets the Mamba states
+        keyed in the last one (a no-op without a Mamba group in mode "align")."""
+        self._manager.new_step_starts()
 
     def take_new_block_ids(self) -> list[int]:
         return []

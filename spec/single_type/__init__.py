@@ -11,7 +11,7 @@ from pagedkv.spec.block_pool import SpecBlockPool
 from pagedkv.spec.single_type.base import Lookup, SpecSingleTypeManager
 from pagedkv.spec.single_type.chunked_local import ChunkedLocalAttention
 from pagedkv.spec.single_type.full_attention import FullAttention
-from pagedkv.spec.single_type.mamba import MambaState
+from pagedkv.spec.single_type.mamba import MambaAlignState, MambaState
 from pagedkv.spec.single_type.sliding_window import SlidingWindow
 from pagedkv.vocab import refusals
 from pagedkv.vocab.kv_cache_interface import (
@@ -27,6 +27,7 @@ __all__ = [
     "ChunkedLocalAttention",
     "FullAttention",
     "Lookup",
+    "MambaAlignState",
     "MambaState",
     "SlidingWindow",
     "SpecSingleTypeManager",
@@ -39,7 +40,8 @@ SPEC_SINGLE_TYPE_MANAGERS: dict[type[KVCacheSpec], type[SpecSingleTypeManager]] 
     ChunkedLocalAttentionSpec: ChunkedLocalAttention,
     MambaSpec: MambaState,
 }
-"""The reference manager of each spec type, keyed by the exact type."""
+"""The reference manager of each spec type, keyed by the exact type (a Mamba group in
+mamba_cache_mode "align" takes `MambaAlignState`)."""
 
 
 def spec_single_type_manager(
@@ -56,6 +58,8 @@ def spec_single_type_manager(
     supports it (KVCacheConfigError).
     """
     manager_class = SPEC_SINGLE_TYPE_MANAGERS.get(type(spec))
+    if isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align":
+        manager_class = MambaAlignState
     if manager_class is None:
         raise refusals.no_manager_for(type(spec).__name__)
     if use_eagle and not manager_class.supports_eagle:

@@ -56,6 +56,9 @@ class SpecSingleTypeManager:
     allows_null_blocks = False
     supports_eagle = True
     prefix_closed = False
+    holds_state = False
+    """Whether a block holds one recurrent state rather than one slot per token (Mamba in
+    mode "align"): the attention-truth ghost writes a step's state at its last token."""
 
     def __init__(self, spec: KVCacheSpec, pool: SpecBlockPool, group_id: int) -> None:
         self.spec = spec
@@ -127,6 +130,25 @@ class SpecSingleTypeManager:
         if blocks <= 0:
             return range(1 if blocks == 0 else 0)
         return range((blocks - 1) * self.block_size + 1, blocks * self.block_size + 1)
+
+    def num_missing(self, num_required: int, num_held: int, num_hits: int) -> int:
+        """Blocks the request takes from the free queue to hold `num_required`, holding
+        `num_held` and adopting `num_hits` (<= 0: none): every missing one."""
+        return num_required - num_held - num_hits
+
+    def defers(self, hits: Sequence[int]) -> bool:
+        """Whether these hits must wait for the next scheduler step (a Mamba state keyed in
+        this one); never for attention."""
+        return False
+
+    def new_step_starts(self) -> None:
+        """A new scheduler step starts (only a Mamba group in mode "align" keeps per-step
+        state)."""
+
+    def layout_error(self, request_id: str) -> str | None:
+        """Why the request's block list breaks this type's layout (None: it holds); the
+        manager states the null-prefix rule of the types whose nulls are a prefix."""
+        return None
 
     # -- the request's blocks (every type alike) ---------------------------------------------
 
