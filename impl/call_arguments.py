@@ -29,9 +29,15 @@ from pagedkv.vocab.arguments import (
 )
 from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError
 from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey
-from pagedkv.vocab.kv_cache_interface import KVCacheConfig, MambaSpec
+from pagedkv.vocab.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 from pagedkv.vocab.request import Request
-from pagedkv.vocab.semantics import Semantics
+from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_33, Semantics
 
 IsBlock = Callable[[object], bool] | type
 """Whether a value is a block in one side's terms: a predicate (an int block id), or the block
@@ -209,9 +215,9 @@ def check_manager(
     max_in_flight_tokens: object = None,
 ) -> KVCacheConfig:
     """KVCacheManager's constructor arguments: their types (max_in_flight_tokens None or an
-    int >= 1), then (KVCacheConfigError) one block
-    size in every group when caching, a Mamba group only in mamba_cache_mode "none" with
-    caching off. The hash algorithm's name is checked by `get_hash_fn`, each group's
+    int >= 1), then (KVCacheConfigError) with caching, groups of several block sizes only in
+    the domain `_check_several_block_sizes` states, a Mamba group only in mamba_cache_mode
+    "none" with caching off. The hash algorithm's name is checked by `get_hash_fn`, each group's
     spec by the registry of per-type managers (`pagedkv.single_type`), the semantics by
     `check_semantics`.
 
@@ -232,7 +238,8 @@ def check_manager(
         require_int(MANAGER, "max_in_flight_tokens", max_in_flight_tokens, 1)
     block_sizes = sorted({group.kv_cache_spec.block_size for group in config.kv_cache_groups})
     if len(block_sizes) != 1 and enable_caching:
-        raise refusals.groups_of_several_block_sizes(block_sizes)
+        checked = require_instance(MANAGER, "semantics", semantics, Semantics)
+        _check_several_block_sizes(config, block_sizes, use_eagle, checked, enable_kv_cache_events)
     for group, group_spec in enumerate(config.kv_cache_groups):
         spec = group_spec.kv_cache_spec
         if isinstance(spec, MambaSpec) and (spec.mamba_cache_mode != "none" or enable_caching):
@@ -240,6 +247,69 @@ def check_manager(
                 group, spec.mamba_cache_mode, bool(enable_caching)
             )
     return config
+
+
+# Per attention type in a mixed-size config with caching: (kind, rule, block size wanted,
+# why) -- the size being "H" (the hash block size) or "S" (the scheduler block size).
+_MIXED_SIZE_RULES: dict[type, tuple[str, str, str]] = {
+    FullAttentionSpec: (
+        "full attention",
+        "H",
+        "their GCD: a larger full-attention block carries vLLM 0.33's partial prefix-cache "
+        "keys, not modelled yet",
+    ),
+    SlidingWindowSpec: (
+        "sliding window",
+        "S",
+        "their LCM: a smaller windowed block aligns hits by vLLM 0.33's run-start rule and "
+        "caches only the blocks an aligned hit can use, not modelled yet",
+    ),
+    ChunkedLocalAttentionSpec: (
+        "chunked local attention",
+        "S",
+        "their LCM: vLLM 0.33 asserts it at the first lookup",
+    ),
+}
+
+
+def _check_several_block_sizes(
+    config: KVCacheConfig,
+    block_sizes: list[int],
+    use_eagle: object,
+    semantics: Semantics,
+    events: object,
+) -> None:
+    """Groups of several block sizes with caching: pagedkv's or vLLM 0.33's semantics, no
+    EAGLE, no events, full attention at H and windowed or chunked attention at S (the spec's
+    `check_several_block_sizes`, in its order). Complexity: O(groups)."""
+    if semantics not in (PAGEDKV, VLLM_0_33):
+        raise refusals.groups_of_several_block_sizes(
+            block_sizes,
+            "under the semantics 'pagedkv' and 'vllm-0.33' (the behaviour checked against "
+            f"vLLM 0.33.0), not {semantics.name}",
+        )
+    if use_eagle:
+        raise refusals.groups_of_several_block_sizes(
+            block_sizes,
+            "without EAGLE (vLLM 0.33 drops a block of each group's own size, then rounds the "
+            "hit down to their LCM: not modelled yet)",
+        )
+    if events:
+        raise refusals.groups_of_several_block_sizes(
+            block_sizes,
+            "with KV cache events off (a larger block is keyed by the hash at its last "
+            "hash-block boundary, which pagedkv does not publish as vLLM 0.33 does yet)",
+        )
+    sizes = {"H": config.hash_block_size, "S": config.scheduler_block_size}
+    names = {"H": "hash block size", "S": "scheduler block size"}
+    for group, group_spec in enumerate(config.kv_cache_groups):
+        spec = group_spec.kv_cache_spec
+        rule = _MIXED_SIZE_RULES.get(type(spec))
+        if rule is not None and spec.block_size != sizes[rule[1]]:
+            kind, size, why = rule
+            raise refusals.group_block_size_unserved(
+                group, kind, spec.block_size, names[size], sizes[size], why
+            )
 
 
 def check_semantics(semantics: Semantics, num_groups: int) -> None:

@@ -42,7 +42,12 @@ from pagedkv.call_arguments import (
     check_semantics,
     is_block_id,
 )
-from pagedkv.kv_cache_coordinator import KVCacheCoordinator, kv_cache_coordinator
+from pagedkv.kv_cache_coordinator import (
+    HybridKVCacheCoordinator,
+    KVCacheCoordinator,
+    group_view,
+    kv_cache_coordinator,
+)
 from pagedkv.offload.tier import OffloadTier
 from pagedkv.single_type import SingleTypeKVCacheManager
 from pagedkv.vocab import refusals
@@ -252,6 +257,13 @@ class KVCacheManager:
             manager.extra_blocks for manager in single_type_managers
         )
         self._mixed_sizes = len({manager.block_size for manager in single_type_managers}) > 1
+        # Several block sizes with caching: one chain at H (the GCD), each group keyed by its
+        # view of it, hits and cached prefixes multiples of S (the LCM): `_allocate_mixed`.
+        self._mixed_cached, self._hash_block_size, self._scheduler_block_size = (
+            self._mixed_sizes and enable_caching,
+            config.hash_block_size,
+            config.scheduler_block_size,
+        )
         self._unitary = self.num_groups == 1 and not self._per_group
         # The admission fast path's ground: one full-attention group that caches every block.
         self._admits_fast = (
@@ -366,7 +378,7 @@ class KVCacheManager:
             return self._no_blocks, 0
         self._check_identity(request)
         request_id = request.request_id
-        block_size = self.block_size
+        block_size = self._hash_block_size  # the block size, with one
         block_hashes = self.req_to_block_hashes.get(request_id)
         if not block_hashes:
             block_hashes = hash_request_tokens(
@@ -390,6 +402,8 @@ class KVCacheManager:
                 self._junctions[request_id] = 0
             self._after_call()
             return self._no_blocks, 0
+        if self._mixed_cached:
+            return self._mixed_lookup(request, block_hashes)
         # Every token in full blocks: leave the last one out, so one block is recomputed.
         last_left_out = len(block_hashes) * block_size == request.num_tokens
         lookup = block_hashes[:-1] if last_left_out else block_hashes
@@ -714,8 +728,13 @@ class KVCacheManager:
             raise refusals.computed_outside_slots(
                 request_id, num_computed, num_held, self.block_size
             )
-        if num_external_computed_tokens:
-            self._check_external(request_id, num_held or num_computed, num_external_computed_tokens)
+        if num_external_computed_tokens or delay_cache_blocks is True:
+            self._check_external(
+                request_id,
+                num_held or num_computed,
+                num_external_computed_tokens,
+                delay_cache_blocks is True,
+            )
         if hits and any(hits):
             self._check_hits(request, num_held, hits)
         else:
@@ -741,12 +760,24 @@ class KVCacheManager:
                 held,
                 full_sequence_must_fit is True,
             )
-        if self._per_group:  # caching is off: no hits, nothing to cache
-            return self._allocate_per_group(
-                request,
-                num_computed_tokens + num_tokens + num_lookahead_tokens,
-                held is not None,
-                full_sequence_must_fit is True,
+        if self._per_group:  # several block sizes (with caching: `_allocate_mixed`)
+            return (
+                self._allocate_mixed(
+                    request,
+                    hits,
+                    num_computed_tokens,
+                    num_tokens,
+                    num_lookahead_tokens,
+                    held,
+                    full_sequence_must_fit is True,
+                )
+                if self._mixed_cached
+                else self._allocate_per_group(
+                    request,
+                    num_computed_tokens + num_tokens + num_lookahead_tokens,
+                    held is not None,
+                    full_sequence_must_fit is True,
+                )
             )
         num_required = num_required_blocks(
             num_computed_tokens, num_tokens, num_lookahead_tokens, self.block_size
@@ -809,9 +840,19 @@ class KVCacheManager:
             self._after_call()
         return new_blocks
 
-    def _check_external(self, request_id: str, running: int, num_external: int) -> None:
-        """External tokens extend a request's first allocation only (`running`: it holds
-        blocks or computed tokens), and no Mamba group's (the spec's precondition 6)."""
+    def _check_external(
+        self, request_id: str, running: int, num_external: int, delay_cache: bool
+    ) -> None:
+        """Neither external tokens nor a delayed cache with several block sizes and caching;
+        external tokens extend a request's first allocation only (`running`: it holds blocks
+        or computed tokens), and no Mamba group's (the spec's precondition 6)."""
+        if self._mixed_cached:
+            raise refusals.several_block_sizes_call_unserved(
+                request_id,
+                "num_external_computed_tokens" if num_external else "delay_cache_blocks",
+            )
+        if not num_external:
+            return
         if running:
             raise refusals.external_for_running_request(request_id, num_external)
         for group, manager in enumerate(self.coordinator.single_type_managers):
@@ -1000,6 +1041,145 @@ class KVCacheManager:
             self._after_call()
         return new_blocks
 
+    # -- several block sizes with caching ------------------------------------------------------
+
+    def _extend_chain(self, request: Request, stored: list[BlockHashType], num_tokens: int) -> None:
+        """The stored chain (at H) covers the request's first `num_tokens` tokens.
+        Complexity: O(num_tokens) when it grows, else O(1)."""
+        needed = num_tokens // self._hash_block_size
+        if len(stored) < needed:
+            chain = hash_request_tokens(
+                self.caching_hash_fn, self._hash_block_size, request, mm_position=self._mm_position
+            )
+            stored.extend(chain[len(stored) : needed])
+
+    def _mixed_lookup(
+        self, request: Request, block_hashes: list[BlockHashType]
+    ) -> tuple[KVCacheBlocks, int]:
+        """get_computed_blocks with several block sizes: the chain of at most `num_tokens -
+        1` tokens looked up, the hit `HybridKVCacheCoordinator.mixed_hit`'s, in tokens.
+        Complexity: as `mixed_hit`."""
+        coordinator = self.coordinator
+        assert isinstance(coordinator, HybridKVCacheCoordinator)
+        hash_size, scheduler_size = self._hash_block_size, self._scheduler_block_size
+        num_lookup = min(len(block_hashes), (request.num_tokens - 1) // hash_size)
+        lookup = block_hashes[:num_lookup]
+        length, hits = coordinator.mixed_hit(lookup, hash_size, scheduler_size)
+        if self._sparse:
+            self._junctions[request.request_id] = coordinator.mixed_junction(
+                length, lookup, hash_size, scheduler_size
+            )
+        stats = self.prefix_cache_stats
+        if stats is not None:
+            stats.queries += num_lookup
+            stats.hits += length // hash_size
+            stats.queried_tokens += request.num_tokens
+            stats.hit_tokens += length
+        self._after_call()
+        return hits, length
+
+    def _allocate_mixed(
+        self,
+        request: Request,
+        hits: tuple[list[KVCacheBlock], ...],
+        num_computed: int,
+        num_tokens: int,
+        num_lookahead_tokens: int,
+        held: list[KVCacheBlock] | None,
+        full_sequence_must_fit: bool,
+    ) -> KVCacheBlocks | None:
+        """allocate_slots with several block sizes and caching, every precondition up to the
+        hits' checked (`num_computed` counts the hits): each group needs its own count, at most
+        its `_max_blocks`; the blocks every group lacks must fit together in the free blocks
+        the hits leave; every group's hits are touched, then group by group each takes its
+        new blocks and caches its positions within the computed tokens rounded down to S.
+        Complexity: O(groups + hits + new blocks + blocks cached * H + num_tokens when the
+        chain grows)."""
+        request_id = request.request_id
+        managers = self.coordinator.single_type_managers
+        num_slots = num_computed + num_tokens + num_lookahead_tokens
+        required = [manager.num_required(num_slots) for manager in managers]
+        capped = (
+            self.semantics.cap_at_max_model_len
+            and len(managers[0].req_to_blocks.get(request_id, ())) + len(hits[0] if hits else ())
+            < self._max_blocks[0]
+        )
+        self._refuse_past_max_model_len(request_id, required, capped)
+        num_real = num_computed + num_tokens - len(request.spec_token_ids)
+        cache_tokens = num_real - num_real % self._scheduler_block_size
+        num_full = cache_tokens // managers[0].block_size
+        num_cached = managers[0].num_cached_block.get(request_id, len(hits[0]) if hits else 0)
+        if num_full < num_cached:
+            raise refusals.cached_blocks_lost(request_id, num_full, num_cached)
+        # -- every precondition holds: from here on nothing can fail --
+        if full_sequence_must_fit and not self._whole_request_fits(request, hits):
+            if self.debug_invariants:
+                self._after_call()
+            return None
+        pool = self.block_pool
+        if held is not None:
+            self.coordinator.remove_skipped_blocks(request_id, request.num_computed_tokens)
+        lengths = [len(manager.req_to_blocks.get(request_id, ())) for manager in managers]
+        missing = sum(
+            max(required[group] - lengths[group] - (len(hits[group]) if hits else 0), 0)
+            for group in range(self.num_groups)
+        )
+        num_evictable = self._num_evictable_hits(hits) if hits else 0
+        if not fits(missing, pool.get_num_free_blocks(), num_evictable):
+            if self.debug_invariants:
+                self._after_call()
+            return None
+        num_hits = [len(group_hits) for group_hits in hits] if hits else [0] * self.num_groups
+        self.coordinator.add_hits(request_id, hits)  # hands the hit lists over
+        self._track(request_id, request)
+        num_free = pool.get_num_free_blocks()
+        stored = self.req_to_block_hashes.setdefault(request_id, [])
+        self._extend_chain(request, stored, cache_tokens)
+        junction = self._junctions.get(request_id, 0) if self._sparse else 0
+        new_blocks = []
+        for group, manager in enumerate(managers):
+            num_blocks = len(manager.req_to_blocks[request_id])
+            count = min(
+                required[group] - num_blocks, num_free, self._max_blocks[group] - num_blocks
+            )
+            new_blocks.append(manager.allocate_new_blocks(request_id, max(count, 0)))
+            manager.cache_blocks(
+                request,
+                group_view(stored, manager.block_size, self._hash_block_size),
+                num_hits[group],
+                cache_tokens // manager.block_size,
+                self.caching_hash_fn,
+                junction,
+            )
+        if self.debug_invariants:
+            self._after_call()
+        return tuple(new_blocks)
+
+    def _cache_mixed(self, request: Request, num_computed_tokens: int) -> None:
+        """cache_blocks with several block sizes, its checks passed: every group caches its
+        positions within `num_computed_tokens` rounded down to S.
+        Complexity: O(groups + blocks cached * H + num_tokens when the chain grows)."""
+        request_id = request.request_id
+        managers = self.coordinator.single_type_managers
+        cache_tokens = num_computed_tokens - num_computed_tokens % self._scheduler_block_size
+        if all(
+            cache_tokens // manager.block_size <= manager.num_cached_block.get(request_id, 0)
+            for manager in managers
+        ):
+            return
+        stored = self.req_to_block_hashes.setdefault(request_id, [])
+        self._extend_chain(request, stored, cache_tokens)
+        junction = self._junctions.get(request_id, 0) if self._sparse else 0
+        for manager in managers:
+            manager.cache_blocks(
+                request,
+                group_view(stored, manager.block_size, self._hash_block_size),
+                0,
+                cache_tokens // manager.block_size,
+                self.caching_hash_fn,
+                junction,
+            )
+
     def _check_hits(
         self, request: Request, num_held: int, hits: tuple[list[KVCacheBlock], ...]
     ) -> None:
@@ -1012,19 +1192,34 @@ class KVCacheManager:
         if num_held or request.num_computed_tokens:
             raise refusals.hits_for_running_request(request_id)
         num_hits = len(hits[0])
-        if len(hits) > 1:
-            lengths = [len(group_hits) for group_hits in hits]
-            if len(set(lengths)) != 1:
-                raise refusals.hits_of_unequal_length(request_id, lengths)
         stored = self.req_to_block_hashes.get(request_id, [])
-        if num_hits > len(stored):
-            raise refusals.more_hits_than_hashes(request_id, num_hits, len(stored))
-        pool = self.block_pool
         managers = self.coordinator.single_type_managers  # as many as hits (check_allocation)
+        if self._mixed_cached:
+            tokens = [
+                len(group_hits) * m.block_size for m, group_hits in zip(managers, hits, strict=True)
+            ]
+            if len(set(tokens)) != 1:
+                raise refusals.hits_of_unequal_tokens(request_id, tokens)
+            if tokens[0] // self._hash_block_size > len(stored):
+                raise refusals.more_hits_than_hashes(
+                    request_id, tokens[0] // self._hash_block_size, len(stored)
+                )
+        else:
+            if len(hits) > 1:
+                lengths = [len(group_hits) for group_hits in hits]
+                if len(set(lengths)) != 1:
+                    raise refusals.hits_of_unequal_length(request_id, lengths)
+            if num_hits > len(stored):
+                raise refusals.more_hits_than_hashes(request_id, num_hits, len(stored))
+        pool = self.block_pool
         for group, group_hits in enumerate(hits):
             manager = managers[group]
             pool.check_hits_locked(
-                request_id, group_hits, stored, manager.allows_null_blocks, manager.group_id
+                request_id,
+                group_hits,
+                group_view(stored, manager.block_size, self._hash_block_size),
+                manager.allows_null_blocks,
+                manager.group_id,
             )
             if manager.allows_null_blocks:  # only a type that skips positions has a shape
                 shape_error = manager.hit_shape_error(
@@ -1231,11 +1426,22 @@ class KVCacheManager:
                 raise refusals.cache_without_blocks(request_id)
             block_size = self.block_size
             computed = checked.num_computed_tokens
-            if not 0 <= computed <= len(held) * block_size:
+            if self._mixed_cached:
+                for manager in self.coordinator.single_type_managers:
+                    blocks = manager.req_to_blocks[request_id]
+                    if not 0 <= computed <= manager.num_slots(len(blocks)):
+                        raise refusals.computed_outside_slots(
+                            request_id, computed, len(blocks), manager.block_size
+                        )
+            elif not 0 <= computed <= len(held) * block_size:
                 raise refusals.computed_outside_slots(request_id, computed, len(held), block_size)
             limit = min(computed, checked.num_tokens)
             if num_computed_tokens > limit:
                 raise refusals.cache_past_computed(request_id, num_computed_tokens, limit)
+            if self._mixed_cached:
+                self._cache_mixed(checked, num_computed_tokens)
+                self._after_call()
+                return
             num_full = num_computed_tokens // block_size
             managers = self.coordinator.single_type_managers
             # Each group from its own count (they differ after external tokens pushed hits out
@@ -1537,10 +1743,13 @@ class KVCacheManager:
         if not self.enable_caching:
             return
         request = self._requests[request_id]
-        stored = self.req_to_block_hashes.get(request_id, [])
+        chain = self.req_to_block_hashes.get(request_id, [])
+        if self._mixed_cached:
+            self._check_mixed_request(request_id, group_blocks)
         for manager, blocks in zip(managers, group_blocks, strict=True):
             num_cached = manager.num_cached_block.get(request_id, 0)
-            if num_cached > min(request.num_tokens // self.block_size, len(stored)):
+            stored = group_view(chain, manager.block_size, self._hash_block_size)
+            if num_cached > min(request.num_tokens // manager.block_size, len(stored)):
                 raise InvariantViolation(
                     "a request's cached blocks are full blocks with stored hashes",
                     f"request {request_id!r}, group {manager.group_id}: {num_cached} cached, "
@@ -1566,9 +1775,9 @@ class KVCacheManager:
         if self.semantics.vllm_new_block_mm_keys:
             return  # vLLM 0.8.5 stores some hashes with other multimodal keys than the chain's
         expected = hash_request_tokens(
-            self.caching_hash_fn, self.block_size, request, mm_position=self._mm_position
+            self.caching_hash_fn, self._hash_block_size, request, mm_position=self._mm_position
         )
-        for position, block_hash in enumerate(stored):
+        for position, block_hash in enumerate(chain):
             chained = expected[position] if position < len(expected) else None
             if block_hash != chained:
                 raise InvariantViolation(
@@ -1576,6 +1785,33 @@ class KVCacheManager:
                     f"request {request_id!r}, position {position}: stored {block_hash}, "
                     f"its tokens chain to {chained}",
                 )
+
+    def _check_mixed_request(
+        self, request_id: str, group_blocks: Sequence[list[KVCacheBlock]]
+    ) -> None:
+        """Several block sizes with caching: every group caches the same prefix, a multiple
+        of S tokens, and no block past it carries a hash (delayed hashing)."""
+        managers = self.coordinator.single_type_managers
+        cached = [
+            manager.num_cached_block.get(request_id, 0) * manager.block_size for manager in managers
+        ]
+        if len(set(cached)) != 1 or cached[0] % self._scheduler_block_size:
+            raise InvariantViolation(
+                "with several block sizes, every group caches the same prefix, a multiple of "
+                "the scheduler block size",
+                f"request {request_id!r}: {cached} tokens cached per group, "
+                f"S = {self._scheduler_block_size}",
+            )
+        for manager, blocks in zip(managers, group_blocks, strict=True):
+            first = manager.num_cached_block.get(request_id, 0)
+            for position in range(first, len(blocks)):
+                if blocks[position].block_hash is not None:
+                    raise InvariantViolation(
+                        "with several block sizes, a request's blocks past its cached prefix "
+                        "carry no hash",
+                        f"request {request_id!r}, group {manager.group_id}, position "
+                        f"{position}, block {blocks[position].block_id}",
+                    )
 
     def _check_records(self) -> None:
         """Each tracked `Request` has one fast-path record, with its id and its token list."""

@@ -25,9 +25,15 @@ from pagedkv.vocab.arguments import (
 )
 from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError
 from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey
-from pagedkv.vocab.kv_cache_interface import KVCacheConfig, MambaSpec
+from pagedkv.vocab.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 from pagedkv.vocab.request import Request
-from pagedkv.vocab.semantics import Semantics
+from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_33, Semantics
 
 VLLM_0_8_5_ONLY = (
     "capacity_counts_null_blocks",
@@ -174,7 +180,8 @@ def check_manager(
     """KVCacheManager(...): a KVCacheConfig; max_model_len an int >= 1; flags that are bools; a
     str hash algorithm (its name is checked by `get_hash_fn`); a Semantics; max_in_flight_tokens
     None or an int >= 1; then
-    (KVCacheConfigError) one block size in every group when caching, and a Mamba group only in
+    (KVCacheConfigError) with caching, groups of several block sizes only as
+    `check_several_block_sizes` allows, and a Mamba group only in
     mamba_cache_mode "none" with caching off. Each group's spec is checked next, by the registry of
     per-type managers (`pagedkv.spec.single_type`), then the semantics (`check_semantics`)."""
     config = require_instance(MANAGER, "kv_cache_config", kv_cache_config, KVCacheConfig)
@@ -189,7 +196,8 @@ def check_manager(
         require_int(MANAGER, "max_in_flight_tokens", max_in_flight_tokens, 1)
     block_sizes = sorted({group.kv_cache_spec.block_size for group in config.kv_cache_groups})
     if len(block_sizes) != 1 and enable_caching:
-        raise refusals.groups_of_several_block_sizes(block_sizes)
+        checked_semantics = require_instance(MANAGER, "semantics", semantics, Semantics)
+        check_several_block_sizes(config, use_eagle, checked_semantics, enable_kv_cache_events)
     for group, group_spec in enumerate(config.kv_cache_groups):
         spec = group_spec.kv_cache_spec
         if isinstance(spec, MambaSpec) and (spec.mamba_cache_mode != "none" or enable_caching):
@@ -197,6 +205,67 @@ def check_manager(
                 group, spec.mamba_cache_mode, bool(enable_caching)
             )
     return config
+
+
+def check_several_block_sizes(
+    config: KVCacheConfig, use_eagle: object, semantics: Semantics, events: object
+) -> None:
+    """Groups of several block sizes with prefix caching (KVCacheConfigError), in order: the
+    semantics are pagedkv's or vLLM 0.33's (the behaviour checked against vLLM 0.33.0); no
+    EAGLE; no KV cache events; then group by group (Mamba groups are refused after), a
+    full-attention group's block size is the hash block size H (the GCD), a sliding-window or
+    chunked group's the scheduler block size S (the LCM)."""
+    sizes = sorted(set(config.block_sizes))
+    if semantics not in (PAGEDKV, VLLM_0_33):
+        raise refusals.groups_of_several_block_sizes(
+            sizes,
+            "under the semantics 'pagedkv' and 'vllm-0.33' (the behaviour checked against "
+            f"vLLM 0.33.0), not {semantics.name}",
+        )
+    if use_eagle:
+        raise refusals.groups_of_several_block_sizes(
+            sizes,
+            "without EAGLE (vLLM 0.33 drops a block of each group's own size, then rounds the "
+            "hit down to their LCM: not modelled yet)",
+        )
+    if events:
+        raise refusals.groups_of_several_block_sizes(
+            sizes,
+            "with KV cache events off (a larger block is keyed by the hash at its last "
+            "hash-block boundary, which pagedkv does not publish as vLLM 0.33 does yet)",
+        )
+    hash_size, scheduler_size = config.hash_block_size, config.scheduler_block_size
+    for group, group_spec in enumerate(config.kv_cache_groups):
+        spec = group_spec.kv_cache_spec
+        if type(spec) is FullAttentionSpec and spec.block_size != hash_size:
+            raise refusals.group_block_size_unserved(
+                group,
+                "full attention",
+                spec.block_size,
+                "hash block size",
+                hash_size,
+                "their GCD: a larger full-attention block carries vLLM 0.33's partial "
+                "prefix-cache keys, not modelled yet",
+            )
+        if type(spec) is SlidingWindowSpec and spec.block_size != scheduler_size:
+            raise refusals.group_block_size_unserved(
+                group,
+                "sliding window",
+                spec.block_size,
+                "scheduler block size",
+                scheduler_size,
+                "their LCM: a smaller windowed block aligns hits by vLLM 0.33's run-start "
+                "rule and caches only the blocks an aligned hit can use, not modelled yet",
+            )
+        if type(spec) is ChunkedLocalAttentionSpec and spec.block_size != scheduler_size:
+            raise refusals.group_block_size_unserved(
+                group,
+                "chunked local attention",
+                spec.block_size,
+                "scheduler block size",
+                scheduler_size,
+                "their LCM: vLLM 0.33 asserts it at the first lookup",
+            )
 
 
 def check_semantics(semantics: Semantics, num_groups: int) -> None:

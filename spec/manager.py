@@ -107,6 +107,9 @@ class Step:
         num_tokens: the tokens the step computes (drafts included).
         num_external: the external tokens the step adopts (a connector loads them).
         delay_cache: the step caches nothing (an async load: the caller caches on landing).
+        cache_tokens: with several block sizes and caching, the tokens every group caches
+            after the step (its computed tokens, drafts out, rounded down to S); each group
+            caches `cache_tokens // B_g` positions, `num_full` being group 0's.
     """
 
     hits: GroupBlocks
@@ -117,6 +120,7 @@ class Step:
     num_tokens: int
     num_external: int = 0
     delay_cache: bool = False
+    cache_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -234,9 +238,14 @@ class SpecKVCacheManager:
         self.admission_caps = tuple(
             manager.admission_cap(max_model_len, in_flight) for manager in self.managers
         )
-        # Groups of several block sizes (caching off only): refusals name the group.
+        # Groups of several block sizes: refusals name the group.
         self.mixed_sizes = len({manager.block_size for manager in self.managers}) > 1
         self.enable_caching = enable_caching
+        # With caching (`mixed_cached`), the request's one chain is at H, each group's keys are
+        # its view of it (`group_keys`), and hits and cached prefixes are multiples of S.
+        self.mixed_cached = self.mixed_sizes and enable_caching
+        self.hash_block_size = config.hash_block_size
+        self.scheduler_block_size = config.scheduler_block_size
         self.hash_fn: HashFn = get_hash_fn(caching_hash_algo)
         self.use_eagle = use_eagle
         self.eagle_lookup = use_eagle and not semantics.eagle_window_hit_one_short
@@ -339,6 +348,8 @@ class SpecKVCacheManager:
         self.junction[request_id] = 0
         if request.prompt_logprobs:
             return empty, 0
+        if self.mixed_cached:
+            return self._mixed_lookup(request, stored)
         if len(stored) * self.block_size == request.num_tokens:
             lookup = stored[:-1]  # recompute the last block, so the last token yields logits
         else:
@@ -673,6 +684,11 @@ class SpecKVCacheManager:
                     manager.block_size,
                     group if self.mixed_sizes else None,
                 )
+        if self.mixed_cached and (num_external or delay_cache):
+            raise refusals.several_block_sizes_call_unserved(
+                request_id,
+                "num_external_computed_tokens" if num_external else "delay_cache_blocks",
+            )
         if num_external:
             if num_held or request.num_computed_tokens:
                 raise refusals.external_for_running_request(request_id, num_external)
@@ -682,7 +698,8 @@ class SpecKVCacheManager:
         if any(group_hits for group_hits in hits):
             self._require_hits(request, num_held, hits)
         num_hits = len(hits[0])
-        computed = request.num_computed_tokens + num_hits * self.block_size + num_external
+        hit_tokens = num_hits * self.managers[0].block_size  # one block size: num_hits * B
+        computed = request.num_computed_tokens + hit_tokens + num_external
         if computed + num_tokens - num_spec > request.num_tokens:
             raise refusals.more_tokens_than_request(
                 request_id, computed + num_tokens - num_spec, request.num_tokens
@@ -703,7 +720,12 @@ class SpecKVCacheManager:
                     manager.block_size,
                     group if self.mixed_sizes else None,
                 )
-        full = num_full_blocks(computed, num_tokens, num_spec, self.block_size)
+        cache_tokens = None
+        if self.mixed_cached:
+            cache_tokens = self._aligned(computed + num_tokens - num_spec)
+            full = cache_tokens // self.managers[0].block_size
+        else:
+            full = num_full_blocks(computed, num_tokens, num_spec, self.block_size)
         cached = self.num_cached.get(request_id, num_hits)
         if self.enable_caching and full < cached:
             raise refusals.cached_blocks_lost(request_id, full, cached)
@@ -712,7 +734,17 @@ class SpecKVCacheManager:
                 self.adopted_prefix(manager, group_hits, computed)
                 for manager, group_hits in zip(self.managers, hits, strict=True)
             )
-        return Step(hits, required, full, cached, computed, num_tokens, num_external, delay_cache)
+        return Step(
+            hits,
+            required,
+            full,
+            cached,
+            computed,
+            num_tokens,
+            num_external,
+            delay_cache,
+            cache_tokens,
+        )
 
     @staticmethod
     def adopted_prefix(
@@ -732,19 +764,32 @@ class SpecKVCacheManager:
         if num_held or request.num_computed_tokens:
             raise refusals.hits_for_running_request(request_id)
         lengths = [len(group_hits) for group_hits in hits]
-        if len(set(lengths)) != 1:
-            raise refusals.hits_of_unequal_length(request_id, lengths)
         stored = self.hashes.get(request_id, [])
-        if lengths[0] > len(stored):
-            raise refusals.more_hits_than_hashes(request_id, lengths[0], len(stored))
+        if self.mixed_cached:
+            tokens = [
+                len(group_hits) * m.block_size
+                for m, group_hits in zip(self.managers, hits, strict=True)
+            ]
+            if len(set(tokens)) != 1:
+                raise refusals.hits_of_unequal_tokens(request_id, tokens)
+            if tokens[0] // self.hash_block_size > len(stored):
+                raise refusals.more_hits_than_hashes(
+                    request_id, tokens[0] // self.hash_block_size, len(stored)
+                )
+        else:
+            if len(set(lengths)) != 1:
+                raise refusals.hits_of_unequal_length(request_id, lengths)
+            if lengths[0] > len(stored):
+                raise refusals.more_hits_than_hashes(request_id, lengths[0], len(stored))
         for group, (manager, group_hits) in enumerate(zip(self.managers, hits, strict=True)):
+            keys = self.group_keys(group, stored)
             for position, block_id in enumerate(group_hits):
                 if block_id not in range(self.pool.num_gpu_blocks):
                     raise refusals.foreign_block(block_id)
                 if block_id == NULL_BLOCK_ID:
                     if not manager.allows_null_blocks:
                         raise refusals.null_hit(block_id)
-                elif self.pool.block_hash[block_id] != cache_key(stored[position], group):
+                elif self.pool.block_hash[block_id] != cache_key(keys[position], group):
                     raise refusals.hit_not_cached(request_id, block_id, position)
             shape_error = manager.hit_shape_error(group_hits, self.use_eagle, self.eagle_lookup)
             if shape_error is not None:
@@ -840,10 +885,21 @@ class SpecKVCacheManager:
             new_blocks.append(taken)
             if self.enable_caching and not step.delay_cache:
                 stored = self.hashes.setdefault(request_id, [])
-                num_cached = step.num_cached if not step.num_external else len(step.hits[group])
-                left_out = manager.cache_blocks(
-                    request, stored, num_cached, step.num_full, self.hash_fn, junction
-                )
+                if step.cache_tokens is not None:  # several block sizes: the group's view
+                    self._extend_chain(request, stored, step.cache_tokens)
+                    left_out = manager.cache_blocks(
+                        request,
+                        self.group_keys(group, stored),
+                        len(step.hits[group]),
+                        step.cache_tokens // manager.block_size,
+                        self.hash_fn,
+                        junction,
+                    )
+                else:
+                    num_cached = step.num_cached if not step.num_external else len(step.hits[group])
+                    left_out = manager.cache_blocks(
+                        request, stored, num_cached, step.num_full, self.hash_fn, junction
+                    )
                 if left_out:
                     self.retention_counts["retention: blocks left uncached"] += len(left_out)
         self.requests[request_id] = request
@@ -897,6 +953,9 @@ class SpecKVCacheManager:
         computed = min(request.num_computed_tokens, request.num_tokens)
         if num_computed_tokens > computed:
             raise refusals.cache_past_computed(request_id, num_computed_tokens, computed)
+        if self.mixed_cached:
+            self._mixed_cache_blocks(request, num_computed_tokens)
+            return
         num_full = num_computed_tokens // self.block_size
         if all(num_full <= manager.num_cached.get(request_id, 0) for manager in self.managers):
             return
@@ -1132,14 +1191,152 @@ class SpecKVCacheManager:
     # -- helpers -----------------------------------------------------------------------------
 
     def _chain(self, request: Request) -> list[BlockHashType]:
-        """The hashes of the request's full blocks (`request_block_hashes`), keyed as the
-        semantics keys multimodal inputs."""
+        """The hashes of the request's full blocks (`request_block_hashes`) at the hash block
+        size H (B with one block size), keyed as the semantics keys multimodal inputs."""
         return request_block_hashes(
             self.hash_fn,
-            self.block_size,
+            self.hash_block_size,
             request,
             mm_position=not self.semantics.mm_keys_without_position,
         )
+
+    # -- several block sizes with caching ------------------------------------------------------
+
+    def group_keys(self, group: int, chain: Sequence[BlockHashType]) -> list[BlockHashType]:
+        """Group `group`'s block hashes: for its block k, the chain hash at that block's end,
+        `chain[(k + 1) * B_g / H - 1]` (vLLM 0.33's per-group view; with one block size the
+        chain itself). It fingerprints the whole prefix, so no new hash is computed."""
+        scale = self.managers[group].block_size // self.hash_block_size
+        return list(chain[scale - 1 :: scale])
+
+    def _aligned(self, num_tokens: int) -> int:
+        """`num_tokens` rounded down to a multiple of S (where hits and cached prefixes end)."""
+        return num_tokens - num_tokens % self.scheduler_block_size
+
+    def _extend_chain(self, request: Request, stored: list[BlockHashType], num_tokens: int) -> None:
+        """The stored chain covers the request's first `num_tokens` tokens (its H-chunks)."""
+        needed = num_tokens // self.hash_block_size
+        if len(stored) < needed:
+            stored.extend(self._chain(request)[len(stored) : needed])
+
+    def _mixed_lookup(
+        self, request: Request, stored: list[BlockHashType]
+    ) -> tuple[GroupBlocks, int]:
+        """`get_computed_blocks` with several block sizes: the lookup covers the stored hashes
+        of at most `num_tokens - 1` tokens, the hit is `mixed_common_hit`'s, in tokens."""
+        request_id = request.request_id
+        num_lookup = min(len(stored), (request.num_tokens - 1) // self.hash_block_size)
+        lookup = stored[:num_lookup]
+        length, hits = self.mixed_common_hit(lookup)
+        self.junction[request_id] = self._mixed_junction(lookup, length)
+        if self.junction[request_id] and self.retention_interval is not None:
+            self.retention_counts["retention: lookups finding a shared-prefix junction"] += 1
+        self.truth.check_hit(request, hits, length, eagle=False)
+        if self.stats is not None:
+            self.stats.queries += num_lookup
+            self.stats.hits += length // self.hash_block_size
+            self.stats.queried_tokens += request.num_tokens
+            self.stats.hit_tokens += length
+        return hits, length
+
+    def mixed_common_hit(self, lookup: Sequence[BlockHashType]) -> tuple[int, GroupBlocks]:
+        """The hit of groups of several block sizes within the chain `lookup`, in tokens, and
+        each group's blocks (`length / B_g` of them): passes over the groups, full attention
+        first, each cutting the length to its own longest hit within it rounded down to S,
+        until a pass cuts nothing (vLLM 0.33's fixed point with `alignment_tokens = S`)."""
+        order = sorted(
+            range(self.num_groups), key=lambda group: self.managers[group].allows_null_blocks
+        )
+        length = len(lookup) * self.hash_block_size
+        while True:
+            shortened = length
+            for group in order:
+                shortened = min(shortened, self._aligned_hit(group, lookup, shortened))
+            if shortened == length:
+                break
+            length = shortened
+        hits = tuple(
+            self._group_hit(g, self.group_keys(g, lookup)[: length // manager.block_size])
+            for g, manager in enumerate(self.managers)
+        )
+        assert all(
+            len(hit) * manager.block_size == length
+            for hit, manager in zip(hits, self.managers, strict=True)
+        ), "a fixed point: every group allows it"
+        return length, hits
+
+    def _aligned_hit(self, group: int, lookup: Sequence[BlockHashType], limit: int) -> int:
+        """Group `group`'s longest hit within `limit` tokens of `lookup`, in tokens, rounded
+        down to S (full attention cuts its cached prefix there; a window or chunk of S-token
+        blocks ends on S already)."""
+        block_size = self.managers[group].block_size
+        keys = self.group_keys(group, lookup)[: limit // block_size]
+        return self._aligned(len(self._group_hit(group, keys)) * block_size)
+
+    def _mixed_junction(self, lookup: Sequence[BlockHashType], length: int) -> int:
+        """`junction_of` with several block sizes, in tokens: the hit of the groups sharing the
+        first full-attention group's spec, rounded down to S, where it is longer than the
+        common hit of `length` tokens; else 0."""
+        lead = next(
+            (g for g, manager in enumerate(self.managers) if not manager.allows_null_blocks), 0
+        )
+        groups = [g for g, spec in enumerate(self.specs) if spec == self.specs[lead]]
+        keys = self.group_keys(lead, lookup)
+        found = self._aligned(
+            len(self._unit_hit(groups, keys, for_eagle=False)[0]) * self.managers[lead].block_size
+        )
+        return found if found > length else 0
+
+    def _mixed_cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """`cache_blocks` with several block sizes: every group caches its positions within
+        the first `num_computed_tokens` tokens rounded down to S (a block of a group with
+        B_g < S stays unhashed until the next S boundary)."""
+        request_id = request.request_id
+        cache_tokens = self._aligned(num_computed_tokens)
+        if all(
+            cache_tokens // manager.block_size <= manager.num_cached.get(request_id, 0)
+            for manager in self.managers
+        ):
+            return
+        stored = self.hashes.setdefault(request_id, [])
+        num_recorded = len(stored)
+        self._extend_chain(request, stored, cache_tokens)
+        junction = self.junction.get(request_id, 0)
+        for group, manager in enumerate(self.managers):
+            left_out = manager.cache_blocks(
+                request,
+                self.group_keys(group, stored),
+                manager.num_cached.get(request_id, 0),
+                cache_tokens // manager.block_size,
+                self.hash_fn,
+                junction,
+            )
+            if left_out:
+                self.retention_counts["retention: blocks left uncached"] += len(left_out)
+        self._record_parents(stored, num_recorded)
+
+    def _check_mixed_request(self, request_id: str, held: GroupBlocks) -> None:
+        """With several block sizes and caching: every group has cached the same prefix, a
+        multiple of S tokens, and no block past it carries a hash (delayed hashing)."""
+        cached = [
+            manager.num_cached.get(request_id, 0) * manager.block_size for manager in self.managers
+        ]
+        if len(set(cached)) != 1 or cached[0] % self.scheduler_block_size:
+            raise InvariantViolation(
+                "with several block sizes, every group caches the same prefix, a multiple of "
+                "the scheduler block size",
+                f"request {request_id!r}: {cached} tokens cached per group, "
+                f"S = {self.scheduler_block_size}",
+            )
+        for group, (manager, blocks) in enumerate(zip(self.managers, held, strict=True)):
+            for position in range(manager.num_cached.get(request_id, 0), len(blocks)):
+                if self.pool.block_hash[blocks[position]] is not None:
+                    raise InvariantViolation(
+                        "with several block sizes, a request's blocks past its cached prefix "
+                        "carry no hash",
+                        f"request {request_id!r}, group {group}, position {position}, "
+                        f"block {blocks[position]}",
+                    )
 
     def _require_same_request(self, request: Request) -> None:
         if self.requests.get(request.request_id, request) is not request:
@@ -1237,25 +1434,26 @@ class SpecKVCacheManager:
             return held
         request = self.requests[request_id]
         stored = self.hashes.get(request_id, [])
+        if self.mixed_cached:
+            self._check_mixed_request(request_id, held)
         for group, (manager, blocks) in enumerate(zip(self.managers, held, strict=True)):
             num_cached = manager.num_cached.get(request_id, 0)
-            if num_cached > min(request.num_tokens // self.block_size, len(stored)):
+            keys = self.group_keys(group, stored)
+            if num_cached > min(request.num_tokens // manager.block_size, len(keys)):
                 raise InvariantViolation(
                     "a request's cached blocks are full blocks with stored hashes",
                     f"request {request_id!r}, group {group}: {num_cached} cached, "
-                    f"{len(stored)} stored hashes",
+                    f"{len(keys)} stored hashes",
                 )
             evicted = self.evicted.get(request_id, ())
             for position, block_id in enumerate(blocks[:num_cached]):
-                key = cache_key(stored[position], group)
+                key = cache_key(keys[position], group)
                 if self.pool.block_hash[block_id] is None and (
                     manager.left_out.get(block_id) == key  # retention left it out
                     or (group, position, block_id) in evicted  # evict_blocks took its hash
                 ):
                     continue
-                if block_id != NULL_BLOCK_ID and self.pool.block_hash[block_id] != cache_key(
-                    stored[position], group
-                ):
+                if block_id != NULL_BLOCK_ID and self.pool.block_hash[block_id] != key:
                     raise InvariantViolation(
                         "a request's cached block carries the hash its tokens chain to",
                         f"request {request_id!r}, group {group}, position {position}, "
