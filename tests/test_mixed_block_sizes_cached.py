@@ -1,0 +1,446 @@
+"""KV cache groups of several block sizes with prefix caching (vLLM 0.33.0's behaviour,
+docs/design/mixed-block-sizes.md §8.1), first cut: no EAGLE, full attention at the hash block
+size H (the sizes' GCD), sliding-window and chunked groups at the scheduler block size S (their
+LCM). Scenarios on both sides, the same outcomes on both, refusals by name that change nothing,
+the invariants that name what a wrong mixed-size manager breaks, and a differential run of
+random workloads."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_hybrid_manager import (
+    ImplIds,
+    Run,
+    Side,
+    SpecIds,
+    chunked,
+    config,
+    full,
+    make,
+    window,
+)
+
+from pagedkv import KVCacheManager, PagedKVError, Request
+from pagedkv.spec.manager import SpecKVCacheManager
+from pagedkv.vocab.errors import InvalidArgumentError, InvariantViolation, KVCacheConfigError
+from pagedkv.vocab.kv_cache_interface import KVCacheConfig, KVCacheSpec
+from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_8_5, VLLM_0_32, VLLM_0_33, Semantics
+
+SIDES = ("spec", "impl")
+H, S = 16, 32
+
+
+def full_and_window(num_blocks: int = 64, sliding_window: int = 64) -> KVCacheConfig:
+    """Full attention at 16 tokens a block, a 64-token window at 32 (S = 32, H = 16)."""
+    return config(num_blocks, full(H), window(sliding_window, block_size=S))
+
+
+def tokens(count: int, start: int = 0) -> list[int]:
+    return [(start + i) % 50 + 1 for i in range(count)]
+
+
+def admit(manager: Side, request: Request) -> tuple[Any, int]:
+    """Look up, then allocate the whole prompt; the hits and their tokens."""
+    hits, num_hit_tokens = manager.get_computed_blocks(request)
+    new = manager.allocate_slots(request, request.num_tokens - num_hit_tokens, hits)
+    assert new is not None
+    request.num_computed_tokens = request.num_tokens
+    manager.check_invariants()
+    return hits, num_hit_tokens
+
+
+def decode(manager: Side, request: Request, count: int) -> None:
+    for _ in range(count):
+        request.append_output_token_ids(7)
+        assert manager.allocate_slots(request, 1) is not None
+        request.num_computed_tokens += 1
+        manager.check_invariants()
+
+
+def held(manager: Side, request_id: str) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(group) for group in manager.state()["blocks"][request_id])
+
+
+def hashed(manager: Side, block_id: int) -> bool:
+    return manager.state()["block_hash"][block_id] is not None
+
+
+def num_cached(manager: Side) -> list[dict[str, int]]:
+    """Each group's count of cached positions per request."""
+    if isinstance(manager, SpecIds):
+        return [dict(group.num_cached) for group in manager.manager.managers]
+    assert isinstance(manager, ImplIds)
+    groups = manager.manager.coordinator.single_type_managers
+    return [dict(group.num_cached_block) for group in groups]
+
+
+# -- the observable behaviours ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_a_hit_is_a_multiple_of_S_and_each_group_holds_it_in_its_own_blocks(side: str) -> None:
+    manager = make(side, full_and_window(), 256)
+    first = Request("a", tokens(100))
+    assert admit(manager, first)[1] == 0
+    # 100 tokens: 7 blocks of 16, 4 of 32; cached up to 96 (S-aligned): 6 and 3 positions.
+    assert [len(group) for group in held(manager, "a")] == [7, 4]
+    assert [counts["a"] for counts in num_cached(manager)] == [6, 3]
+    manager.free(first)
+    sibling = Request("b", tokens(100) + tokens(20, start=30))
+    hits, num_hit_tokens = admit(manager, sibling)
+    # The lookup covers 119 tokens (7 chunks of 16): full attention finds 112, cut to 96.
+    assert num_hit_tokens == 96
+    assert [len(group) for group in hits] == [96 // H, 96 // S]
+    assert hits[1][0] == 0  # the window (two blocks of 32) skips the first block
+    assert list(held(manager, "b")[0][:6]) == list(hits[0])
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_full_blocks_below_S_stay_unhashed_until_the_next_S_boundary(side: str) -> None:
+    manager = make(side, full_and_window(), 256)
+    request = Request("a", tokens(50))
+    admit(manager, request)
+    full_blocks = held(manager, "a")[0]
+    # Tokens 32-47 fill full attention's third block, but 50 rounds down to 32.
+    assert [hashed(manager, block) for block in full_blocks] == [True, True, False, False]
+    decode(manager, request, 13)  # 63 tokens computed: still below 64
+    assert not hashed(manager, full_blocks[2])
+    decode(manager, request, 1)  # 64: the boundary
+    assert [hashed(manager, block) for block in full_blocks] == [True] * 4
+    assert [counts["a"] for counts in num_cached(manager)] == [4, 2]
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_a_full_block_freed_unhashed_goes_to_the_queue_head_under_vllm_0_33(side: str) -> None:
+    manager = make(side, full_and_window(num_blocks=16), 256, semantics=VLLM_0_33)
+    request = Request("a", tokens(50))
+    admit(manager, request)
+    full_blocks, window_blocks = held(manager, "a")
+    manager.free(request)
+    manager.check_invariants()
+    head = manager.state()["free_order"][:3]
+    # Group by group, each tail first; unhashed ones prepended: the window's last, then full
+    # attention's two unhashed (position 3, then the full but unhashed position 2).
+    assert head == (window_blocks[1], full_blocks[3], full_blocks[2])
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_cache_blocks_caches_to_the_S_boundary_below_it(side: str) -> None:
+    manager = make(side, full_and_window(), 256)
+    request = Request("a", tokens(70))
+    hits, _ = manager.get_computed_blocks(request)
+    assert manager.allocate_slots(request, 70, hits) is not None
+    request.num_computed_tokens = 70
+    assert [counts["a"] for counts in num_cached(manager)] == [4, 2]
+    manager.cache_blocks(request, 40)  # below what is cached: nothing changes
+    assert [counts["a"] for counts in num_cached(manager)] == [4, 2]
+    manager.check_invariants()
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_a_chunked_group_of_S_token_blocks_hits_the_last_chunks_blocks(side: str) -> None:
+    kv_config = config(64, full(H), chunked(64, block_size=S))
+    manager = make(side, kv_config, 256)
+    admit(manager, Request("a", tokens(100)))
+    sibling = Request("b", [*tokens(100), 9, 9, 9])
+    hits, num_hit_tokens = manager.get_computed_blocks(sibling)
+    # The first request still runs: its blocks are cached and shared.
+    assert num_hit_tokens == 96
+    assert [len(group) for group in hits] == [6, 3]
+    assert hits[1][:2] == [0, 0]  # chunk [64, 128) reads from 64 on: the earlier blocks are null
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_a_window_shortens_the_hit_in_S_steps_and_full_attention_is_cut(side: str) -> None:
+    # Three groups of sizes 16 / 64 / 16: S = 64.
+    kv_config = config(96, full(16), window(128, block_size=64), full(16))
+    manager = make(side, kv_config, 256)
+    first = Request("a", tokens(200))
+    admit(manager, first)
+    manager.free(first)
+    sibling = Request("b", tokens(200) + [3] * 10)
+    hits, num_hit_tokens = admit(manager, sibling)
+    assert num_hit_tokens == 192
+    assert [len(group) for group in hits] == [12, 3, 12]
+    assert hits[1][0] == 0
+
+
+def test_both_sides_agree_on_the_scenarios_above() -> None:
+    for semantics in (PAGEDKV, VLLM_0_33):
+        states = []
+        for side in SIDES:
+            manager = make(side, full_and_window(num_blocks=24), 256, semantics=semantics)
+            first, second = Request("a", tokens(90)), Request("b", tokens(90) + [4] * 40)
+            admit(manager, first)
+            decode(manager, first, 9)
+            manager.free(first)
+            admit(manager, second)
+            decode(manager, second, 3)
+            states.append((manager.state(), num_cached(manager)))
+        assert states[0] == states[1]
+
+
+# -- the invariants name what a wrong manager breaks -----------------------------------------
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_caching_off_the_S_grid_is_caught_by_name(side: str) -> None:
+    manager = make(side, full_and_window(), 256)
+    if isinstance(manager, SpecIds):
+        manager.manager.scheduler_block_size = H  # a manager that forgets the delay
+    else:
+        manager.manager._scheduler_block_size = H
+    request = Request("a", tokens(50))
+    hits, _ = manager.get_computed_blocks(request)
+    manager.allocate_slots(request, 50, hits)
+    with pytest.raises(InvariantViolation, match="every group caches the same prefix"):
+        manager.check_invariants()
+
+
+def test_the_attention_truth_reads_each_groups_blocks_at_its_own_size() -> None:
+    spec = SpecKVCacheManager(full_and_window(), 256)
+    first = Request("a", tokens(100))
+    hits, _ = spec.get_computed_blocks(first)
+    spec.allocate_slots(first, 100, hits)
+    first.num_computed_tokens = 100
+    spec.check_invariants()
+    full_blocks, window_blocks = spec.held("a")
+    sibling = Request("b", [*tokens(100), 5])
+    truth = spec.truth
+    # The true hit of 96 tokens: 6 blocks of 16, and the window's last two blocks of 32.
+    truth.check_hit(sibling, (full_blocks[:6], [0, *window_blocks[1:3]]), 96, eagle=False)
+    truth.check_hit(sibling, (full_blocks[:4], list(window_blocks[:2])), 64, eagle=False)
+    with pytest.raises(InvariantViolation, match="holds its own KV"):  # blocks swapped
+        truth.check_hit(
+            sibling, (full_blocks[:6], [0, window_blocks[2], window_blocks[1]]), 96, eagle=False
+        )
+
+
+# -- refusals ---------------------------------------------------------------------------------
+
+CONFIGS: dict[str, tuple[list[KVCacheSpec], dict[str, Any], str]] = {
+    "full attention above H": (
+        [full(32), window(64, block_size=16)],
+        {},
+        "KV cache group 0 (full attention) has block size 32: with prefix caching and groups of "
+        "several block sizes, a full attention group's block size must be the hash block size "
+        "16 (their GCD: a larger full-attention block carries vLLM 0.33's partial prefix-cache "
+        "keys, not modelled yet)",
+    ),
+    "a window below S": (
+        [full(16), window(64, block_size=16), window(64, block_size=32)],
+        {},
+        "KV cache group 1 (sliding window) has block size 16: with prefix caching and groups of "
+        "several block sizes, a sliding window group's block size must be the scheduler block "
+        "size 32 (their LCM: a smaller windowed block aligns hits by vLLM 0.33's run-start rule "
+        "and caches only the blocks an aligned hit can use, not modelled yet)",
+    ),
+    "chunked below S": (
+        [full(16), chunked(64, block_size=16), window(64, block_size=32)],
+        {},
+        "KV cache group 1 (chunked local attention) has block size 16: with prefix caching and "
+        "groups of several block sizes, a chunked local attention group's block size must be "
+        "the scheduler block size 32 (their LCM: vLLM 0.33 asserts it at the first lookup)",
+    ),
+    "EAGLE": (
+        [full(16), window(64, block_size=32)],
+        {"use_eagle": True},
+        "KVCacheManager with prefix caching serves groups of several block sizes ([16, 32]) "
+        "only without EAGLE (vLLM 0.33 drops a block of each group's own size, then rounds the "
+        "hit down to their LCM: not modelled yet)",
+    ),
+    "KV cache events": (
+        [full(16), window(64, block_size=32)],
+        {"enable_kv_cache_events": True},
+        "KVCacheManager with prefix caching serves groups of several block sizes ([16, 32]) "
+        "only with KV cache events off (a larger block is keyed by the hash at its last "
+        "hash-block boundary, which pagedkv does not publish as vLLM 0.33 does yet)",
+    ),
+    "vLLM 0.32": (
+        [full(16), window(64, block_size=32)],
+        {"semantics": VLLM_0_32},
+        "KVCacheManager with prefix caching serves groups of several block sizes ([16, 32]) "
+        "only under the semantics 'pagedkv' and 'vllm-0.33' (the behaviour checked against "
+        "vLLM 0.33.0), not vllm-0.32",
+    ),
+    "vLLM 0.8.5": (
+        [full(16), window(64, block_size=32)],
+        {"semantics": VLLM_0_8_5},
+        "KVCacheManager with prefix caching serves groups of several block sizes ([16, 32]) "
+        "only under the semantics 'pagedkv' and 'vllm-0.33' (the behaviour checked against "
+        "vLLM 0.33.0), not vllm-0.8.5",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIGS), ids=list(CONFIGS))
+def test_configs_outside_the_first_cut_are_refused_alike(case: str) -> None:
+    specs, kwargs, message = CONFIGS[case]
+    for manager_class in (SpecKVCacheManager, KVCacheManager):
+        with pytest.raises(KVCacheConfigError) as info:
+            manager_class(config(64, *specs), 256, **kwargs)  # type: ignore[operator]
+        assert str(info.value) == message
+        manager_class(config(64, *specs), 256, enable_caching=False)  # served without caching
+
+
+def test_several_block_sizes_with_caching_off_are_unchanged() -> None:
+    for manager_class in (SpecKVCacheManager, KVCacheManager):
+        manager_class(config(64, full(32), window(64, block_size=16)), 256, enable_caching=False)
+
+
+Scene = Callable[[Side, Request], object]
+
+
+def _unequal_hits(manager: Side, request: Request) -> object:
+    hits, _ = manager.get_computed_blocks(request)
+    return manager.allocate_slots(request, 4, (hits[0][:-1], hits[1]))
+
+
+def _external(manager: Side, request: Request) -> object:
+    manager.get_computed_blocks(request)
+    return manager.manager.allocate_slots(request, 4, None, 0, False, 8)
+
+
+def _delayed(manager: Side, request: Request) -> object:
+    manager.get_computed_blocks(request)
+    return manager.manager.allocate_slots(request, 4, None, 0, False, 0, True)
+
+
+CALLS: dict[str, tuple[Scene, type, str]] = {
+    "hits of unequal tokens": (
+        _unequal_hits,
+        PagedKVError,
+        "request 'b': new_computed_blocks must cover the same tokens in every KV cache group "
+        "([80, 96] tokens per group)",
+    ),
+    "external tokens": (
+        _external,
+        InvalidArgumentError,
+        "request 'b': num_external_computed_tokens with groups of several block sizes and "
+        "prefix caching is not modelled",
+    ),
+    "a delayed cache": (
+        _delayed,
+        InvalidArgumentError,
+        "request 'b': delay_cache_blocks with groups of several block sizes and prefix caching "
+        "is not modelled",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CALLS), ids=list(CALLS))
+def test_refused_calls_are_worded_alike_and_change_nothing(case: str) -> None:
+    scene, error, message = CALLS[case]
+    outcomes = []
+    for side in SIDES:
+        manager = make(side, full_and_window(), 256)
+        first = Request("a", tokens(100))
+        admit(manager, first)
+        manager.free(first)
+        request = Request("b", [*tokens(100), 1])
+        manager.get_computed_blocks(request)  # its hashes stored: the state to keep
+        before = (manager.state(), num_cached(manager))
+        with pytest.raises(error) as info:
+            scene(manager, request)
+        assert str(info.value) == message
+        manager.check_invariants()
+        after = (manager.state(), num_cached(manager))
+        assert {k: v for k, v in after[0].items() if k != "stats"} == {
+            k: v for k, v in before[0].items() if k != "stats"
+        }
+        assert after[1] == before[1]
+        outcomes.append((type(info.value), str(info.value)))
+    assert outcomes[0] == outcomes[1]
+
+
+# -- spec and implementation on random workloads ------------------------------------------------
+
+LAYOUTS: list[tuple[int, ...]] = [(1, 2), (2, 4), (1, 4), (2, 8), (4, 8)]
+"""(H, S) pairs, scaled down from 16/32/64 so that short random prompts cross many blocks."""
+
+
+def mixed_config(rng: random.Random, hash_size: int, sched_size: int) -> KVCacheConfig:
+    specs: list[KVCacheSpec] = [full(hash_size)]
+    for _ in range(rng.randint(1, 2)):
+        kind = rng.choice(("full", "window", "window", "chunked"))
+        if kind == "full":
+            specs.append(full(hash_size))
+        elif kind == "window":
+            specs.append(window(rng.randint(2, 3 * sched_size), sched_size))
+        else:
+            specs.append(chunked(sched_size * rng.randint(1, 3), sched_size))
+    if all(spec.block_size == hash_size for spec in specs):
+        specs.append(window(rng.randint(2, 3 * sched_size), sched_size))
+    rng.shuffle(specs)
+    return config(rng.randint(6, 14) * len(specs) + 1, *specs)
+
+
+class MixedRun(Run):
+    """`test_hybrid_manager.Run` over groups of several block sizes with caching: prompts
+    sharing prefixes that span several S-token blocks; every group's cached counts compared
+    too."""
+
+    def __init__(self, seed: int, layout: tuple[int, ...], semantics: Semantics) -> None:
+        self.rng = rng = random.Random(seed)
+        hash_size, sched_size = layout
+        kv_config = mixed_config(rng, hash_size, sched_size)
+        self.max_model_len = 6 * sched_size + 8
+        kwargs: dict[str, Any] = {"log_stats": True, "semantics": semantics}
+        kwargs["caching_hash_algo"] = rng.choice(("sha256", "builtin"))
+        self.spec = make("spec", kv_config, self.max_model_len, **kwargs)
+        self.impl = make("impl", kv_config, self.max_model_len, **kwargs)
+        self.num_groups = len(kv_config.kv_cache_groups)
+        self.seed = seed
+        span = 3 * sched_size
+        self.prefixes = [[rng.choice((1, 2, 3)) for _ in range(rng.randint(2, span))] for _ in "ab"]
+        self.sched_size = sched_size
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.arrivals = 0
+        self.seen: Counter[str] = Counter()
+
+    def arrive(self) -> None:
+        rng = self.rng
+        prefix = rng.choice((*self.prefixes, []))
+        extra = [rng.choice((1, 2, 3)) for _ in range(rng.randint(1, self.sched_size + 2))]
+        self.arrivals += 1
+        self.waiting.append(Request(f"r{self.arrivals}", prefix + extra))
+
+    def call(self, what: Callable[[Side], object]) -> tuple[bool, object]:
+        result = super().call(what)
+        assert num_cached(self.spec) == num_cached(self.impl), self.seed
+        return result
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    layout=st.sampled_from(LAYOUTS),
+    semantics=st.sampled_from((PAGEDKV, VLLM_0_33)),
+)
+def test_spec_and_impl_agree_on_random_mixed_size_workloads(
+    seed: int, layout: tuple[int, ...], semantics: Semantics
+) -> None:
+    run = MixedRun(seed, layout, semantics)
+    for _ in range(60):
+        run.step()
+    run.finish()
+
+
+def test_the_random_workloads_hit_across_groups_of_several_sizes() -> None:
+    seen: Counter[str] = Counter()
+    for seed in range(8):
+        run = MixedRun(seed, LAYOUTS[seed % len(LAYOUTS)], (PAGEDKV, VLLM_0_33)[seed % 2])
+        for _ in range(60):
+            run.step()
+        run.finish()
+        seen += run.seen
+    assert seen["admitted with hits"] >= 20 and seen["refused"] >= 5, seen
+    assert seen["nulls in a hit"] >= 3 and seen["preempted"] >= 5, seen
