@@ -34,7 +34,6 @@ from pagedkv.vocab.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     MambaSpec,
-    SlidingWindowSpec,
 )
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_33, Semantics
@@ -258,12 +257,6 @@ _MIXED_SIZE_RULES: dict[type, tuple[str, str, str]] = {
         "their GCD: a larger full-attention block carries vLLM 0.33's partial prefix-cache "
         "keys, not modelled yet",
     ),
-    SlidingWindowSpec: (
-        "sliding window",
-        "S",
-        "their LCM: a smaller windowed block aligns hits by vLLM 0.33's run-start rule and "
-        "caches only the blocks an aligned hit can use, not modelled yet",
-    ),
     ChunkedLocalAttentionSpec: (
         "chunked local attention",
         "S",
@@ -280,7 +273,7 @@ def _check_several_block_sizes(
     events: object,
 ) -> None:
     """Groups of several block sizes with caching: pagedkv's or vLLM 0.33's semantics, no
-    EAGLE, no events, full attention at H and windowed or chunked attention at S (the spec's
+    EAGLE, no events, full attention at H and chunked attention at S (the spec's
     `check_several_block_sizes`, in its order). Complexity: O(groups)."""
     if semantics not in (PAGEDKV, VLLM_0_33):
         raise refusals.groups_of_several_block_sizes(

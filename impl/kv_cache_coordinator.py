@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pagedkv.block import KVCacheBlock
 from pagedkv.block_pool import BlockPool
 from pagedkv.single_type import SingleTypeKVCacheManager, single_type_manager
+from pagedkv.single_type.sliding_window import SlidingWindowManager
 from pagedkv.vocab.hashes import BlockHashType, HashFn
 from pagedkv.vocab.kv_cache_interface import KVCacheSpec
 from pagedkv.vocab.request import Request
@@ -60,6 +61,7 @@ class KVCacheCoordinator(ABC):
         use_eagle: as the manager's.
         eagle_lookup: as above.
         retention_interval: the config's `prefix_cache_retention_interval`.
+        alignment: with several block sizes and caching, S (hits end on its multiples).
 
     Raises:
         KVCacheConfigError: a spec type no per-type manager serves, or EAGLE with one that
@@ -73,6 +75,7 @@ class KVCacheCoordinator(ABC):
         use_eagle: bool,
         eagle_lookup: bool,
         retention_interval: int | None = None,
+        alignment: int | None = None,
     ) -> None:
         self.block_pool = block_pool
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
@@ -81,6 +84,13 @@ class KVCacheCoordinator(ABC):
         )
         # Whether a group may leave full blocks out of the prefix cache (sparse retention).
         self.sparse = any(manager.sparse for manager in self.single_type_managers)
+        if alignment is not None:
+            # Several block sizes with caching: hits end on multiples of S (`alignment`); a
+            # window of smaller blocks finds them so and caches only the blocks they read.
+            for manager in self.single_type_managers:
+                if isinstance(manager, SlidingWindowManager):
+                    manager.alignment_blocks = alignment // manager.block_size
+                    manager.sparse = manager.sparse or manager.alignment_blocks > 1
         self.num_groups = len(self.single_type_managers)
         self.use_eagle = use_eagle
         self.eagle_lookup = eagle_lookup
@@ -277,8 +287,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         use_eagle: bool,
         eagle_lookup: bool,
         retention_interval: int | None = None,
+        alignment: int | None = None,
     ) -> None:
-        super().__init__(specs, block_pool, use_eagle, eagle_lookup, retention_interval)
+        super().__init__(specs, block_pool, use_eagle, eagle_lookup, retention_interval, alignment)
         # The hit search asks full attention first (its hit shrinks only by trimming), then the
         # others, which may skip positions and drop blocks (sliding window, chunked local).
         managers = self.single_type_managers
@@ -502,8 +513,10 @@ def kv_cache_coordinator(
     use_eagle: bool,
     eagle_lookup: bool,
     retention_interval: int | None = None,
+    alignment: int | None = None,
 ) -> KVCacheCoordinator:
-    """The coordinator of these groups: unitary for one, hybrid for several.
+    """The coordinator of these groups: unitary for one, hybrid for several (`alignment`:
+    S for groups of several block sizes with caching, which are several).
 
     Raises:
         KVCacheConfigError: as `KVCacheCoordinator`.
@@ -514,4 +527,6 @@ def kv_cache_coordinator(
         return UnitaryKVCacheCoordinator(
             specs, block_pool, use_eagle, eagle_lookup, retention_interval
         )
-    return HybridKVCacheCoordinator(specs, block_pool, use_eagle, eagle_lookup, retention_interval)
+    return HybridKVCacheCoordinator(
+        specs, block_pool, use_eagle, eagle_lookup, retention_interval, alignment
+    )

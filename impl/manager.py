@@ -228,6 +228,9 @@ class KVCacheManager:
             use_eagle,
             self._eagle_lookup,
             config.prefix_cache_retention_interval,
+            config.scheduler_block_size
+            if enable_caching and len(set(config.block_sizes)) > 1
+            else None,
         )
         for single_type in self.coordinator.single_type_managers:
             single_type.junction_ignores_eagle = semantics.junction_ignores_eagle
@@ -1200,6 +1203,10 @@ class KVCacheManager:
             ]
             if len(set(tokens)) != 1:
                 raise refusals.hits_of_unequal_tokens(request_id, tokens)
+            if tokens[0] % self._scheduler_block_size:
+                raise refusals.hit_off_the_scheduler_grid(
+                    request_id, tokens[0], self._scheduler_block_size
+                )
             if tokens[0] // self._hash_block_size > len(stored):
                 raise refusals.more_hits_than_hashes(
                     request_id, tokens[0] // self._hash_block_size, len(stored)

@@ -30,7 +30,6 @@ from pagedkv.vocab.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     MambaSpec,
-    SlidingWindowSpec,
 )
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_33, Semantics
@@ -213,8 +212,8 @@ def check_several_block_sizes(
     """Groups of several block sizes with prefix caching (KVCacheConfigError), in order: the
     semantics are pagedkv's or vLLM 0.33's (the behaviour checked against vLLM 0.33.0); no
     EAGLE; no KV cache events; then group by group (Mamba groups are refused after), a
-    full-attention group's block size is the hash block size H (the GCD), a sliding-window or
-    chunked group's the scheduler block size S (the LCM)."""
+    full-attention group's block size is the hash block size H (the GCD), a chunked group's the
+    scheduler block size S (the LCM)."""
     sizes = sorted(set(config.block_sizes))
     if semantics not in (PAGEDKV, VLLM_0_33):
         raise refusals.groups_of_several_block_sizes(
@@ -246,16 +245,6 @@ def check_several_block_sizes(
                 hash_size,
                 "their GCD: a larger full-attention block carries vLLM 0.33's partial "
                 "prefix-cache keys, not modelled yet",
-            )
-        if type(spec) is SlidingWindowSpec and spec.block_size != scheduler_size:
-            raise refusals.group_block_size_unserved(
-                group,
-                "sliding window",
-                spec.block_size,
-                "scheduler block size",
-                scheduler_size,
-                "their LCM: a smaller windowed block aligns hits by vLLM 0.33's run-start "
-                "rule and caches only the blocks an aligned hit can use, not modelled yet",
             )
         if type(spec) is ChunkedLocalAttentionSpec and spec.block_size != scheduler_size:
             raise refusals.group_block_size_unserved(

@@ -68,7 +68,11 @@ from pagedkv.spec.block_pool import NULL_BLOCK_ID, SpecBlockPool
 from pagedkv.spec.known_bugs import known_bugs, known_bugs_fatal
 from pagedkv.spec.offload.tier import SpecOffloadTier
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
-from pagedkv.spec.single_type import SpecSingleTypeManager, spec_single_type_manager
+from pagedkv.spec.single_type import (
+    SlidingWindow,
+    SpecSingleTypeManager,
+    spec_single_type_manager,
+)
 from pagedkv.vocab import refusals
 from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError, InvariantViolation
 from pagedkv.vocab.hashes import (
@@ -246,6 +250,10 @@ class SpecKVCacheManager:
         self.mixed_cached = self.mixed_sizes and enable_caching
         self.hash_block_size = config.hash_block_size
         self.scheduler_block_size = config.scheduler_block_size
+        if self.mixed_cached:
+            for manager in self.managers:
+                if isinstance(manager, SlidingWindow):
+                    manager.alignment = self.scheduler_block_size
         self.hash_fn: HashFn = get_hash_fn(caching_hash_algo)
         self.use_eagle = use_eagle
         self.eagle_lookup = use_eagle and not semantics.eagle_window_hit_one_short
@@ -772,6 +780,10 @@ class SpecKVCacheManager:
             ]
             if len(set(tokens)) != 1:
                 raise refusals.hits_of_unequal_tokens(request_id, tokens)
+            if tokens[0] % self.scheduler_block_size:
+                raise refusals.hit_off_the_scheduler_grid(
+                    request_id, tokens[0], self.scheduler_block_size
+                )
             if tokens[0] // self.hash_block_size > len(stored):
                 raise refusals.more_hits_than_hashes(
                     request_id, tokens[0] // self.hash_block_size, len(stored)
@@ -1266,12 +1278,20 @@ class SpecKVCacheManager:
         return length, hits
 
     def _aligned_hit(self, group: int, lookup: Sequence[BlockHashType], limit: int) -> int:
-        """Group `group`'s longest hit within `limit` tokens of `lookup`, in tokens, rounded
-        down to S (full attention cuts its cached prefix there; a window or chunk of S-token
-        blocks ends on S already)."""
-        block_size = self.managers[group].block_size
+        """Group `group`'s longest hit within `limit` tokens of `lookup` that ends on a multiple
+        of S, in tokens: full attention's cached prefix rounded down; a window's or chunk's
+        longest hit, of S-token blocks, ends there already; a window of smaller blocks is asked
+        at every multiple of S, longest first, until it allows one (it allows 0)."""
+        manager = self.managers[group]
+        block_size = manager.block_size
         keys = self.group_keys(group, lookup)[: limit // block_size]
-        return self._aligned(len(self._group_hit(group, keys)) * block_size)
+        if not manager.allows_null_blocks or block_size == self.scheduler_block_size:
+            return self._aligned(len(self._group_hit(group, keys)) * block_size)
+        for length in range(self._aligned(limit), 0, -self.scheduler_block_size):
+            num_blocks = length // block_size
+            if len(self._group_hit(group, keys[:num_blocks])) == num_blocks:
+                return length
+        return 0
 
     def _mixed_junction(self, lookup: Sequence[BlockHashType], length: int) -> int:
         """`junction_of` with several block sizes, in tokens: the hit of the groups sharing the

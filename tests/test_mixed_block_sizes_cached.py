@@ -1,7 +1,7 @@
 """KV cache groups of several block sizes with prefix caching (vLLM 0.33.0's behaviour,
 docs/design/mixed-block-sizes.md §8.1), first cut: no EAGLE, full attention at the hash block
-size H (the sizes' GCD), sliding-window and chunked groups at the scheduler block size S (their
-LCM). Scenarios on both sides, the same outcomes on both, refusals by name that change nothing,
+size H (the sizes' GCD), chunked groups at the scheduler block size S (their LCM), windows at
+any size. Scenarios on both sides, the same outcomes on both, refusals by name that change nothing,
 the invariants that name what a wrong mixed-size manager breaks, and a differential run of
 random workloads."""
 
@@ -30,7 +30,7 @@ from test_hybrid_manager import (
 from pagedkv import KVCacheManager, PagedKVError, Request
 from pagedkv.spec.manager import SpecKVCacheManager
 from pagedkv.vocab.errors import InvalidArgumentError, InvariantViolation, KVCacheConfigError
-from pagedkv.vocab.kv_cache_interface import KVCacheConfig, KVCacheSpec
+from pagedkv.vocab.kv_cache_interface import KVCacheConfig, KVCacheSpec, SlidingWindowSpec
 from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_8_5, VLLM_0_32, VLLM_0_33, Semantics
 
 SIDES = ("spec", "impl")
@@ -158,6 +158,28 @@ def test_a_chunked_group_of_S_token_blocks_hits_the_last_chunks_blocks(side: str
 
 
 @pytest.mark.parametrize("side", SIDES)
+def test_a_window_of_blocks_below_S_hits_at_S_and_caches_only_what_such_hits_read(
+    side: str,
+) -> None:
+    # 16 / 64 / 32 (vLLM 0.33's plan of full h128 + SWA h32 + SWA h64): S = 64. The 32-token
+    # window needs one block before a hit's end; ends are multiples of 64, so of its blocks
+    # only the odd positions (the last of each 64-token segment) are ever read by a hit.
+    kv_config = config(96, full(16), window(128, block_size=64), window(32, block_size=32))
+    manager = make(side, kv_config, 512)
+    first = Request("a", tokens(200))
+    admit(manager, first)
+    small_window = held(manager, "a")[2]
+    assert [counts["a"] for counts in num_cached(manager)] == [12, 3, 6]
+    assert [hashed(manager, block) for block in small_window] == [False, True] * 3 + [False]
+    manager.free(first)
+    sibling = Request("b", [*tokens(200), 3, 3])
+    hits, num_hit_tokens = admit(manager, sibling)
+    assert num_hit_tokens == 192
+    assert [len(group) for group in hits] == [12, 3, 6]
+    assert hits[2] == [0] * 5 + [small_window[5]]
+
+
+@pytest.mark.parametrize("side", SIDES)
 def test_a_window_shortens_the_hit_in_S_steps_and_full_attention_is_cut(side: str) -> None:
     # Three groups of sizes 16 / 64 / 16: S = 64.
     kv_config = config(96, full(16), window(128, block_size=64), full(16))
@@ -233,14 +255,6 @@ CONFIGS: dict[str, tuple[list[KVCacheSpec], dict[str, Any], str]] = {
         "several block sizes, a full attention group's block size must be the hash block size "
         "16 (their GCD: a larger full-attention block carries vLLM 0.33's partial prefix-cache "
         "keys, not modelled yet)",
-    ),
-    "a window below S": (
-        [full(16), window(64, block_size=16), window(64, block_size=32)],
-        {},
-        "KV cache group 1 (sliding window) has block size 16: with prefix caching and groups of "
-        "several block sizes, a sliding window group's block size must be the scheduler block "
-        "size 32 (their LCM: a smaller windowed block aligns hits by vLLM 0.33's run-start rule "
-        "and caches only the blocks an aligned hit can use, not modelled yet)",
     ),
     "chunked below S": (
         [full(16), chunked(64, block_size=16), window(64, block_size=32)],
@@ -362,22 +376,27 @@ def test_refused_calls_are_worded_alike_and_change_nothing(case: str) -> None:
 
 # -- spec and implementation on random workloads ------------------------------------------------
 
-LAYOUTS: list[tuple[int, ...]] = [(1, 2), (2, 4), (1, 4), (2, 8), (4, 8)]
-"""(H, S) pairs, scaled down from 16/32/64 so that short random prompts cross many blocks."""
+LAYOUTS: list[tuple[int, ...]] = [(1, 2), (2, 4), (1, 4), (2, 8), (4, 8), (2, 12)]
+"""(H, S) pairs, scaled down from 16/32/64 so that short random prompts cross many blocks; the
+sizes drawn are H's multiples dividing S ((2, 12): 2, 4, 6, 12, so that no group may be at S
+and windows of 4 or 6 then align their own hits to 12)."""
 
 
 def mixed_config(rng: random.Random, hash_size: int, sched_size: int) -> KVCacheConfig:
+    """Full attention at H; windows at any size of the layout; chunked at S; two sizes at
+    least (the LCM of those drawn may be below the layout's S)."""
+    sizes = [size for size in range(hash_size, sched_size + 1, hash_size) if sched_size % size == 0]
     specs: list[KVCacheSpec] = [full(hash_size)]
     for _ in range(rng.randint(1, 2)):
         kind = rng.choice(("full", "window", "window", "chunked"))
         if kind == "full":
             specs.append(full(hash_size))
         elif kind == "window":
-            specs.append(window(rng.randint(2, 3 * sched_size), sched_size))
+            specs.append(window(rng.randint(2, 3 * sched_size), rng.choice(sizes)))
         else:
             specs.append(chunked(sched_size * rng.randint(1, 3), sched_size))
-    if all(spec.block_size == hash_size for spec in specs):
-        specs.append(window(rng.randint(2, 3 * sched_size), sched_size))
+    if len({spec.block_size for spec in specs}) == 1:
+        specs.append(window(rng.randint(2, 3 * sched_size), rng.choice(sizes[1:])))
     rng.shuffle(specs)
     return config(rng.randint(6, 14) * len(specs) + 1, *specs)
 
@@ -393,6 +412,11 @@ class MixedRun(Run):
         kv_config = mixed_config(rng, hash_size, sched_size)
         self.max_model_len = 6 * sched_size + 8
         kwargs: dict[str, Any] = {"log_stats": True, "semantics": semantics}
+        if any(
+            isinstance(group.kv_cache_spec, SlidingWindowSpec)
+            for group in kv_config.kv_cache_groups
+        ):
+            kv_config = kv_config.with_retention(rng.choice((None, None, 0, 2 * sched_size)))
         kwargs["caching_hash_algo"] = rng.choice(("sha256", "builtin"))
         self.spec = make("spec", kv_config, self.max_model_len, **kwargs)
         self.impl = make("impl", kv_config, self.max_model_len, **kwargs)

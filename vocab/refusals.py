@@ -244,6 +244,17 @@ def hits_of_unequal_tokens(request_id: str, tokens: list[int]) -> RequestError:
     )
 
 
+def hit_off_the_scheduler_grid(
+    request_id: str, num_tokens: int, scheduler_block_size: int
+) -> RequestError:
+    """With several block sizes, a hit ends on a multiple of the scheduler block size S."""
+    return RequestError(
+        request_id,
+        "new_computed_blocks must end on a multiple of the scheduler block size",
+        f"{num_tokens} tokens, scheduler_block_size {scheduler_block_size}",
+    )
+
+
 def more_hits_than_hashes(request_id: str, num_hits: int, num_stored: int) -> RequestError:
     return RequestError(
         request_id, NOT_CACHED_HITS, f"{num_hits} hits but {num_stored} stored block hashes"
