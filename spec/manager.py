@@ -1418,7 +1418,8 @@ class SpecKVCacheManager:
             )
         if self.enable_caching:
             closed = [group for group, m in enumerate(self.managers) if m.prefix_closed]
-            check_prefix_closure(self.pool.index, self.parent_of, closed, self.evicted_keys)
+            scales = {g: m.block_size // self.hash_block_size for g, m in enumerate(self.managers)}
+            check_prefix_closure(self.pool.index, self.parent_of, closed, self.evicted_keys, scales)
 
     def _check_request(self, request_id: str) -> GroupBlocks:
         """The request's invariants in every group; its tables."""
@@ -1495,9 +1496,12 @@ def check_prefix_closure(
     parent_of: dict[BlockHashType, BlockHashType | None],
     groups: Collection[int],
     evicted_keys: Collection[CacheKey] = (),
+    scales: Mapping[int, int] | None = None,
 ) -> None:
     """In each of `groups` (full-attention groups: a request frees its blocks tail first), every
     cached hash's parent is cached too, `parent_of` being the ghost map of every chain's parents.
+    With several block sizes the chain is at H and a group's block spans `scales[group]` (B_g /
+    H) of its hashes: its parent is that many hashes up the chain.
     A key with an ancestor among `evicted_keys` (taken by `evict_blocks` since the last reset) is
     exempt: its request may still hold and cache blocks past the gap, and the order in which
     they and the gap's refilled blocks are freed is then anyone's.
@@ -1511,6 +1515,8 @@ def check_prefix_closure(
         if group not in groups:
             continue
         parent = parent_of.get(key_hash(key))
+        for _ in range((scales or {}).get(group, 1) - 1):
+            parent = None if parent is None else parent_of.get(parent)
         if evicted_keys and _descends_from(parent, group, parent_of, evicted_keys):
             continue
         if parent is not None and cache_key(parent, group) not in keys:

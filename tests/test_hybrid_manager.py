@@ -566,13 +566,15 @@ CONFIG_REFUSALS: dict[str, tuple[KVCacheConfig, dict[str, Any], str]] = {
         {"use_eagle": True},
         "EAGLE is not supported with chunked local attention",
     ),
-    "mixed block sizes, full attention above the GCD": (
+    "mixed block sizes, full attention above the GCD under vllm-0.33": (
         config(8, full(4), window(4, block_size=2)),
-        {},
+        {"semantics": VLLM_0_33},
         "KV cache group 0 (full attention) has block size 4: with prefix caching and groups of "
         "several block sizes, a full attention group's block size must be the hash block size "
-        "2 (their GCD: a larger full-attention block carries vLLM 0.33's partial prefix-cache "
-        "keys, not modelled yet)",
+        "2 (their GCD, under the semantics vllm-0.33: vLLM 0.33 also indexes a larger "
+        "full-attention block under a partial key at the prompt's last hash-block boundary, "
+        "an entry no lookup without a Mamba 'align' group hits, which pagedkv does not model; "
+        "its own semantics serve such a group without it)",
     ),
     "mixed block sizes with EAGLE": (
         config(8, full(2), window(4, block_size=4)),

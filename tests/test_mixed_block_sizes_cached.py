@@ -180,6 +180,23 @@ def test_a_window_of_blocks_below_S_hits_at_S_and_caches_only_what_such_hits_rea
 
 
 @pytest.mark.parametrize("side", SIDES)
+def test_full_attention_above_H_is_keyed_at_its_blocks_ends_under_pagedkv(side: str) -> None:
+    # 32 / 16 (vLLM 0.33's plan of full h64 + SWA h128): H = 16, S = 32. Full attention's block
+    # k is keyed by the chain hash of its 2k+1-th 16-token chunk; no partial key (pagedkv).
+    kv_config = config(64, full(32), window(32, block_size=16))
+    manager = make(side, kv_config, 256)
+    first = Request("a", tokens(100))
+    admit(manager, first)
+    assert [counts["a"] for counts in num_cached(manager)] == [3, 6]
+    manager.free(first)
+    sibling = Request("b", [*tokens(90), 5, 5])
+    hits, num_hit_tokens = admit(manager, sibling)
+    assert num_hit_tokens == 64  # 91 tokens looked up: 2 blocks of 32, aligned
+    assert [len(group) for group in hits] == [2, 4]
+    assert hits[1][:2] == [0, 0]  # the 32-token window reads 2 blocks of 16 before 64
+
+
+@pytest.mark.parametrize("side", SIDES)
 def test_a_window_shortens_the_hit_in_S_steps_and_full_attention_is_cut(side: str) -> None:
     # Three groups of sizes 16 / 64 / 16: S = 64.
     kv_config = config(96, full(16), window(128, block_size=64), full(16))
@@ -248,13 +265,15 @@ def test_the_attention_truth_reads_each_groups_blocks_at_its_own_size() -> None:
 # -- refusals ---------------------------------------------------------------------------------
 
 CONFIGS: dict[str, tuple[list[KVCacheSpec], dict[str, Any], str]] = {
-    "full attention above H": (
+    "full attention above H under vllm-0.33": (
         [full(32), window(64, block_size=16)],
-        {},
+        {"semantics": VLLM_0_33},
         "KV cache group 0 (full attention) has block size 32: with prefix caching and groups of "
         "several block sizes, a full attention group's block size must be the hash block size "
-        "16 (their GCD: a larger full-attention block carries vLLM 0.33's partial prefix-cache "
-        "keys, not modelled yet)",
+        "16 (their GCD, under the semantics vllm-0.33: vLLM 0.33 also indexes a larger "
+        "full-attention block under a partial key at the prompt's last hash-block boundary, "
+        "an entry no lookup without a Mamba 'align' group hits, which pagedkv does not model; "
+        "its own semantics serve such a group without it)",
     ),
     "chunked below S": (
         [full(16), chunked(64, block_size=16), window(64, block_size=32)],
@@ -382,21 +401,25 @@ sizes drawn are H's multiples dividing S ((2, 12): 2, 4, 6, 12, so that no group
 and windows of 4 or 6 then align their own hits to 12)."""
 
 
-def mixed_config(rng: random.Random, hash_size: int, sched_size: int) -> KVCacheConfig:
-    """Full attention at H; windows at any size of the layout; chunked at S; two sizes at
-    least (the LCM of those drawn may be below the layout's S)."""
+def mixed_config(
+    rng: random.Random, hash_size: int, sched_size: int, any_full_size: bool = False
+) -> KVCacheConfig:
+    """Full attention at H (`any_full_size`: a second one at any size); windows at any size of
+    the layout; chunked at S; two sizes at least (the LCM of those drawn may be below the
+    layout's S, their GCD above its H)."""
     sizes = [size for size in range(hash_size, sched_size + 1, hash_size) if sched_size % size == 0]
-    specs: list[KVCacheSpec] = [full(hash_size)]
+    specs: list[KVCacheSpec] = [full(rng.choice(sizes) if any_full_size else hash_size)]
     for _ in range(rng.randint(1, 2)):
         kind = rng.choice(("full", "window", "window", "chunked"))
-        if kind == "full":
-            specs.append(full(hash_size))
+        if kind == "full":  # above H only under pagedkv's own semantics (no partial keys)
+            specs.append(full(rng.choice(sizes) if any_full_size else hash_size))
         elif kind == "window":
             specs.append(window(rng.randint(2, 3 * sched_size), rng.choice(sizes)))
         else:
             specs.append(chunked(sched_size * rng.randint(1, 3), sched_size))
     if len({spec.block_size for spec in specs}) == 1:
-        specs.append(window(rng.randint(2, 3 * sched_size), rng.choice(sizes[1:])))
+        others = [size for size in sizes if size != specs[0].block_size]
+        specs.append(window(rng.randint(2, 3 * sched_size), rng.choice(others)))
     rng.shuffle(specs)
     return config(rng.randint(6, 14) * len(specs) + 1, *specs)
 
@@ -409,7 +432,7 @@ class MixedRun(Run):
     def __init__(self, seed: int, layout: tuple[int, ...], semantics: Semantics) -> None:
         self.rng = rng = random.Random(seed)
         hash_size, sched_size = layout
-        kv_config = mixed_config(rng, hash_size, sched_size)
+        kv_config = mixed_config(rng, hash_size, sched_size, semantics == PAGEDKV)
         self.max_model_len = 6 * sched_size + 8
         kwargs: dict[str, Any] = {"log_stats": True, "semantics": semantics}
         if any(
