@@ -7,9 +7,13 @@ random workloads."""
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -491,3 +495,58 @@ def test_the_random_workloads_hit_across_groups_of_several_sizes() -> None:
         seen += run.seen
     assert seen["admitted with hits"] >= 20 and seen["refused"] >= 5, seen
     assert seen["nulls in a hit"] >= 3 and seen["preempted"] >= 5, seen
+
+
+# -- vLLM 0.33.0 itself ---------------------------------------------------------------------------
+
+VLLM_LAYOUTS: list[tuple[list[list[Any]], int, bool]] = [
+    ([["full", 16], ["window", 32, 64]], 48, False),
+    ([["full", 16], ["window", 64, 128], ["full", 16]], 96, False),
+    ([["window", 32, 40], ["full", 16]], 40, False),
+    ([["full", 16], ["chunked", 32, 64]], 48, False),
+    ([["full", 16], ["window", 64, 128], ["window", 32, 64]], 96, False),
+    ([["full", 16], ["window", 16, 40], ["window", 32, 33]], 60, False),
+    ([["full", 8], ["window", 16, 20], ["chunked", 64, 64]], 80, False),
+    ([["full", 32], ["window", 16, 32]], 64, True),
+    ([["window", 32, 64], ["full", 64], ["full", 16]], 96, True),
+]
+"""(groups, num_blocks, full attention above H) for the check against vLLM 0.33.0: the plans
+of docs/design/mixed-block-sizes.md §7 (16/32, 32/16, 16/64/32) and more."""
+
+
+def test_vllm_0_33_itself_serves_the_same_blocks_step_by_step() -> None:
+    """vLLM 0.33.0's own KVCacheManager and pagedkv's under vllm-0.33, driven alike over random
+    workloads of every layout and retention (None, 0, 2S): the same hits and new blocks, free
+    queue, hashed blocks and block tables after every call (`tests/vllm_033_mixed_block_sizes.py`;
+    full attention above H with pagedkv's refusal lifted: vLLM's partial keys, index entries no
+    lookup hits, are all that differs, and the index is not compared)."""
+    cases = []
+    for groups, num_blocks, partial in VLLM_LAYOUTS:
+        largest = max(group[1] for group in groups)
+        windowed = any(group[0] == "window" for group in groups)
+        for retention in (None, 0, 2 * largest) if windowed else (None,):
+            cases.append(
+                {
+                    "groups": groups,
+                    "num_blocks": num_blocks,
+                    "retention": retention,
+                    "seeds": 2,
+                    "steps": 120,
+                    "partial": partial,
+                }
+            )
+    completed = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "vllm_033_mixed_block_sizes.py")],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if completed.returncode == 3:
+        pytest.skip("vllm==0.33.0: the package index is unreachable and nothing is cached")
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    results = json.loads(completed.stdout.splitlines()[-1])
+    for case, result in zip(cases, results, strict=True):
+        assert "difference" not in result, (case, result)
+        assert result["calls"] >= 150 and result["admitted with hits"] >= 5, (case, result)
