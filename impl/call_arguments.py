@@ -31,7 +31,6 @@ from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError
 from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey
 from pagedkv.vocab.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
-    FullAttentionSpec,
     KVCacheConfig,
     MambaSpec,
 )
@@ -249,10 +248,8 @@ def check_manager(
 
 
 # Per attention type in a mixed-size config with caching: (kind, rule, block size wanted,
-# why) -- the size being "H" (the hash block size) or "S" (the scheduler block size). Full
-# attention's rule holds under vllm-0.33 only.
+# why) -- the size being "S" (the scheduler block size).
 _MIXED_SIZE_RULES: dict[type, tuple[str, str, str]] = {
-    FullAttentionSpec: ("full attention", "H", refusals.PARTIAL_KEYS_UNMODELLED),
     ChunkedLocalAttentionSpec: (
         "chunked local attention",
         "S",
@@ -269,9 +266,8 @@ def _check_several_block_sizes(
     events: object,
 ) -> None:
     """Groups of several block sizes with caching: pagedkv's or vLLM 0.33's semantics, no
-    EAGLE, no events, full attention at H and chunked attention at S (the spec's
-    `check_several_block_sizes`, in its order; full attention at H under vllm-0.33 only).
-    Complexity: O(groups)."""
+    EAGLE, no events, chunked attention at S (the spec's `check_several_block_sizes`, in its
+    order). Complexity: O(groups)."""
     if semantics not in (PAGEDKV, VLLM_0_33):
         raise refusals.groups_of_several_block_sizes(
             block_sizes,
@@ -290,13 +286,11 @@ def _check_several_block_sizes(
             "with KV cache events off (a larger block is keyed by the hash at its last "
             "hash-block boundary, which pagedkv does not publish as vLLM 0.33 does yet)",
         )
-    sizes = {"H": config.hash_block_size, "S": config.scheduler_block_size}
-    names = {"H": "hash block size", "S": "scheduler block size"}
+    sizes = {"S": config.scheduler_block_size}
+    names = {"S": "scheduler block size"}
     for group, group_spec in enumerate(config.kv_cache_groups):
         spec = group_spec.kv_cache_spec
         rule = _MIXED_SIZE_RULES.get(type(spec))
-        if type(spec) is FullAttentionSpec and semantics != VLLM_0_33:
-            continue  # pagedkv's own semantics: no partial keys to model
         if rule is not None and spec.block_size != sizes[rule[1]]:
             kind, size, why = rule
             raise refusals.group_block_size_unserved(

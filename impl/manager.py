@@ -50,6 +50,7 @@ from pagedkv.kv_cache_coordinator import (
 )
 from pagedkv.offload.tier import OffloadTier
 from pagedkv.single_type import SingleTypeKVCacheManager
+from pagedkv.single_type.full_attention import FullAttentionManager
 from pagedkv.vocab import refusals
 from pagedkv.vocab.arguments import require_int, require_str
 from pagedkv.vocab.errors import (
@@ -261,11 +262,18 @@ class KVCacheManager:
         )
         self._mixed_sizes = len({manager.block_size for manager in single_type_managers}) > 1
         # Several block sizes with caching: one chain at H (the GCD), each group keyed by its
-        # view of it, hits and cached prefixes multiples of S (the LCM): `_allocate_mixed`.
-        self._mixed_cached, self._hash_block_size, self._scheduler_block_size = (
+        # view of it, hits and cached prefixes multiples of S (the LCM): `_allocate_mixed`;
+        # under vllm-0.33 full attention above H adds partial keys (`_cache_partial_tail`).
+        (
+            self._mixed_cached,
+            self._hash_block_size,
+            self._scheduler_block_size,
+            self._partial_keys,
+        ) = (
             self._mixed_sizes and enable_caching,
             config.hash_block_size,
             config.scheduler_block_size,
+            self._mixed_sizes and enable_caching and semantics.partial_prefix_keys,
         )
         self._unitary = self.num_groups == 1 and not self._per_group
         # The admission fast path's ground: one full-attention group that caches every block.
@@ -1154,6 +1162,8 @@ class KVCacheManager:
                 self.caching_hash_fn,
                 junction,
             )
+            if self._partial_keys:
+                self._cache_partial_tail(request, manager, cache_tokens)
         if self.debug_invariants:
             self._after_call()
         return tuple(new_blocks)
@@ -1169,6 +1179,9 @@ class KVCacheManager:
             cache_tokens // manager.block_size <= manager.num_cached_block.get(request_id, 0)
             for manager in managers
         ):
+            if self._partial_keys:  # vLLM 0.33 asks for the partial key anyway
+                for manager in managers:
+                    self._cache_partial_tail(request, manager, cache_tokens)
             return
         stored = self.req_to_block_hashes.setdefault(request_id, [])
         self._extend_chain(request, stored, cache_tokens)
@@ -1182,6 +1195,31 @@ class KVCacheManager:
                 self.caching_hash_fn,
                 junction,
             )
+            if self._partial_keys:
+                self._cache_partial_tail(request, manager, cache_tokens)
+
+    def _cache_partial_tail(
+        self, request: Request, manager: SingleTypeKVCacheManager, cache_tokens: int
+    ) -> None:
+        """Under `partial_prefix_keys` (the spec's `_cache_partial_tail`): a full-attention
+        group whose blocks exceed H also indexes the block holding the prompt's last H boundary
+        before its last token under the chain hash there, when that boundary is positive,
+        within `cache_tokens`, inside a block the request holds and not at a block's end.
+        Complexity: O(1) but the pool's."""
+        block_size, hash_size = manager.block_size, self._hash_block_size
+        if block_size == hash_size or not isinstance(manager, FullAttentionManager):
+            return
+        boundary = (request.num_prompt_tokens - 1) // hash_size * hash_size
+        boundary = min(boundary, request.num_tokens // hash_size * hash_size)
+        if boundary == 0 or boundary > cache_tokens or boundary % block_size == 0:
+            return
+        held = manager.req_to_blocks[request.request_id]
+        if boundary // block_size >= len(held):
+            return
+        block_hash = self.req_to_block_hashes[request.request_id][boundary // hash_size - 1]
+        self.block_pool.add_partial_key_locked(
+            held[boundary // block_size], cache_key(block_hash, manager.group_id)
+        )
 
     def _check_hits(
         self, request: Request, num_held: int, hits: tuple[list[KVCacheBlock], ...]

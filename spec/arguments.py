@@ -27,7 +27,6 @@ from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError
 from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey
 from pagedkv.vocab.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
-    FullAttentionSpec,
     KVCacheConfig,
     MambaSpec,
 )
@@ -211,9 +210,8 @@ def check_several_block_sizes(
 ) -> None:
     """Groups of several block sizes with prefix caching (KVCacheConfigError), in order: the
     semantics are pagedkv's or vLLM 0.33's (the behaviour checked against vLLM 0.33.0); no
-    EAGLE; no KV cache events; then group by group (Mamba groups are refused after), under
-    vllm-0.33 a full-attention group's block size is the hash block size H (the GCD: vLLM's
-    partial keys are not modelled), a chunked group's the scheduler block size S (the LCM)."""
+    EAGLE; no KV cache events; then group by group (Mamba groups are refused after), a chunked
+    group's block size is the scheduler block size S (the LCM)."""
     sizes = sorted(set(config.block_sizes))
     if semantics not in (PAGEDKV, VLLM_0_33):
         raise refusals.groups_of_several_block_sizes(
@@ -233,22 +231,9 @@ def check_several_block_sizes(
             "with KV cache events off (a larger block is keyed by the hash at its last "
             "hash-block boundary, which pagedkv does not publish as vLLM 0.33 does yet)",
         )
-    hash_size, scheduler_size = config.hash_block_size, config.scheduler_block_size
+    scheduler_size = config.scheduler_block_size
     for group, group_spec in enumerate(config.kv_cache_groups):
         spec = group_spec.kv_cache_spec
-        if (
-            type(spec) is FullAttentionSpec
-            and spec.block_size != hash_size
-            and semantics == VLLM_0_33
-        ):
-            raise refusals.group_block_size_unserved(
-                group,
-                "full attention",
-                spec.block_size,
-                "hash block size",
-                hash_size,
-                refusals.PARTIAL_KEYS_UNMODELLED,
-            )
         if type(spec) is ChunkedLocalAttentionSpec and spec.block_size != scheduler_size:
             raise refusals.group_block_size_unserved(
                 group,

@@ -85,6 +85,9 @@ class SpecBlockPool:
         # Block 0 is taken out at once as the null block.
         self.free_order: list[int] = list(range(1, num_gpu_blocks))
         self.index: dict[CacheKey, tuple[int, ...]] = {}
+        # Block id -> its secondary ("partial") keys, in the index beside its hash and removed
+        # with it (vllm-0.33's `partial_prefix_keys`; `add_partial_key_unchecked`).
+        self.partial_keys: dict[int, list[CacheKey]] = {}
         self.enable_kv_cache_events = enable_kv_cache_events
         self.events: list[KVCacheEvent] = []
         self.taken_hash_counts: dict[tuple[int, int], int] = {}
@@ -142,6 +145,7 @@ class SpecBlockPool:
                 if cached_hash is not None:  # lazy eviction: the hash goes at reuse time
                     self._unindex(block_id, cached_hash)
                     self.block_hash[block_id] = None
+                    self._drop_partial_keys(block_id)
                 self.ref_cnt[block_id] += 1
         return taken
 
@@ -402,6 +406,7 @@ class SpecBlockPool:
             with self._transition(block_id, Event.EVICT):
                 self._unindex(block_id, key)
                 self.block_hash[block_id] = None
+                self._drop_partial_keys(block_id)
             dropped.append((block_id, key))
         return dropped
 
@@ -418,6 +423,7 @@ class SpecBlockPool:
             with self._transition(block_id, Event.RESET):
                 self.block_hash[block_id] = None
         self.index = {}
+        self.partial_keys = {}
         if self.enable_kv_cache_events:
             self.events.append(AllBlocksCleared())
         return True
@@ -479,6 +485,12 @@ class SpecBlockPool:
             for block_id, cached_hash in enumerate(self.block_hash)
             if cached_hash is not None
         }
+        for block_id, keys in self.partial_keys.items():
+            if not keys or self.block_hash[block_id] is None or len(set(keys)) != len(keys):
+                raise InvariantViolation(
+                    "partial keys are distinct keys of hashed blocks", f"block {block_id}: {keys}"
+                )
+            hashed.update((key, block_id) for key in keys)
         if indexed != hashed:
             raise InvariantViolation(
                 "hash index <=> hashed blocks",
@@ -518,6 +530,27 @@ class SpecBlockPool:
     def _require_block(self, block_id: int) -> None:
         if not 0 <= block_id < self.num_gpu_blocks:
             raise refusals.foreign_block(block_id)
+
+    def add_partial_key_unchecked(self, block_id: int, key: CacheKey) -> None:
+        """Index the held block `block_id` under `key` too (vLLM 0.33's `cache_partial_block`
+        for a full-attention block above the hash block size): as a secondary key of a hashed
+        block, removed with its hash; as its hash if it has none (`evict_blocks` took it).
+        Nothing if the block is the null block or carries the key already."""
+        if block_id == NULL_BLOCK_ID or key == self.block_hash[block_id]:
+            return
+        if key in self.partial_keys.get(block_id, ()):
+            return
+        if self.block_hash[block_id] is None:
+            with self._transition(block_id, Event.SEAL):
+                self.block_hash[block_id] = key
+        else:
+            self.partial_keys.setdefault(block_id, []).append(key)
+        self.index[key] = (*self.index.get(key, ()), block_id)
+
+    def _drop_partial_keys(self, block_id: int) -> None:
+        """The block's partial keys leave the index with its hash."""
+        for key in self.partial_keys.pop(block_id, ()):
+            self._unindex(block_id, key)
 
     def _unindex(self, block_id: int, key: CacheKey) -> None:
         remaining = list(self.index[key])

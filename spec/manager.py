@@ -69,6 +69,7 @@ from pagedkv.spec.known_bugs import known_bugs, known_bugs_fatal
 from pagedkv.spec.offload.tier import SpecOffloadTier
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.spec.single_type import (
+    FullAttention,
     SlidingWindow,
     SpecSingleTypeManager,
     spec_single_type_manager,
@@ -907,6 +908,7 @@ class SpecKVCacheManager:
                         self.hash_fn,
                         junction,
                     )
+                    self._cache_partial_tail(request, group, step.cache_tokens)
                 else:
                     num_cached = step.num_cached if not step.num_external else len(step.hits[group])
                     left_out = manager.cache_blocks(
@@ -1317,6 +1319,8 @@ class SpecKVCacheManager:
             cache_tokens // manager.block_size <= manager.num_cached.get(request_id, 0)
             for manager in self.managers
         ):
+            for group in range(self.num_groups):  # vLLM 0.33 asks for the partial key anyway
+                self._cache_partial_tail(request, group, cache_tokens)
             return
         stored = self.hashes.setdefault(request_id, [])
         num_recorded = len(stored)
@@ -1333,7 +1337,33 @@ class SpecKVCacheManager:
             )
             if left_out:
                 self.retention_counts["retention: blocks left uncached"] += len(left_out)
+            self._cache_partial_tail(request, group, cache_tokens)
         self._record_parents(stored, num_recorded)
+
+    def _cache_partial_tail(self, request: Request, group: int, cache_tokens: int) -> None:
+        """Under `partial_prefix_keys`, after group `group` cached up to `cache_tokens`: a
+        full-attention group whose block B_g exceeds H indexes the block holding token `b`, the
+        prompt's last H boundary before its last token, under the chain hash at `b` too (a
+        partial key), when `b` is positive, within `cache_tokens`, inside a block it holds and
+        not at a block's end (vLLM 0.33's `_cache_partial_tail_block`, asked at every caching
+        call). Its hash, already set, stays; the key serves no lookup here (only a Mamba
+        "align" group's fine-grained lookups hit it)."""
+        manager = self.managers[group]
+        block_size, hash_size = manager.block_size, self.hash_block_size
+        if not self.semantics.partial_prefix_keys or block_size == hash_size:
+            return
+        if not isinstance(manager, FullAttention):
+            return
+        boundary = (request.num_prompt_tokens - 1) // hash_size * hash_size
+        boundary = min(boundary, request.num_tokens // hash_size * hash_size)
+        if boundary == 0 or boundary > cache_tokens or boundary % block_size == 0:
+            return
+        held = manager.blocks[request.request_id]
+        if boundary // block_size >= len(held):
+            return
+        stored = self.hashes[request.request_id]
+        key = cache_key(stored[boundary // hash_size - 1], group)
+        self.pool.add_partial_key_unchecked(held[boundary // block_size], key)
 
     def _check_mixed_request(self, request_id: str, held: GroupBlocks) -> None:
         """With several block sizes and caching: every group has cached the same prefix, a
@@ -1419,7 +1449,10 @@ class SpecKVCacheManager:
         if self.enable_caching:
             closed = [group for group, m in enumerate(self.managers) if m.prefix_closed]
             scales = {g: m.block_size // self.hash_block_size for g, m in enumerate(self.managers)}
-            check_prefix_closure(self.pool.index, self.parent_of, closed, self.evicted_keys, scales)
+            partial = {key for keys in self.pool.partial_keys.values() for key in keys}
+            check_prefix_closure(
+                self.pool.index.keys() - partial, self.parent_of, closed, self.evicted_keys, scales
+            )
 
     def _check_request(self, request_id: str) -> GroupBlocks:
         """The request's invariants in every group; its tables."""
@@ -1469,9 +1502,10 @@ class SpecKVCacheManager:
             evicted = self.evicted.get(request_id, ())
             for position, block_id in enumerate(blocks[:num_cached]):
                 key = cache_key(keys[position], group)
+                if (group, position, block_id) in evicted:
+                    continue  # evict_blocks took its hash (a partial key may stand in for it)
                 if self.pool.block_hash[block_id] is None and (
                     manager.left_out.get(block_id) == key  # retention left it out
-                    or (group, position, block_id) in evicted  # evict_blocks took its hash
                 ):
                     continue
                 if block_id != NULL_BLOCK_ID and self.pool.block_hash[block_id] != key:

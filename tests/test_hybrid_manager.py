@@ -566,15 +566,12 @@ CONFIG_REFUSALS: dict[str, tuple[KVCacheConfig, dict[str, Any], str]] = {
         {"use_eagle": True},
         "EAGLE is not supported with chunked local attention",
     ),
-    "mixed block sizes, full attention above the GCD under vllm-0.33": (
-        config(8, full(4), window(4, block_size=2)),
-        {"semantics": VLLM_0_33},
-        "KV cache group 0 (full attention) has block size 4: with prefix caching and groups of "
-        "several block sizes, a full attention group's block size must be the hash block size "
-        "2 (their GCD, under the semantics vllm-0.33: vLLM 0.33 also indexes a larger "
-        "full-attention block under a partial key at the prompt's last hash-block boundary, "
-        "an entry no lookup without a Mamba 'align' group hits, which pagedkv does not model; "
-        "its own semantics serve such a group without it)",
+    "mixed block sizes, chunked local attention below the LCM": (
+        config(8, full(2), chunked(4, block_size=2), window(4, block_size=4)),
+        {},
+        "KV cache group 1 (chunked local attention) has block size 2: with prefix caching and "
+        "groups of several block sizes, a chunked local attention group's block size must be "
+        "the scheduler block size 4 (their LCM: vLLM 0.33 asserts it at the first lookup)",
     ),
     "mixed block sizes with EAGLE": (
         config(8, full(2), window(4, block_size=4)),

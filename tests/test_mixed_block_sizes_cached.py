@@ -184,7 +184,7 @@ def test_a_window_of_blocks_below_S_hits_at_S_and_caches_only_what_such_hits_rea
 
 
 @pytest.mark.parametrize("side", SIDES)
-def test_full_attention_above_H_is_keyed_at_its_blocks_ends_under_pagedkv(side: str) -> None:
+def test_full_attention_above_H_is_keyed_at_its_blocks_ends(side: str) -> None:
     # 32 / 16 (vLLM 0.33's plan of full h64 + SWA h128): H = 16, S = 32. Full attention's block
     # k is keyed by the chain hash of its 2k+1-th 16-token chunk; no partial key (pagedkv).
     kv_config = config(64, full(32), window(32, block_size=16))
@@ -198,6 +198,38 @@ def test_full_attention_above_H_is_keyed_at_its_blocks_ends_under_pagedkv(side: 
     assert num_hit_tokens == 64  # 91 tokens looked up: 2 blocks of 32, aligned
     assert [len(group) for group in hits] == [2, 4]
     assert hits[1][:2] == [0, 0]  # the 32-token window reads 2 blocks of 16 before 64
+
+
+def partial_keys(manager: Side) -> dict[int, int]:
+    """Block id -> how many secondary (partial) keys index it."""
+    if isinstance(manager, SpecIds):
+        return {block: len(keys) for block, keys in manager.pool.partial_keys.items()}
+    return {block: len(keys) for block, keys in manager.pool.partial_keys.items()}
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_full_attention_above_H_adds_vllms_partial_key_under_vllm_0_33(side: str) -> None:
+    # The design note's run (§5): full 32 + SWA 16 (W 32), a 56-token prompt, no EAGLE. After
+    # the prefill only 32 tokens are cached (S = 32): no partial key. At 64 tokens full
+    # attention's position 1 (tokens 32-63) is hashed, and indexed under the chain hash at 48
+    # (the prompt's last 16-token boundary before its last token) too.
+    kv_config = config(24, full(32), window(32, block_size=16))
+    for semantics, expected in ((VLLM_0_33, 1), (PAGEDKV, 0)):
+        manager = make(side, kv_config, 256, semantics=semantics)
+        request = Request("a", tokens(56))
+        admit(manager, request)
+        assert partial_keys(manager) == {}
+        decode(manager, request, 8)
+        position_1 = held(manager, "a")[0][1]
+        assert hashed(manager, position_1)
+        assert partial_keys(manager) == ({position_1: 1} if expected else {})
+        assert len(manager.state()["index"]) == 2 + 4 + expected  # full 2, window 4 (dense)
+        manager.free(request)
+        manager.check_invariants()
+        # Handed out again (every free block is), the block loses both keys.
+        assert manager.allocate_slots(Request("b", tokens(240, start=7)), 240) is not None
+        assert partial_keys(manager) == {}
+        manager.check_invariants()
 
 
 @pytest.mark.parametrize("side", SIDES)
@@ -269,16 +301,6 @@ def test_the_attention_truth_reads_each_groups_blocks_at_its_own_size() -> None:
 # -- refusals ---------------------------------------------------------------------------------
 
 CONFIGS: dict[str, tuple[list[KVCacheSpec], dict[str, Any], str]] = {
-    "full attention above H under vllm-0.33": (
-        [full(32), window(64, block_size=16)],
-        {"semantics": VLLM_0_33},
-        "KV cache group 0 (full attention) has block size 32: with prefix caching and groups of "
-        "several block sizes, a full attention group's block size must be the hash block size "
-        "16 (their GCD, under the semantics vllm-0.33: vLLM 0.33 also indexes a larger "
-        "full-attention block under a partial key at the prompt's last hash-block boundary, "
-        "an entry no lookup without a Mamba 'align' group hits, which pagedkv does not model; "
-        "its own semantics serve such a group without it)",
-    ),
     "chunked below S": (
         [full(16), chunked(64, block_size=16), window(64, block_size=32)],
         {},
@@ -415,7 +437,7 @@ def mixed_config(
     specs: list[KVCacheSpec] = [full(rng.choice(sizes) if any_full_size else hash_size)]
     for _ in range(rng.randint(1, 2)):
         kind = rng.choice(("full", "window", "window", "chunked"))
-        if kind == "full":  # above H only under pagedkv's own semantics (no partial keys)
+        if kind == "full":
             specs.append(full(rng.choice(sizes) if any_full_size else hash_size))
         elif kind == "window":
             specs.append(window(rng.randint(2, 3 * sched_size), rng.choice(sizes)))
@@ -436,7 +458,7 @@ class MixedRun(Run):
     def __init__(self, seed: int, layout: tuple[int, ...], semantics: Semantics) -> None:
         self.rng = rng = random.Random(seed)
         hash_size, sched_size = layout
-        kv_config = mixed_config(rng, hash_size, sched_size, semantics == PAGEDKV)
+        kv_config = mixed_config(rng, hash_size, sched_size, rng.random() < 0.6)
         self.max_model_len = 6 * sched_size + 8
         kwargs: dict[str, Any] = {"log_stats": True, "semantics": semantics}
         if any(
@@ -499,29 +521,33 @@ def test_the_random_workloads_hit_across_groups_of_several_sizes() -> None:
 
 # -- vLLM 0.33.0 itself ---------------------------------------------------------------------------
 
-VLLM_LAYOUTS: list[tuple[list[list[Any]], int, bool]] = [
-    ([["full", 16], ["window", 32, 64]], 48, False),
-    ([["full", 16], ["window", 64, 128], ["full", 16]], 96, False),
-    ([["window", 32, 40], ["full", 16]], 40, False),
-    ([["full", 16], ["chunked", 32, 64]], 48, False),
-    ([["full", 16], ["window", 64, 128], ["window", 32, 64]], 96, False),
-    ([["full", 16], ["window", 16, 40], ["window", 32, 33]], 60, False),
-    ([["full", 8], ["window", 16, 20], ["chunked", 64, 64]], 80, False),
-    ([["full", 32], ["window", 16, 32]], 64, True),
-    ([["window", 32, 64], ["full", 64], ["full", 16]], 96, True),
+VLLM_LAYOUTS: list[tuple[list[list[Any]], int]] = [
+    ([["full", 16], ["window", 32, 64]], 48),
+    ([["full", 16], ["window", 64, 128], ["full", 16]], 96),
+    ([["window", 32, 40], ["full", 16]], 40),
+    ([["full", 16], ["chunked", 32, 64]], 48),
+    ([["full", 16], ["window", 64, 128], ["window", 32, 64]], 96),
+    ([["full", 16], ["window", 16, 40], ["window", 32, 33]], 60),
+    ([["full", 8], ["window", 16, 20], ["chunked", 64, 64]], 80),
+    ([["full", 32], ["window", 16, 32]], 64),
+    ([["window", 32, 64], ["full", 64], ["full", 16]], 96),
+    ([["full", 32], ["full", 16], ["window", 64, 100]], 96),
+    ([["full", 64], ["window", 16, 20], ["chunked", 64, 128]], 96),
 ]
-"""(groups, num_blocks, full attention above H) for the check against vLLM 0.33.0: the plans
-of docs/design/mixed-block-sizes.md §7 (16/32, 32/16, 16/64/32) and more."""
+"""(groups, num_blocks) for the check against vLLM 0.33.0: the plans of
+docs/design/mixed-block-sizes.md §7 (16/32, 32/16, 16/64/32) and more, full attention above H
+(vLLM's partial keys) in the last four."""
 
 
 def test_vllm_0_33_itself_serves_the_same_blocks_step_by_step() -> None:
     """vLLM 0.33.0's own KVCacheManager and pagedkv's under vllm-0.33, driven alike over random
     workloads of every layout and retention (None, 0, 2S): the same hits and new blocks, free
-    queue, hashed blocks and block tables after every call (`tests/vllm_033_mixed_block_sizes.py`;
-    full attention above H with pagedkv's refusal lifted: vLLM's partial keys, index entries no
-    lookup hits, are all that differs, and the index is not compared)."""
+    queue, hashed blocks, block tables and index after every call
+    (`tests/vllm_033_mixed_block_sizes.py`;
+    with full attention above H, vLLM's partial keys too: how many index each block, and the
+    index's size)."""
     cases = []
-    for groups, num_blocks, partial in VLLM_LAYOUTS:
+    for groups, num_blocks in VLLM_LAYOUTS:
         largest = max(group[1] for group in groups)
         windowed = any(group[0] == "window" for group in groups)
         for retention in (None, 0, 2 * largest) if windowed else (None,):
@@ -532,7 +558,6 @@ def test_vllm_0_33_itself_serves_the_same_blocks_step_by_step() -> None:
                     "retention": retention,
                     "seeds": 2,
                     "steps": 120,
-                    "partial": partial,
                 }
             )
     completed = subprocess.run(

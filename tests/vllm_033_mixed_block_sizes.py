@@ -5,16 +5,15 @@ with prefix caching (no EAGLE), step by step.
 
 Each case on stdin names the groups (`groups`: `["full", B]`, `["window", B, W]` or
 `["chunked", B, C]`), the pool (`num_blocks`), the retention interval (`retention`, null for
-dense), the seeds and the steps per seed, and whether full attention above the hash block size
-is drawn (`partial`: pagedkv then runs vllm-0.33's rules with its refusal of such groups lifted,
-as vLLM's partial prefix-cache keys, index entries no lookup hits, are not modelled). Each seed
-drives both managers alike with a small scheduler over requests sharing prefixes: arrivals,
-admissions with hits and chunked prefill, decode steps, preemption on a full pool, finishing.
+dense), and the seeds and the steps per seed. Each seed drives both managers alike with a small
+scheduler over requests sharing prefixes: arrivals, admissions with hits and chunked prefill,
+decode steps, preemption on a full pool, finishing.
 After every call the answers (hits, hit tokens, new block ids per group) and the state (the free
-queue head to tail, which blocks carry a primary hash, every request's block ids per group) must
-be equal. pagedkv runs `KVCacheManager` under `vllm-0.33` with its invariants checked after each
-call. Prints one JSON line: per case the calls compared and the hits seen, or the first
-difference. Exit status 3: the package index is unreachable and nothing is cached.
+queue head to tail, which blocks carry a primary hash, every request's block ids per group, how
+many secondary "partial" keys index each block, the index's entries) must be equal. pagedkv
+runs `KVCacheManager` under `vllm-0.33` with its invariants checked after each call. Prints one
+JSON line: per case the calls compared and the hits seen, or the first difference. Exit status
+3: the package index is unreachable and nothing is cached.
 """
 
 from __future__ import annotations
@@ -145,10 +144,16 @@ class Vllm:
             request_id: [[b.block_id for b in m.req_to_blocks[request_id]] for m in managers]
             for request_id in managers[0].req_to_blocks
         }
+        secondary = pool.cached_block_hashes_by_block
         return (
             [block.block_id for block in pool.free_block_queue.get_all_free_blocks()],
             [block.block_hash is not None for block in pool.blocks],
             {request_id: lists for request_id, lists in held.items() if any(lists)},
+            {block_id: len(keys) for block_id, keys in secondary.items() if keys},
+            sum(
+                len(blocks) if isinstance(blocks, dict) else 1
+                for blocks in pool.cached_block_hash_to_block._cache.values()
+            ),
         )
 
 
@@ -187,6 +192,8 @@ class Pagedkv:
                 request_id: [[b.block_id for b in m.req_to_blocks[request_id]] for m in managers]
                 for request_id in managers[0].req_to_blocks
             },
+            {block_id: len(keys) for block_id, keys in pool.partial_keys.items()},
+            sum(len(blocks) for blocks in pool.cached_block_hash_to_block.values()),
         )
 
 
@@ -275,12 +282,6 @@ def run(case: dict[str, Any], seed: int) -> dict[str, int]:
 
 
 def check(case: dict[str, Any]) -> dict[str, Any]:
-    import pagedkv.call_arguments
-
-    rules = pagedkv.call_arguments._MIXED_SIZE_RULES
-    full_rule = rules[FullAttentionSpec]
-    if case.get("partial"):  # full attention above H: pagedkv's vllm-0.33 refusal lifted
-        del rules[FullAttentionSpec]
     totals: dict[str, int] = {}
     try:
         for seed in range(case["seeds"]):
@@ -288,8 +289,6 @@ def check(case: dict[str, Any]) -> dict[str, Any]:
                 totals[name] = totals.get(name, 0) + count
     except Different as difference:
         return {"difference": str(difference)[:4000]}
-    finally:
-        rules[FullAttentionSpec] = full_rule
     return totals
 
 

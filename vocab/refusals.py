@@ -30,15 +30,6 @@ def groups_of_several_block_sizes(block_sizes: list[int], reason: str) -> KVCach
     )
 
 
-PARTIAL_KEYS_UNMODELLED = (
-    "their GCD, under the semantics vllm-0.33: vLLM 0.33 also indexes a larger full-attention "
-    "block under a partial key at the prompt's last hash-block boundary, an entry no lookup "
-    "without a Mamba 'align' group hits, which pagedkv does not model; its own semantics "
-    "serve such a group without it"
-)
-"""Why a full-attention group above H is refused under vllm-0.33 (design note §5)."""
-
-
 def group_block_size_unserved(
     group: int, kind: str, block_size: int, rule: str, required: int, why: str
 ) -> KVCacheConfigError:
