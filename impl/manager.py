@@ -739,13 +739,8 @@ class KVCacheManager:
             raise refusals.computed_outside_slots(
                 request_id, num_computed, num_held, self.block_size
             )
-        if num_external_computed_tokens or delay_cache_blocks is True:
-            self._check_external(
-                request_id,
-                num_held or num_computed,
-                num_external_computed_tokens,
-                delay_cache_blocks is True,
-            )
+        if num_external_computed_tokens:
+            self._check_external(request_id, num_held or num_computed, num_external_computed_tokens)
         if hits and any(hits):
             self._check_hits(request, num_held, hits)
         else:
@@ -851,19 +846,9 @@ class KVCacheManager:
             self._after_call()
         return new_blocks
 
-    def _check_external(
-        self, request_id: str, running: int, num_external: int, delay_cache: bool
-    ) -> None:
-        """Neither external tokens nor a delayed cache with several block sizes and caching;
-        external tokens extend a request's first allocation only (`running`: it holds blocks
-        or computed tokens), and no Mamba group's (the spec's precondition 6)."""
-        if self._mixed_cached:
-            raise refusals.several_block_sizes_call_unserved(
-                request_id,
-                "num_external_computed_tokens" if num_external else "delay_cache_blocks",
-            )
-        if not num_external:
-            return
+    def _check_external(self, request_id: str, running: int, num_external: int) -> None:
+        """External tokens extend a request's first allocation only (`running`: it holds
+        blocks or computed tokens), and no Mamba group's (the spec's precondition 6)."""
         if running:
             raise refusals.external_for_running_request(request_id, num_external)
         for group, manager in enumerate(self.coordinator.single_type_managers):
@@ -898,8 +883,13 @@ class KVCacheManager:
         required = [manager.num_required(num_slots) for manager in managers]
         capped = self.semantics.cap_at_max_model_len and num_held + num_hits < self._max_blocks[0]
         self._refuse_past_max_model_len(request_id, required, capped)
-        block_size = self.block_size
-        num_full = num_full_blocks(num_computed, num_tokens, num_spec, block_size)
+        cache_tokens = num_computed + num_tokens - num_spec  # several block sizes: to S
+        cache_tokens -= cache_tokens % self._scheduler_block_size
+        num_full = (
+            cache_tokens // managers[0].block_size
+            if self._mixed_cached
+            else num_full_blocks(num_computed, num_tokens, num_spec, self.block_size)
+        )
         num_cached = self._first_cached.get(request_id, num_hits)
         if self.enable_caching and num_full < num_cached:
             raise refusals.cached_blocks_lost(request_id, num_full, num_cached)
@@ -946,7 +936,9 @@ class KVCacheManager:
                 required[group] - num_blocks, num_free, self._max_blocks[group] - num_blocks
             )
             new_blocks.append(manager.allocate_new_blocks(request_id, count))
-            if caching and not delay_cache:
+            if caching and not delay_cache and self._mixed_cached:
+                self._cache_group(request, manager, stored, num_adopted[group], cache_tokens)
+            elif caching and not delay_cache:
                 manager.cache_blocks(
                     request, stored, num_adopted[group], num_full, self.caching_hash_fn, junction
                 )
@@ -1145,8 +1137,6 @@ class KVCacheManager:
         self._track(request_id, request)
         num_free = pool.get_num_free_blocks()
         stored = self.req_to_block_hashes.setdefault(request_id, [])
-        self._extend_chain(request, stored, cache_tokens)
-        junction = self._junctions.get(request_id, 0) if self._sparse else 0
         new_blocks = []
         for group, manager in enumerate(managers):
             num_blocks = len(manager.req_to_blocks[request_id])
@@ -1154,19 +1144,34 @@ class KVCacheManager:
                 required[group] - num_blocks, num_free, self._max_blocks[group] - num_blocks
             )
             new_blocks.append(manager.allocate_new_blocks(request_id, max(count, 0)))
-            manager.cache_blocks(
-                request,
-                group_view(stored, manager.block_size, self._hash_block_size),
-                num_hits[group],
-                cache_tokens // manager.block_size,
-                self.caching_hash_fn,
-                junction,
-            )
-            if self._partial_keys:
-                self._cache_partial_tail(request, manager, cache_tokens)
+            self._cache_group(request, manager, stored, num_hits[group], cache_tokens)
         if self.debug_invariants:
             self._after_call()
         return tuple(new_blocks)
+
+    def _cache_group(
+        self,
+        request: Request,
+        manager: SingleTypeKVCacheManager,
+        chain: list[BlockHashType],
+        num_cached: int,
+        cache_tokens: int,
+    ) -> None:
+        """Several block sizes with caching: the group caches its positions within
+        `cache_tokens` (a multiple of S) under its view of the request's `chain` (extended to
+        them first), `num_cached` (its hits) counting as cached until it has a count; then its
+        partial key under `partial_prefix_keys`. Complexity: as the group's `cache_blocks`."""
+        self._extend_chain(request, chain, cache_tokens)
+        manager.cache_blocks(
+            request,
+            group_view(chain, manager.block_size, self._hash_block_size),
+            num_cached,
+            cache_tokens // manager.block_size,
+            self.caching_hash_fn,
+            self._junctions.get(request.request_id, 0) if self._sparse else 0,
+        )
+        if self._partial_keys:
+            self._cache_partial_tail(request, manager, cache_tokens)
 
     def _cache_mixed(self, request: Request, num_computed_tokens: int) -> None:
         """cache_blocks with several block sizes, its checks passed: every group caches its
@@ -1241,10 +1246,6 @@ class KVCacheManager:
             ]
             if len(set(tokens)) != 1:
                 raise refusals.hits_of_unequal_tokens(request_id, tokens)
-            if tokens[0] % self._scheduler_block_size:
-                raise refusals.hit_off_the_scheduler_grid(
-                    request_id, tokens[0], self._scheduler_block_size
-                )
             if tokens[0] // self._hash_block_size > len(stored):
                 raise refusals.more_hits_than_hashes(
                     request_id, tokens[0] // self._hash_block_size, len(stored)
@@ -1840,10 +1841,20 @@ class KVCacheManager:
         cached = [
             manager.num_cached_block.get(request_id, 0) * manager.block_size for manager in managers
         ]
-        if len(set(cached)) != 1 or cached[0] % self._scheduler_block_size:
+        # External tokens may push a window's or chunk's hits out: its null positions then
+        # count as cached too (vLLM 0.33), past the prefix the other groups cached.
+        common = min(cached)
+        null_block = self.block_pool.null_block
+        beyond = [
+            blocks[common // manager.block_size : manager.num_cached_block.get(request_id, 0)]
+            for manager, blocks in zip(managers, group_blocks, strict=True)
+        ]
+        if common % self._scheduler_block_size or any(
+            block is not null_block for extra in beyond for block in extra
+        ):
             raise InvariantViolation(
                 "with several block sizes, every group caches the same prefix, a multiple of "
-                "the scheduler block size",
+                "the scheduler block size (null positions past it aside)",
                 f"request {request_id!r}: {cached} tokens cached per group, "
                 f"S = {self._scheduler_block_size}",
             )

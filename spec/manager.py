@@ -693,11 +693,6 @@ class SpecKVCacheManager:
                     manager.block_size,
                     group if self.mixed_sizes else None,
                 )
-        if self.mixed_cached and (num_external or delay_cache):
-            raise refusals.several_block_sizes_call_unserved(
-                request_id,
-                "num_external_computed_tokens" if num_external else "delay_cache_blocks",
-            )
         if num_external:
             if num_held or request.num_computed_tokens:
                 raise refusals.external_for_running_request(request_id, num_external)
@@ -781,10 +776,6 @@ class SpecKVCacheManager:
             ]
             if len(set(tokens)) != 1:
                 raise refusals.hits_of_unequal_tokens(request_id, tokens)
-            if tokens[0] % self.scheduler_block_size:
-                raise refusals.hit_off_the_scheduler_grid(
-                    request_id, tokens[0], self.scheduler_block_size
-                )
             if tokens[0] // self.hash_block_size > len(stored):
                 raise refusals.more_hits_than_hashes(
                     request_id, tokens[0] // self.hash_block_size, len(stored)
@@ -1371,10 +1362,19 @@ class SpecKVCacheManager:
         cached = [
             manager.num_cached.get(request_id, 0) * manager.block_size for manager in self.managers
         ]
-        if len(set(cached)) != 1 or cached[0] % self.scheduler_block_size:
+        # External tokens may push a window's or chunk's hits out: its null positions then
+        # count as cached too (vLLM 0.33), past the prefix the other groups cached.
+        common = min(cached)
+        beyond = [
+            blocks[common // manager.block_size : manager.num_cached.get(request_id, 0)]
+            for manager, blocks in zip(self.managers, held, strict=True)
+        ]
+        if common % self.scheduler_block_size or any(
+            block_id != NULL_BLOCK_ID for extra in beyond for block_id in extra
+        ):
             raise InvariantViolation(
                 "with several block sizes, every group caches the same prefix, a multiple of "
-                "the scheduler block size",
+                "the scheduler block size (null positions past it aside)",
                 f"request {request_id!r}: {cached} tokens cached per group, "
                 f"S = {self.scheduler_block_size}",
             )

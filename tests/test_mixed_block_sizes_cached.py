@@ -33,7 +33,7 @@ from test_hybrid_manager import (
 
 from pagedkv import KVCacheManager, PagedKVError, Request
 from pagedkv.spec.manager import SpecKVCacheManager
-from pagedkv.vocab.errors import InvalidArgumentError, InvariantViolation, KVCacheConfigError
+from pagedkv.vocab.errors import InvariantViolation, KVCacheConfigError
 from pagedkv.vocab.kv_cache_interface import KVCacheConfig, KVCacheSpec, SlidingWindowSpec
 from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_8_5, VLLM_0_32, VLLM_0_33, Semantics
 
@@ -362,34 +362,12 @@ def _unequal_hits(manager: Side, request: Request) -> object:
     return manager.allocate_slots(request, 4, (hits[0][:-1], hits[1]))
 
 
-def _external(manager: Side, request: Request) -> object:
-    manager.get_computed_blocks(request)
-    return manager.manager.allocate_slots(request, 4, None, 0, False, 8)
-
-
-def _delayed(manager: Side, request: Request) -> object:
-    manager.get_computed_blocks(request)
-    return manager.manager.allocate_slots(request, 4, None, 0, False, 0, True)
-
-
 CALLS: dict[str, tuple[Scene, type, str]] = {
     "hits of unequal tokens": (
         _unequal_hits,
         PagedKVError,
         "request 'b': new_computed_blocks must cover the same tokens in every KV cache group "
         "([80, 96] tokens per group)",
-    ),
-    "external tokens": (
-        _external,
-        InvalidArgumentError,
-        "request 'b': num_external_computed_tokens with groups of several block sizes and "
-        "prefix caching is not modelled",
-    ),
-    "a delayed cache": (
-        _delayed,
-        InvalidArgumentError,
-        "request 'b': delay_cache_blocks with groups of several block sizes and prefix caching "
-        "is not modelled",
     ),
 }
 
@@ -489,7 +467,49 @@ class MixedRun(Run):
     def call(self, what: Callable[[Side], object]) -> tuple[bool, object]:
         result = super().call(what)
         assert num_cached(self.spec) == num_cached(self.impl), self.seed
+        self.seen["partial keys"] = max(self.seen["partial keys"], len(partial_keys(self.spec)))
         return result
+
+    def admit(self, request: Request) -> None:
+        """Run's admission, or (a third of them) one with a connector's external tokens after
+        the hits, its cache sometimes delayed to a `cache_blocks` when the load lands."""
+        rng = self.rng
+        if rng.random() < 2 / 3:
+            super().admit(request)
+            return
+        ok, looked_up = self.call(lambda m: m.get_computed_blocks(request))
+        assert ok and isinstance(looked_up, tuple)
+        hits, num_hit_tokens = looked_up
+        remaining = request.num_tokens - num_hit_tokens
+        if remaining < 2:
+            self.waiting.append(request)
+            return
+        external = rng.randint(1, remaining - 1)
+        num_tokens = rng.randint(1, remaining - external)
+        delay = rng.random() < 0.5
+
+        def allocate(m: Side) -> object:
+            if isinstance(m, SpecIds):
+                return m.manager.allocate_slots(
+                    request, num_tokens, hits, 0, False, external, delay
+                )
+            new = m.manager.allocate_slots(
+                request, num_tokens, m._hits(hits), 0, False, external, delay
+            )
+            return None if new is None else tuple([b.block_id for b in group] for group in new)
+
+        ok, new = self.call(allocate)
+        if not ok or new is None:
+            self.seen["not admitted"] += 1
+            self.waiting.append(request)
+            return
+        request.num_computed_tokens = num_hit_tokens + external + num_tokens
+        self.running.append(request)
+        self.seen["admitted with external tokens"] += 1
+        self.seen["admitted with hits"] += bool(num_hit_tokens)
+        if delay:
+            landed = num_hit_tokens + external
+            self.call(lambda m: m.cache_blocks(request, landed))
 
 
 @settings(max_examples=40, deadline=None)
@@ -509,14 +529,16 @@ def test_spec_and_impl_agree_on_random_mixed_size_workloads(
 
 def test_the_random_workloads_hit_across_groups_of_several_sizes() -> None:
     seen: Counter[str] = Counter()
-    for seed in range(8):
+    for seed in range(12):
         run = MixedRun(seed, LAYOUTS[seed % len(LAYOUTS)], (PAGEDKV, VLLM_0_33)[seed % 2])
         for _ in range(60):
             run.step()
         run.finish()
         seen += run.seen
     assert seen["admitted with hits"] >= 20 and seen["refused"] >= 5, seen
+    assert seen["partial keys"] >= 3, seen
     assert seen["nulls in a hit"] >= 3 and seen["preempted"] >= 5, seen
+    assert seen["admitted with external tokens"] >= 10, seen
 
 
 # -- vLLM 0.33.0 itself ---------------------------------------------------------------------------
@@ -541,7 +563,8 @@ docs/design/mixed-block-sizes.md §7 (16/32, 32/16, 16/64/32) and more, full att
 
 def test_vllm_0_33_itself_serves_the_same_blocks_step_by_step() -> None:
     """vLLM 0.33.0's own KVCacheManager and pagedkv's under vllm-0.33, driven alike over random
-    workloads of every layout and retention (None, 0, 2S): the same hits and new blocks, free
+    workloads (external tokens and delayed caches among them) of every layout and retention
+    (None, 0, 2S): the same hits and new blocks, free
     queue, hashed blocks, block tables and index after every call
     (`tests/vllm_033_mixed_block_sizes.py`;
     with full attention above H, vLLM's partial keys too: how many index each block, and the
@@ -575,3 +598,4 @@ def test_vllm_0_33_itself_serves_the_same_blocks_step_by_step() -> None:
     for case, result in zip(cases, results, strict=True):
         assert "difference" not in result, (case, result)
         assert result["calls"] >= 150 and result["admitted with hits"] >= 5, (case, result)
+        assert result["admitted with external tokens"] >= 3, (case, result)

@@ -6,8 +6,9 @@ with prefix caching (no EAGLE), step by step.
 Each case on stdin names the groups (`groups`: `["full", B]`, `["window", B, W]` or
 `["chunked", B, C]`), the pool (`num_blocks`), the retention interval (`retention`, null for
 dense), and the seeds and the steps per seed. Each seed drives both managers alike with a small
-scheduler over requests sharing prefixes: arrivals, admissions with hits and chunked prefill,
-decode steps, preemption on a full pool, finishing.
+scheduler over requests sharing prefixes: arrivals, admissions with hits, a connector's external
+tokens (their cache sometimes delayed until the load lands: `cache_blocks`) and chunked
+prefill, decode steps, preemption on a full pool, finishing.
 After every call the answers (hits, hit tokens, new block ids per group) and the state (the free
 queue head to tail, which blocks carry a primary hash, every request's block ids per group, how
 many secondary "partial" keys index each block, the index's entries) must be equal. pagedkv
@@ -121,14 +122,31 @@ class Vllm:
         self.hits = blocks
         return [[b.block_id for b in group] for group in blocks.blocks], num_tokens
 
-    def allocate(self, request: Request, num_tokens: int, num_hit_tokens: int) -> Any:
+    def allocate(
+        self,
+        request: Request,
+        num_tokens: int,
+        num_hit_tokens: int,
+        external: int = 0,
+        delay: bool = False,
+    ) -> Any:
         hits = self.hits if num_hit_tokens else None
-        new = self.manager.allocate_slots(self._view(request), num_tokens, num_hit_tokens, hits)
+        new = self.manager.allocate_slots(
+            self._view(request),
+            num_tokens,
+            num_hit_tokens,
+            hits,
+            num_external_computed_tokens=external,
+            delay_cache_blocks=delay,
+        )
         self.hits = None
         if new is None:
             return None
         self.running.add(request.request_id)
         return [[block.block_id for block in group] for group in new.blocks]
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        self.manager.cache_blocks(self._view(request), num_tokens)
 
     def free(self, request: Request) -> None:
         view = self._view(request)
@@ -173,11 +191,27 @@ class Pagedkv:
         self.hits, num_tokens = self.manager.get_computed_blocks(request)
         return [[b.block_id for b in group] for group in self.hits], num_tokens
 
-    def allocate(self, request: Request, num_tokens: int, num_hit_tokens: int) -> Any:
+    def allocate(
+        self,
+        request: Request,
+        num_tokens: int,
+        num_hit_tokens: int,
+        external: int = 0,
+        delay: bool = False,
+    ) -> Any:
         hits = self.hits if num_hit_tokens else None
-        new = self.manager.allocate_slots(request, num_tokens, hits)
+        new = self.manager.allocate_slots(
+            request,
+            num_tokens,
+            hits,
+            num_external_computed_tokens=external,
+            delay_cache_blocks=delay,
+        )
         self.hits = None
         return None if new is None else [[block.block_id for block in group] for group in new]
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        self.manager.cache_blocks(request, num_tokens)
 
     def free(self, request: Request) -> None:
         self.manager.free(request)
@@ -212,7 +246,13 @@ def run(case: dict[str, Any], seed: int) -> dict[str, int]:
     pairs: dict[str, tuple[Request, Request]] = {}
     waiting: list[str] = []
     running: list[str] = []
-    seen = {"calls": 0, "admitted with hits": 0, "hit tokens": 0, "preempted": 0}
+    seen = {
+        "calls": 0,
+        "admitted with hits": 0,
+        "admitted with external tokens": 0,
+        "hit tokens": 0,
+        "preempted": 0,
+    }
 
     def both(what: str, call: Any, pair: tuple[Request, Request]) -> Any:
         answers = [call(side, request) for side, request in zip(sides, pair, strict=True)]
@@ -234,20 +274,29 @@ def run(case: dict[str, Any], seed: int) -> dict[str, int]:
             request_id = waiting.pop(rng.randrange(len(waiting)))
             pair = pairs[request_id]
             _, num_hit = both("lookup", lambda side, request: side.lookup(request), pair)
-            num_tokens = rng.randint(1, pair[0].num_tokens - num_hit)
+            remaining = pair[0].num_tokens - num_hit
+            external = rng.randint(1, remaining - 1) if remaining > 1 and rng.random() < 0.3 else 0
+            delay = bool(external) and rng.random() < 0.5
+            num_tokens = rng.randint(1, remaining - external)
             new = both(
                 "admission",
-                lambda side, request, n=num_tokens, h=num_hit: side.allocate(request, n, h),
+                lambda side, request, n=num_tokens, h=num_hit, e=external, d=delay: side.allocate(
+                    request, n, h, e, d
+                ),
                 pair,
             )
             if new is None:
                 waiting.append(request_id)
                 continue
             for request in pair:
-                request.num_computed_tokens = num_hit + num_tokens
+                request.num_computed_tokens = num_hit + external + num_tokens
             running.append(request_id)
             seen["admitted with hits"] += bool(num_hit)
+            seen["admitted with external tokens"] += bool(external)
             seen["hit tokens"] += num_hit
+            if delay:  # the load lands
+                landed = num_hit + external
+                both("cache_blocks", lambda s, r, n=landed: s.cache_blocks(r, n), pair)
         elif op < 0.9 and running:
             request_id = rng.choice(running)
             pair = pairs[request_id]

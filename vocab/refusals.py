@@ -42,14 +42,6 @@ def group_block_size_unserved(
     )
 
 
-def several_block_sizes_call_unserved(request_id: str, argument: str) -> InvalidArgumentError:
-    """A connector's argument with groups of several block sizes and prefix caching."""
-    return InvalidArgumentError(
-        f"request {request_id!r}: {argument} with groups of several block sizes and prefix "
-        "caching is not modelled"
-    )
-
-
 MAMBA_HIT_DETAIL = (
     "a Mamba group caches no state (mamba_cache_mode 'none'), so no lookup finds a hit"
 )
@@ -241,17 +233,6 @@ def hits_of_unequal_tokens(request_id: str, tokens: list[int]) -> RequestError:
         request_id,
         "new_computed_blocks must cover the same tokens in every KV cache group",
         f"{tokens} tokens per group",
-    )
-
-
-def hit_off_the_scheduler_grid(
-    request_id: str, num_tokens: int, scheduler_block_size: int
-) -> RequestError:
-    """With several block sizes, a hit ends on a multiple of the scheduler block size S."""
-    return RequestError(
-        request_id,
-        "new_computed_blocks must end on a multiple of the scheduler block size",
-        f"{num_tokens} tokens, scheduler_block_size {scheduler_block_size}",
     )
 
 
