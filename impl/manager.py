@@ -1806,9 +1806,9 @@ class KVCacheManager:
             left_out_ok = manager.sparse
             evicted = self._evicted.get(request_id, ())
             for position, block in enumerate(blocks[:num_cached]):
-                if block.block_hash is None and (
-                    left_out_ok or (manager.group_id, position, block.block_id) in evicted
-                ):
+                if (manager.group_id, position, block.block_id) in evicted:
+                    continue  # its hash taken (a partial key may stand in for it)
+                if block.block_hash is None and left_out_ok:
                     continue
                 if block is not null_block and block.block_hash != cache_key(
                     stored[position], manager.group_id

@@ -88,6 +88,8 @@ class SpecBlockPool:
         # Block id -> its secondary ("partial") keys, in the index beside its hash and removed
         # with it (vllm-0.33's `partial_prefix_keys`; `add_partial_key_unchecked`).
         self.partial_keys: dict[int, list[CacheKey]] = {}
+        # The blocks whose hash is a partial key (`evict_blocks` had taken their own).
+        self.partial_hashed: set[int] = set()
         self.enable_kv_cache_events = enable_kv_cache_events
         self.events: list[KVCacheEvent] = []
         self.taken_hash_counts: dict[tuple[int, int], int] = {}
@@ -424,6 +426,7 @@ class SpecBlockPool:
                 self.block_hash[block_id] = None
         self.index = {}
         self.partial_keys = {}
+        self.partial_hashed = set()
         if self.enable_kv_cache_events:
             self.events.append(AllBlocksCleared())
         return True
@@ -491,6 +494,10 @@ class SpecBlockPool:
                     "partial keys are distinct keys of hashed blocks", f"block {block_id}: {keys}"
                 )
             hashed.update((key, block_id) for key in keys)
+        if any(self.block_hash[block_id] is None for block_id in self.partial_hashed):
+            raise InvariantViolation(
+                "a block hashed under a partial key is hashed", repr(sorted(self.partial_hashed))
+            )
         if indexed != hashed:
             raise InvariantViolation(
                 "hash index <=> hashed blocks",
@@ -543,12 +550,14 @@ class SpecBlockPool:
         if self.block_hash[block_id] is None:
             with self._transition(block_id, Event.SEAL):
                 self.block_hash[block_id] = key
+            self.partial_hashed.add(block_id)
         else:
             self.partial_keys.setdefault(block_id, []).append(key)
         self.index[key] = (*self.index.get(key, ()), block_id)
 
     def _drop_partial_keys(self, block_id: int) -> None:
         """The block's partial keys leave the index with its hash."""
+        self.partial_hashed.discard(block_id)
         for key in self.partial_keys.pop(block_id, ()):
             self._unindex(block_id, key)
 

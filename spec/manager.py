@@ -1450,6 +1450,11 @@ class SpecKVCacheManager:
             closed = [group for group, m in enumerate(self.managers) if m.prefix_closed]
             scales = {g: m.block_size // self.hash_block_size for g, m in enumerate(self.managers)}
             partial = {key for keys in self.pool.partial_keys.values() for key in keys}
+            partial.update(
+                key
+                for key in (self.pool.block_hash[b] for b in self.pool.partial_hashed)
+                if key is not None
+            )
             check_prefix_closure(
                 self.pool.index.keys() - partial, self.parent_of, closed, self.evicted_keys, scales
             )

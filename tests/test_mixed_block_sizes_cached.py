@@ -470,6 +470,31 @@ class MixedRun(Run):
         self.seen["partial keys"] = max(self.seen["partial keys"], len(partial_keys(self.spec)))
         return result
 
+    def misc(self) -> None:
+        """Run's, or a connector's `evict_blocks` of some blocks (held or free), or a deferred
+        free of a running request (`pop_blocks_for_free`, then its release)."""
+        rng = self.rng
+        choice = rng.randrange(8)
+        if choice == 6:
+            num_blocks = len(self.spec.state()["ref_cnt"])
+            block_ids = [rng.randrange(1, num_blocks) for _ in range(rng.randint(1, 3))]
+            self.call(lambda m: m.evict_blocks(block_ids))
+            self.seen["evict_blocks"] += 1
+        elif choice == 7 and self.running:
+            request = self.running.pop(rng.randrange(len(self.running)))
+
+            def deferred(m: Side) -> object:
+                popped = m.pop_blocks_for_free(request)
+                m.free_popped_blocks(popped)
+                return tuple([getattr(b, "block_id", b) for b in group] for group in popped)
+
+            self.call(deferred)
+            request.num_computed_tokens = 0
+            self.waiting.append(request)
+            self.seen["deferred frees"] += 1
+        else:
+            super().misc()
+
     def admit(self, request: Request) -> None:
         """Run's admission, or (a third of them) one with a connector's external tokens after
         the hits, its cache sometimes delayed to a `cache_blocks` when the load lands."""
@@ -529,7 +554,7 @@ def test_spec_and_impl_agree_on_random_mixed_size_workloads(
 
 def test_the_random_workloads_hit_across_groups_of_several_sizes() -> None:
     seen: Counter[str] = Counter()
-    for seed in range(12):
+    for seed in range(24):
         run = MixedRun(seed, LAYOUTS[seed % len(LAYOUTS)], (PAGEDKV, VLLM_0_33)[seed % 2])
         for _ in range(60):
             run.step()
@@ -537,6 +562,7 @@ def test_the_random_workloads_hit_across_groups_of_several_sizes() -> None:
         seen += run.seen
     assert seen["admitted with hits"] >= 20 and seen["refused"] >= 5, seen
     assert seen["partial keys"] >= 3, seen
+    assert seen["evict_blocks"] >= 5 and seen["deferred frees"] >= 5, seen
     assert seen["nulls in a hit"] >= 3 and seen["preempted"] >= 5, seen
     assert seen["admitted with external tokens"] >= 10, seen
 

@@ -8,7 +8,7 @@ Each case on stdin names the groups (`groups`: `["full", B]`, `["window", B, W]`
 dense), and the seeds and the steps per seed. Each seed drives both managers alike with a small
 scheduler over requests sharing prefixes: arrivals, admissions with hits, a connector's external
 tokens (their cache sometimes delayed until the load lands: `cache_blocks`) and chunked
-prefill, decode steps, preemption on a full pool, finishing.
+prefill, decode steps, preemption on a full pool, `evict_blocks` (a failed load's), finishing.
 After every call the answers (hits, hit tokens, new block ids per group) and the state (the free
 queue head to tail, which blocks carry a primary hash, every request's block ids per group, how
 many secondary "partial" keys index each block, the index's entries) must be equal. pagedkv
@@ -148,6 +148,9 @@ class Vllm:
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         self.manager.cache_blocks(self._view(request), num_tokens)
 
+    def evict_blocks(self, block_ids: list[int]) -> None:
+        self.manager.evict_blocks(set(block_ids))
+
     def free(self, request: Request) -> None:
         view = self._view(request)
         self.manager.free(view)
@@ -213,6 +216,9 @@ class Pagedkv:
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         self.manager.cache_blocks(request, num_tokens)
 
+    def evict_blocks(self, block_ids: list[int]) -> None:
+        self.manager.evict_blocks(sorted(set(block_ids)))
+
     def free(self, request: Request) -> None:
         self.manager.free(request)
 
@@ -252,6 +258,7 @@ def run(case: dict[str, Any], seed: int) -> dict[str, int]:
         "admitted with external tokens": 0,
         "hit tokens": 0,
         "preempted": 0,
+        "evict_blocks": 0,
     }
 
     def both(what: str, call: Any, pair: tuple[Request, Request]) -> Any:
@@ -324,6 +331,11 @@ def run(case: dict[str, Any], seed: int) -> dict[str, int]:
             else:
                 for request in pair:
                     request.num_computed_tokens += num_tokens
+        elif running and rng.random() < 0.3:  # a connector's failed load: evict some blocks
+            pair = pairs[rng.choice(running)]
+            block_ids = [rng.randrange(1, case["num_blocks"]) for _ in range(rng.randint(1, 4))]
+            both("evict_blocks", lambda s, r, ids=block_ids: s.evict_blocks(ids), pair)
+            seen["evict_blocks"] += 1
         elif running:
             request_id = running.pop(rng.randrange(len(running)))
             both("free", lambda side, request: side.free(request), pairs[request_id])
