@@ -27,7 +27,14 @@ from typing import Any
 
 from pagedkv.block import KVCacheBlock
 from pagedkv.block_counts import cdiv, fits, num_full_blocks, num_new_blocks, num_required_blocks
-from pagedkv.block_hash import Sha256Memo, hash_request_tokens
+from pagedkv.block_hash import (
+    Sha256Memo,
+    chain_block_hashes,
+    first_mm_input,
+    generate_block_hash_extra_keys,
+    hash_request_tokens,
+    need_extra_keys,
+)
 from pagedkv.block_pool import BlockPool
 from pagedkv.call_arguments import (
     MANAGER,
@@ -59,7 +66,7 @@ from pagedkv.vocab.errors import (
     InvalidArgumentError,
     InvariantViolation,
 )
-from pagedkv.vocab.hashes import BlockHashType, cache_key, get_hash_fn, sha256
+from pagedkv.vocab.hashes import BlockHashType, ExtraKey, cache_key, get_hash_fn, sha256
 from pagedkv.vocab.kv_cache_interface import KVCacheConfig, MambaSpec
 from pagedkv.vocab.kv_events import KVCacheEvent
 from pagedkv.vocab.prefix_cache_stats import PrefixCacheStats
@@ -1047,14 +1054,33 @@ class KVCacheManager:
     # -- several block sizes with caching ------------------------------------------------------
 
     def _extend_chain(self, request: Request, stored: list[BlockHashType], num_tokens: int) -> None:
-        """The stored chain (at H) covers the request's first `num_tokens` tokens.
-        Complexity: O(num_tokens) when it grows, else O(1)."""
-        needed = num_tokens // self._hash_block_size
-        if len(stored) < needed:
-            chain = hash_request_tokens(
-                self.caching_hash_fn, self._hash_block_size, request, mm_position=self._mm_position
+        """The stored chain (at H) covers the request's first `num_tokens` tokens: the chunks
+        it lacks are hashed, chained to its last. Complexity: O(the tokens hashed) plus the
+        hash function."""
+        hash_size = self._hash_block_size
+        have, needed = len(stored), num_tokens // hash_size
+        if have >= needed:
+            return
+        extra_keys: list[tuple[ExtraKey, ...] | None] | None = None
+        if need_extra_keys(request):
+            extra_keys = []
+            mm_idx = first_mm_input(request.mm_positions, have * hash_size)
+            for start in range(have * hash_size, needed * hash_size, hash_size):
+                keys, mm_idx = generate_block_hash_extra_keys(
+                    request, start, start + hash_size, mm_idx, mm_position=self._mm_position
+                )
+                extra_keys.append(keys)
+        stored.extend(
+            chain_block_hashes(
+                self.caching_hash_fn,
+                stored[-1].hash_value if stored else None,
+                list(request.all_token_ids[have * hash_size : needed * hash_size]),
+                0,
+                needed - have,
+                hash_size,
+                extra_keys,
             )
-            stored.extend(chain[len(stored) : needed])
+        )
 
     def _mixed_lookup(
         self, request: Request, block_hashes: list[BlockHashType]

@@ -35,6 +35,7 @@ from pagedkv import KVCacheManager, PagedKVError, Request
 from pagedkv.spec.manager import SpecKVCacheManager
 from pagedkv.vocab.errors import InvariantViolation, KVCacheConfigError
 from pagedkv.vocab.kv_cache_interface import KVCacheConfig, KVCacheSpec, SlidingWindowSpec
+from pagedkv.vocab.request import PlaceholderRange
 from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_8_5, VLLM_0_32, VLLM_0_33, Semantics
 
 SIDES = ("spec", "impl")
@@ -458,11 +459,25 @@ class MixedRun(Run):
         self.seen: Counter[str] = Counter()
 
     def arrive(self) -> None:
+        """A request sharing a prefix, or not; a few with a LoRA id, a cache salt or an image
+        (extra keys: each H-chunk of the chain has its own)."""
         rng = self.rng
         prefix = rng.choice((*self.prefixes, []))
         extra = [rng.choice((1, 2, 3)) for _ in range(rng.randint(1, self.sched_size + 2))]
+        tokens = prefix + extra
         self.arrivals += 1
-        self.waiting.append(Request(f"r{self.arrivals}", prefix + extra))
+        kwargs: dict[str, Any] = {}
+        kind = rng.randrange(8)
+        if kind == 0:
+            kwargs["lora_id"] = rng.choice((1, 2))
+        elif kind == 1:
+            kwargs["cache_salt"] = rng.choice(("a", "b"))
+        elif kind == 2 and len(tokens) > 2:
+            offset = rng.randrange(len(tokens) - 1)
+            length = rng.randint(1, len(tokens) - offset)
+            kwargs["mm_positions"] = [PlaceholderRange(offset=offset, length=length)]
+            kwargs["mm_hashes"] = [rng.choice(("img0", "img1"))]
+        self.waiting.append(Request(f"r{self.arrivals}", tokens, **kwargs))
 
     def call(self, what: Callable[[Side], object]) -> tuple[bool, object]:
         result = super().call(what)
