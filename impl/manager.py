@@ -142,9 +142,10 @@ class KVCacheManager:
     Invariants: `check_invariants()`, mirroring the spec's manager.
 
     Args:
-        kv_cache_config: one or more KV cache groups of one block size, each of an attention
-            type the registry of per-type managers serves (full attention, sliding window,
-            chunked local attention).
+        kv_cache_config: one or more KV cache groups, each of an attention type the registry
+            of per-type managers serves (full attention, sliding window, chunked local
+            attention, Mamba with caching off); with caching, groups of several block sizes
+            as docs/semantics.md, "Several block sizes with caching", states.
         max_model_len: the longest request, in tokens.
         enable_caching: prefix caching on or off.
         caching_hash_algo: "sha256" (pagedkv's default; memoized, see `SHA256_MEMO_TOKENS`)
@@ -168,8 +169,10 @@ class KVCacheManager:
 
     Raises:
         ArgumentTypeError, InvalidArgumentError: an argument of the wrong type or value.
-        KVCacheConfigError: groups of different block sizes, a spec no per-type manager serves,
-            EAGLE with chunked local attention, or a vLLM 0.8.5 switch with several groups.
+        KVCacheConfigError: groups of different block sizes with caching outside the domain
+            served (`refusals.groups_of_several_block_sizes`,
+            `refusals.group_block_size_unserved`), a spec no per-type manager serves, EAGLE
+            with chunked local attention, or a vLLM 0.8.5 switch with several groups.
     """
 
     offload_tier: OffloadTier | None = None
@@ -262,8 +265,9 @@ class KVCacheManager:
         self._admission_caps = tuple(
             spec.max_admission_blocks(max_model_len, in_flight) for spec in specs
         )
-        # Groups whose block counts differ (several block sizes, or a group with extra blocks:
-        # both only with caching off) take the per-group path (`_allocate_per_group`).
+        # Groups whose block counts differ (several block sizes, or a group with extra blocks,
+        # which needs caching off) take the per-group path (`_allocate_per_group`, with
+        # caching `_allocate_mixed`).
         self._per_group = len({manager.block_size for manager in single_type_managers}) > 1 or any(
             manager.extra_blocks for manager in single_type_managers
         )
@@ -363,7 +367,8 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
         """The cached blocks a waiting request can reuse in every group, and how many tokens
-        they hold (the same number of blocks in every group).
+        they hold (the same number of blocks in every group; with several block sizes,
+        `tokens / B_g` in group g, tokens a multiple of their LCM).
 
         Hashes every full block of the request once and stores the list (one chain for every
         group). No hit when caching is off or the request wants prompt logprobs. When every

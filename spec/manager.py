@@ -5,10 +5,12 @@ A model with several attention types (full attention, sliding window, chunked lo
 states) has one KV cache group per type; each group's per-type manager
 (`pagedkv.spec.single_type`) keeps its block table over the one pool: a request holds one
 block-id list per group, position p of every list covering the same tokens when the groups
-share one block size (with caching off they may not: each list then covers the same token slots
-in blocks of its group's size, plus a Mamba group's speculative blocks). Blocks are cached per
-group (index key `GroupKey(g, hash)`, plain `hash` for group 0) under the request's one chain of
-hashes, which this manager stores.
+share one block size (else each list covers the same token slots in blocks of its group's size,
+plus a Mamba group's speculative blocks). Blocks are cached per group (index key
+`GroupKey(g, hash)`, plain `hash` for group 0) under the request's one chain of hashes, which
+this manager stores: at the block size, or with several block sizes and caching at their GCD H,
+each group keying its block by the chain hash at the block's end, hits and cached prefixes then
+multiples of their LCM S (docs/semantics.md, "Several block sizes with caching").
 
 - **A hit covers the same token prefix in every group.** With one group it is the group's own
   longest hit (with EAGLE found for EAGLE, then less its last block). With several, the longest
