@@ -35,7 +35,7 @@ from pagedkv.vocab.kv_cache_interface import (
     MambaSpec,
 )
 from pagedkv.vocab.request import Request
-from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_33, Semantics
+from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_32, VLLM_0_33, Semantics
 
 IsBlock = Callable[[object], bool] | type
 """Whether a value is a block in one side's terms: a predicate (an int block id), or the block
@@ -265,14 +265,14 @@ def _check_several_block_sizes(
     semantics: Semantics,
     events: object,
 ) -> None:
-    """Groups of several block sizes with caching: pagedkv's or vLLM 0.33's semantics, no
+    """Groups of several block sizes with caching: pagedkv's, vLLM 0.33's or 0.32's semantics, no
     EAGLE, no events, chunked attention at S (the spec's `check_several_block_sizes`, in its
     order). Complexity: O(groups)."""
-    if semantics not in (PAGEDKV, VLLM_0_33):
+    if semantics not in (PAGEDKV, VLLM_0_33, VLLM_0_32):
         raise refusals.groups_of_several_block_sizes(
             block_sizes,
-            "under the semantics 'pagedkv' and 'vllm-0.33' (the behaviour checked against "
-            f"vLLM 0.33.0), not {semantics.name}",
+            "under the semantics 'pagedkv', 'vllm-0.33' and 'vllm-0.32' (the behaviour "
+            f"checked against vLLM 0.33.0 and 0.32.0), not {semantics.name}",
         )
     if use_eagle:
         raise refusals.groups_of_several_block_sizes(

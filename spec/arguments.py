@@ -31,7 +31,7 @@ from pagedkv.vocab.kv_cache_interface import (
     MambaSpec,
 )
 from pagedkv.vocab.request import Request
-from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_33, Semantics
+from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_32, VLLM_0_33, Semantics
 
 VLLM_0_8_5_ONLY = (
     "capacity_counts_null_blocks",
@@ -209,15 +209,16 @@ def check_several_block_sizes(
     config: KVCacheConfig, use_eagle: object, semantics: Semantics, events: object
 ) -> None:
     """Groups of several block sizes with prefix caching (KVCacheConfigError), in order: the
-    semantics are pagedkv's or vLLM 0.33's (the behaviour checked against vLLM 0.33.0); no
+    semantics are pagedkv's, vLLM 0.33's or vLLM 0.32's (the behaviour checked against vLLM
+    0.33.0 and 0.32.0); no
     EAGLE; no KV cache events; then group by group (Mamba groups are refused after), a chunked
     group's block size is the scheduler block size S (the LCM)."""
     sizes = sorted(set(config.block_sizes))
-    if semantics not in (PAGEDKV, VLLM_0_33):
+    if semantics not in (PAGEDKV, VLLM_0_33, VLLM_0_32):
         raise refusals.groups_of_several_block_sizes(
             sizes,
-            "under the semantics 'pagedkv' and 'vllm-0.33' (the behaviour checked against "
-            f"vLLM 0.33.0), not {semantics.name}",
+            "under the semantics 'pagedkv', 'vllm-0.33' and 'vllm-0.32' (the behaviour "
+            f"checked against vLLM 0.33.0 and 0.32.0), not {semantics.name}",
         )
     if use_eagle:
         raise refusals.groups_of_several_block_sizes(

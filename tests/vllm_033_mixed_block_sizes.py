@@ -1,7 +1,7 @@
-"""vLLM 0.33.0's own `KVCacheManager` against pagedkv's on KV cache groups of several block sizes
-with prefix caching (no EAGLE), step by step.
+"""vLLM 0.33.0's (or 0.32.0's) own `KVCacheManager` against pagedkv's on KV cache groups of
+several block sizes with prefix caching (no EAGLE), step by step.
 
-    python tests/vllm_033_mixed_block_sizes.py < cases.json
+    python tests/vllm_033_mixed_block_sizes.py [0.33.0|0.32.0] < cases.json
 
 Each case on stdin names the groups (`groups`: `["full", B]`, `["window", B, W]` or
 `["chunked", B, C]`), the pool (`num_blocks`), the retention interval (`retention`, null for
@@ -12,7 +12,8 @@ prefill, decode steps, preemption on a full pool, `evict_blocks` (a failed load'
 After every call the answers (hits, hit tokens, new block ids per group) and the state (the free
 queue head to tail, which blocks carry a primary hash, every request's block ids per group, how
 many secondary "partial" keys index each block, the index's entries) must be equal. pagedkv
-runs `KVCacheManager` under `vllm-0.33` with its invariants checked after each call. Prints one
+runs `KVCacheManager` under `vllm-0.33` (`vllm-0.32`) with its invariants checked after each
+call. Prints one
 JSON line: per case the calls compared and the hits seen, or the first difference. Exit status
 3: the package index is unreachable and nothing is cached.
 """
@@ -40,9 +41,11 @@ from pagedkv.vocab.kv_cache_interface import (
     KVCacheTensor,
     SlidingWindowSpec,
 )
-from pagedkv.vocab.semantics import VLLM_0_33
+from pagedkv.vocab.semantics import VLLM_0_32, VLLM_0_33
 
 MAX_MODEL_LEN = 1024
+RELEASE = sys.argv[1] if len(sys.argv) > 1 else "0.33.0"
+"""The release checked, "0.33.0" or "0.32.0" (pagedkv under `vllm-0.33` or `vllm-0.32`)."""
 
 
 def pagedkv_spec(group: list[Any]) -> KVCacheSpec:
@@ -94,7 +97,7 @@ class Vllm:
             kv_cache_tensors=[],
             kv_cache_groups=groups,
             prefix_cache_retention_interval=retention,
-            hash_block_size=hash_size,
+            **({"hash_block_size": hash_size} if RELEASE == "0.33.0" else {}),
         )
         self.manager = VllmManager(
             config,
@@ -185,7 +188,7 @@ class Pagedkv:
         self.manager = KVCacheManager(
             pagedkv_config(specs, num_blocks, retention),
             MAX_MODEL_LEN,
-            semantics=VLLM_0_33,
+            semantics=VLLM_0_33 if RELEASE == "0.33.0" else VLLM_0_32,
             debug_invariants=True,
         )
         self.hits: Any = None
@@ -356,7 +359,12 @@ def check(case: dict[str, Any]) -> dict[str, Any]:
 def main() -> int:
     cases = json.load(sys.stdin)
     try:
-        root = source_tree("0.33.0", PLANNING_MODULES, PLANNING_STAND_INS)
+        if RELEASE == "0.32.0":
+            from pagedkv.harness.vllm import v0_32
+
+            root = source_tree("0.32.0", v0_32.MODULES, v0_32.STAND_INS)
+        else:
+            root = source_tree("0.33.0", PLANNING_MODULES, PLANNING_STAND_INS)
     except FetchError as error:
         print(json.dumps({"setup_error": str(error)}))
         return UNREACHABLE if _unreachable(error) else 2
