@@ -38,7 +38,7 @@ from pagedkv.vocab.errors import (
     InvariantViolation,
     NoFreeBlocksError,
 )
-from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey, HashFn
+from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey, HashFn, key_group
 from pagedkv.vocab.kv_events import AllBlocksCleared, KVCacheEvent, KVEventReplayError
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import PAGEDKV, Semantics
@@ -230,12 +230,21 @@ class BlockPool:
                 del cached[block.block_id]
                 if not cached:
                     del self.cached_block_hash_to_block[key]
+                    if self.enable_kv_cache_events:
+                        self.kv_event_queue.append(block_removed(key))
 
-    def add_partial_key_locked(self, block: KVCacheBlock, key: CacheKey) -> None:
+    def add_partial_key_locked(
+        self,
+        block: KVCacheBlock,
+        key: CacheKey,
+        parent: int | None = None,
+        lora_id: int | None = None,
+    ) -> None:
         """Index the held `block` under `key` too (the spec pool's `add_partial_key_unchecked`:
         vLLM 0.33's `cache_partial_block`): a secondary key of a hashed block, removed with its
         hash; its hash if it has none. Nothing for the null block or a key it carries already.
-        Complexity: O(the block's partial keys)."""
+        A key new to the index is announced by a BlockStored of its one hash block (`parent`:
+        the hash value before it). Complexity: O(the block's partial keys)."""
         if block is self.null_block or block._block_hash == key:
             return
         keys = self.partial_keys.get(block.block_id)
@@ -247,6 +256,11 @@ class BlockPool:
             self.partial_keys[block.block_id] = [key]
         else:
             keys.append(key)
+        if self.enable_kv_cache_events and key not in self.cached_block_hash_to_block:
+            chunk = key.block_hash if isinstance(key, GroupKey) else key
+            self.kv_event_queue.append(
+                block_stored([chunk], parent, len(chunk.token_ids), lora_id, key_group(key))
+            )
         self.cached_block_hash_to_block.setdefault(key, {})[block.block_id] = block
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -749,10 +763,33 @@ class BlockPool:
                 continue
             first, last = positions[start], positions[end - 1]
             parent = first_parent if first == num_cached_blocks else chain[first - 1].hash_value
+            run = chain[first : last + 1]
+            if len(run[0].token_ids) != block_size:  # keys of several hash blocks each
+                run = self._event_keys(request, run, first, block_size)
             self.kv_event_queue.append(
-                block_stored(chain[first : last + 1], parent, block_size, request.lora_id, group_id)
+                block_stored(run, parent, block_size, request.lora_id, group_id)
             )
             start = end
+
+    def _event_keys(
+        self, request: Request, run: list[BlockHashType], first: int, block_size: int
+    ) -> list[BlockHashType]:
+        """What events publish for blocks `first`, ... of several hash blocks each (groups of
+        several block sizes: a key is the chain hash at its block's end, over its last H
+        tokens): each key's hash value with all its block's tokens and their extra keys.
+        Complexity: O(the run's tokens + multimodal inputs)."""
+        token_ids = request.all_token_ids
+        keys = []
+        mm_idx = first_mm_input(request.mm_positions, first * block_size)
+        mm_position = not self.semantics.mm_keys_without_position
+        for offset, key in enumerate(run):
+            start = (first + offset) * block_size
+            extra_keys, mm_idx = generate_block_hash_extra_keys(
+                request, start, start + block_size, mm_idx, mm_position=mm_position
+            )
+            tokens = tuple(token_ids[start : start + block_size])
+            keys.append(BlockHashType(key.hash_value, tokens, extra_keys))
+        return keys
 
     def _check_blocks_to_cache(
         self,

@@ -237,7 +237,7 @@ def check_manager(
     block_sizes = sorted({group.kv_cache_spec.block_size for group in config.kv_cache_groups})
     if len(block_sizes) != 1 and enable_caching:
         checked = require_instance(MANAGER, "semantics", semantics, Semantics)
-        _check_several_block_sizes(config, block_sizes, use_eagle, checked, enable_kv_cache_events)
+        _check_several_block_sizes(config, block_sizes, use_eagle, checked)
     for group, group_spec in enumerate(config.kv_cache_groups):
         spec = group_spec.kv_cache_spec
         if isinstance(spec, MambaSpec) and (spec.mamba_cache_mode != "none" or enable_caching):
@@ -263,10 +263,9 @@ def _check_several_block_sizes(
     block_sizes: list[int],
     use_eagle: object,
     semantics: Semantics,
-    events: object,
 ) -> None:
     """Groups of several block sizes with caching: pagedkv's, vLLM 0.33's or 0.32's semantics, no
-    EAGLE, no events, chunked attention at S (the spec's `check_several_block_sizes`, in its
+    EAGLE, chunked attention at S (the spec's `check_several_block_sizes`, in its
     order). Complexity: O(groups)."""
     if semantics not in (PAGEDKV, VLLM_0_33, VLLM_0_32):
         raise refusals.groups_of_several_block_sizes(
@@ -279,12 +278,6 @@ def _check_several_block_sizes(
             block_sizes,
             "without EAGLE (vLLM 0.33 drops a block of each group's own size, then rounds the "
             "hit down to their LCM: not modelled yet)",
-        )
-    if events:
-        raise refusals.groups_of_several_block_sizes(
-            block_sizes,
-            "with KV cache events off (a larger block is keyed by the hash at its last "
-            "hash-block boundary, which pagedkv does not publish as vLLM 0.33 does yet)",
         )
     sizes = {"S": config.scheduler_block_size}
     names = {"S": "scheduler block size"}

@@ -1252,9 +1252,12 @@ class KVCacheManager:
         held = manager.req_to_blocks[request.request_id]
         if boundary // block_size >= len(held):
             return
-        block_hash = self.req_to_block_hashes[request.request_id][boundary // hash_size - 1]
+        chain = self.req_to_block_hashes[request.request_id]
         self.block_pool.add_partial_key_locked(
-            held[boundary // block_size], cache_key(block_hash, manager.group_id)
+            held[boundary // block_size],
+            cache_key(chain[boundary // hash_size - 1], manager.group_id),
+            chain[boundary // hash_size - 2].hash_value if boundary > hash_size else None,
+            request.lora_id,
         )
 
     def _check_hits(

@@ -195,7 +195,7 @@ def check_manager(
     block_sizes = sorted({group.kv_cache_spec.block_size for group in config.kv_cache_groups})
     if len(block_sizes) != 1 and enable_caching:
         checked_semantics = require_instance(MANAGER, "semantics", semantics, Semantics)
-        check_several_block_sizes(config, use_eagle, checked_semantics, enable_kv_cache_events)
+        check_several_block_sizes(config, use_eagle, checked_semantics)
     for group, group_spec in enumerate(config.kv_cache_groups):
         spec = group_spec.kv_cache_spec
         if isinstance(spec, MambaSpec) and (spec.mamba_cache_mode != "none" or enable_caching):
@@ -206,13 +206,12 @@ def check_manager(
 
 
 def check_several_block_sizes(
-    config: KVCacheConfig, use_eagle: object, semantics: Semantics, events: object
+    config: KVCacheConfig, use_eagle: object, semantics: Semantics
 ) -> None:
     """Groups of several block sizes with prefix caching (KVCacheConfigError), in order: the
     semantics are pagedkv's, vLLM 0.33's or vLLM 0.32's (the behaviour checked against vLLM
-    0.33.0 and 0.32.0); no
-    EAGLE; no KV cache events; then group by group (Mamba groups are refused after), a chunked
-    group's block size is the scheduler block size S (the LCM)."""
+    0.33.0 and 0.32.0); no EAGLE; then group by group (Mamba groups are refused after), a
+    chunked group's block size is the scheduler block size S (the LCM)."""
     sizes = sorted(set(config.block_sizes))
     if semantics not in (PAGEDKV, VLLM_0_33, VLLM_0_32):
         raise refusals.groups_of_several_block_sizes(
@@ -225,12 +224,6 @@ def check_several_block_sizes(
             sizes,
             "without EAGLE (vLLM 0.33 drops a block of each group's own size, then rounds the "
             "hit down to their LCM: not modelled yet)",
-        )
-    if events:
-        raise refusals.groups_of_several_block_sizes(
-            sizes,
-            "with KV cache events off (a larger block is keyed by the hash at its last "
-            "hash-block boundary, which pagedkv does not publish as vLLM 0.33 does yet)",
         )
     scheduler_size = config.scheduler_block_size
     for group, group_spec in enumerate(config.kv_cache_groups):

@@ -538,11 +538,19 @@ class SpecBlockPool:
         if not 0 <= block_id < self.num_gpu_blocks:
             raise refusals.foreign_block(block_id)
 
-    def add_partial_key_unchecked(self, block_id: int, key: CacheKey) -> None:
+    def add_partial_key_unchecked(
+        self,
+        block_id: int,
+        key: CacheKey,
+        parent: int | None = None,
+        lora_id: int | None = None,
+    ) -> None:
         """Index the held block `block_id` under `key` too (vLLM 0.33's `cache_partial_block`
         for a full-attention block above the hash block size): as a secondary key of a hashed
         block, removed with its hash; as its hash if it has none (`evict_blocks` took it).
-        Nothing if the block is the null block or carries the key already."""
+        Nothing if the block is the null block or carries the key already. A key new to the
+        index is announced by a BlockStored of its one hash block (its tokens, `parent` the
+        hash value before it, the request's `lora_id`), as vLLM 0.33 announces it."""
         if block_id == NULL_BLOCK_ID or key == self.block_hash[block_id]:
             return
         if key in self.partial_keys.get(block_id, ()):
@@ -553,6 +561,19 @@ class SpecBlockPool:
             self.partial_hashed.add(block_id)
         else:
             self.partial_keys.setdefault(block_id, []).append(key)
+        if self.enable_kv_cache_events and key not in self.index:
+            chunk = key_hash(key)
+            self.events.append(
+                BlockStored(
+                    block_hashes=(chunk.hash_value,),
+                    parent_block_hash=parent,
+                    token_ids=chunk.token_ids,
+                    block_size=len(chunk.token_ids),
+                    lora_id=lora_id,
+                    extra_keys=(published_keys(chunk),),
+                    group_idx=key_group(key),
+                )
+            )
         self.index[key] = (*self.index.get(key, ()), block_id)
 
     def _drop_partial_keys(self, block_id: int) -> None:
@@ -596,7 +617,7 @@ class SpecBlockPool:
         for run in runs:
             first = run[0]
             parent = first_parent if first == num_cached_blocks else chain[first - 1].hash_value
-            keys = [chain[position] for position in run]
+            keys = [self._event_key(request, chain[p], p, block_size) for p in run]
             self.events.append(
                 BlockStored(
                     block_hashes=tuple(key.hash_value for key in keys),
@@ -608,6 +629,21 @@ class SpecBlockPool:
                     group_idx=group_id,
                 )
             )
+
+    def _event_key(
+        self, request: Request, key: BlockHashType, position: int, block_size: int
+    ) -> BlockHashType:
+        """The key an event publishes for the block at `position`: its own, or, for a block of
+        several hash blocks (groups of several block sizes: its key is the chain hash at its
+        end, over its last H tokens), that hash value with all the block's tokens and their
+        extra keys."""
+        if len(key.token_ids) == block_size:
+            return key
+        start, end = position * block_size, (position + 1) * block_size
+        extra_keys = block_extra_keys(
+            request, start, end, mm_position=not self.semantics.mm_keys_without_position
+        )
+        return BlockHashType(key.hash_value, tuple(request.all_token_ids[start:end]), extra_keys)
 
     def _transition(self, block_id: int, event: Event) -> _Transition:
         return _Transition(self, block_id, event)

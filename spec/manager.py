@@ -1356,7 +1356,10 @@ class SpecKVCacheManager:
             return
         stored = self.hashes[request.request_id]
         key = cache_key(stored[boundary // hash_size - 1], group)
-        self.pool.add_partial_key_unchecked(held[boundary // block_size], key)
+        parent = stored[boundary // hash_size - 2].hash_value if boundary > hash_size else None
+        self.pool.add_partial_key_unchecked(
+            held[boundary // block_size], key, parent, request.lora_id
+        )
 
     def _check_mixed_request(self, request_id: str, held: GroupBlocks) -> None:
         """With several block sizes and caching: every group has cached the same prefix, a

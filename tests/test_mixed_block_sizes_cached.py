@@ -35,6 +35,7 @@ from pagedkv import KVCacheManager, PagedKVError, Request
 from pagedkv.spec.manager import SpecKVCacheManager
 from pagedkv.vocab.errors import InvariantViolation, KVCacheConfigError
 from pagedkv.vocab.kv_cache_interface import KVCacheConfig, KVCacheSpec, SlidingWindowSpec
+from pagedkv.vocab.kv_events import BlockStored
 from pagedkv.vocab.request import PlaceholderRange
 from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_8_5, VLLM_0_32, VLLM_0_33, Semantics
 
@@ -234,6 +235,39 @@ def test_full_attention_above_H_adds_vllms_partial_key_under_vllm_0_33(side: str
 
 
 @pytest.mark.parametrize("side", SIDES)
+def test_events_publish_each_groups_blocks_and_the_partial_key(side: str) -> None:
+    # Full 32 / window 16 (H = 16, S = 32), a 56-token prompt, then 8 decode steps, vllm-0.33.
+    manager = make(
+        side,
+        config(24, full(32), window(32, block_size=16)),
+        256,
+        semantics=VLLM_0_33,
+        enable_kv_cache_events=True,
+    )
+    request = Request("a", tokens(56), lora_id=3)
+    admit(manager, request)
+    decode(manager, request, 8)
+    events = manager.take_events()
+    stored = [event for event in events if isinstance(event, BlockStored)]
+    by_group = {event.group_idx: event for event in stored if event.block_size != 16}
+    # Full attention's blocks: 32 tokens each, keyed by the chain hash at their ends.
+    assert (
+        [event.token_ids for event in stored if event.group_idx == 0]
+        == [
+            tuple(tokens(32)),
+            (*tokens(56)[32:], *[7] * 8),  # decode() samples 7s
+            tuple(tokens(56)[32:48]),  # the partial key: the 16 tokens before the prompt's boundary
+        ]
+    )
+    assert [event.block_size for event in stored if event.group_idx == 0] == [32, 32, 16]
+    assert by_group[0].lora_id == 3
+    windowed = [event for event in stored if event.group_idx == 1]
+    assert sum(len(event.block_hashes) for event in windowed) == 4
+    assert all(event.block_size == 16 for event in windowed)
+    manager.check_invariants()
+
+
+@pytest.mark.parametrize("side", SIDES)
 def test_a_window_shortens_the_hit_in_S_steps_and_full_attention_is_cut(side: str) -> None:
     # Three groups of sizes 16 / 64 / 16: S = 64.
     kv_config = config(96, full(16), window(128, block_size=64), full(16))
@@ -315,13 +349,6 @@ CONFIGS: dict[str, tuple[list[KVCacheSpec], dict[str, Any], str]] = {
         "KVCacheManager with prefix caching serves groups of several block sizes ([16, 32]) "
         "only without EAGLE (vLLM 0.33 drops a block of each group's own size, then rounds the "
         "hit down to their LCM: not modelled yet)",
-    ),
-    "KV cache events": (
-        [full(16), window(64, block_size=32)],
-        {"enable_kv_cache_events": True},
-        "KVCacheManager with prefix caching serves groups of several block sizes ([16, 32]) "
-        "only with KV cache events off (a larger block is keyed by the hash at its last "
-        "hash-block boundary, which pagedkv does not publish as vLLM 0.33 does yet)",
     ),
     "vLLM 0.8.5": (
         [full(16), window(64, block_size=32)],
@@ -441,6 +468,7 @@ class MixedRun(Run):
         kv_config = mixed_config(rng, hash_size, sched_size, rng.random() < 0.6)
         self.max_model_len = 6 * sched_size + 8
         kwargs: dict[str, Any] = {"log_stats": True, "semantics": semantics}
+        kwargs["enable_kv_cache_events"] = rng.random() < 0.5
         if any(
             isinstance(group.kv_cache_spec, SlidingWindowSpec)
             for group in kv_config.kv_cache_groups
