@@ -1190,9 +1190,12 @@ class KVCacheManager:
     ) -> None:
         """Several block sizes with caching: the group caches its positions within
         `cache_tokens` (a multiple of S) under its view of the request's `chain` (extended to
-        them first), `num_cached` (its hits) counting as cached until it has a count; then its
-        partial key under `partial_prefix_keys`. Complexity: as the group's `cache_blocks`."""
-        self._extend_chain(request, chain, cache_tokens)
+        them and to the positions counted as cached first), `num_cached` (its hits) counting as
+        cached until it has a count; then its partial key under `partial_prefix_keys`.
+        Complexity: as the group's `cache_blocks`."""
+        # Stored hashes cover the cached positions, adopted null ones included.
+        counted = manager.num_cached_block.get(request.request_id, num_cached)
+        self._extend_chain(request, chain, max(cache_tokens, counted * manager.block_size))
         manager.cache_blocks(
             request,
             group_view(chain, manager.block_size, self._hash_block_size),

@@ -892,7 +892,11 @@ class SpecKVCacheManager:
             if self.enable_caching and not step.delay_cache:
                 stored = self.hashes.setdefault(request_id, [])
                 if step.cache_tokens is not None:  # several block sizes: the group's view
-                    self._extend_chain(request, stored, step.cache_tokens)
+                    # Stored hashes cover the cached positions, adopted null ones included.
+                    counted = manager.num_cached.get(request_id, len(step.hits[group]))
+                    self._extend_chain(
+                        request, stored, max(step.cache_tokens, counted * manager.block_size)
+                    )
                     left_out = manager.cache_blocks(
                         request,
                         self.group_keys(group, stored),
