@@ -680,3 +680,13 @@ def test_vllm_itself_serves_the_same_blocks_step_by_step(release: str) -> None:
         assert "difference" not in result, (case, result)
         assert result["calls"] >= 150 and result["admitted with hits"] >= 5, (case, result)
         assert result["admitted with external tokens"] >= 3, (case, result)
+
+
+def test_adopted_nulls_past_the_s_boundary_are_covered_by_stored_hashes() -> None:
+    """Regression (a sweep's seed 1004): under pagedkv's semantics external tokens push a
+    window's hits out past the computed tokens rounded down to S; its adopted null positions
+    count as cached, so the stored chain must cover them."""
+    run = MixedRun(1004, LAYOUTS[1004 % len(LAYOUTS)], PAGEDKV)
+    for _ in range(80):
+        run.step()
+    run.finish()
