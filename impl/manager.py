@@ -506,10 +506,10 @@ class KVCacheManager:
                 group; hits with caching off; more tokens scheduled than the request has.
             RequestError: another Request object uses the id; num_computed_tokens outside the
                 request's slots; hits or external tokens for a request that already holds
-                blocks or computed tokens; hits of unequal
-                lengths; a hit that is not the request's cached block of its group at its
-                position, or a hit of a shape its group's attention cannot produce; fewer full
-                blocks than already cached.
+                blocks or computed tokens; hits of unequal lengths (several block sizes
+                with caching: covering unequal tokens); a hit that is not the request's
+                cached block of its group at its position, or a hit of a shape its group's
+                attention cannot produce; fewer full blocks than already cached.
             BlockStateError: a hit that does not belong to the pool, or a null hit in a full
                 attention group.
             MaxModelLenExceededError: the request would need more than

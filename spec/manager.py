@@ -622,8 +622,9 @@ class SpecKVCacheManager:
           6. external tokens only for a request that holds no blocks and has no computed
              tokens (RequestError), and no Mamba group (InvalidArgumentError);
           7. if there are hits: caching is on (InvalidArgumentError); the request holds no
-             blocks and has no computed tokens; every group has as many hits; there are no more
-             hits than stored hashes (RequestError); then group by group, each hit, in order,
+             blocks and has no computed tokens; every group has as many hits (several block
+             sizes with caching: hits covering as many tokens); there are no more hits than
+             stored hashes (RequestError); then group by group, each hit, in order,
              is a block of the pool (BlockStateError), is the null block only if the group's
              attention allows null blocks (BlockStateError), and unless it is the null block
              is cached in the group under the request's stored hash at its position

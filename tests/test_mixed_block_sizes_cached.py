@@ -203,9 +203,7 @@ def test_full_attention_above_H_is_keyed_at_its_blocks_ends(side: str) -> None:
 
 
 def partial_keys(manager: Side) -> dict[int, int]:
-    """Block id -> how many secondary (partial) keys index it."""
-    if isinstance(manager, SpecIds):
-        return {block: len(keys) for block, keys in manager.pool.partial_keys.items()}
+    """Block id -> how many secondary (partial) keys index it (both pools keep them by id)."""
     return {block: len(keys) for block, keys in manager.pool.partial_keys.items()}
 
 
