@@ -935,6 +935,12 @@ class KVCacheManager:
             # vLLM 0.33 counts an adopted prefix as cached, even with caching off.
             for manager, count in zip(managers, num_adopted, strict=True):
                 manager.num_cached_block.setdefault(request_id, count)
+        if self._mixed_cached:  # stored hashes cover the positions counted as cached
+            self._extend_chain(
+                request,
+                self.req_to_block_hashes.setdefault(request_id, []),
+                max(m.num_cached_block.get(request_id, 0) * m.block_size for m in managers),
+            )
         self._adopt_then_load(request_id, adopted, num_computed if num_external else 0)
         self._track(request_id, request)
         num_free = pool.get_num_free_blocks()
@@ -1194,7 +1200,14 @@ class KVCacheManager:
         cached until it has a count; then its partial key under `partial_prefix_keys`.
         Complexity: as the group's `cache_blocks`."""
         # Stored hashes cover the cached positions, adopted null ones included.
-        counted = manager.num_cached_block.get(request.request_id, num_cached)
+        counted = manager.num_cached_block.get(request.request_id)
+        if counted is not None and cache_tokens // manager.block_size <= counted:
+            # Nothing to cache (a decode step inside an S span): the count stays.
+            self._extend_chain(request, chain, counted * manager.block_size)
+            if self._partial_keys:
+                self._cache_partial_tail(request, manager, cache_tokens)
+            return
+        counted = num_cached if counted is None else counted
         self._extend_chain(request, chain, max(cache_tokens, counted * manager.block_size))
         manager.cache_blocks(
             request,

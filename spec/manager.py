@@ -863,6 +863,9 @@ class SpecKVCacheManager:
             if step.num_external or group_hits:
                 # vLLM 0.33 counts an adopted prefix as cached, even with caching off.
                 manager.num_cached.setdefault(request_id, len(group_hits))
+        if self.mixed_cached:  # stored hashes cover the positions counted as cached
+            covered = max(m.num_cached.get(request_id, 0) * m.block_size for m in self.managers)
+            self._extend_chain(request, self.hashes.setdefault(request_id, []), covered)
         if step.num_external:
             for group, manager in enumerate(self.managers):
                 num_blocks = len(manager.blocks[request_id])
@@ -1227,9 +1230,10 @@ class SpecKVCacheManager:
 
     def _extend_chain(self, request: Request, stored: list[BlockHashType], num_tokens: int) -> None:
         """The stored chain covers the request's first `num_tokens` tokens (its H-chunks)."""
-        needed = num_tokens // self.hash_block_size
-        if len(stored) < needed:
-            stored.extend(self._chain(request)[len(stored) : needed])
+        needed, recorded = num_tokens // self.hash_block_size, len(stored)
+        if recorded < needed:
+            stored.extend(self._chain(request)[recorded:needed])
+            self._record_parents(stored, recorded)
 
     def _mixed_lookup(
         self, request: Request, stored: list[BlockHashType]

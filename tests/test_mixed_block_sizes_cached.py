@@ -680,11 +680,12 @@ def test_vllm_itself_serves_the_same_blocks_step_by_step(release: str) -> None:
         assert result["admitted with external tokens"] >= 3, (case, result)
 
 
-def test_adopted_nulls_past_the_s_boundary_are_covered_by_stored_hashes() -> None:
-    """Regression (a sweep's seed 1004): under pagedkv's semantics external tokens push a
-    window's hits out past the computed tokens rounded down to S; its adopted null positions
-    count as cached, so the stored chain must cover them."""
-    run = MixedRun(1004, LAYOUTS[1004 % len(LAYOUTS)], PAGEDKV)
-    for _ in range(80):
+@pytest.mark.parametrize("seed", [1004, 5224])
+def test_adopted_nulls_past_the_s_boundary_are_covered_by_stored_hashes(seed: int) -> None:
+    """Regressions (a sweep's seeds): under pagedkv's semantics external tokens push a window's
+    hits out past the computed tokens rounded down to S; its adopted null positions count as
+    cached, so the stored chain must cover them, caching delayed (5224) or not (1004)."""
+    run = MixedRun(seed, LAYOUTS[seed % len(LAYOUTS)], PAGEDKV)
+    for _ in range(120):
         run.step()
     run.finish()
