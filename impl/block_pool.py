@@ -38,7 +38,7 @@ from pagedkv.vocab.errors import (
     InvariantViolation,
     NoFreeBlocksError,
 )
-from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey, HashFn
+from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey, HashFn, key_group
 from pagedkv.vocab.kv_events import AllBlocksCleared, KVCacheEvent, KVEventReplayError
 from pagedkv.vocab.request import Request
 from pagedkv.vocab.semantics import PAGEDKV, Semantics
@@ -71,8 +71,9 @@ class BlockPool:
     the `*_locked` methods: the public method of the same name for a caller that holds the
     token and whose arguments are its own, already checked; the decode fast path's steps
     (`cache_next_full_block_locked`, `append_new_block_locked`), which make their whole change
-    or return False (None) having changed nothing; and the checks of a request's prefix hits
-    (`intern_hashes_locked`, `check_hits_locked`). Besides those it reads `blocks`,
+    or return False (None) having changed nothing; the checks of a request's prefix hits
+    (`intern_hashes_locked`, `check_hits_locked`); and, with several block sizes under
+    vllm-0.33, a block's secondary key (`add_partial_key_locked`). Besides those it reads `blocks`,
     `null_block`, the O(1) queries and, for a lookup, the index (`cached_block`,
     `cached_block_hash_to_block`), and `tests/test_pool_surface.py` holds the manager's modules
     (its coordinators and per-type managers with it) to exactly that surface: every ref_cnt,
@@ -116,6 +117,9 @@ class BlockPool:
         # block tables stay append-only). The first-inserted block answers lookups. A key is a
         # hash (KV cache group 0) or a GroupKey (group, hash).
         self.cached_block_hash_to_block: dict[CacheKey, dict[int, KVCacheBlock]] = {}
+        # Block id -> its secondary ("partial") keys, indexed beside its hash and removed with
+        # it (vllm-0.33's `partial_prefix_keys`: `add_partial_key_locked`); empty otherwise.
+        self.partial_keys: dict[int, list[CacheKey]] = {}
         self.null_block = self.free_block_queue.popleft()
         self.enable_kv_cache_events = enable_kv_cache_events
         self.kv_event_queue: list[KVCacheEvent] = []
@@ -220,6 +224,44 @@ class BlockPool:
             if self.enable_kv_cache_events:  # the key left the index
                 self.kv_event_queue.append(block_removed(block_hash))
         block.reset_hash()
+        if self.partial_keys:  # only with several block sizes under vllm-0.33
+            for key in self.partial_keys.pop(block.block_id, ()):
+                cached = self.cached_block_hash_to_block[key]
+                del cached[block.block_id]
+                if not cached:
+                    del self.cached_block_hash_to_block[key]
+                    if self.enable_kv_cache_events:
+                        self.kv_event_queue.append(block_removed(key))
+
+    def add_partial_key_locked(
+        self,
+        block: KVCacheBlock,
+        key: CacheKey,
+        parent: int | None = None,
+        lora_id: int | None = None,
+    ) -> None:
+        """Index the held `block` under `key` too (the spec pool's `add_partial_key_unchecked`:
+        vLLM 0.33's `cache_partial_block`): a secondary key of a hashed block, removed with its
+        hash; its hash if it has none. Nothing for the null block or a key it carries already.
+        A key new to the index is announced by a BlockStored of its one hash block (`parent`:
+        the hash value before it). Complexity: O(the block's partial keys)."""
+        if block is self.null_block or block._block_hash == key:
+            return
+        keys = self.partial_keys.get(block.block_id)
+        if keys is not None and key in keys:
+            return
+        if block._block_hash is None:
+            block._block_hash = key
+        elif keys is None:
+            self.partial_keys[block.block_id] = [key]
+        else:
+            keys.append(key)
+        if self.enable_kv_cache_events and key not in self.cached_block_hash_to_block:
+            chunk = key.block_hash if isinstance(key, GroupKey) else key
+            self.kv_event_queue.append(
+                block_stored([chunk], parent, len(chunk.token_ids), lora_id, key_group(key))
+            )
+        self.cached_block_hash_to_block.setdefault(key, {})[block.block_id] = block
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take one more reference to each block (a prefix-cache hit).
@@ -721,10 +763,33 @@ class BlockPool:
                 continue
             first, last = positions[start], positions[end - 1]
             parent = first_parent if first == num_cached_blocks else chain[first - 1].hash_value
+            run = chain[first : last + 1]
+            if len(run[0].token_ids) != block_size:  # keys of several hash blocks each
+                run = self._event_keys(request, run, first, block_size)
             self.kv_event_queue.append(
-                block_stored(chain[first : last + 1], parent, block_size, request.lora_id, group_id)
+                block_stored(run, parent, block_size, request.lora_id, group_id)
             )
             start = end
+
+    def _event_keys(
+        self, request: Request, run: list[BlockHashType], first: int, block_size: int
+    ) -> list[BlockHashType]:
+        """What events publish for blocks `first`, ... of several hash blocks each (groups of
+        several block sizes: a key is the chain hash at its block's end, over its last H
+        tokens): each key's hash value with all its block's tokens and their extra keys.
+        Complexity: O(the run's tokens + multimodal inputs)."""
+        token_ids = request.all_token_ids
+        keys = []
+        mm_idx = first_mm_input(request.mm_positions, first * block_size)
+        mm_position = not self.semantics.mm_keys_without_position
+        for offset, key in enumerate(run):
+            start = (first + offset) * block_size
+            extra_keys, mm_idx = generate_block_hash_extra_keys(
+                request, start, start + block_size, mm_idx, mm_position=mm_position
+            )
+            tokens = tuple(token_ids[start : start + block_size])
+            keys.append(BlockHashType(key.hash_value, tokens, extra_keys))
+        return keys
 
     def _check_blocks_to_cache(
         self,
@@ -849,6 +914,7 @@ class BlockPool:
             )
             return False
         self.cached_block_hash_to_block = {}
+        self.partial_keys = {}
         for block in self.blocks:
             block.reset_hash()
         if self.enable_kv_cache_events:
@@ -970,11 +1036,20 @@ class BlockPool:
                 )
             for block_id, block in cached.items():
                 num_indexed += 1
-                if self.blocks[block_id] is not block or block.block_hash != block_hash:
+                if self.blocks[block_id] is not block or (
+                    block.block_hash != block_hash
+                    and block_hash not in self.partial_keys.get(block_id, ())
+                ):
                     raise InvariantViolation(
                         "hash index <=> hashed blocks", f"{block_hash} -> {block!r}"
                     )
         num_hashed = sum(1 for block in self.blocks if block.block_hash is not None)
+        for block_id, keys in self.partial_keys.items():
+            if not keys or self.blocks[block_id].block_hash is None or len(set(keys)) != len(keys):
+                raise InvariantViolation(
+                    "partial keys are distinct keys of hashed blocks", f"block {block_id}: {keys}"
+                )
+            num_hashed += len(keys)
         if num_hashed != num_indexed:
             raise InvariantViolation(
                 "hash index <=> hashed blocks",

@@ -29,9 +29,14 @@ from pagedkv.vocab.arguments import (
 )
 from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError
 from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey
-from pagedkv.vocab.kv_cache_interface import FullAttentionSpec, KVCacheConfig, MambaSpec
+from pagedkv.vocab.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    MambaSpec,
+)
 from pagedkv.vocab.request import Request
-from pagedkv.vocab.semantics import Semantics
+from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_32, VLLM_0_33, Semantics
 
 IsBlock = Callable[[object], bool] | type
 """Whether a value is a block in one side's terms: a predicate (an int block id), or the block
@@ -209,9 +214,9 @@ def check_manager(
     max_in_flight_tokens: object = None,
 ) -> KVCacheConfig:
     """KVCacheManager's constructor arguments: their types (max_in_flight_tokens None or an
-    int >= 1), then (KVCacheConfigError) one block
-    size in every group when caching, a Mamba group only in mamba_cache_mode "none" with
-    caching off. The hash algorithm's name is checked by `get_hash_fn`, each group's
+    int >= 1), then (KVCacheConfigError) with caching, groups of several block sizes only in
+    the domain `_check_several_block_sizes` states, a Mamba group only in mamba_cache_mode
+    "none" with caching off. The hash algorithm's name is checked by `get_hash_fn`, each group's
     spec by the registry of per-type managers (`pagedkv.single_type`), the semantics by
     `check_semantics`.
 
@@ -232,7 +237,8 @@ def check_manager(
         require_int(MANAGER, "max_in_flight_tokens", max_in_flight_tokens, 1)
     block_sizes = sorted({group.kv_cache_spec.block_size for group in config.kv_cache_groups})
     if len(block_sizes) != 1 and enable_caching:
-        raise refusals.groups_of_several_block_sizes(block_sizes)
+        checked = require_instance(MANAGER, "semantics", semantics, Semantics)
+        _check_several_block_sizes(config, block_sizes, use_eagle, checked)
     groups = config.kv_cache_groups
     num_mamba = sum(isinstance(group.kv_cache_spec, MambaSpec) for group in groups)
     for group, group_spec in enumerate(groups):
@@ -244,12 +250,17 @@ def check_manager(
             continue
         if mode != "align" or enable_caching is not True:
             raise refusals.mamba_cache_mode_unserved(group, mode, bool(enable_caching))
-        _check_mamba_align(config, group, spec, num_mamba, use_eagle is True)
+        _check_mamba_align(config, group, spec, num_mamba, use_eagle is True, block_sizes)
     return config
 
 
 def _check_mamba_align(
-    config: KVCacheConfig, group: int, spec: MambaSpec, num_mamba: int, use_eagle: bool
+    config: KVCacheConfig,
+    group: int,
+    spec: MambaSpec,
+    num_mamba: int,
+    use_eagle: bool,
+    block_sizes: list[int],
 ) -> None:
     """A Mamba group in mode "align" (caching on): vLLM 0.33's engine defaults only, refused
     in the spec's order (`pagedkv.spec.arguments.check_mamba_align`). Complexity: O(groups)."""
@@ -271,6 +282,52 @@ def _check_mamba_align(
         if not isinstance(other_spec, (FullAttentionSpec, MambaSpec)):
             name = type(other_spec).__name__
             raise refusals.mamba_align_unserved(group, f"a {name} group beside it (group {other})")
+    if len(block_sizes) > 1:
+        raise refusals.mamba_align_unserved(group, f"groups of several block sizes {block_sizes}")
+
+
+# Per attention type in a mixed-size config with caching: (kind, rule, block size wanted,
+# why) -- the size being "S" (the scheduler block size).
+_MIXED_SIZE_RULES: dict[type, tuple[str, str, str]] = {
+    ChunkedLocalAttentionSpec: (
+        "chunked local attention",
+        "S",
+        "their LCM: vLLM 0.33 asserts it at the first lookup",
+    ),
+}
+
+
+def _check_several_block_sizes(
+    config: KVCacheConfig,
+    block_sizes: list[int],
+    use_eagle: object,
+    semantics: Semantics,
+) -> None:
+    """Groups of several block sizes with caching: pagedkv's, vLLM 0.33's or 0.32's semantics, no
+    EAGLE, chunked attention at S (the spec's `check_several_block_sizes`, in its
+    order). Complexity: O(groups)."""
+    if semantics not in (PAGEDKV, VLLM_0_33, VLLM_0_32):
+        raise refusals.groups_of_several_block_sizes(
+            block_sizes,
+            "under the semantics 'pagedkv', 'vllm-0.33' and 'vllm-0.32' (the behaviour "
+            f"checked against vLLM 0.33.0 and 0.32.0), not {semantics.name}",
+        )
+    if use_eagle:
+        raise refusals.groups_of_several_block_sizes(
+            block_sizes,
+            "without EAGLE (vLLM 0.33 drops a block of each group's own size, then rounds the "
+            "hit down to their LCM: not modelled yet)",
+        )
+    sizes = {"S": config.scheduler_block_size}
+    names = {"S": "scheduler block size"}
+    for group, group_spec in enumerate(config.kv_cache_groups):
+        spec = group_spec.kv_cache_spec
+        rule = _MIXED_SIZE_RULES.get(type(spec))
+        if rule is not None and spec.block_size != sizes[rule[1]]:
+            kind, size, why = rule
+            raise refusals.group_block_size_unserved(
+                group, kind, spec.block_size, names[size], sizes[size], why
+            )
 
 
 def check_semantics(semantics: Semantics, num_groups: int) -> None:

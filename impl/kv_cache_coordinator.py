@@ -23,12 +23,25 @@ from collections.abc import Sequence
 from pagedkv.block import KVCacheBlock
 from pagedkv.block_pool import BlockPool
 from pagedkv.single_type import SingleTypeKVCacheManager, single_type_manager
+from pagedkv.single_type.sliding_window import SlidingWindowManager
 from pagedkv.vocab.hashes import BlockHashType, HashFn
 from pagedkv.vocab.kv_cache_interface import KVCacheSpec
 from pagedkv.vocab.request import Request
 
 GroupBlocks = tuple[list[KVCacheBlock], ...]
 """One list of blocks per KV cache group, in the config's group order."""
+
+
+def group_view(
+    chain: list[BlockHashType], block_size: int, hash_block_size: int
+) -> list[BlockHashType]:
+    """A group's block hashes from the request's chain at `hash_block_size` H: for its block
+    k, the chain hash at the block's end, `chain[(k + 1) * B / H - 1]` (the chain itself when
+    B == H). Complexity: O(len(chain) * H / B)."""
+    if block_size == hash_block_size:
+        return chain
+    scale = block_size // hash_block_size
+    return chain[scale - 1 :: scale]
 
 
 class KVCacheCoordinator(ABC):
@@ -49,6 +62,7 @@ class KVCacheCoordinator(ABC):
         use_eagle: as the manager's.
         eagle_lookup: as above.
         retention_interval: the config's `prefix_cache_retention_interval`.
+        alignment: with several block sizes and caching, S (hits end on its multiples).
 
     Raises:
         KVCacheConfigError: a spec type no per-type manager serves, or EAGLE with one that
@@ -62,6 +76,7 @@ class KVCacheCoordinator(ABC):
         use_eagle: bool,
         eagle_lookup: bool,
         retention_interval: int | None = None,
+        alignment: int | None = None,
     ) -> None:
         self.block_pool = block_pool
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
@@ -70,6 +85,13 @@ class KVCacheCoordinator(ABC):
         )
         # Whether a group may leave full blocks out of the prefix cache (sparse retention).
         self.sparse = any(manager.sparse for manager in self.single_type_managers)
+        if alignment is not None:
+            # Several block sizes with caching: hits end on multiples of S (`alignment`); a
+            # window of smaller blocks finds them so and caches only the blocks they read.
+            for manager in self.single_type_managers:
+                if isinstance(manager, SlidingWindowManager):
+                    manager.alignment_blocks = alignment // manager.block_size
+                    manager.sparse = manager.sparse or manager.alignment_blocks > 1
         self.num_groups = len(self.single_type_managers)
         self.use_eagle = use_eagle
         self.eagle_lookup = eagle_lookup
@@ -285,8 +307,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         use_eagle: bool,
         eagle_lookup: bool,
         retention_interval: int | None = None,
+        alignment: int | None = None,
     ) -> None:
-        super().__init__(specs, block_pool, use_eagle, eagle_lookup, retention_interval)
+        super().__init__(specs, block_pool, use_eagle, eagle_lookup, retention_interval, alignment)
         # The hit search asks full attention first (its hit shrinks only by trimming), then the
         # others, which may skip positions and drop blocks (sliding window, chunked local).
         managers = self.single_type_managers
@@ -377,6 +400,63 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             del hits[group][length:]
         return tuple(hits)
 
+    def mixed_hit(
+        self, lookup: list[BlockHashType], hash_block_size: int, scheduler_block_size: int
+    ) -> tuple[int, GroupBlocks]:
+        """The hit of groups of several block sizes (caching on, no EAGLE) within the chain
+        `lookup` (hashes at `hash_block_size` H), in tokens, with each group's blocks: as
+        `_longest_common_hit`, in tokens, each group reading its view of the chain (the hash
+        at each of its block ends) and each hit rounded down to `scheduler_block_size` S (full
+        attention's cut there; a window's or chunk's, of S-token blocks, ends there already).
+
+        Complexity: O(len(lookup) * groups) lookups per pass, as `_longest_common_hit`.
+        """
+        managers = self.single_type_managers
+        views = [group_view(lookup, manager.block_size, hash_block_size) for manager in managers]
+        hits: list[list[KVCacheBlock]] = [[] for _ in managers]
+        length = len(lookup) * hash_block_size
+        length -= length % scheduler_block_size
+        for group in self._full_groups:
+            block_size = managers[group].block_size
+            hit = managers[group].find_longest_cache_hit(views[group][: length // block_size])
+            found = len(hit) * block_size
+            length = found - found % scheduler_block_size
+            hits[group] = hit
+        answered = [-1] * len(managers)  # the tokens of each group's hit, once asked
+        settled = False
+        while not settled:
+            settled = True
+            for group in self._skipping_groups:
+                if answered[group] == length:
+                    continue
+                block_size = managers[group].block_size
+                hit = managers[group].find_longest_cache_hit(views[group][: length // block_size])
+                hits[group] = hit
+                answered[group] = len(hit) * block_size
+                if answered[group] < length:
+                    length = answered[group]
+                    settled = False
+        for group in self._full_groups:
+            del hits[group][length // managers[group].block_size :]
+        return length, tuple(hits)
+
+    def mixed_junction(
+        self,
+        length: int,
+        lookup: list[BlockHashType],
+        hash_block_size: int,
+        scheduler_block_size: int,
+    ) -> int:
+        """`junction` for groups of several block sizes (no EAGLE), in tokens: the first
+        unit's hit within `lookup`, rounded down to S, where it is longer than the common hit
+        of `length` tokens; else 0. Complexity: O(len(lookup) * groups of the unit)."""
+        unit = self._eagle_units[0]
+        block_size = unit.manager.block_size
+        view = group_view(lookup, block_size, hash_block_size)
+        found = len(self._unit_hit(unit, view, len(view), False)[0]) * block_size
+        found -= found % scheduler_block_size
+        return found if found > length else 0
+
     def _eagle_common_hit(self, num_lookup: int, block_hashes: list[BlockHashType]) -> GroupBlocks:
         """The hit with EAGLE, as vLLM 0.33's coordinator finds it (the spec's
         `eagle_common_hit` states the steps): units of equal specs looked up together, full
@@ -453,8 +533,10 @@ def kv_cache_coordinator(
     use_eagle: bool,
     eagle_lookup: bool,
     retention_interval: int | None = None,
+    alignment: int | None = None,
 ) -> KVCacheCoordinator:
-    """The coordinator of these groups: unitary for one, hybrid for several.
+    """The coordinator of these groups: unitary for one, hybrid for several (`alignment`:
+    S for groups of several block sizes with caching, which are several).
 
     Raises:
         KVCacheConfigError: as `KVCacheCoordinator`.
@@ -465,4 +547,6 @@ def kv_cache_coordinator(
         return UnitaryKVCacheCoordinator(
             specs, block_pool, use_eagle, eagle_lookup, retention_interval
         )
-    return HybridKVCacheCoordinator(specs, block_pool, use_eagle, eagle_lookup, retention_interval)
+    return HybridKVCacheCoordinator(
+        specs, block_pool, use_eagle, eagle_lookup, retention_interval, alignment
+    )

@@ -27,7 +27,14 @@ from typing import Any
 
 from pagedkv.block import KVCacheBlock
 from pagedkv.block_counts import cdiv, fits, num_full_blocks, num_new_blocks, num_required_blocks
-from pagedkv.block_hash import Sha256Memo, hash_request_tokens
+from pagedkv.block_hash import (
+    Sha256Memo,
+    chain_block_hashes,
+    first_mm_input,
+    generate_block_hash_extra_keys,
+    hash_request_tokens,
+    need_extra_keys,
+)
 from pagedkv.block_pool import BlockPool
 from pagedkv.call_arguments import (
     MANAGER,
@@ -42,9 +49,15 @@ from pagedkv.call_arguments import (
     check_semantics,
     is_block_id,
 )
-from pagedkv.kv_cache_coordinator import KVCacheCoordinator, kv_cache_coordinator
+from pagedkv.kv_cache_coordinator import (
+    HybridKVCacheCoordinator,
+    KVCacheCoordinator,
+    group_view,
+    kv_cache_coordinator,
+)
 from pagedkv.offload.tier import OffloadTier
 from pagedkv.single_type import SingleTypeKVCacheManager
+from pagedkv.single_type.full_attention import FullAttentionManager
 from pagedkv.vocab import refusals
 from pagedkv.vocab.arguments import require_int, require_str
 from pagedkv.vocab.errors import (
@@ -53,7 +66,7 @@ from pagedkv.vocab.errors import (
     InvalidArgumentError,
     InvariantViolation,
 )
-from pagedkv.vocab.hashes import BlockHashType, cache_key, get_hash_fn, sha256
+from pagedkv.vocab.hashes import BlockHashType, ExtraKey, cache_key, get_hash_fn, sha256
 from pagedkv.vocab.kv_cache_interface import KVCacheConfig, MambaSpec
 from pagedkv.vocab.kv_events import KVCacheEvent
 from pagedkv.vocab.prefix_cache_stats import PrefixCacheStats
@@ -129,9 +142,10 @@ class KVCacheManager:
     Invariants: `check_invariants()`, mirroring the spec's manager.
 
     Args:
-        kv_cache_config: one or more KV cache groups of one block size, each of an attention
-            type the registry of per-type managers serves (full attention, sliding window,
-            chunked local attention).
+        kv_cache_config: one or more KV cache groups, each of an attention type the registry
+            of per-type managers serves (full attention, sliding window, chunked local
+            attention, Mamba with caching off); with caching, groups of several block sizes
+            as docs/semantics.md, "Several block sizes with caching", states.
         max_model_len: the longest request, in tokens.
         enable_caching: prefix caching on or off.
         caching_hash_algo: "sha256" (pagedkv's default; memoized, see `SHA256_MEMO_TOKENS`)
@@ -155,8 +169,10 @@ class KVCacheManager:
 
     Raises:
         ArgumentTypeError, InvalidArgumentError: an argument of the wrong type or value.
-        KVCacheConfigError: groups of different block sizes, a spec no per-type manager serves,
-            EAGLE with chunked local attention, or a vLLM 0.8.5 switch with several groups.
+        KVCacheConfigError: groups of different block sizes with caching outside the domain
+            served (`refusals.groups_of_several_block_sizes`,
+            `refusals.group_block_size_unserved`), a spec no per-type manager serves, EAGLE
+            with chunked local attention, or a vLLM 0.8.5 switch with several groups.
     """
 
     offload_tier: OffloadTier | None = None
@@ -223,6 +239,9 @@ class KVCacheManager:
             use_eagle,
             self._eagle_lookup,
             config.prefix_cache_retention_interval,
+            config.scheduler_block_size
+            if enable_caching and len(set(config.block_sizes)) > 1
+            else None,
         )
         for single_type in self.coordinator.single_type_managers:
             single_type.junction_ignores_eagle = semantics.junction_ignores_eagle
@@ -246,15 +265,7 @@ class KVCacheManager:
         self._admission_caps = tuple(
             spec.max_admission_blocks(max_model_len, in_flight) for spec in specs
         )
-        # Groups whose block counts differ (several block sizes, or a group with extra blocks:
-        # both only with caching off) take the per-group path (`_allocate_per_group`).
-        self._per_group = len({manager.block_size for manager in single_type_managers}) > 1 or any(
-            manager.extra_blocks for manager in single_type_managers
-        )
-        self._mixed_sizes = len({manager.block_size for manager in single_type_managers}) > 1
-        # Junctions are recorded under sparse retention, and with a Mamba group in mode
-        # "align" whatever the retention (`shared_prefix_boundary`).
-        self._keeps_junctions = self._sparse or self.coordinator.state_group is not None
+        self._choose_paths(config, enable_caching, semantics)
         self._unitary = self.num_groups == 1 and not self._per_group
         # The admission fast path's ground: one full-attention group that caches every block.
         self._admits_fast = (
@@ -296,6 +307,26 @@ class KVCacheManager:
         # pool's `*_locked` methods.
         self._call_token = self.block_pool.share_call_token()
 
+    def _choose_paths(
+        self, config: KVCacheConfig, enable_caching: bool, semantics: Semantics
+    ) -> None:
+        """The paths this configuration takes, decided once at construction. Groups whose
+        block counts differ (several block sizes, or a group with extra blocks, which needs
+        caching off) take the per-group path (`_allocate_per_group`, with caching
+        `_allocate_mixed`). Several block sizes with caching: one chain at H (the GCD), each
+        group keyed by its view of it, hits and cached prefixes multiples of S (the LCM); under
+        vllm-0.33 full attention above H adds partial keys (`_cache_partial_tail`). Junctions
+        are recorded under sparse retention, and with a Mamba group in mode "align" whatever
+        the retention (`shared_prefix_boundary`)."""
+        managers = self.coordinator.single_type_managers
+        self._mixed_sizes = len({manager.block_size for manager in managers}) > 1
+        self._per_group = self._mixed_sizes or any(manager.extra_blocks for manager in managers)
+        self._keeps_junctions = self._sparse or self.coordinator.state_group is not None
+        self._mixed_cached = self._mixed_sizes and enable_caching
+        self._hash_block_size = config.hash_block_size
+        self._scheduler_block_size = config.scheduler_block_size
+        self._partial_keys = self._mixed_cached and semantics.partial_prefix_keys
+
     def _enter(self, call: str) -> None:
         """Take the call token, or refuse a call that overlaps another one. (The calls made
         once a decode step inline this.)"""
@@ -336,7 +367,8 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
         """The cached blocks a waiting request can reuse in every group, and how many tokens
-        they hold (the same number of blocks in every group).
+        they hold (the same number of blocks in every group; with several block sizes,
+        `tokens / B_g` in group g, tokens a multiple of their LCM).
 
         Hashes every full block of the request once and stores the list (one chain for every
         group). No hit when caching is off or the request wants prompt logprobs. When every
@@ -369,7 +401,7 @@ class KVCacheManager:
             return self._no_blocks, 0
         self._check_identity(request)
         request_id = request.request_id
-        block_size = self.block_size
+        block_size = self._hash_block_size  # the block size, with one
         block_hashes = self.req_to_block_hashes.get(request_id)
         if not block_hashes:
             block_hashes = hash_request_tokens(
@@ -393,6 +425,8 @@ class KVCacheManager:
                 self._junctions[request_id] = 0
             self._after_call()
             return self._no_blocks, 0
+        if self._mixed_cached:
+            return self._mixed_lookup(request, block_hashes)
         # Every token in full blocks: leave the last one out, so one block is recomputed.
         last_left_out = len(block_hashes) * block_size == request.num_tokens
         lookup = block_hashes[:-1] if last_left_out else block_hashes
@@ -472,10 +506,10 @@ class KVCacheManager:
                 group; hits with caching off; more tokens scheduled than the request has.
             RequestError: another Request object uses the id; num_computed_tokens outside the
                 request's slots; hits or external tokens for a request that already holds
-                blocks or computed tokens; hits of unequal
-                lengths; a hit that is not the request's cached block of its group at its
-                position, or a hit of a shape its group's attention cannot produce; fewer full
-                blocks than already cached.
+                blocks or computed tokens; hits of unequal lengths (several block sizes
+                with caching: covering unequal tokens); a hit that is not the request's
+                cached block of its group at its position, or a hit of a shape its group's
+                attention cannot produce; fewer full blocks than already cached.
             BlockStateError: a hit that does not belong to the pool, or a null hit in a full
                 attention group.
             MaxModelLenExceededError: the request would need more than
@@ -747,12 +781,24 @@ class KVCacheManager:
                 held,
                 full_sequence_must_fit is True,
             )
-        if self._per_group:  # caching is off: no hits, nothing to cache
-            return self._allocate_per_group(
-                request,
-                num_computed_tokens + num_tokens + num_lookahead_tokens,
-                held is not None,
-                full_sequence_must_fit is True,
+        if self._per_group:  # several block sizes (with caching: `_allocate_mixed`)
+            return (
+                self._allocate_mixed(
+                    request,
+                    hits,
+                    num_computed_tokens,
+                    num_tokens,
+                    num_lookahead_tokens,
+                    held,
+                    full_sequence_must_fit is True,
+                )
+                if self._mixed_cached
+                else self._allocate_per_group(
+                    request,
+                    num_computed_tokens + num_tokens + num_lookahead_tokens,
+                    held is not None,
+                    full_sequence_must_fit is True,
+                )
             )
         num_required = num_required_blocks(
             num_computed_tokens, num_tokens, num_lookahead_tokens, self.block_size
@@ -876,8 +922,13 @@ class KVCacheManager:
         required = [manager.num_required(num_slots) for manager in managers]
         capped = self.semantics.cap_at_max_model_len and num_held + num_hits < self._max_blocks[0]
         self._refuse_past_max_model_len(request_id, required, capped)
-        block_size = self.block_size
-        num_full = num_full_blocks(num_computed, num_tokens, num_spec, block_size)
+        cache_tokens = num_computed + num_tokens - num_spec  # several block sizes: to S
+        cache_tokens -= cache_tokens % self._scheduler_block_size
+        num_full = (
+            cache_tokens // managers[0].block_size
+            if self._mixed_cached
+            else num_full_blocks(num_computed, num_tokens, num_spec, self.block_size)
+        )
         num_cached = self._first_cached.get(request_id, num_hits)
         if self.enable_caching and num_full < num_cached:
             raise refusals.cached_blocks_lost(request_id, num_full, num_cached)
@@ -911,6 +962,12 @@ class KVCacheManager:
             # vLLM 0.33 counts an adopted prefix as cached, even with caching off.
             for manager, count in zip(managers, num_adopted, strict=True):
                 manager.num_cached_block.setdefault(request_id, count)
+        if self._mixed_cached:  # stored hashes cover the positions counted as cached
+            self._extend_chain(
+                request,
+                self.req_to_block_hashes.setdefault(request_id, []),
+                max(m.num_cached_block.get(request_id, 0) * m.block_size for m in managers),
+            )
         self._adopt_then_load(request_id, adopted, num_computed if num_external else 0)
         self._track(request_id, request)
         num_free = pool.get_num_free_blocks()
@@ -924,7 +981,9 @@ class KVCacheManager:
                 required[group] - num_blocks, num_free, self._max_blocks[group] - num_blocks
             )
             new_blocks.append(manager.allocate_new_blocks(request_id, count))
-            if caching and not delay_cache:
+            if caching and not delay_cache and self._mixed_cached:
+                self._cache_group(request, manager, stored, num_adopted[group], cache_tokens)
+            elif caching and not delay_cache:
                 manager.cache_blocks(
                     request, stored, num_adopted[group], num_full, self.caching_hash_fn, junction
                 )
@@ -1030,6 +1089,220 @@ class KVCacheManager:
             self._after_call()
         return new_blocks
 
+    # -- several block sizes with caching ------------------------------------------------------
+
+    def _extend_chain(self, request: Request, stored: list[BlockHashType], num_tokens: int) -> None:
+        """The stored chain (at H) covers the request's first `num_tokens` tokens: the chunks
+        it lacks are hashed, chained to its last. Complexity: O(the tokens hashed) plus the
+        hash function."""
+        hash_size = self._hash_block_size
+        have, needed = len(stored), num_tokens // hash_size
+        if have >= needed:
+            return
+        extra_keys: list[tuple[ExtraKey, ...] | None] | None = None
+        if need_extra_keys(request):
+            extra_keys = []
+            mm_idx = first_mm_input(request.mm_positions, have * hash_size)
+            for start in range(have * hash_size, needed * hash_size, hash_size):
+                keys, mm_idx = generate_block_hash_extra_keys(
+                    request, start, start + hash_size, mm_idx, mm_position=self._mm_position
+                )
+                extra_keys.append(keys)
+        stored.extend(
+            chain_block_hashes(
+                self.caching_hash_fn,
+                stored[-1].hash_value if stored else None,
+                list(request.all_token_ids[have * hash_size : needed * hash_size]),
+                0,
+                needed - have,
+                hash_size,
+                extra_keys,
+            )
+        )
+
+    def _mixed_lookup(
+        self, request: Request, block_hashes: list[BlockHashType]
+    ) -> tuple[KVCacheBlocks, int]:
+        """get_computed_blocks with several block sizes: the chain of at most `num_tokens -
+        1` tokens looked up, the hit `HybridKVCacheCoordinator.mixed_hit`'s, in tokens.
+        Complexity: as `mixed_hit`."""
+        coordinator = self.coordinator
+        assert isinstance(coordinator, HybridKVCacheCoordinator)
+        hash_size, scheduler_size = self._hash_block_size, self._scheduler_block_size
+        num_lookup = min(len(block_hashes), (request.num_tokens - 1) // hash_size)
+        lookup = block_hashes[:num_lookup]
+        length, hits = coordinator.mixed_hit(lookup, hash_size, scheduler_size)
+        if self._sparse:
+            self._junctions[request.request_id] = coordinator.mixed_junction(
+                length, lookup, hash_size, scheduler_size
+            )
+        stats = self.prefix_cache_stats
+        if stats is not None:
+            stats.queries += num_lookup
+            stats.hits += length // hash_size
+            stats.queried_tokens += request.num_tokens
+            stats.hit_tokens += length
+        self._after_call()
+        return hits, length
+
+    def _allocate_mixed(
+        self,
+        request: Request,
+        hits: tuple[list[KVCacheBlock], ...],
+        num_computed: int,
+        num_tokens: int,
+        num_lookahead_tokens: int,
+        held: list[KVCacheBlock] | None,
+        full_sequence_must_fit: bool,
+    ) -> KVCacheBlocks | None:
+        """allocate_slots with several block sizes and caching, every precondition up to the
+        hits' checked (`num_computed` counts the hits): each group needs its own count, at most
+        its `_max_blocks`; the blocks every group lacks must fit together in the free blocks
+        the hits leave; every group's hits are touched, then group by group each takes its
+        new blocks and caches its positions within the computed tokens rounded down to S.
+        Complexity: O(groups + hits + new blocks + blocks cached * H + num_tokens when the
+        chain grows)."""
+        request_id = request.request_id
+        managers = self.coordinator.single_type_managers
+        num_slots = num_computed + num_tokens + num_lookahead_tokens
+        required = [manager.num_required(num_slots) for manager in managers]
+        capped = (
+            self.semantics.cap_at_max_model_len
+            and len(managers[0].req_to_blocks.get(request_id, ())) + len(hits[0] if hits else ())
+            < self._max_blocks[0]
+        )
+        self._refuse_past_max_model_len(request_id, required, capped)
+        num_real = num_computed + num_tokens - len(request.spec_token_ids)
+        cache_tokens = num_real - num_real % self._scheduler_block_size
+        num_full = cache_tokens // managers[0].block_size
+        num_cached = managers[0].num_cached_block.get(request_id, len(hits[0]) if hits else 0)
+        if num_full < num_cached:
+            raise refusals.cached_blocks_lost(request_id, num_full, num_cached)
+        # -- every precondition holds: from here on nothing can fail --
+        if full_sequence_must_fit and not self._whole_request_fits(request, hits):
+            if self.debug_invariants:
+                self._after_call()
+            return None
+        pool = self.block_pool
+        if held is not None:
+            self.coordinator.remove_skipped_blocks(request_id, request.num_computed_tokens)
+        lengths = [len(manager.req_to_blocks.get(request_id, ())) for manager in managers]
+        missing = sum(
+            max(required[group] - lengths[group] - (len(hits[group]) if hits else 0), 0)
+            for group in range(self.num_groups)
+        )
+        num_evictable = self._num_evictable_hits(hits) if hits else 0
+        if not fits(missing, pool.get_num_free_blocks(), num_evictable):
+            if self.debug_invariants:
+                self._after_call()
+            return None
+        num_hits = [len(group_hits) for group_hits in hits] if hits else [0] * self.num_groups
+        self.coordinator.add_hits(request_id, hits)  # hands the hit lists over
+        self._track(request_id, request)
+        num_free = pool.get_num_free_blocks()
+        stored = self.req_to_block_hashes.setdefault(request_id, [])
+        new_blocks = []
+        for group, manager in enumerate(managers):
+            num_blocks = len(manager.req_to_blocks[request_id])
+            count = min(
+                required[group] - num_blocks, num_free, self._max_blocks[group] - num_blocks
+            )
+            new_blocks.append(manager.allocate_new_blocks(request_id, max(count, 0)))
+            self._cache_group(request, manager, stored, num_hits[group], cache_tokens)
+        if self.debug_invariants:
+            self._after_call()
+        return tuple(new_blocks)
+
+    def _cache_group(
+        self,
+        request: Request,
+        manager: SingleTypeKVCacheManager,
+        chain: list[BlockHashType],
+        num_cached: int,
+        cache_tokens: int,
+    ) -> None:
+        """Several block sizes with caching: the group caches its positions within
+        `cache_tokens` (a multiple of S) under its view of the request's `chain` (extended to
+        them and to the positions counted as cached first), `num_cached` (its hits) counting as
+        cached until it has a count; then its partial key under `partial_prefix_keys`.
+        Complexity: as the group's `cache_blocks`."""
+        # Stored hashes cover the cached positions, adopted null ones included.
+        counted = manager.num_cached_block.get(request.request_id)
+        if counted is not None and cache_tokens // manager.block_size <= counted:
+            # Nothing to cache (a decode step inside an S span): the count stays.
+            self._extend_chain(request, chain, counted * manager.block_size)
+            if self._partial_keys:
+                self._cache_partial_tail(request, manager, cache_tokens)
+            return
+        counted = num_cached if counted is None else counted
+        self._extend_chain(request, chain, max(cache_tokens, counted * manager.block_size))
+        manager.cache_blocks(
+            request,
+            group_view(chain, manager.block_size, self._hash_block_size),
+            num_cached,
+            cache_tokens // manager.block_size,
+            self.caching_hash_fn,
+            self._junctions.get(request.request_id, 0) if self._sparse else 0,
+        )
+        if self._partial_keys:
+            self._cache_partial_tail(request, manager, cache_tokens)
+
+    def _cache_mixed(self, request: Request, num_computed_tokens: int) -> None:
+        """cache_blocks with several block sizes, its checks passed: every group caches its
+        positions within `num_computed_tokens` rounded down to S.
+        Complexity: O(groups + blocks cached * H + num_tokens when the chain grows)."""
+        request_id = request.request_id
+        managers = self.coordinator.single_type_managers
+        cache_tokens = num_computed_tokens - num_computed_tokens % self._scheduler_block_size
+        if all(
+            cache_tokens // manager.block_size <= manager.num_cached_block.get(request_id, 0)
+            for manager in managers
+        ):
+            if self._partial_keys:  # vLLM 0.33 asks for the partial key anyway
+                for manager in managers:
+                    self._cache_partial_tail(request, manager, cache_tokens)
+            return
+        stored = self.req_to_block_hashes.setdefault(request_id, [])
+        self._extend_chain(request, stored, cache_tokens)
+        junction = self._junctions.get(request_id, 0) if self._sparse else 0
+        for manager in managers:
+            manager.cache_blocks(
+                request,
+                group_view(stored, manager.block_size, self._hash_block_size),
+                0,
+                cache_tokens // manager.block_size,
+                self.caching_hash_fn,
+                junction,
+            )
+            if self._partial_keys:
+                self._cache_partial_tail(request, manager, cache_tokens)
+
+    def _cache_partial_tail(
+        self, request: Request, manager: SingleTypeKVCacheManager, cache_tokens: int
+    ) -> None:
+        """Under `partial_prefix_keys` (the spec's `_cache_partial_tail`): a full-attention
+        group whose blocks exceed H also indexes the block holding the prompt's last H boundary
+        before its last token under the chain hash there, when that boundary is positive,
+        within `cache_tokens`, inside a block the request holds and not at a block's end.
+        Complexity: O(1) but the pool's."""
+        block_size, hash_size = manager.block_size, self._hash_block_size
+        if block_size == hash_size or not isinstance(manager, FullAttentionManager):
+            return
+        boundary = (request.num_prompt_tokens - 1) // hash_size * hash_size
+        boundary = min(boundary, request.num_tokens // hash_size * hash_size)
+        if boundary == 0 or boundary > cache_tokens or boundary % block_size == 0:
+            return
+        held = manager.req_to_blocks[request.request_id]
+        if boundary // block_size >= len(held):
+            return
+        chain = self.req_to_block_hashes[request.request_id]
+        self.block_pool.add_partial_key_locked(
+            held[boundary // block_size],
+            cache_key(chain[boundary // hash_size - 1], manager.group_id),
+            chain[boundary // hash_size - 2].hash_value if boundary > hash_size else None,
+            request.lora_id,
+        )
+
     def _check_hits(
         self, request: Request, num_held: int, hits: tuple[list[KVCacheBlock], ...]
     ) -> None:
@@ -1042,19 +1315,34 @@ class KVCacheManager:
         if num_held or request.num_computed_tokens:
             raise refusals.hits_for_running_request(request_id)
         num_hits = len(hits[0])
-        if len(hits) > 1:
-            lengths = [len(group_hits) for group_hits in hits]
-            if len(set(lengths)) != 1:
-                raise refusals.hits_of_unequal_length(request_id, lengths)
         stored = self.req_to_block_hashes.get(request_id, [])
-        if num_hits > len(stored):
-            raise refusals.more_hits_than_hashes(request_id, num_hits, len(stored))
-        pool = self.block_pool
         managers = self.coordinator.single_type_managers  # as many as hits (check_allocation)
+        if self._mixed_cached:
+            tokens = [
+                len(group_hits) * m.block_size for m, group_hits in zip(managers, hits, strict=True)
+            ]
+            if len(set(tokens)) != 1:
+                raise refusals.hits_of_unequal_tokens(request_id, tokens)
+            if tokens[0] // self._hash_block_size > len(stored):
+                raise refusals.more_hits_than_hashes(
+                    request_id, tokens[0] // self._hash_block_size, len(stored)
+                )
+        else:
+            if len(hits) > 1:
+                lengths = [len(group_hits) for group_hits in hits]
+                if len(set(lengths)) != 1:
+                    raise refusals.hits_of_unequal_length(request_id, lengths)
+            if num_hits > len(stored):
+                raise refusals.more_hits_than_hashes(request_id, num_hits, len(stored))
+        pool = self.block_pool
         for group, group_hits in enumerate(hits):
             manager = managers[group]
             pool.check_hits_locked(
-                request_id, group_hits, stored, manager.allows_null_blocks, manager.group_id
+                request_id,
+                group_hits,
+                group_view(stored, manager.block_size, self._hash_block_size),
+                manager.allows_null_blocks,
+                manager.group_id,
             )
             if manager.allows_null_blocks:  # only a type that skips positions has a shape
                 shape_error = manager.hit_shape_error(
@@ -1263,11 +1551,22 @@ class KVCacheManager:
                 raise refusals.cache_without_blocks(request_id)
             block_size = self.block_size
             computed = checked.num_computed_tokens
-            if not 0 <= computed <= len(held) * block_size:
+            if self._mixed_cached:
+                for manager in self.coordinator.single_type_managers:
+                    blocks = manager.req_to_blocks[request_id]
+                    if not 0 <= computed <= manager.num_slots(len(blocks)):
+                        raise refusals.computed_outside_slots(
+                            request_id, computed, len(blocks), manager.block_size
+                        )
+            elif not 0 <= computed <= len(held) * block_size:
                 raise refusals.computed_outside_slots(request_id, computed, len(held), block_size)
             limit = min(computed, checked.num_tokens)
             if num_computed_tokens > limit:
                 raise refusals.cache_past_computed(request_id, num_computed_tokens, limit)
+            if self._mixed_cached:
+                self._cache_mixed(checked, num_computed_tokens)
+                self._after_call()
+                return
             num_full = num_computed_tokens // block_size
             managers = self.coordinator.single_type_managers
             # Each group from its own count (they differ after external tokens pushed hits out
@@ -1600,10 +1899,13 @@ class KVCacheManager:
         if not self.enable_caching:
             return
         request = self._requests[request_id]
-        stored = self.req_to_block_hashes.get(request_id, [])
+        chain = self.req_to_block_hashes.get(request_id, [])
+        if self._mixed_cached:
+            self._check_mixed_request(request_id, group_blocks)
         for manager, blocks in zip(managers, group_blocks, strict=True):
             num_cached = manager.num_cached_block.get(request_id, 0)
-            if num_cached > min(request.num_tokens // self.block_size, len(stored)):
+            stored = group_view(chain, manager.block_size, self._hash_block_size)
+            if num_cached > min(request.num_tokens // manager.block_size, len(stored)):
                 raise InvariantViolation(
                     "a request's cached blocks are full blocks with stored hashes",
                     f"request {request_id!r}, group {manager.group_id}: {num_cached} cached, "
@@ -1614,9 +1916,9 @@ class KVCacheManager:
             left_out_ok = manager.sparse
             evicted = self._evicted.get(request_id, ())
             for position, block in enumerate(blocks[:num_cached]):
-                if block.block_hash is None and (
-                    left_out_ok or (manager.group_id, position, block.block_id) in evicted
-                ):
+                if (manager.group_id, position, block.block_id) in evicted:
+                    continue  # its hash taken (a partial key may stand in for it)
+                if block.block_hash is None and left_out_ok:
                     continue
                 if block is not null_block and block.block_hash != cache_key(
                     stored[position], manager.group_id
@@ -1629,9 +1931,9 @@ class KVCacheManager:
         if self.semantics.vllm_new_block_mm_keys:
             return  # vLLM 0.8.5 stores some hashes with other multimodal keys than the chain's
         expected = hash_request_tokens(
-            self.caching_hash_fn, self.block_size, request, mm_position=self._mm_position
+            self.caching_hash_fn, self._hash_block_size, request, mm_position=self._mm_position
         )
-        for position, block_hash in enumerate(stored):
+        for position, block_hash in enumerate(chain):
             chained = expected[position] if position < len(expected) else None
             if block_hash != chained:
                 raise InvariantViolation(
@@ -1639,6 +1941,43 @@ class KVCacheManager:
                     f"request {request_id!r}, position {position}: stored {block_hash}, "
                     f"its tokens chain to {chained}",
                 )
+
+    def _check_mixed_request(
+        self, request_id: str, group_blocks: Sequence[list[KVCacheBlock]]
+    ) -> None:
+        """Several block sizes with caching: every group caches the same prefix, a multiple
+        of S tokens, and no block past it carries a hash (delayed hashing)."""
+        managers = self.coordinator.single_type_managers
+        cached = [
+            manager.num_cached_block.get(request_id, 0) * manager.block_size for manager in managers
+        ]
+        # External tokens may push a window's or chunk's hits out: its null positions then
+        # count as cached too (vLLM 0.33), past the prefix the other groups cached.
+        common = min(cached)
+        null_block = self.block_pool.null_block
+        beyond = [
+            blocks[common // manager.block_size : manager.num_cached_block.get(request_id, 0)]
+            for manager, blocks in zip(managers, group_blocks, strict=True)
+        ]
+        if common % self._scheduler_block_size or any(
+            block is not null_block for extra in beyond for block in extra
+        ):
+            raise InvariantViolation(
+                "with several block sizes, every group caches the same prefix, a multiple of "
+                "the scheduler block size (null positions past it aside)",
+                f"request {request_id!r}: {cached} tokens cached per group, "
+                f"S = {self._scheduler_block_size}",
+            )
+        for manager, blocks in zip(managers, group_blocks, strict=True):
+            first = manager.num_cached_block.get(request_id, 0)
+            for position in range(first, len(blocks)):
+                if blocks[position].block_hash is not None:
+                    raise InvariantViolation(
+                        "with several block sizes, a request's blocks past its cached prefix "
+                        "carry no hash",
+                        f"request {request_id!r}, group {manager.group_id}, position "
+                        f"{position}, block {blocks[position].block_id}",
+                    )
 
     def _check_records(self) -> None:
         """Each tracked `Request` has one fast-path record, with its id and its token list."""

@@ -25,9 +25,14 @@ from pagedkv.vocab.arguments import (
 )
 from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError
 from pagedkv.vocab.hashes import BlockHashType, CacheKey, GroupKey
-from pagedkv.vocab.kv_cache_interface import FullAttentionSpec, KVCacheConfig, MambaSpec
+from pagedkv.vocab.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    MambaSpec,
+)
 from pagedkv.vocab.request import Request
-from pagedkv.vocab.semantics import Semantics
+from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_32, VLLM_0_33, Semantics
 
 VLLM_0_8_5_ONLY = (
     "capacity_counts_null_blocks",
@@ -174,9 +179,10 @@ def check_manager(
     """KVCacheManager(...): a KVCacheConfig; max_model_len an int >= 1; flags that are bools; a
     str hash algorithm (its name is checked by `get_hash_fn`); a Semantics; max_in_flight_tokens
     None or an int >= 1; then
-    (KVCacheConfigError) one block size in every group when caching, and a Mamba group in
-    mamba_cache_mode "none" with caching off or in "align" with caching on
-    (`check_mamba_align`). Each group's spec is checked next, by the registry of
+    (KVCacheConfigError) with caching, groups of several block sizes only as
+    `check_several_block_sizes` allows; a Mamba group in mamba_cache_mode "none" with caching
+    off, or in "align" with caching on (`check_mamba_align`). Each group's spec is checked
+    next, by the registry of
     per-type managers (`pagedkv.spec.single_type`), then the semantics (`check_semantics`)."""
     config = require_instance(MANAGER, "kv_cache_config", kv_cache_config, KVCacheConfig)
     require_int(MANAGER, "max_model_len", max_model_len, 1)
@@ -190,7 +196,8 @@ def check_manager(
         require_int(MANAGER, "max_in_flight_tokens", max_in_flight_tokens, 1)
     block_sizes = sorted({group.kv_cache_spec.block_size for group in config.kv_cache_groups})
     if len(block_sizes) != 1 and enable_caching:
-        raise refusals.groups_of_several_block_sizes(block_sizes)
+        checked_semantics = require_instance(MANAGER, "semantics", semantics, Semantics)
+        check_several_block_sizes(config, use_eagle, checked_semantics)
     specs = [group.kv_cache_spec for group in config.kv_cache_groups]
     mamba_groups = [group for group, spec in enumerate(specs) if isinstance(spec, MambaSpec)]
     for group in mamba_groups:
@@ -202,7 +209,7 @@ def check_manager(
             raise refusals.mamba_cache_mode_unserved(
                 group, spec.mamba_cache_mode, bool(enable_caching)
             )
-        check_mamba_align(group, spec, specs, mamba_groups, bool(use_eagle))
+        check_mamba_align(group, spec, specs, mamba_groups, bool(use_eagle), block_sizes)
     return config
 
 
@@ -212,11 +219,13 @@ def check_mamba_align(
     specs: Sequence[object],
     mamba_groups: Sequence[int],
     use_eagle: bool,
+    block_sizes: Sequence[int],
 ) -> None:
     """A Mamba group in mode "align" (caching on) is served with vLLM 0.33's engine defaults
     only, in this order (KVCacheConfigError): no speculative blocks, no prefill checkpoint
-    blocks, no EAGLE, a full-attention group in the config, and every group full attention or
-    Mamba (docs/semantics.md, "Mamba states with prefix caching")."""
+    blocks, no EAGLE, a full-attention group in the config, every group full attention or
+    Mamba, and every group of the Mamba group's block size (docs/semantics.md, "Mamba states
+    with prefix caching")."""
     if spec.num_speculative_blocks:
         raise refusals.mamba_align_unserved(
             group, f"num_speculative_blocks={spec.num_speculative_blocks}"
@@ -233,6 +242,42 @@ def check_mamba_align(
         if not isinstance(other_spec, (FullAttentionSpec, MambaSpec)):
             name = type(other_spec).__name__
             raise refusals.mamba_align_unserved(group, f"a {name} group beside it (group {other})")
+    if len(block_sizes) > 1:
+        raise refusals.mamba_align_unserved(group, f"groups of several block sizes {block_sizes}")
+
+
+def check_several_block_sizes(
+    config: KVCacheConfig, use_eagle: object, semantics: Semantics
+) -> None:
+    """Groups of several block sizes with prefix caching (KVCacheConfigError), in order: the
+    semantics are pagedkv's, vLLM 0.33's or vLLM 0.32's (the behaviour checked against vLLM
+    0.33.0 and 0.32.0); no EAGLE; then group by group (Mamba groups are checked after), a
+    chunked group's block size is the scheduler block size S (the LCM)."""
+    sizes = sorted(set(config.block_sizes))
+    if semantics not in (PAGEDKV, VLLM_0_33, VLLM_0_32):
+        raise refusals.groups_of_several_block_sizes(
+            sizes,
+            "under the semantics 'pagedkv', 'vllm-0.33' and 'vllm-0.32' (the behaviour "
+            f"checked against vLLM 0.33.0 and 0.32.0), not {semantics.name}",
+        )
+    if use_eagle:
+        raise refusals.groups_of_several_block_sizes(
+            sizes,
+            "without EAGLE (vLLM 0.33 drops a block of each group's own size, then rounds the "
+            "hit down to their LCM: not modelled yet)",
+        )
+    scheduler_size = config.scheduler_block_size
+    for group, group_spec in enumerate(config.kv_cache_groups):
+        spec = group_spec.kv_cache_spec
+        if type(spec) is ChunkedLocalAttentionSpec and spec.block_size != scheduler_size:
+            raise refusals.group_block_size_unserved(
+                group,
+                "chunked local attention",
+                spec.block_size,
+                "scheduler block size",
+                scheduler_size,
+                "their LCM: vLLM 0.33 asserts it at the first lookup",
+            )
 
 
 def check_semantics(semantics: Semantics, num_groups: int) -> None:

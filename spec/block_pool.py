@@ -85,6 +85,11 @@ class SpecBlockPool:
         # Block 0 is taken out at once as the null block.
         self.free_order: list[int] = list(range(1, num_gpu_blocks))
         self.index: dict[CacheKey, tuple[int, ...]] = {}
+        # Block id -> its secondary ("partial") keys, in the index beside its hash and removed
+        # with it (vllm-0.33's `partial_prefix_keys`; `add_partial_key_unchecked`).
+        self.partial_keys: dict[int, list[CacheKey]] = {}
+        # The blocks whose hash is a partial key (`evict_blocks` had taken their own).
+        self.partial_hashed: set[int] = set()
         self.enable_kv_cache_events = enable_kv_cache_events
         self.events: list[KVCacheEvent] = []
         self.taken_hash_counts: dict[tuple[int, int], int] = {}
@@ -142,6 +147,7 @@ class SpecBlockPool:
                 if cached_hash is not None:  # lazy eviction: the hash goes at reuse time
                     self._unindex(block_id, cached_hash)
                     self.block_hash[block_id] = None
+                    self._drop_partial_keys(block_id)
                 self.ref_cnt[block_id] += 1
         return taken
 
@@ -402,6 +408,7 @@ class SpecBlockPool:
             with self._transition(block_id, Event.EVICT):
                 self._unindex(block_id, key)
                 self.block_hash[block_id] = None
+                self._drop_partial_keys(block_id)
             dropped.append((block_id, key))
         return dropped
 
@@ -418,6 +425,8 @@ class SpecBlockPool:
             with self._transition(block_id, Event.RESET):
                 self.block_hash[block_id] = None
         self.index = {}
+        self.partial_keys = {}
+        self.partial_hashed = set()
         if self.enable_kv_cache_events:
             self.events.append(AllBlocksCleared())
         return True
@@ -479,6 +488,16 @@ class SpecBlockPool:
             for block_id, cached_hash in enumerate(self.block_hash)
             if cached_hash is not None
         }
+        for block_id, keys in self.partial_keys.items():
+            if not keys or self.block_hash[block_id] is None or len(set(keys)) != len(keys):
+                raise InvariantViolation(
+                    "partial keys are distinct keys of hashed blocks", f"block {block_id}: {keys}"
+                )
+            hashed.update((key, block_id) for key in keys)
+        if any(self.block_hash[block_id] is None for block_id in self.partial_hashed):
+            raise InvariantViolation(
+                "a block hashed under a partial key is hashed", repr(sorted(self.partial_hashed))
+            )
         if indexed != hashed:
             raise InvariantViolation(
                 "hash index <=> hashed blocks",
@@ -519,6 +538,50 @@ class SpecBlockPool:
         if not 0 <= block_id < self.num_gpu_blocks:
             raise refusals.foreign_block(block_id)
 
+    def add_partial_key_unchecked(
+        self,
+        block_id: int,
+        key: CacheKey,
+        parent: int | None = None,
+        lora_id: int | None = None,
+    ) -> None:
+        """Index the held block `block_id` under `key` too (vLLM 0.33's `cache_partial_block`
+        for a full-attention block above the hash block size): as a secondary key of a hashed
+        block, removed with its hash; as its hash if it has none (`evict_blocks` took it).
+        Nothing if the block is the null block or carries the key already. A key new to the
+        index is announced by a BlockStored of its one hash block (its tokens, `parent` the
+        hash value before it, the request's `lora_id`), as vLLM 0.33 announces it."""
+        if block_id == NULL_BLOCK_ID or key == self.block_hash[block_id]:
+            return
+        if key in self.partial_keys.get(block_id, ()):
+            return
+        if self.block_hash[block_id] is None:
+            with self._transition(block_id, Event.SEAL):
+                self.block_hash[block_id] = key
+            self.partial_hashed.add(block_id)
+        else:
+            self.partial_keys.setdefault(block_id, []).append(key)
+        if self.enable_kv_cache_events and key not in self.index:
+            chunk = key_hash(key)
+            self.events.append(
+                BlockStored(
+                    block_hashes=(chunk.hash_value,),
+                    parent_block_hash=parent,
+                    token_ids=chunk.token_ids,
+                    block_size=len(chunk.token_ids),
+                    lora_id=lora_id,
+                    extra_keys=(published_keys(chunk),),
+                    group_idx=key_group(key),
+                )
+            )
+        self.index[key] = (*self.index.get(key, ()), block_id)
+
+    def _drop_partial_keys(self, block_id: int) -> None:
+        """The block's partial keys leave the index with its hash."""
+        self.partial_hashed.discard(block_id)
+        for key in self.partial_keys.pop(block_id, ()):
+            self._unindex(block_id, key)
+
     def _unindex(self, block_id: int, key: CacheKey) -> None:
         remaining = list(self.index[key])
         remaining.remove(block_id)
@@ -554,7 +617,7 @@ class SpecBlockPool:
         for run in runs:
             first = run[0]
             parent = first_parent if first == num_cached_blocks else chain[first - 1].hash_value
-            keys = [chain[position] for position in run]
+            keys = [self._event_key(request, chain[p], p, block_size) for p in run]
             self.events.append(
                 BlockStored(
                     block_hashes=tuple(key.hash_value for key in keys),
@@ -566,6 +629,21 @@ class SpecBlockPool:
                     group_idx=group_id,
                 )
             )
+
+    def _event_key(
+        self, request: Request, key: BlockHashType, position: int, block_size: int
+    ) -> BlockHashType:
+        """The key an event publishes for the block at `position`: its own, or, for a block of
+        several hash blocks (groups of several block sizes: its key is the chain hash at its
+        end, over its last H tokens), that hash value with all the block's tokens and their
+        extra keys."""
+        if len(key.token_ids) == block_size:
+            return key
+        start, end = position * block_size, (position + 1) * block_size
+        extra_keys = block_extra_keys(
+            request, start, end, mm_position=not self.semantics.mm_keys_without_position
+        )
+        return BlockHashType(key.hash_value, tuple(request.all_token_ids[start:end]), extra_keys)
 
     def _transition(self, block_id: int, event: Event) -> _Transition:
         return _Transition(self, block_id, event)

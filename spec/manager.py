@@ -5,10 +5,12 @@ A model with several attention types (full attention, sliding window, chunked lo
 states) has one KV cache group per type; each group's per-type manager
 (`pagedkv.spec.single_type`) keeps its block table over the one pool: a request holds one
 block-id list per group, position p of every list covering the same tokens when the groups
-share one block size (with caching off they may not: each list then covers the same token slots
-in blocks of its group's size, plus a Mamba group's speculative blocks). Blocks are cached per
-group (index key `GroupKey(g, hash)`, plain `hash` for group 0) under the request's one chain of
-hashes, which this manager stores.
+share one block size (else each list covers the same token slots in blocks of its group's size,
+plus a Mamba group's speculative blocks). Blocks are cached per group (index key
+`GroupKey(g, hash)`, plain `hash` for group 0) under the request's one chain of hashes, which
+this manager stores: at the block size, or with several block sizes and caching at their GCD H,
+each group keying its block by the chain hash at the block's end, hits and cached prefixes then
+multiples of their LCM S (docs/semantics.md, "Several block sizes with caching").
 
 - **A hit covers the same token prefix in every group.** With one group it is the group's own
   longest hit (with EAGLE found for EAGLE, then less its last block). With several, the longest
@@ -68,7 +70,12 @@ from pagedkv.spec.block_pool import NULL_BLOCK_ID, SpecBlockPool
 from pagedkv.spec.known_bugs import known_bugs, known_bugs_fatal
 from pagedkv.spec.offload.tier import SpecOffloadTier
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
-from pagedkv.spec.single_type import SpecSingleTypeManager, spec_single_type_manager
+from pagedkv.spec.single_type import (
+    FullAttention,
+    SlidingWindow,
+    SpecSingleTypeManager,
+    spec_single_type_manager,
+)
 from pagedkv.vocab import refusals
 from pagedkv.vocab.errors import ArgumentTypeError, InvalidArgumentError, InvariantViolation
 from pagedkv.vocab.hashes import (
@@ -107,6 +114,9 @@ class Step:
         num_tokens: the tokens the step computes (drafts included).
         num_external: the external tokens the step adopts (a connector loads them).
         delay_cache: the step caches nothing (an async load: the caller caches on landing).
+        cache_tokens: with several block sizes and caching, the tokens every group caches
+            after the step (its computed tokens, drafts out, rounded down to S); each group
+            caches `cache_tokens // B_g` positions, `num_full` being group 0's.
     """
 
     hits: GroupBlocks
@@ -117,6 +127,7 @@ class Step:
     num_tokens: int
     num_external: int = 0
     delay_cache: bool = False
+    cache_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -234,9 +245,18 @@ class SpecKVCacheManager:
         self.admission_caps = tuple(
             manager.admission_cap(max_model_len, in_flight) for manager in self.managers
         )
-        # Groups of several block sizes (caching off only): refusals name the group.
+        # Groups of several block sizes: refusals name the group.
         self.mixed_sizes = len({manager.block_size for manager in self.managers}) > 1
         self.enable_caching = enable_caching
+        # With caching (`mixed_cached`), the request's one chain is at H, each group's keys are
+        # its view of it (`group_keys`), and hits and cached prefixes are multiples of S.
+        self.mixed_cached = self.mixed_sizes and enable_caching
+        self.hash_block_size = config.hash_block_size
+        self.scheduler_block_size = config.scheduler_block_size
+        if self.mixed_cached:
+            for manager in self.managers:
+                if isinstance(manager, SlidingWindow):
+                    manager.alignment = self.scheduler_block_size
         self.hash_fn: HashFn = get_hash_fn(caching_hash_algo)
         self.use_eagle = use_eagle
         self.eagle_lookup = use_eagle and not semantics.eagle_window_hit_one_short
@@ -352,6 +372,8 @@ class SpecKVCacheManager:
         self.junction[request_id] = 0
         if request.prompt_logprobs:
             return empty, 0
+        if self.mixed_cached:
+            return self._mixed_lookup(request, stored)
         if len(stored) * self.block_size == request.num_tokens:
             lookup = stored[:-1]  # recompute the last block, so the last token yields logits
         else:
@@ -613,8 +635,9 @@ class SpecKVCacheManager:
           6. external tokens only for a request that holds no blocks and has no computed
              tokens (RequestError), and no Mamba group (InvalidArgumentError);
           7. if there are hits: caching is on (InvalidArgumentError); the request holds no
-             blocks and has no computed tokens; every group has as many hits; there are no more
-             hits than stored hashes (RequestError); then group by group, each hit, in order,
+             blocks and has no computed tokens; every group has as many hits (several block
+             sizes with caching: hits covering as many tokens); there are no more hits than
+             stored hashes (RequestError); then group by group, each hit, in order,
              is a block of the pool (BlockStateError), is the null block only if the group's
              attention allows null blocks (BlockStateError), and unless it is the null block
              is cached in the group under the request's stored hash at its position
@@ -702,7 +725,8 @@ class SpecKVCacheManager:
         if any(group_hits for group_hits in hits):
             self._require_hits(request, num_held, hits)
         num_hits = len(hits[0])
-        computed = request.num_computed_tokens + num_hits * self.block_size + num_external
+        hit_tokens = num_hits * self.managers[0].block_size  # one block size: num_hits * B
+        computed = request.num_computed_tokens + hit_tokens + num_external
         if computed + num_tokens - num_spec > request.num_tokens:
             raise refusals.more_tokens_than_request(
                 request_id, computed + num_tokens - num_spec, request.num_tokens
@@ -734,7 +758,12 @@ class SpecKVCacheManager:
                     manager.block_size,
                     group if self.mixed_sizes else None,
                 )
-        full = num_full_blocks(computed, num_tokens, num_spec, self.block_size)
+        cache_tokens = None
+        if self.mixed_cached:
+            cache_tokens = self._aligned(computed + num_tokens - num_spec)
+            full = cache_tokens // self.managers[0].block_size
+        else:
+            full = num_full_blocks(computed, num_tokens, num_spec, self.block_size)
         cached = self.num_cached.get(request_id, num_hits)
         if self.enable_caching and full < cached:
             raise refusals.cached_blocks_lost(request_id, full, cached)
@@ -743,7 +772,17 @@ class SpecKVCacheManager:
                 self.adopted_prefix(manager, group_hits, computed)
                 for manager, group_hits in zip(self.managers, hits, strict=True)
             )
-        return Step(hits, required, full, cached, computed, num_tokens, num_external, delay_cache)
+        return Step(
+            hits,
+            required,
+            full,
+            cached,
+            computed,
+            num_tokens,
+            num_external,
+            delay_cache,
+            cache_tokens,
+        )
 
     @staticmethod
     def adopted_prefix(
@@ -763,19 +802,32 @@ class SpecKVCacheManager:
         if num_held or request.num_computed_tokens:
             raise refusals.hits_for_running_request(request_id)
         lengths = [len(group_hits) for group_hits in hits]
-        if len(set(lengths)) != 1:
-            raise refusals.hits_of_unequal_length(request_id, lengths)
         stored = self.hashes.get(request_id, [])
-        if lengths[0] > len(stored):
-            raise refusals.more_hits_than_hashes(request_id, lengths[0], len(stored))
+        if self.mixed_cached:
+            tokens = [
+                len(group_hits) * m.block_size
+                for m, group_hits in zip(self.managers, hits, strict=True)
+            ]
+            if len(set(tokens)) != 1:
+                raise refusals.hits_of_unequal_tokens(request_id, tokens)
+            if tokens[0] // self.hash_block_size > len(stored):
+                raise refusals.more_hits_than_hashes(
+                    request_id, tokens[0] // self.hash_block_size, len(stored)
+                )
+        else:
+            if len(set(lengths)) != 1:
+                raise refusals.hits_of_unequal_length(request_id, lengths)
+            if lengths[0] > len(stored):
+                raise refusals.more_hits_than_hashes(request_id, lengths[0], len(stored))
         for group, (manager, group_hits) in enumerate(zip(self.managers, hits, strict=True)):
+            keys = self.group_keys(group, stored)
             for position, block_id in enumerate(group_hits):
                 if block_id not in range(self.pool.num_gpu_blocks):
                     raise refusals.foreign_block(block_id)
                 if block_id == NULL_BLOCK_ID:
                     if not manager.allows_null_blocks:
                         raise refusals.null_hit(block_id)
-                elif self.pool.block_hash[block_id] != cache_key(stored[position], group):
+                elif self.pool.block_hash[block_id] != cache_key(keys[position], group):
                     raise refusals.hit_not_cached(request_id, block_id, position)
             shape_error = manager.hit_shape_error(group_hits, self.use_eagle, self.eagle_lookup)
             if shape_error is not None:
@@ -848,6 +900,9 @@ class SpecKVCacheManager:
             if step.num_external or group_hits:
                 # vLLM 0.33 counts an adopted prefix as cached, even with caching off.
                 manager.num_cached.setdefault(request_id, len(group_hits))
+        if self.mixed_cached:  # stored hashes cover the positions counted as cached
+            covered = max(m.num_cached.get(request_id, 0) * m.block_size for m in self.managers)
+            self._extend_chain(request, self.hashes.setdefault(request_id, []), covered)
         if step.num_external:
             for group, manager in enumerate(self.managers):
                 num_blocks = len(manager.blocks[request_id])
@@ -878,10 +933,26 @@ class SpecKVCacheManager:
             new_blocks.append(taken)
             if self.enable_caching and not step.delay_cache:
                 stored = self.hashes.setdefault(request_id, [])
-                num_cached = step.num_cached if not step.num_external else len(step.hits[group])
-                left_out = manager.cache_blocks(
-                    request, stored, num_cached, step.num_full, self.hash_fn, junction
-                )
+                if step.cache_tokens is not None:  # several block sizes: the group's view
+                    # Stored hashes cover the cached positions, adopted null ones included.
+                    counted = manager.num_cached.get(request_id, len(step.hits[group]))
+                    self._extend_chain(
+                        request, stored, max(step.cache_tokens, counted * manager.block_size)
+                    )
+                    left_out = manager.cache_blocks(
+                        request,
+                        self.group_keys(group, stored),
+                        len(step.hits[group]),
+                        step.cache_tokens // manager.block_size,
+                        self.hash_fn,
+                        junction,
+                    )
+                    self._cache_partial_tail(request, group, step.cache_tokens)
+                else:
+                    num_cached = step.num_cached if not step.num_external else len(step.hits[group])
+                    left_out = manager.cache_blocks(
+                        request, stored, num_cached, step.num_full, self.hash_fn, junction
+                    )
                 if left_out:
                     self.retention_counts["retention: blocks left uncached"] += len(left_out)
         self.requests[request_id] = request
@@ -935,6 +1006,9 @@ class SpecKVCacheManager:
         computed = min(request.num_computed_tokens, request.num_tokens)
         if num_computed_tokens > computed:
             raise refusals.cache_past_computed(request_id, num_computed_tokens, computed)
+        if self.mixed_cached:
+            self._mixed_cache_blocks(request, num_computed_tokens)
+            return
         num_full = num_computed_tokens // self.block_size
         if not any(manager.holds_state for manager in self.managers) and all(
             num_full <= manager.num_cached.get(request_id, 0) for manager in self.managers
@@ -1172,14 +1246,201 @@ class SpecKVCacheManager:
     # -- helpers -----------------------------------------------------------------------------
 
     def _chain(self, request: Request) -> list[BlockHashType]:
-        """The hashes of the request's full blocks (`request_block_hashes`), keyed as the
-        semantics keys multimodal inputs."""
+        """The hashes of the request's full blocks (`request_block_hashes`) at the hash block
+        size H (B with one block size), keyed as the semantics keys multimodal inputs."""
         return request_block_hashes(
             self.hash_fn,
-            self.block_size,
+            self.hash_block_size,
             request,
             mm_position=not self.semantics.mm_keys_without_position,
         )
+
+    # -- several block sizes with caching ------------------------------------------------------
+
+    def group_keys(self, group: int, chain: Sequence[BlockHashType]) -> list[BlockHashType]:
+        """Group `group`'s block hashes: for its block k, the chain hash at that block's end,
+        `chain[(k + 1) * B_g / H - 1]` (vLLM 0.33's per-group view; with one block size the
+        chain itself). It fingerprints the whole prefix, so no new hash is computed."""
+        scale = self.managers[group].block_size // self.hash_block_size
+        return list(chain[scale - 1 :: scale])
+
+    def _aligned(self, num_tokens: int) -> int:
+        """`num_tokens` rounded down to a multiple of S (where hits and cached prefixes end)."""
+        return num_tokens - num_tokens % self.scheduler_block_size
+
+    def _extend_chain(self, request: Request, stored: list[BlockHashType], num_tokens: int) -> None:
+        """The stored chain covers the request's first `num_tokens` tokens (its H-chunks)."""
+        needed, recorded = num_tokens // self.hash_block_size, len(stored)
+        if recorded < needed:
+            stored.extend(self._chain(request)[recorded:needed])
+            self._record_parents(stored, recorded)
+
+    def _mixed_lookup(
+        self, request: Request, stored: list[BlockHashType]
+    ) -> tuple[GroupBlocks, int]:
+        """`get_computed_blocks` with several block sizes: the lookup covers the stored hashes
+        of at most `num_tokens - 1` tokens, the hit is `mixed_common_hit`'s, in tokens."""
+        request_id = request.request_id
+        num_lookup = min(len(stored), (request.num_tokens - 1) // self.hash_block_size)
+        lookup = stored[:num_lookup]
+        length, hits = self.mixed_common_hit(lookup)
+        self.junction[request_id] = self._mixed_junction(lookup, length)
+        if self.junction[request_id] and self.retention_interval is not None:
+            self.retention_counts["retention: lookups finding a shared-prefix junction"] += 1
+        self.truth.check_hit(request, hits, length, eagle=False)
+        if self.stats is not None:
+            self.stats.queries += num_lookup
+            self.stats.hits += length // self.hash_block_size
+            self.stats.queried_tokens += request.num_tokens
+            self.stats.hit_tokens += length
+        return hits, length
+
+    def mixed_common_hit(self, lookup: Sequence[BlockHashType]) -> tuple[int, GroupBlocks]:
+        """The hit of groups of several block sizes within the chain `lookup`, in tokens, and
+        each group's blocks (`length / B_g` of them): passes over the groups, full attention
+        first, each cutting the length to its own longest hit within it rounded down to S,
+        until a pass cuts nothing (vLLM 0.33's fixed point with `alignment_tokens = S`)."""
+        order = sorted(
+            range(self.num_groups), key=lambda group: self.managers[group].allows_null_blocks
+        )
+        length = len(lookup) * self.hash_block_size
+        while True:
+            shortened = length
+            for group in order:
+                shortened = min(shortened, self._aligned_hit(group, lookup, shortened))
+            if shortened == length:
+                break
+            length = shortened
+        hits = tuple(
+            self._group_hit(g, self.group_keys(g, lookup)[: length // manager.block_size])
+            for g, manager in enumerate(self.managers)
+        )
+        assert all(
+            len(hit) * manager.block_size == length
+            for hit, manager in zip(hits, self.managers, strict=True)
+        ), "a fixed point: every group allows it"
+        return length, hits
+
+    def _aligned_hit(self, group: int, lookup: Sequence[BlockHashType], limit: int) -> int:
+        """Group `group`'s longest hit within `limit` tokens of `lookup` that ends on a multiple
+        of S, in tokens: full attention's cached prefix rounded down; a window's or chunk's
+        longest hit, of S-token blocks, ends there already; a window of smaller blocks is asked
+        at every multiple of S, longest first, until it allows one (it allows 0)."""
+        manager = self.managers[group]
+        block_size = manager.block_size
+        keys = self.group_keys(group, lookup)[: limit // block_size]
+        if not manager.allows_null_blocks or block_size == self.scheduler_block_size:
+            return self._aligned(len(self._group_hit(group, keys)) * block_size)
+        for length in range(self._aligned(limit), 0, -self.scheduler_block_size):
+            num_blocks = length // block_size
+            if len(self._group_hit(group, keys[:num_blocks])) == num_blocks:
+                return length
+        return 0
+
+    def _mixed_junction(self, lookup: Sequence[BlockHashType], length: int) -> int:
+        """`junction_of` with several block sizes, in tokens: the hit of the groups sharing the
+        first full-attention group's spec, rounded down to S, where it is longer than the
+        common hit of `length` tokens; else 0."""
+        lead = next(
+            (g for g, manager in enumerate(self.managers) if not manager.allows_null_blocks), 0
+        )
+        groups = [g for g, spec in enumerate(self.specs) if spec == self.specs[lead]]
+        keys = self.group_keys(lead, lookup)
+        found = self._aligned(
+            len(self._unit_hit(groups, keys, for_eagle=False)[0]) * self.managers[lead].block_size
+        )
+        return found if found > length else 0
+
+    def _mixed_cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """`cache_blocks` with several block sizes: every group caches its positions within
+        the first `num_computed_tokens` tokens rounded down to S (a block of a group with
+        B_g < S stays unhashed until the next S boundary)."""
+        request_id = request.request_id
+        cache_tokens = self._aligned(num_computed_tokens)
+        if all(
+            cache_tokens // manager.block_size <= manager.num_cached.get(request_id, 0)
+            for manager in self.managers
+        ):
+            for group in range(self.num_groups):  # vLLM 0.33 asks for the partial key anyway
+                self._cache_partial_tail(request, group, cache_tokens)
+            return
+        stored = self.hashes.setdefault(request_id, [])
+        num_recorded = len(stored)
+        self._extend_chain(request, stored, cache_tokens)
+        junction = self.junction.get(request_id, 0)
+        for group, manager in enumerate(self.managers):
+            left_out = manager.cache_blocks(
+                request,
+                self.group_keys(group, stored),
+                manager.num_cached.get(request_id, 0),
+                cache_tokens // manager.block_size,
+                self.hash_fn,
+                junction,
+            )
+            if left_out:
+                self.retention_counts["retention: blocks left uncached"] += len(left_out)
+            self._cache_partial_tail(request, group, cache_tokens)
+        self._record_parents(stored, num_recorded)
+
+    def _cache_partial_tail(self, request: Request, group: int, cache_tokens: int) -> None:
+        """Under `partial_prefix_keys`, after group `group` cached up to `cache_tokens`: a
+        full-attention group whose block B_g exceeds H indexes the block holding token `b`, the
+        prompt's last H boundary before its last token, under the chain hash at `b` too (a
+        partial key), when `b` is positive, within `cache_tokens`, inside a block it holds and
+        not at a block's end (vLLM 0.33's `_cache_partial_tail_block`, asked at every caching
+        call). Its hash, already set, stays; the key serves no lookup here (only a Mamba
+        "align" group's fine-grained lookups hit it)."""
+        manager = self.managers[group]
+        block_size, hash_size = manager.block_size, self.hash_block_size
+        if not self.semantics.partial_prefix_keys or block_size == hash_size:
+            return
+        if not isinstance(manager, FullAttention):
+            return
+        boundary = (request.num_prompt_tokens - 1) // hash_size * hash_size
+        boundary = min(boundary, request.num_tokens // hash_size * hash_size)
+        if boundary == 0 or boundary > cache_tokens or boundary % block_size == 0:
+            return
+        held = manager.blocks[request.request_id]
+        if boundary // block_size >= len(held):
+            return
+        stored = self.hashes[request.request_id]
+        key = cache_key(stored[boundary // hash_size - 1], group)
+        parent = stored[boundary // hash_size - 2].hash_value if boundary > hash_size else None
+        self.pool.add_partial_key_unchecked(
+            held[boundary // block_size], key, parent, request.lora_id
+        )
+
+    def _check_mixed_request(self, request_id: str, held: GroupBlocks) -> None:
+        """With several block sizes and caching: every group has cached the same prefix, a
+        multiple of S tokens, and no block past it carries a hash (delayed hashing)."""
+        cached = [
+            manager.num_cached.get(request_id, 0) * manager.block_size for manager in self.managers
+        ]
+        # External tokens may push a window's or chunk's hits out: its null positions then
+        # count as cached too (vLLM 0.33), past the prefix the other groups cached.
+        common = min(cached)
+        beyond = [
+            blocks[common // manager.block_size : manager.num_cached.get(request_id, 0)]
+            for manager, blocks in zip(self.managers, held, strict=True)
+        ]
+        if common % self.scheduler_block_size or any(
+            block_id != NULL_BLOCK_ID for extra in beyond for block_id in extra
+        ):
+            raise InvariantViolation(
+                "with several block sizes, every group caches the same prefix, a multiple of "
+                "the scheduler block size (null positions past it aside)",
+                f"request {request_id!r}: {cached} tokens cached per group, "
+                f"S = {self.scheduler_block_size}",
+            )
+        for group, (manager, blocks) in enumerate(zip(self.managers, held, strict=True)):
+            for position in range(manager.num_cached.get(request_id, 0), len(blocks)):
+                if self.pool.block_hash[blocks[position]] is not None:
+                    raise InvariantViolation(
+                        "with several block sizes, a request's blocks past its cached prefix "
+                        "carry no hash",
+                        f"request {request_id!r}, group {group}, position {position}, "
+                        f"block {blocks[position]}",
+                    )
 
     def _require_same_request(self, request: Request) -> None:
         if self.requests.get(request.request_id, request) is not request:
@@ -1241,7 +1502,16 @@ class SpecKVCacheManager:
             )
         if self.enable_caching:
             closed = [group for group, m in enumerate(self.managers) if m.prefix_closed]
-            check_prefix_closure(self.pool.index, self.parent_of, closed, self.evicted_keys)
+            scales = {g: m.block_size // self.hash_block_size for g, m in enumerate(self.managers)}
+            partial = {key for keys in self.pool.partial_keys.values() for key in keys}
+            partial.update(
+                key
+                for key in (self.pool.block_hash[b] for b in self.pool.partial_hashed)
+                if key is not None
+            )
+            check_prefix_closure(
+                self.pool.index.keys() - partial, self.parent_of, closed, self.evicted_keys, scales
+            )
 
     def _check_request(self, request_id: str) -> GroupBlocks:
         """The request's invariants in every group; its tables."""
@@ -1285,25 +1555,27 @@ class SpecKVCacheManager:
             return held
         request = self.requests[request_id]
         stored = self.hashes.get(request_id, [])
+        if self.mixed_cached:
+            self._check_mixed_request(request_id, held)
         for group, (manager, blocks) in enumerate(zip(self.managers, held, strict=True)):
             num_cached = manager.num_cached.get(request_id, 0)
-            if num_cached > min(request.num_tokens // self.block_size, len(stored)):
+            keys = self.group_keys(group, stored)
+            if num_cached > min(request.num_tokens // manager.block_size, len(keys)):
                 raise InvariantViolation(
                     "a request's cached blocks are full blocks with stored hashes",
                     f"request {request_id!r}, group {group}: {num_cached} cached, "
-                    f"{len(stored)} stored hashes",
+                    f"{len(keys)} stored hashes",
                 )
             evicted = self.evicted.get(request_id, ())
             for position, block_id in enumerate(blocks[:num_cached]):
-                key = cache_key(stored[position], group)
+                key = cache_key(keys[position], group)
+                if (group, position, block_id) in evicted:
+                    continue  # evict_blocks took its hash (a partial key may stand in for it)
                 if self.pool.block_hash[block_id] is None and (
                     manager.left_out.get(block_id) == key  # retention left it out
-                    or (group, position, block_id) in evicted  # evict_blocks took its hash
                 ):
                     continue
-                if block_id != NULL_BLOCK_ID and self.pool.block_hash[block_id] != cache_key(
-                    stored[position], group
-                ):
+                if block_id != NULL_BLOCK_ID and self.pool.block_hash[block_id] != key:
                     raise InvariantViolation(
                         "a request's cached block carries the hash its tokens chain to",
                         f"request {request_id!r}, group {group}, position {position}, "
@@ -1325,9 +1597,12 @@ def check_prefix_closure(
     parent_of: dict[BlockHashType, BlockHashType | None],
     groups: Collection[int],
     evicted_keys: Collection[CacheKey] = (),
+    scales: Mapping[int, int] | None = None,
 ) -> None:
     """In each of `groups` (full-attention groups: a request frees its blocks tail first), every
     cached hash's parent is cached too, `parent_of` being the ghost map of every chain's parents.
+    With several block sizes the chain is at H and a group's block spans `scales[group]` (B_g /
+    H) of its hashes: its parent is that many hashes up the chain.
     A key with an ancestor among `evicted_keys` (taken by `evict_blocks` since the last reset) is
     exempt: its request may still hold and cache blocks past the gap, and the order in which
     they and the gap's refilled blocks are freed is then anyone's.
@@ -1341,6 +1616,8 @@ def check_prefix_closure(
         if group not in groups:
             continue
         parent = parent_of.get(key_hash(key))
+        for _ in range((scales or {}).get(group, 1) - 1):
+            parent = None if parent is None else parent_of.get(parent)
         if evicted_keys and _descends_from(parent, group, parent_of, evicted_keys):
             continue
         if parent is not None and cache_key(parent, group) not in keys:

@@ -64,9 +64,14 @@ def reachable_boundaries(
     return boundaries
 
 
-def boundary_tail(boundary: int, need: int, block_size: int, use_eagle: bool) -> range:
+def boundary_tail(
+    boundary: int, need: int, block_size: int, use_eagle: bool, alignment: int | None = None
+) -> range:
     """The block positions a hit stopping at token `boundary` reads: the `need` blocks ending at
-    block `boundary // B` (EAGLE: one block further, the block it drops)."""
+    block `boundary // B` (EAGLE: one block further, the block it drops). With groups of several
+    block sizes hits end on `alignment` (S) tokens: the boundary is rounded down to it first."""
+    if alignment is not None:
+        boundary -= boundary % alignment
     end = boundary // block_size + int(use_eagle)
     return range(max(end - need, 0), end)
 
@@ -88,8 +93,15 @@ def retained(
     need: int,
     block_size: int,
     use_eagle: bool,
+    alignment: int | None = None,
 ) -> list[bool]:
     """For each block position, whether a sliding-window group caches it (module docstring).
+
+    With groups of several block sizes (`alignment`: S, hits end on its multiples), a window of
+    blocks smaller than S caches only the blocks a hit at such an end reads: its boundaries are
+    rounded down to S, and even without an interval (dense) only the last `need` blocks of every
+    S-token segment are cached (every block when a segment is no longer than `need` blocks),
+    as vLLM 0.33's `reachable_block_mask` does.
 
     Args:
         positions: the block positions asked about.
@@ -98,13 +110,16 @@ def retained(
         need: cached blocks a hit's run needs (with EAGLE, one more).
         block_size: tokens per block.
         use_eagle: hits drop their last block.
+        alignment: S with groups of several block sizes, else None.
     """
     if interval is None:
-        return [True for _ in positions]
+        if alignment is None or alignment == block_size:
+            return [True for _ in positions]
+        return [in_segment_tail(p, alignment, need, block_size, 0) for p in positions]
     tails = {
         position
         for boundary in boundaries
-        for position in boundary_tail(boundary, need, block_size, use_eagle)
+        for position in boundary_tail(boundary, need, block_size, use_eagle, alignment)
     }
     shift = int(use_eagle)
     return [

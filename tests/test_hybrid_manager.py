@@ -566,12 +566,19 @@ CONFIG_REFUSALS: dict[str, tuple[KVCacheConfig, dict[str, Any], str]] = {
         {"use_eagle": True},
         "EAGLE is not supported with chunked local attention",
     ),
-    "mixed block sizes": (
-        config(8, full(2), window(4, block_size=4)),
+    "mixed block sizes, chunked local attention below the LCM": (
+        config(8, full(2), chunked(4, block_size=2), window(4, block_size=4)),
         {},
-        "KVCacheManager with prefix caching needs one block size in every group, got [2, 4]: "
-        "groups of several block sizes are served with caching off (vLLM 0.33 hashes them at "
-        "the sizes' GCD, which pagedkv does not do yet)",
+        "KV cache group 1 (chunked local attention) has block size 2: with prefix caching and "
+        "groups of several block sizes, a chunked local attention group's block size must be "
+        "the scheduler block size 4 (their LCM: vLLM 0.33 asserts it at the first lookup)",
+    ),
+    "mixed block sizes with EAGLE": (
+        config(8, full(2), window(4, block_size=4)),
+        {"use_eagle": True},
+        "KVCacheManager with prefix caching serves groups of several block sizes ([2, 4]) only "
+        "without EAGLE (vLLM 0.33 drops a block of each group's own size, then rounds the hit "
+        "down to their LCM: not modelled yet)",
     ),
     "a Mamba group with caching on": (
         config(8, full(), MambaSpec(block_size=2, shapes=[(4,)], dtypes=["float16"])),

@@ -389,6 +389,13 @@ CONFIG_REFUSALS: dict[str, tuple[KVCacheConfig, dict[str, object], str]] = {
         "SlidingWindowSpec group beside it (group 1) (served: Mamba groups beside "
         "full-attention groups, no speculative or prefill checkpoint blocks, no EAGLE)",
     ),
+    "groups of several block sizes": (
+        config(8, full(), full(2 * B), mamba()),
+        {},
+        f"KV cache group 2: mamba_cache_mode 'align' is not served yet with groups of several "
+        f"block sizes [{B}, {2 * B}] (served: Mamba groups beside full-attention groups, no "
+        "speculative or prefill checkpoint blocks, no EAGLE)",
+    ),
 }
 
 

@@ -33,6 +33,7 @@ POOL_SURFACE = frozenset(
         "cache_full_blocks_locked",
         "intern_hashes_locked",
         "check_hits_locked",
+        "add_partial_key_locked",
         "reset_prefix_cache_locked",
         "evict_blocks_locked",
         "check_invariants_locked",

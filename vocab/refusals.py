@@ -21,11 +21,24 @@ from pagedkv.vocab.errors import (
 # -- the configuration (a manager's construction) ------------------------------------------------
 
 
-def groups_of_several_block_sizes(block_sizes: list[int]) -> KVCacheConfigError:
+def groups_of_several_block_sizes(block_sizes: list[int], reason: str) -> KVCacheConfigError:
+    """Groups of several block sizes with prefix caching, outside the domain pagedkv serves
+    (docs/semantics.md, "KVCacheManager": several block sizes with caching)."""
     return KVCacheConfigError(
-        f"KVCacheManager with prefix caching needs one block size in every group, got "
-        f"{block_sizes}: groups of several block sizes are served with caching off (vLLM 0.33 "
-        "hashes them at the sizes' GCD, which pagedkv does not do yet)"
+        f"KVCacheManager with prefix caching serves groups of several block sizes "
+        f"({block_sizes}) only {reason}"
+    )
+
+
+def group_block_size_unserved(
+    group: int, kind: str, block_size: int, rule: str, required: int, why: str
+) -> KVCacheConfigError:
+    """A group of a mixed-size config with prefix caching whose block size is not the one its
+    attention type needs there (`rule`: "hash block size" or "scheduler block size")."""
+    return KVCacheConfigError(
+        f"KV cache group {group} ({kind}) has block size {block_size}: with prefix caching and "
+        f"groups of several block sizes, a {kind} group's block size must be the {rule} "
+        f"{required} ({why})"
     )
 
 
@@ -263,6 +276,16 @@ def hits_of_unequal_length(request_id: str, lengths: list[int]) -> RequestError:
         request_id,
         "new_computed_blocks must cover the same blocks in every KV cache group",
         f"{lengths} hits per group",
+    )
+
+
+def hits_of_unequal_tokens(request_id: str, tokens: list[int]) -> RequestError:
+    """With several block sizes, a hit covers the same tokens in every group (its block
+    counts then differ)."""
+    return RequestError(
+        request_id,
+        "new_computed_blocks must cover the same tokens in every KV cache group",
+        f"{tokens} tokens per group",
     )
 
 

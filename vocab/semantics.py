@@ -66,6 +66,12 @@ class Semantics:
             vLLM 0.32.0 retains them. pagedkv and vLLM 0.33 also keep the run one block lower:
             a sibling that diverges right after the junction has no block past it for EAGLE
             to drop, so its hit lands a block lower, and finds it only if that run is cached.
+        partial_prefix_keys: with groups of several block sizes and caching, a full-attention
+            group whose blocks exceed the hash block size H also indexes the block holding the
+            prompt's last H boundary (before its last token) under the chain hash there, a
+            secondary "partial" key, as vLLM 0.33 does (its `cache_partial_block`): an index
+            entry no lookup hits without a Mamba group in mode "align", removed with the
+            block's hash. pagedkv indexes each block under its own key only.
     """
 
     null_block_refcounted: bool = False
@@ -80,6 +86,7 @@ class Semantics:
     mm_keys_without_position: bool = False
     deferred_free_flattened: bool = False
     junction_ignores_eagle: bool = False
+    partial_prefix_keys: bool = False
 
     @property
     def name(self) -> str:
@@ -104,6 +111,7 @@ VLLM_0_33 = Semantics(
     free_tail_first_without_caching=True,
     lookup_hashes_every_full_block=True,
     deferred_free_flattened=True,
+    partial_prefix_keys=True,
 )
 """vLLM 0.33.0's block pool: pagedkv's null-block and capacity rules, and the two switches above.
 Its manager differs further; docs/semantics.md lists how `--against` accounts for that."""

@@ -43,7 +43,11 @@ def num_window_blocks(sliding_window: int, block_size: int) -> int:
 
 
 def scan_window_hit(
-    num_blocks: int, num_needed: int, lookup: Callable[[int], T | None], null: T
+    num_blocks: int,
+    num_needed: int,
+    lookup: Callable[[int], T | None],
+    null: T,
+    align: int = 1,
 ) -> list[T]:
     """The longest prefix of `num_blocks` positions ending in `num_needed` consecutive hits.
 
@@ -55,6 +59,10 @@ def scan_window_hit(
         lookup:  hit   miss  hit   hit   miss      num_needed = 2
         result:  null  null  b2    b3              (positions 4, 3, 2 looked up)
 
+    With `align` > 1 (groups of several block sizes: S / B), hits end on a multiple of `align`
+    blocks: a run starts (from the right) only at a position i with `(i + 1) % align == 0`;
+    a cached block elsewhere starts nothing and comes back as `null`.
+
     Complexity: O(num_blocks) lookups at most.
     """
     hits: list[T] = [null] * num_blocks
@@ -63,6 +71,8 @@ def scan_window_hit(
         block = lookup(i)
         if block is None:
             run = 0
+            continue
+        if not run and (i + 1) % align:
             continue
         hits[i] = block
         run += 1
@@ -102,6 +112,9 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         self.eagle_contiguous_blocks = num_window_blocks(
             self.sliding_window + self.block_size, self.block_size
         )
+        # Groups of several block sizes with caching: S / B (set by the manager, with `sparse`
+        # when S > B): hits end on multiples of S, and only the blocks they read are cached.
+        self.alignment_blocks = 1
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHashType], for_eagle: bool = False
@@ -129,7 +142,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         num_needed = (
             self.eagle_contiguous_blocks if for_eagle else self.sliding_window_contiguous_blocks
         )
-        return scan_window_hit(num_blocks, num_needed, lookup, null)
+        return scan_window_hit(num_blocks, num_needed, lookup, null, self.alignment_blocks)
 
     def hit_shape_error(
         self, hits: Sequence[KVCacheBlock], use_eagle: bool, for_eagle: bool
@@ -161,6 +174,10 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         ending a block further with EAGLE; with a positive interval also the last `need`
         blocks of every interval-long segment.
 
+        With groups of several block sizes (`alignment_blocks` S / B > 1) boundaries round
+        down to S, and with no interval only the last `need` blocks of each S-token segment are
+        cached (all when a segment is no longer than `need` blocks).
+
         Complexity: O(end - first + need).
         """
         block_size = self.block_size
@@ -170,6 +187,11 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             self.eagle_contiguous_blocks if eagle else self.sliding_window_contiguous_blocks
         ) or 1
         interval = self.retention_interval
+        align = self.alignment_blocks
+        if interval is None:  # dense, only with alignment (else not `sparse`)
+            if need >= align:
+                return [True] * (end - first)
+            return [i % align >= align - need for i in range(first, end)]
         if interval:
             per_segment = interval // block_size
             if need >= per_segment:
@@ -189,8 +211,9 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             boundaries.append(junction)
             if eagle and not self.junction_ignores_eagle:
                 boundaries.append(junction - block_size)
+        aligned_to = align * block_size
         for boundary in boundaries:
-            tail_end = boundary // block_size + shift
+            tail_end = boundary // aligned_to * align + shift
             for i in range(max(first, tail_end - need), min(end, tail_end)):
                 mask[i - first] = True
         return mask

@@ -190,7 +190,8 @@ class SpecSingleTypeManager:
         blocks retention left out (recorded in `left_out`)."""
         held = self.blocks[request.request_id]
         num_cached = self.num_cached.get(request.request_id, num_cached)
-        first, end = min(num_cached, len(held)), min(num_full, len(held))
+        first = min(num_cached, len(held))
+        end = max(min(num_full, len(held)), first)  # nothing when cached past num_full
         kept = self.retained(request, junction, range(first, end))
         self.pool.cache_full_blocks_unchecked(
             request,

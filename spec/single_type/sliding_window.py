@@ -80,6 +80,9 @@ class SlidingWindow(SpecSingleTypeManager):
     def __init__(self, spec: SlidingWindowSpec, pool: SpecBlockPool, group_id: int) -> None:
         super().__init__(spec, pool, group_id)
         self.sliding_window = spec.sliding_window
+        # Groups of several block sizes with caching: hits end on multiples of S (set by the
+        # manager; None otherwise), and a window of smaller blocks caches only what they read.
+        self.alignment: int | None = None
 
     def _window(self, for_eagle: bool) -> int:
         return self.sliding_window + self.block_size if for_eagle else self.sliding_window
@@ -119,7 +122,8 @@ class SlidingWindow(SpecSingleTypeManager):
     def retained(self, request: Request, junction: int, positions: range) -> list[bool] | None:
         """`pagedkv.spec.retention`'s rule for this window: a hit's run is the window's blocks,
         one more with EAGLE."""
-        if self.retention_interval is None:
+        aligned = self.alignment is not None and self.alignment != self.block_size
+        if self.retention_interval is None and not aligned:
             return None
         return retention.retained(
             positions,
@@ -134,6 +138,7 @@ class SlidingWindow(SpecSingleTypeManager):
             need=contiguous_blocks_needed(self._window(self.use_eagle), self.block_size),
             block_size=self.block_size,
             use_eagle=self.use_eagle,
+            alignment=self.alignment,
         )
 
     def replay_tail(self, request: Request) -> set[int]:
@@ -146,5 +151,7 @@ class SlidingWindow(SpecSingleTypeManager):
         return {
             position
             for boundary in boundaries
-            for position in retention.boundary_tail(boundary, need, self.block_size, self.use_eagle)
+            for position in retention.boundary_tail(
+                boundary, need, self.block_size, self.use_eagle, self.alignment
+            )
         }
