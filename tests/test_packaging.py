@@ -130,6 +130,8 @@ REPRESENTATION_ONLY = {
         "one ref_cnt and one hash slot per block",
         "every block state change is in TRANSITIONS",
         "prefix closure: a cached block's parent hash is cached",  # needs the spec's ghost map
+        # its record of blocks whose hash was a partial key, for that prefix closure
+        "a block hashed under a partial key is hashed",
     },
     # The implementation's block objects and linked list.
     "impl": {
