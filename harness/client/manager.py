@@ -989,8 +989,8 @@ class ManagerClient:
         after = self.spec.held(request_id) or ()
         for layer, blocks, nulls in zip(self.layers, after, nulls_before, strict=False):
             freed = blocks.count(0) - nulls
-            if freed <= 0 or isinstance(layer, MambaSpec):
-                continue  # a Mamba group's nulls: `_count_align_step`
+            if freed <= 0 or (self.align and isinstance(layer, MambaSpec)):
+                continue  # a Mamba group's nulls in mode "align": `_count_align_step`
             if not self.hybrid:
                 counts["blocks freed by the sliding window"] += freed
             elif isinstance(layer, ChunkedLocalAttentionSpec):
