@@ -263,6 +263,9 @@ class ObjectManagerAdapter:
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         self.manager.cache_blocks(request, num_computed_tokens)
 
+    def new_step_starts(self) -> None:
+        self.manager.new_step_starts()
+
     def get_num_common_prefix_blocks(
         self, request: Request, num_running_requests: int
     ) -> tuple[int, ...]:
@@ -519,6 +522,7 @@ class SpecManagerAdapter:
         self.pop_blocks_for_free = manager.pop_blocks_for_free
         self.free_popped_blocks = manager.free_popped_blocks
         self.cache_blocks = manager.cache_blocks
+        self.new_step_starts = manager.new_step_starts
         self.get_num_common_prefix_blocks = manager.get_num_common_prefix_blocks
         self.make_prefix_cache_stats = manager.make_prefix_cache_stats
         self.take_events = manager.take_events

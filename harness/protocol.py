@@ -295,6 +295,16 @@ class ManagerUnderTest(Protocol):
     def check_invariants(self) -> None: ...
 
 
+class StartsSchedulerSteps(Protocol):
+    """What a `ManagerUnderTest` that serves Mamba prefix caching (`mamba_cache_mode="align"`)
+    has besides; the campaigns draw such runs only for a manager whose factory says so
+    (`harness.swarm.offers_mamba_align`), and a manager without it is never sent it."""
+
+    def new_step_starts(self) -> None:
+        """A scheduler step starts (vLLM 0.33's scheduler calls it first in every step): a
+        Mamba state keyed before it may be hit from now on."""
+
+
 class FlatManagerUnderTest(Protocol):
     """A manager of one KV cache group that answers in flat lists of ids (vLLM 0.8.5's shape):
     as `ManagerUnderTest`, with one list where it has one list per group, one count where it

@@ -89,6 +89,7 @@ from pagedkv.harness.swarm.engine import (
     offers_external_tokens,
     offers_full_sequence_gate,
     offers_kv_events,
+    offers_mamba_align,
     offers_mamba_groups,
     pool_layer,
     run_campaign,
@@ -395,6 +396,7 @@ def _manager_campaign(
         cache_blocks=offers_cache_blocks(factory),
         external_tokens=offers_external_tokens(factory),
         deferred_frees=offers_deferred_frees(factory),
+        mamba_align=offers_mamba_align(factory),
     )
     kinds = {
         "full": ", full attention",

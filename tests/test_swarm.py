@@ -39,11 +39,11 @@ from pagedkv.harness.swarm import (
     replay,
     run_campaign,
 )
-from pagedkv.harness.swarm.runs import draw_manager_run, draw_pool_run, run_seed
+from pagedkv.harness.swarm.runs import draw_manager_run, draw_pool_run, is_mamba_align, run_seed
 from pagedkv.harness.swarm.shrink import shrink
 from pagedkv.manager import KVCacheManager
 from pagedkv.vocab.errors import InvariantViolation
-from pagedkv.vocab.kv_cache_interface import MambaSpec
+from pagedkv.vocab.kv_cache_interface import FullAttentionSpec, MambaSpec
 from pagedkv.vocab.kv_events import BlockRemoved, KVCacheEvent
 from pagedkv.vocab.semantics import Semantics
 from proofs.planted.catalog import VARIANTS_BY_NAME, planted
@@ -509,3 +509,42 @@ def test_models_of_state_layers_only_are_the_last_draw_of_a_manager_run() -> Non
         assert run.config.kv_cache_config.num_blocks <= per_request * run.max_live + 1
         assert dataclasses.replace(run, config=before.config) == before
     assert 4 <= alone <= 25  # half of the ~5% of runs eligible
+
+
+def test_mamba_align_hybrids_are_the_last_draw_of_a_hybrid_run() -> None:
+    """A manager that serves Mamba prefix caching gets, in some hybrid runs drawn with caching
+    on (no EAGLE, gate or connector), one full-attention group and one or two Mamba groups in
+    mode "align" of its block size (`with_mamba_align`), without draft tokens or lookahead,
+    with scheduler steps; every other run is drawn as for a manager that does not."""
+    flags = {
+        "evict_blocks": True,
+        "external_tokens": True,
+        "full_sequence_gate": True,
+        "mamba_groups": True,
+        "deferred_frees": True,
+        "offload_tier": True,
+    }
+    align = 0
+    for index in range(400):
+        seed = run_seed(2025, "hybrid", index)
+        run = draw_manager_run(seed, attention="hybrid", mamba_align=True, **flags)
+        before = draw_manager_run(seed, attention="hybrid", **flags)
+        if not is_mamba_align(run.config):
+            assert run == before
+            continue
+        align += 1
+        specs = run.specs
+        assert isinstance(specs[0], FullAttentionSpec)
+        assert 2 <= len(specs) <= 3
+        for spec in specs[1:]:
+            assert isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align"
+            assert spec.block_size == specs[0].block_size
+            assert spec.page_size_bytes == specs[0].page_size_bytes
+        assert run.config.enable_caching and not run.config.use_eagle
+        assert not (run.full_sequence_gate or run.external_tokens or run.offload_tier)
+        assert not run.features & {"draft tokens", "lookahead"}
+        assert run.features == before.features - {"draft tokens", "lookahead"}
+        assert run.weights.pop("new step") >= 1 and run.weights == before.weights
+        assert run.config.max_model_len == before.config.max_model_len
+        assert run.num_blocks == before.num_blocks
+    assert 12 <= align <= 45  # a quarter of the ~28% of hybrid runs eligible

@@ -36,12 +36,13 @@ MODES = frozenset(
         "external tokens",
         "deferred frees",
         "offload tier",
+        "mamba align",
     }
 )
 """The campaigns' modes: misuse on, pagedkv's semantics, events on, evict_blocks, Mamba
-groups, the full-sequence gate, cache_blocks, a connector's external tokens, deferred frees and
-a CPU offload tier behind the connector (`pagedkv_manager` offers them), and the full domain,
-which draws sparse retention."""
+groups, the full-sequence gate, cache_blocks, a connector's external tokens, deferred frees, a
+CPU offload tier behind the connector and Mamba prefix caching (`pagedkv_manager` offers
+them), and the full domain, which draws sparse retention."""
 
 
 @pytest.fixture(autouse=True)

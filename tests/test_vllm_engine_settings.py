@@ -180,6 +180,7 @@ def test_a_campaign_is_held_to_the_retention_targets_only_where_it_draws_sparse_
             external_tokens=False,
             deferred_frees=False,
             offload_tier=False,
+            mamba_align=False,
         )
         campaign = Campaign("t", "i", layer, VLLM_0_33, False, domain, 1, MANAGER_TARGETS, "")
         return campaign.modes

@@ -38,6 +38,7 @@ from pagedkv.harness.client.manager_ops import (
     Finish,
     Hostile,
     ManagerOp,
+    NewStep,
     Preempt,
     Reset,
     Stats,
@@ -61,6 +62,7 @@ from pagedkv.offload import OffloadTier
 from pagedkv.spec.block_pool import NULL_BLOCK_ID
 from pagedkv.spec.manager import SpecKVCacheManager
 from pagedkv.spec.offload import SpecOffloadTier
+from pagedkv.spec.single_type.mamba import mamba_chunk
 from pagedkv.vocab.errors import InvariantViolation
 from pagedkv.vocab.hashes import BlockHashType
 from pagedkv.vocab.kv_cache_interface import (
@@ -95,6 +97,17 @@ class Live:
     """Where its async load starts (its local hit, in tokens)."""
     load_keys: tuple[OffloadKey, ...] = ()
     """The CPU tier chunks its async load pins until it lands, fails or finishes."""
+
+
+@dataclass(frozen=True)
+class StatesBefore:
+    """What an allocation of a run with Mamba groups is counted against, read before it: the
+    state blocks the request's Mamba groups held (mode "align"), whether its hits were
+    deferred, and whether each block it may take was cached."""
+
+    states: set[int]
+    deferred: bool
+    hashed: dict[int, bool]
 
 
 @dataclass(frozen=True)
@@ -172,7 +185,17 @@ class ManagerClient:
         self.mamba_groups = tuple(
             group for group, layer in enumerate(self.layers) if isinstance(layer, MambaSpec)
         )
-        """The Mamba groups (a Mamba hybrid run: caching off, groups of several block sizes)."""
+        """The Mamba groups (a Mamba hybrid run: caching off, groups of several block sizes;
+        or a Mamba-align hybrid: caching on, one block size)."""
+        self.align = any(
+            isinstance(layer, MambaSpec) and layer.mamba_cache_mode == "align"
+            for layer in self.layers
+        )
+        """Whether the Mamba groups cache states (mode "align"): the client then cuts chunks
+        as vLLM's scheduler does (`mamba_chunk`) and counts what a Mamba-align hybrid
+        exercised (`harness/coverage.py`, "mamba align")."""
+        self.preempted: set[str] = set()
+        """The requests preempted so far (their next lookup is a readmission)."""
         self.drops_blocks = any(manager.allows_null_blocks for manager in spec.managers)
         """Whether a request's leading blocks may be dropped for the null block (a window or a
         chunk boundary); under full attention alone they never are (a spec invariant)."""
@@ -277,6 +300,8 @@ class ManagerClient:
             touched = self._admit(op)
         elif isinstance(op, Arrive):
             touched = self._arrive(op)
+        elif isinstance(op, NewStep):
+            touched = self._new_step()
         elif isinstance(op, Preempt):
             touched = self._preempt(op)
         elif isinstance(op, Finish):
@@ -361,6 +386,42 @@ class ManagerClient:
                 )
             )
         )
+
+    def _new_step(self) -> tuple[Live, ...]:
+        """A new scheduler step: `new_step_starts()` on both managers."""
+        _, error = self.pair.call(
+            "new_step_starts",
+            lambda manager: manager.new_step_starts(),
+            lambda: "new_step_starts()",
+        )
+        self._error("new_step_starts", error)
+        self.coverage.counts["Mamba align: scheduler steps"] += 1
+        return ()
+
+    def _align_chunk(self, record: RequestRecord, start: int, wanted: int, unaligned: bool) -> int:
+        """The tokens a step from `start` computes of the `wanted` ones: in a Mamba-align
+        hybrid as vLLM 0.33's scheduler cuts them (`mamba_chunk`, at the request's
+        shared-prefix junction too), unless `unaligned` (misuse: sent uncut, and from inside a
+        block at least across its end); else `wanted`."""
+        if not self.align:
+            return wanted
+        request = record.request
+        cut = mamba_chunk(
+            start,
+            wanted,
+            request.num_prompt_tokens,
+            record.num_tokens,
+            self.block_size,
+            self.spec.shared_prefix_boundary(record.request_id),
+        )
+        if not unaligned:
+            return cut
+        boundary = -(-start // self.block_size) * self.block_size
+        if start % self.block_size and boundary < record.num_tokens:
+            # From inside a block, past its end: refused alike (`mamba_unaligned_chunk`).
+            self.coverage.counts["Mamba align: unaligned chunks sent (misuse)"] += 1
+            return min(max(wanted, boundary - start + 1), record.num_tokens - start)
+        return wanted  # from a boundary: uncut, it may end inside a block (allowed)
 
     def _pick(self, which: int, *, running: bool | None) -> Live | None:
         if running is None:
@@ -457,6 +518,7 @@ class ManagerClient:
             chunk = 0  # the prefill waits for the load
         else:
             chunk = remaining if op.chunk <= 0 or op.chunk >= remaining else op.chunk
+            chunk = self._align_chunk(record, num_hit_tokens + external, chunk, op.unaligned)
             if chunk < remaining:
                 self.coverage.counts["chunked prefill steps"] += 1
         room = self.max_tokens - num_hit_tokens - external - chunk
@@ -601,6 +663,7 @@ class ManagerClient:
         drafts: tuple[int, ...] = ()
         if pending > 1:
             chunk = pending if op.chunk <= 0 or op.chunk >= pending else op.chunk
+            chunk = self._align_chunk(record, computed, chunk, op.unaligned)
             self.coverage.counts["chunked prefill steps"] += 1
         else:
             chunk, drafts = 1, op.drafts
@@ -659,6 +722,7 @@ class ManagerClient:
         nulls_before = [blocks.count(0) for blocks in held] if self.drops_blocks else []
         start = computed + num_hits * block_size + external
         hashed_before = self._cached_candidates(held, start + num_tokens + lookahead)
+        before = StatesBefore(self._held_states(held), self._defers(hit_lists), hashed_before)
         result, error = self._call_allocate(
             request,
             num_tokens,
@@ -672,16 +736,14 @@ class ManagerClient:
         if error is not None:
             self._error("allocate_slots", error)
             return None
+        if self.mamba_groups:
+            self._count_state_groups(request_id, result, before, decode, num_hits)
         if result is None:
             counts["allocate_slots refused for lack of blocks"] += 1
-            if self.mamba_groups:
-                counts[f"{self._mamba_label}: allocations refused for lack of blocks"] += 1
             if self.hybrid:
                 self._count_hybrid_refusal(request_id, start + num_tokens + lookahead, hit_lists)
             return False
         new_lists = result
-        if self.mamba_groups:
-            self._count_mamba_step(new_lists)
         new_blocks = [block_id for blocks in new_lists for block_id in blocks]
         num_new = len(new_lists[0]) if new_lists else 0
         real_end = start + num_tokens - num_drafts
@@ -818,7 +880,9 @@ class ManagerClient:
     @property
     def _mamba_label(self) -> str:
         """The coverage counters' prefix of a run with Mamba groups: beside attention groups
-        (a hybrid) or alone (a model of state layers only)."""
+        (a hybrid; caching states in mode "align") or alone (a model of state layers only)."""
+        if self.align:
+            return "Mamba align"
         return "Mamba hybrids" if self.hybrid else "Mamba alone"
 
     def _count_mamba_step(self, new_lists: GroupIds) -> None:
@@ -833,8 +897,79 @@ class ManagerClient:
         if len({len(blocks) for blocks in new_lists}) > 1:
             counts[f"{label}: steps where groups took different numbers of blocks"] += 1
         for group in self.mamba_groups:
-            if len(new_lists[group]) > 1:
+            if len(new_lists[group]) > 1 and not self.align:  # "align": null columns too
                 counts[f"{label}: speculative state blocks taken"] += len(new_lists[group]) - 1
+
+    def _held_states(self, held: tuple[list[int], ...] | GroupIds) -> set[int]:
+        """The state blocks (not null) the Mamba groups of `held` hold (a Mamba-align
+        hybrid; else none)."""
+        if not self.align:
+            return set()
+        return {
+            block_id
+            for group in self.mamba_groups
+            if group < len(held)
+            for block_id in held[group]
+            if block_id != NULL_BLOCK_ID
+        }
+
+    def _defers(self, hit_lists: GroupIds) -> bool:
+        """Whether a Mamba group in mode "align" defers these hits (their state was keyed in
+        this scheduler step), by the spec's state."""
+        return self.align and any(
+            self.spec.managers[group].defers(hit_lists[group])
+            for group in self.mamba_groups
+            if group < len(hit_lists)
+        )
+
+    def _count_state_groups(
+        self,
+        request_id: str,
+        result: GroupIds | None,
+        before: StatesBefore,
+        decode: bool,
+        num_hits: int,
+    ) -> None:
+        """An allocation of a run with Mamba groups, allocated (`result`) or refused (None)."""
+        counts = self.coverage.counts
+        if result is None:
+            counts[f"{self._mamba_label}: allocations refused for lack of blocks"] += 1
+            if before.deferred:
+                counts["Mamba align: hits refused in the step that keyed their state"] += 1
+            return
+        self._count_mamba_step(result)
+        if self.align:
+            self._count_align_step(request_id, result, before, decode, num_hits)
+
+    def _count_align_step(
+        self,
+        request_id: str,
+        new_lists: GroupIds,
+        before: StatesBefore,
+        decode: bool,
+        num_hits: int,
+    ) -> None:
+        """An allocation of a Mamba-align hybrid: previous states freed, a decode step
+        crossing a block boundary (a new running column), cached states evicted when their
+        block is taken again, a hit adopted."""
+        counts = self.coverage.counts
+        after = self._held_states(self.spec.held(request_id) or ())
+        if num_hits:
+            counts["Mamba align: hits adopted"] += 1
+        freed = before.states - after
+        if freed:
+            counts["Mamba align: previous states freed"] += len(freed)
+        new_states = [
+            block_id
+            for group in self.mamba_groups
+            for block_id in new_lists[group]
+            if block_id != NULL_BLOCK_ID
+        ]
+        if decode and new_states:
+            counts["Mamba align: decode steps crossing a block boundary"] += 1
+        evicted = sum(1 for block_id in new_states if before.hashed.get(block_id, False))
+        if evicted:
+            counts["Mamba align: cached states evicted when their block was reused"] += evicted
 
     def _cached_candidates(self, held: tuple[list[int], ...], end_token: int) -> dict[int, bool]:
         """Whether each block an allocation may hand out is cached: new blocks come from the
@@ -854,8 +989,8 @@ class ManagerClient:
         after = self.spec.held(request_id) or ()
         for layer, blocks, nulls in zip(self.layers, after, nulls_before, strict=False):
             freed = blocks.count(0) - nulls
-            if freed <= 0:
-                continue
+            if freed <= 0 or (self.align and isinstance(layer, MambaSpec)):
+                continue  # a Mamba group's nulls in mode "align": `_count_align_step`
             if not self.hybrid:
                 counts["blocks freed by the sliding window"] += freed
             elif isinstance(layer, ChunkedLocalAttentionSpec):
@@ -885,6 +1020,8 @@ class ManagerClient:
         if record.prompt_logprobs and self.caching:
             counts["prompt-logprobs lookups"] += 1
         num_hits = len(hit_lists[0]) if hit_lists else 0
+        if self.align and not record.prompt_logprobs:
+            self._count_align_lookup(record, num_hits)
         if self.hybrid and self.caching and not record.prompt_logprobs:
             self._count_hybrid_lookup(record, hit_lists, num_hits)
         if not num_hits:
@@ -901,6 +1038,33 @@ class ManagerClient:
         lookup_length = num_full - (num_full * self.block_size == record.num_tokens)
         if num_hits + self.config.use_eagle >= lookup_length:
             counts["hits that use every cached block"] += 1
+
+    def _count_align_lookup(self, record: RequestRecord, num_hits: int) -> None:
+        """What a lookup of a Mamba-align hybrid exercised: a Mamba hit, one cut below full
+        attention's hit alone (to a lower state boundary, or to nothing), a shared-prefix
+        junction, a readmission hitting a state again."""
+        spec = self.spec
+        counts = self.coverage.counts
+        request_id = record.request_id
+        if spec.shared_prefix_boundary(request_id):
+            counts["Mamba align: lookups finding a shared-prefix junction"] += 1
+        stored = spec.hashes.get(request_id, [])
+        lookup = stored[:-1] if len(stored) * self.block_size == record.num_tokens else stored
+        trace = spec.trace_common_hit(lookup)
+        full_alone = max(
+            alone
+            for alone, layer in zip(trace.alone, self.layers, strict=True)
+            if not isinstance(layer, MambaSpec)
+        )
+        if num_hits:
+            counts["Mamba align: hits"] += 1
+            if request_id in self.preempted:
+                counts["Mamba align: readmissions hitting a state again"] += 1
+        if full_alone > num_hits:
+            if num_hits:
+                counts["Mamba align: hits cut to a lower state boundary than full attention's"] += 1
+            else:
+                counts["Mamba align: full-attention hits cut to nothing by the Mamba group"] += 1
 
     def _count_hybrid_lookup(
         self, record: RequestRecord, hit_lists: tuple[list[int], ...], num_hits: int
@@ -921,7 +1085,7 @@ class ManagerClient:
         if trace.passes >= 3:
             counts["hybrid hits checked again after a group shortened them"] += 1
         for layer, blocks in zip(self.layers, hit_lists, strict=True):
-            if num_hits and blocks[0] == 0:
+            if num_hits and blocks[0] == 0 and not isinstance(layer, MambaSpec):
                 kind = "chunked" if isinstance(layer, ChunkedLocalAttentionSpec) else "windowed"
                 counts[f"hybrid hits with leading null blocks, {kind} group"] += 1
 
@@ -1151,6 +1315,7 @@ class ManagerClient:
         self._count_free(record.request_id)
         if not self._release_request(record, deferred):
             return
+        self.preempted.add(record.request_id)
         record.set_computed(0)
         live.running = False
 
@@ -1349,6 +1514,14 @@ class ManagerClient:
             what = "a block without a hash (passed over)"
         counts = self.coverage.counts
         counts[f"evict_blocks: {what}"] += 1
+        if self.align:
+            held_states = {
+                block_id
+                for live in self.live
+                for block_id in self._held_states(self.spec.held(live.record.request_id) or ())
+            }
+            if held_states.intersection(block_ids):
+                counts["Mamba align: evict_blocks of a state a request holds"] += 1
         if any(pool.ref_cnt[block_id] >= 2 for block_id in block_ids):
             counts["evict_blocks: a block two requests share"] += 1
         _, error = self.pair.call(

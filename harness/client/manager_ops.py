@@ -51,6 +51,10 @@ class Admit(NamedTuple):
     external: int = 0
     load_async: bool = False
     fail_at: int = -1
+    unaligned: bool = False
+    """Misuse (a run with a Mamba group in mode "align"): the chunk is not cut as vLLM's
+    scheduler cuts it (`mamba_chunk`), so that a step crossing a Mamba block from inside it is
+    sent, and refused alike."""
 
 
 class Step(NamedTuple):
@@ -74,6 +78,15 @@ class Step(NamedTuple):
     """A run with a CPU offload tier: what the store jobs in flight do at this step (taken
     modulo 3): 0 they complete, 1 the oldest fails and the others complete, 2 they stay
     pending."""
+    unaligned: bool = False
+    """Misuse, as `Admit.unaligned`."""
+
+
+class NewStep(NamedTuple):
+    """A new scheduler step starts: `new_step_starts()` on both managers (a run with a Mamba
+    group in mode "align"; vLLM 0.33's scheduler calls it first in every step). The calls
+    between two of these share a step: a lookup hitting a state keyed since the last one is
+    refused for now."""
 
 
 class Preempt(NamedTuple):
@@ -140,6 +153,7 @@ ManagerOp = (
     Arrive
     | Admit
     | Step
+    | NewStep
     | Preempt
     | Finish
     | Reset

@@ -90,6 +90,7 @@ class Layer:
         external_tokens: whether some runs play a KV connector (external tokens at admission).
         deferred_frees: whether those runs defer some frees (`pop_blocks_for_free`).
         offload_tier: whether some of those runs keep a CPU offload tier behind the connector.
+        mamba_align: whether some hybrid runs cache Mamba states (`mamba_cache_mode="align"`).
     """
 
     name: str
@@ -104,6 +105,7 @@ class Layer:
     external_tokens: bool = False
     deferred_frees: bool = False
     offload_tier: bool = False
+    mamba_align: bool = False
 
 
 def offers_kv_events(factory: object) -> bool:
@@ -127,6 +129,15 @@ def offers_mamba_groups(factory: object) -> bool:
     that says so with a `mamba_groups` attribute that is True."""
     own = (pagedkv_manager, spec_manager)
     return factory in own or getattr(factory, "mamba_groups", False) is True
+
+
+def offers_mamba_align(factory: object) -> bool:
+    """Whether `factory`'s managers serve Mamba prefix caching (`MambaSpec` in mode "align",
+    caching on, beside full attention of the same block size) and have `new_step_starts`:
+    pagedkv's and the spec's, or a factory that says so with a `mamba_align` attribute that is
+    True."""
+    own = (pagedkv_manager, spec_manager)
+    return factory in own or getattr(factory, "mamba_align", False) is True
 
 
 def offers_full_sequence_gate(factory: object) -> bool:
@@ -193,6 +204,7 @@ def manager_layer(
     external_tokens: bool | None = None,
     deferred_frees: bool | None = None,
     offload_tier: bool | None = None,
+    mamba_align: bool | None = None,
 ) -> Layer:
     """The request-level manager layer, checking `factory`'s managers on `domain`; `kv_events`
     (default: `offers_kv_events(factory)`) says whether they can emit KV cache events,
@@ -206,7 +218,9 @@ def manager_layer(
     (default: `offers_deferred_frees(factory)`) whether they defer frees (then a connector
     run pops a third of its frees and releases them at the next step), `offload_tier`
     (default: `offers_offload_tier(factory)`) whether they keep a CPU offload tier behind the
-    connector (then half the connector runs with caching have one).
+    connector (then half the connector runs with caching have one), `mamba_align` (default:
+    `offers_mamba_align(factory)`) whether they serve Mamba prefix caching (then some hybrid
+    runs with caching on have Mamba groups in mode "align": `with_mamba_align`).
     With `attention="hybrid"` it is the hybrid layer (named "hybrid": its runs have seeds of
     their own): configurations of 2 to `domain.max_groups` KV cache groups."""
     events = offers_kv_events(factory) if kv_events is None else kv_events
@@ -217,6 +231,7 @@ def manager_layer(
     external = offers_external_tokens(factory) if external_tokens is None else external_tokens
     deferred = offers_deferred_frees(factory) if deferred_frees is None else deferred_frees
     tier = offers_offload_tier(factory) if offload_tier is None else offload_tier
+    align = offers_mamba_align(factory) if mamba_align is None else mamba_align
     return Layer(
         "hybrid" if attention == "hybrid" else "manager",
         lambda seed: draw_manager_run(
@@ -233,6 +248,7 @@ def manager_layer(
             external_tokens=external,
             deferred_frees=deferred,
             offload_tier=external and tier,
+            mamba_align=align,
         ),
         lambda run, coverage, check_every: _manager_client(
             run, factory, coverage, check_every, hostile_calls, caches
@@ -246,6 +262,7 @@ def manager_layer(
         external,
         external and deferred,
         external and tier,
+        align,
     )
 
 
@@ -422,7 +439,7 @@ class Campaign:
     def modes(self) -> frozenset[str]:
         """What the coverage targets may assume ("misuse", "pagedkv semantics", "kv events",
         "sparse retention", "evict_blocks", "mamba groups", "full-sequence gate",
-        "cache_blocks", "external tokens", "deferred frees", "offload tier")."""
+        "cache_blocks", "external tokens", "deferred frees", "offload tier", "mamba align")."""
         modes = {"misuse"} if self.misuse else set()
         if self.domain.draws_sparse_retention:
             modes.add("sparse retention")
@@ -434,6 +451,8 @@ class Campaign:
             modes.add("evict_blocks")
         if self.layer.mamba_groups and (self.layer.name == "manager" or self.domain.max_groups > 1):
             modes.add("mamba groups")
+        if self.layer.mamba_align and self.layer.name == "hybrid" and self.domain.max_groups > 1:
+            modes.add("mamba align")
         if self.layer.full_sequence_gate:
             modes.add("full-sequence gate")
         if self.layer.cache_blocks:

@@ -38,6 +38,16 @@ one in half the runs (`draw_offload_tier`): the connector's external hits are th
 answer, and every step stores the blocks it computed. The very last draw: a single-group run
 with prefix caching off and without EAGLE, the gate or a connector, of a manager that serves
 Mamba groups, is in half the runs a model of state layers only (`mamba_alone`), one Mamba group.
+After it, in the same place for the hybrid layer: a hybrid run with prefix caching on and
+without EAGLE, the gate or a connector, of a manager that serves Mamba prefix caching
+(`offers_mamba_align`), is in a quarter of the runs a Mamba-align hybrid
+(`with_mamba_align`): one full-attention group and one or two Mamba groups in mode "align" of
+the same block size (vLLM 0.33's layout whenever prefix caching is on for a Mamba hybrid), its
+retention drawn again; the features such a manager refuses (draft tokens, lookahead) are off,
+and the run's client plays scheduler steps (`NewStep`, drawn with weight `NEW_STEP_WEIGHT`)
+and cuts its chunks as vLLM's scheduler does (`mamba_chunk`), but for a few unaligned ones
+(misuse). A quarter, not more: those runs are taken from the hybrid runs with caching, whose
+chunked groups' hits are rare already.
 """
 
 from __future__ import annotations
@@ -153,6 +163,13 @@ MAMBA_ALONE_SHARE = 1 / 2
 """The share of single-group runs with caching off and without EAGLE whose group is a Mamba
 group (of a manager that serves Mamba groups): a model of state layers only."""
 
+MAMBA_ALIGN_SHARE = 1 / 4
+NEW_STEP_WEIGHT = (4, 16)
+"""The share of hybrid runs with caching on and without EAGLE, the gate or a connector that
+become Mamba-align hybrids (of a manager that serves Mamba prefix caching), and the range the
+weight of their scheduler steps (`NewStep`) is drawn from: a step every few calls, so that
+hits on states keyed in the same step are refused now and then and adopted at other times."""
+
 ATTENTIONS = ("both", "full", "sliding", "hybrid")
 """What a manager layer draws: single-group runs of either attention type ("both"), of one, or
 hybrid runs (the hybrid layer)."""
@@ -231,6 +248,28 @@ def mamba_spec(
         page_size_padded=page_size_bytes,
         num_speculative_blocks=num_speculative_blocks,
         mamba_type=mamba_type,
+    )
+
+
+def mamba_align_spec(block_size: int, page_size_bytes: int, mamba_type: str) -> MambaSpec:
+    """The smallest state layer of `mamba_type` in mode "align": blocks of `block_size`
+    tokens (the attention groups'), its page padded to the attention page."""
+    return MambaSpec(
+        block_size=block_size,
+        shapes=[(1,)],
+        dtypes=["float16"],
+        page_size_padded=page_size_bytes,
+        mamba_type=mamba_type,
+        mamba_cache_mode="align",
+    )
+
+
+def is_mamba_align(config: ManagerConfig) -> bool:
+    """Whether `config` has a Mamba group in mode "align" (a Mamba-align hybrid)."""
+    return any(
+        isinstance(group.kv_cache_spec, MambaSpec)
+        and group.kv_cache_spec.mamba_cache_mode == "align"
+        for group in config.kv_cache_config.kv_cache_groups
     )
 
 
@@ -472,7 +511,9 @@ class ManagerRun:
     def histogram_keys(self) -> list[str]:
         """The configuration buckets this run counts in (the coverage table's histogram)."""
         window = self.sliding_window
-        if self.hybrid:
+        if is_mamba_align(self.config):
+            attention = f"attention Mamba-align hybrid, {len(self.specs)} groups"
+        elif self.hybrid:
             attention = f"attention hybrid, {len(self.specs)} groups"
         elif isinstance(self.specs[0], MambaSpec):
             attention = "attention Mamba states alone"
@@ -509,6 +550,8 @@ def describe_spec(spec: KVCacheSpec) -> str:
         return f"chunks of {spec.attention_chunk_size}"
     if isinstance(spec, MambaSpec):
         speculative = spec.num_speculative_blocks
+        if spec.mamba_cache_mode == "align":
+            return f"{spec.mamba_type} states, align"
         return f"{spec.mamba_type} states" + f", {speculative} speculative" * (speculative > 0)
     return "full attention"
 
@@ -550,6 +593,7 @@ def draw_manager_run(
     external_tokens: bool = False,
     deferred_frees: bool = False,
     offload_tier: bool = False,
+    mamba_align: bool = False,
 ) -> ManagerRun:
     """The run of this seed. `attention` (`ATTENTIONS`) restricts the draw;
     `steps_per_run` fixes the run length (default: drawn, 20-2,000 steps, log-uniform);
@@ -563,7 +607,9 @@ def draw_manager_run(
     connector's external tokens (then a third of the runs without a Mamba group play one),
     `deferred_frees` whether it defers frees (then every connector run pops some),
     `offload_tier` whether it keeps a CPU offload tier behind its connector (then half the
-    connector runs with caching have one: `draw_offload_tier`)."""
+    connector runs with caching have one: `draw_offload_tier`), `mamba_align` whether it
+    serves Mamba prefix caching (then a quarter of the hybrid runs with caching on and
+    without EAGLE, the gate or a connector are Mamba-align hybrids: `with_mamba_align`)."""
     rng = random.Random(seed)
     block_size = draw_block_size(rng)
     num_blocks = draw_pool_size(rng)
@@ -639,6 +685,18 @@ def draw_manager_run(
         and rng.random() < MAMBA_ALONE_SHARE
     ):
         config = mamba_alone(rng, config, max_live)
+    if (  # the last draw of a hybrid run (module docstring)
+        mamba_align
+        and hybrid
+        and config.enable_caching
+        and not config.use_eagle
+        and not gate
+        and not connector
+        and rng.random() < MAMBA_ALIGN_SHARE
+    ):
+        config = with_mamba_align(rng, config, domain)
+        features -= {"draft tokens", "lookahead"}  # refused with a Mamba group in mode "align"
+        weights["new step"] = float(rng.randint(*NEW_STEP_WEIGHT))
     return ManagerRun(
         seed=seed,
         config=config,
@@ -748,6 +806,26 @@ def with_mamba_groups(rng: random.Random, config: ManagerConfig, domain: Domain)
     return dataclasses.replace(
         config, kv_cache_config=hybrid_kv_cache_config(specs, config.kv_cache_config.num_blocks)
     )
+
+
+def with_mamba_align(rng: random.Random, config: ManagerConfig, domain: Domain) -> ManagerConfig:
+    """`config` (a hybrid run with caching on, no EAGLE) as a Mamba-align hybrid (module
+    docstring): its first group as full attention, then one or two Mamba groups in mode
+    "align" of its block size (as many as the domain's `max_groups` leaves room for), in the
+    same pool; the retention interval drawn again (`Domain.retention`: the Mamba groups keep
+    states by it)."""
+    block_size = config.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+    full = attention_spec(block_size, None)
+    num_mamba = min(rng.randint(1, 2), domain.max_groups - 1)
+    specs: list[KVCacheSpec] = [full]
+    specs += [
+        mamba_align_spec(block_size, full.page_size_bytes, rng.choice(MAMBA_TYPES))
+        for _ in range(num_mamba)
+    ]
+    specs = domain.plan_groups(specs)  # no draw: two equal Mamba specs may make one group
+    interval = domain.retention(rng, block_size)
+    kv_cache_config = hybrid_kv_cache_config(specs, config.kv_cache_config.num_blocks)
+    return dataclasses.replace(config, kv_cache_config=kv_cache_config.with_retention(interval))
 
 
 def hybrid_config(rng: random.Random, config: ManagerConfig, domain: Domain) -> ManagerConfig:

@@ -24,6 +24,7 @@ from pagedkv.harness.client.manager_ops import (
     Finish,
     Hostile,
     ManagerOp,
+    NewStep,
     Preempt,
     Reset,
     Stats,
@@ -58,11 +59,17 @@ from pagedkv.harness.client.pool_ops import (
     TakeEvents as TakePoolEvents,
 )
 from pagedkv.harness.client.requests import MM_HASHES, SALTS
-from pagedkv.harness.swarm.runs import ManagerRun, OperationPicker, PoolRun
+from pagedkv.harness.swarm.runs import ManagerRun, OperationPicker, PoolRun, is_mamba_align
 
 TAKE_EVENTS_CHANCE = 1 / 8
 """The chance, before each operation of a run with events on, that the events are taken first.
 Between takes the queue holds about 8 operations' events on average."""
+
+UNALIGNED_CHANCE = 1 / 4
+"""The chance that a chunk of a Mamba-align hybrid with misuse on is sent uncut, as vLLM's
+scheduler would not cut it (`ManagerClient._align_chunk`): from a block boundary it may end
+inside a block (allowed); from inside a block it is sent across its end, and refused alike
+(`mamba_unaligned_chunk`)."""
 
 TAKES_STREAM = 0x5BD1E9955BD1E995
 """Mixed into a run's seed for the stream that decides when events are taken (not the stream
@@ -100,6 +107,7 @@ class ManagerSampler:
         self._logprobs = "prompt logprobs" in features
         self._picker = OperationPicker(run.weights)
         self._takes = EventTakes(run.seed, run.kv_events)
+        self._unaligned = run.misuse and is_mamba_align(run.config)
 
     def generate(self, rng: random.Random, client: ManagerClient) -> ManagerOp:
         """The next operation: a take of the events when due, else a kind drawn by the run's
@@ -149,6 +157,8 @@ class ManagerSampler:
                 step = step._replace(release_twice=True)  # misuse: a batch released twice
             if self.run.offload_tier is not None:  # the oldest store: done, failed, pending
                 step = step._replace(store=rng.choice((0, 0, 0, 0, 1, 2)))
+            if self._unaligned and rng.random() < UNALIGNED_CHANCE:
+                step = step._replace(unaligned=True)
             return step
         if kind == "admit":
             chunk, lookahead = self._draw_chunk(rng), self._draw_lookahead(rng)
@@ -159,6 +169,8 @@ class ManagerSampler:
                     fail_at = rng.randrange(4)  # the sync load fails from this block on
                     return Admit(which, chunk, lookahead, 0, external, False, fail_at)
                 return Admit(which, chunk, lookahead, 0, external, load_async)
+            if self._unaligned and rng.random() < UNALIGNED_CHANCE:
+                return Admit(which, chunk, lookahead, unaligned=True)
             return Admit(which, chunk, lookahead)
         if kind == "arrive":
             return self._draw_arrival(rng, client)
@@ -178,6 +190,8 @@ class ManagerSampler:
             return Reset()
         if kind == "stats":
             return Stats()
+        if kind == "new step":
+            return NewStep()
         if kind == "evict":
             return Evict(which, rng.randrange(4), rng.getrandbits(8))
         return Hostile(rng.choice(self.hostile_kinds), which, rng.getrandbits(8) + self.block_size)

@@ -345,10 +345,28 @@ class Vllm033Manager:
             delay_cache_blocks=delay_cache_blocks,
             full_sequence_must_fit=full_sequence_must_fit,
         )
+        self._drain_step_outputs()
         if blocks is None:
             return None
         self.running.add(request.request_id)
         return self._ids(blocks.blocks)
+
+    def _drain_step_outputs(self) -> None:
+        """What the scheduler takes from the manager after each allocation with a Mamba group
+        in mode "align" (`take_kv_cache_block_copies`, `take_boundary_state_offloads`), as it
+        does: the copies run at once (their retained endpoints are released), the boundary
+        states go to no connector."""
+        take_copies = getattr(self.manager, "take_kv_cache_block_copies", None)
+        if take_copies is not None:
+            _, retained = take_copies()
+            if retained:
+                self.manager.block_pool.free_blocks(retained)
+        take_offloads = getattr(self.manager, "take_boundary_state_offloads", None)
+        if take_offloads is not None:
+            take_offloads()
+
+    def new_step_starts(self) -> None:
+        self.manager.new_step_starts()
 
     def free(self, request: Request) -> None:
         view = self._view(request)
@@ -479,6 +497,8 @@ class Release:
         marks_draft_layers: with EAGLE, each layer's spec says it is the drafter's
             (`is_draft`, 0.33.0), so every group is flagged; a release without the field flags
             every group when none is (0.32.0's coordinator).
+        mamba_align: whether the campaigns draw Mamba groups in mode "align" for it
+            (`offers_mamba_align`): checked for 0.33.0 only.
     """
 
     version: str
@@ -486,9 +506,10 @@ class Release:
     manager: type[Vllm033Manager] = Vllm033Manager
     manager_arguments: tuple[tuple[str, object], ...] = ()
     marks_draft_layers: bool = True
+    mamba_align: bool = False
 
 
-RELEASE = Release(VERSION, manager_arguments=(("num_hash_lookahead_tokens", 0),))
+RELEASE = Release(VERSION, manager_arguments=(("num_hash_lookahead_tokens", 0),), mamba_align=True)
 """0.33.0: lookahead hashes off (the EAGLE drop, as pagedkv models it; docs/semantics.md)."""
 
 
@@ -562,8 +583,12 @@ def load_release(
         specs = [group.kv_cache_spec for group in ours.kv_cache_groups]
         retention = (
             ours.prefix_cache_retention_interval
-            if any(isinstance(spec, SlidingWindowSpec) for spec in specs)
-            else engine_settings.retention  # acts on sliding-window groups only
+            if any(
+                isinstance(spec, SlidingWindowSpec)
+                or (isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align")
+                for spec in specs
+            )
+            else engine_settings.retention  # acts on sliding-window and Mamba "align" groups
         )
         block_size, mamba_block_size = engine_block_sizes(specs)
         engine_config = path.vllm_config(
@@ -609,6 +634,7 @@ def load_release(
 
     vllm_manager.evict_blocks = True  # type: ignore[attr-defined]  # offers_evict_blocks
     vllm_manager.mamba_groups = True  # type: ignore[attr-defined]  # offers_mamba_groups
+    vllm_manager.mamba_align = release.mamba_align  # type: ignore[attr-defined]  # offers_mamba_align
     vllm_manager.full_sequence_must_fit = True  # type: ignore[attr-defined]  # the gate
     vllm_manager.cache_blocks = True  # type: ignore[attr-defined]  # offers_cache_blocks
     vllm_manager.external_tokens = True  # type: ignore[attr-defined]  # a connector's tokens

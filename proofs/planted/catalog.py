@@ -665,6 +665,12 @@ def _mamba_without_speculative_blocks(
     self.extra_blocks = 0
 
 
+def _mamba_align_never_defers(self: mamba.MambaAlignManager, hits: Sequence[Any]) -> bool:
+    """MambaAlignManager.defers that never defers: a hit on a state keyed in this scheduler
+    step is adopted before the step's forward pass has written it."""
+    return False
+
+
 _MANAGER_INIT = manager.KVCacheManager.__init__
 
 
@@ -912,6 +918,13 @@ VARIANTS: tuple[Variant, ...] = (
         "mamba_speculative_blocks_dropped",
         "a Mamba group holds no blocks for its speculative states (num_speculative_blocks)",
         (MethodPatch(mamba.MambaManager, "__init__", _mamba_without_speculative_blocks),),
+        layer="hybrid",
+    ),
+    Variant(
+        "mamba_align_no_same_step_refusal",
+        "a Mamba hit (mode 'align') on a state keyed in the same scheduler step is adopted, "
+        "not refused until the next step",
+        (MethodPatch(mamba.MambaAlignManager, "defers", _mamba_align_never_defers),),
         layer="hybrid",
     ),
     Variant(

@@ -313,6 +313,7 @@ SCENARIO_MODULES = (
     "tests/test_hybrid_manager.py",
     "tests/test_evict_blocks.py",
     "tests/test_mamba_groups.py",
+    "tests/test_mamba_align.py",
     "tests/test_full_sequence_gate.py",
     "tests/test_external_tokens.py",
     "tests/test_deferred_frees.py",
