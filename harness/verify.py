@@ -90,6 +90,7 @@ from pagedkv.harness.swarm.engine import (
     offers_full_sequence_gate,
     offers_kv_events,
     offers_mamba_groups,
+    offers_mixed_block_sizes,
     pool_layer,
     run_campaign,
 )
@@ -395,6 +396,7 @@ def _manager_campaign(
         cache_blocks=offers_cache_blocks(factory),
         external_tokens=offers_external_tokens(factory),
         deferred_frees=offers_deferred_frees(factory),
+        mixed_block_sizes=offers_mixed_block_sizes(factory),
     )
     kinds = {
         "full": ", full attention",

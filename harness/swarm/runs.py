@@ -38,6 +38,10 @@ one in half the runs (`draw_offload_tier`): the connector's external hits are th
 answer, and every step stores the blocks it computed. The very last draw: a single-group run
 with prefix caching off and without EAGLE, the gate or a connector, of a manager that serves
 Mamba groups, is in half the runs a model of state layers only (`mamba_alone`), one Mamba group.
+After it, a hybrid run with prefix caching on, without EAGLE or a connector, of a manager
+that serves groups of several block sizes with caching (`offers_mixed_block_sizes`), has in
+half the runs groups of 1, 2 or 4 times the drawn block size, chunked groups at their LCM
+(`with_mixed_block_sizes`).
 """
 
 from __future__ import annotations
@@ -152,6 +156,12 @@ from the prefix-cache coverage."""
 MAMBA_ALONE_SHARE = 1 / 2
 """The share of single-group runs with caching off and without EAGLE whose group is a Mamba
 group (of a manager that serves Mamba groups): a model of state layers only."""
+
+MIXED_SHARE = 1 / 2
+MIXED_RATIOS = (1, 2, 4)
+"""The share of hybrid runs with caching on, without EAGLE or a KV connector, whose groups
+take several block sizes (of a manager that serves them: `offers_mixed_block_sizes`), and the
+multiples of the drawn block size each group draws from (`with_mixed_block_sizes`)."""
 
 ATTENTIONS = ("both", "full", "sliding", "hybrid")
 """What a manager layer draws: single-group runs of either attention type ("both"), of one, or
@@ -550,6 +560,7 @@ def draw_manager_run(
     external_tokens: bool = False,
     deferred_frees: bool = False,
     offload_tier: bool = False,
+    mixed_block_sizes: bool = False,
 ) -> ManagerRun:
     """The run of this seed. `attention` (`ATTENTIONS`) restricts the draw;
     `steps_per_run` fixes the run length (default: drawn, 20-2,000 steps, log-uniform);
@@ -563,7 +574,9 @@ def draw_manager_run(
     connector's external tokens (then a third of the runs without a Mamba group play one),
     `deferred_frees` whether it defers frees (then every connector run pops some),
     `offload_tier` whether it keeps a CPU offload tier behind its connector (then half the
-    connector runs with caching have one: `draw_offload_tier`)."""
+    connector runs with caching have one: `draw_offload_tier`), `mixed_block_sizes` whether it
+    serves groups of several block sizes with caching (then half the hybrid runs with caching,
+    without EAGLE or a connector, have them: `with_mixed_block_sizes`)."""
     rng = random.Random(seed)
     block_size = draw_block_size(rng)
     num_blocks = draw_pool_size(rng)
@@ -639,6 +652,17 @@ def draw_manager_run(
         and rng.random() < MAMBA_ALONE_SHARE
     ):
         config = mamba_alone(rng, config, max_live)
+    if (  # after the last draw of all: every other run draws as before
+        mixed_block_sizes
+        and hybrid
+        and config.enable_caching
+        and not config.use_eagle
+        and not connector
+        and rng.random() < MIXED_SHARE
+    ):
+        mixed = with_mixed_block_sizes(rng, config, domain)
+        if not gate or admits_max_model_len(mixed):
+            config = mixed
     return ManagerRun(
         seed=seed,
         config=config,
@@ -748,6 +772,51 @@ def with_mamba_groups(rng: random.Random, config: ManagerConfig, domain: Domain)
     return dataclasses.replace(
         config, kv_cache_config=hybrid_kv_cache_config(specs, config.kv_cache_config.num_blocks)
     )
+
+
+def with_mixed_block_sizes(
+    rng: random.Random, config: ManagerConfig, domain: Domain
+) -> ManagerConfig:
+    """`config` (a hybrid run with caching, no EAGLE, no Mamba group) with groups of several
+    block sizes: each attention group's block size times 1, 2 or 4 (`MIXED_RATIOS`; two sizes
+    at least), a chunked group's at the LCM S of the others (vLLM 0.33 asserts it), its chunk
+    rounded up to S (at twice the other groups' size if they have one); windows kept (as the
+    domain allows them at the new size); a retention interval rounded up to S. Unchanged if
+    every group is chunked."""
+    kv_cache_config = config.kv_cache_config
+    specs = [group.kv_cache_spec for group in kv_cache_config.kv_cache_groups]
+    ratios = [rng.choice(MIXED_RATIOS) for _ in specs]
+    if len(set(ratios)) == 1:
+        ratios[rng.randrange(len(ratios))] = 2 if ratios[0] != 2 else 4
+    plain = [
+        spec.block_size * ratio
+        for spec, ratio in zip(specs, ratios, strict=True)
+        if not isinstance(spec, ChunkedLocalAttentionSpec)
+    ]
+    if not plain:  # chunked groups alone: one size, S
+        return config
+    scheduler_size = math.lcm(*plain)
+    if len(set(plain)) == 1:  # the chunked groups at twice the one other size
+        scheduler_size *= 2
+    resized: list[KVCacheSpec] = []
+    for spec, ratio in zip(specs, ratios, strict=True):
+        if isinstance(spec, ChunkedLocalAttentionSpec):
+            chunk = -(-spec.attention_chunk_size // scheduler_size) * scheduler_size
+            resized.append(chunked_spec(scheduler_size, chunk))
+        else:
+            size = spec.block_size * ratio
+            window = spec.sliding_window if isinstance(spec, SlidingWindowSpec) else None
+            resized.append(
+                attention_spec(size, None if window is None else domain.window(window, size))
+            )
+    resized = domain.plan_groups(resized)
+    interval = kv_cache_config.prefix_cache_retention_interval
+    new_config = hybrid_kv_cache_config(resized, kv_cache_config.num_blocks)
+    if interval:
+        interval = -(-interval // scheduler_size) * scheduler_size
+    if interval is not None:
+        new_config = new_config.with_retention(interval)
+    return dataclasses.replace(config, kv_cache_config=new_config)
 
 
 def hybrid_config(rng: random.Random, config: ManagerConfig, domain: Domain) -> ManagerConfig:
