@@ -159,7 +159,8 @@ class Target:
             in the manager layer); "full-sequence gate": it takes
             vLLM 0.33's admission gate; "cache_blocks": it has `cache_blocks`; "offload
             tier": it keeps a CPU offload tier behind its connector; "mixed block sizes": it
-            serves groups of several block sizes with caching); it is
+            serves groups of several block sizes with caching; "partial prefix keys": with
+            them, under semantics that index partial keys); it is
             shown but not enforced otherwise.
         scales: whether the minimum grows with the campaign's length.
     """
@@ -727,12 +728,20 @@ MIXED_BLOCK_SIZE_TARGETS = (
         "a window group's hit masked below the blocks the window reads",
         "mixed block sizes",
     ),
+    _t(
+        "mixed block sizes: partial keys created",
+        160,
+        "vllm-0.33 indexes a block under the key of a shorter prefix too (partial_prefix_keys)",
+        "mixed block sizes",
+        "partial prefix keys",
+    ),
 )
 """The hybrid layer's targets for groups of several block sizes with caching (the mode "mixed
 block sizes": the factory offers them, `offers_mixed_block_sizes`): about half the CI hybrid
 campaign's counts (seed 2025, 100,071 steps: 4,878 allocations, 739 hits, 8,765 blocks left
-unhashed, 1,291 freed early, 313 window hits with leading nulls). `--against vllm==0.33.0` does
-not offer the mode yet."""
+unhashed, 1,291 freed early, 313 window hits with leading nulls); partial keys, made only under
+vllm-0.33's semantics (mode "partial prefix keys"), about half of `--semantics vllm-0.33` on
+seed 2025 (324). `--against vllm==0.33.0` does not offer the mode yet."""
 
 
 HYBRID_TARGETS: tuple[Target, ...] = (

@@ -662,7 +662,7 @@ class ManagerClient:
         hit_lists = hits or ()
         num_hits = len(hit_lists[0]) if hit_lists else 0
         nulls_before = [blocks.count(0) for blocks in held] if self.drops_blocks else []
-        held_before = [list(blocks) for blocks in held] if self.mixed else []  # changed in place
+        before = self._mixed_before(held)
         start = computed + num_hits * block_size + external
         hashed_before = self._cached_candidates(held, start + num_tokens + lookahead)
         result, error = self._call_allocate(
@@ -719,14 +719,14 @@ class ManagerClient:
             window_start = computed - self.window + 1
             if window_start > 0 and window_start % block_size == 0:
                 counts["windows skipping at the boundary token"] += 1
-        self._count_after(request_id, nulls_before, held_before, real_end, bool(new_blocks))
+        self._count_after(request_id, nulls_before, before, real_end, bool(new_blocks))
         return True
 
     def _count_after(
         self,
         request_id: str,
         nulls_before: list[int],
-        held_before: list[list[int]],
+        before: tuple[list[list[int]], int] | None,
         real_end: int,
         allocated: bool,
     ) -> None:
@@ -734,16 +734,30 @@ class ManagerClient:
         caching, what it left unhashed."""
         if self.drops_blocks:
             self._count_window_frees(request_id, nulls_before)
-        if self.mixed:
-            self._count_mixed_step(request_id, held_before, real_end, allocated)
+        if before is not None:
+            self._count_mixed_step(request_id, before, real_end, allocated)
+
+    def _mixed_before(self, held: tuple[list[int], ...]) -> tuple[list[list[int]], int] | None:
+        """With several block sizes and caching, each group's blocks before an allocation (the
+        spec changes its lists in place) and the partial keys the pool holds; else None."""
+        if not self.mixed:
+            return None
+        partial = sum(map(len, self.spec.pool.partial_keys.values()))
+        return [list(blocks) for blocks in held], partial
 
     def _count_mixed_step(
-        self, request_id: str, held_before: list[list[int]], real_end: int, allocated: bool
+        self,
+        request_id: str,
+        before: tuple[list[list[int]], int],
+        real_end: int,
+        allocated: bool,
     ) -> None:
         """What an allocation of a mixed-size run with caching exercised: full blocks of a
         group smaller than S left unhashed until the next S boundary (vLLM 0.33 hashes a group's
-        blocks only up to the last multiple of S), and such blocks a window or chunk freed."""
+        blocks only up to the last multiple of S), such blocks a window or chunk freed, and the
+        partial keys it created (vllm-0.33's `partial_prefix_keys`)."""
         counts = self.coverage.counts
+        held_before, partial_before = before
         if allocated:
             counts["mixed block sizes: allocations"] += 1
         pool = self.spec.pool
@@ -756,15 +770,17 @@ class ManagerClient:
                 counts["mixed block sizes: full blocks left unhashed below S"] += sum(
                     1 for block_id in delayed if block_id and pool.block_hash[block_id] is None
                 )
-            before = held_before[group] if group < len(held_before) else []
+            earlier = held_before[group] if group < len(held_before) else []
             counts["mixed block sizes: unhashed blocks freed early"] += sum(
                 1
-                for position, block_id in enumerate(before)
+                for position, block_id in enumerate(earlier)
                 if block_id
                 and position < len(blocks)
                 and not blocks[position]
                 and pool.block_hash[block_id] is None
             )
+        partial = sum(map(len, pool.partial_keys.values()))
+        counts["mixed block sizes: partial keys created"] += max(partial - partial_before, 0)
 
     def _call_allocate(
         self,

@@ -442,7 +442,7 @@ class Campaign:
         """What the coverage targets may assume ("misuse", "pagedkv semantics", "kv events",
         "sparse retention", "evict_blocks", "mamba groups", "full-sequence gate",
         "cache_blocks", "external tokens", "deferred frees", "offload tier", "mixed block
-        sizes")."""
+        sizes", "partial prefix keys")."""
         modes = {"misuse"} if self.misuse else set()
         if self.domain.draws_sparse_retention:
             modes.add("sparse retention")
@@ -466,6 +466,8 @@ class Campaign:
             modes.add("offload tier")
         if self.layer.mixed_block_sizes:
             modes.add("mixed block sizes")
+            if self.semantics.partial_prefix_keys:
+                modes.add("partial prefix keys")
         return frozenset(modes)
 
 
