@@ -159,8 +159,9 @@ class Target:
             in the manager layer); "full-sequence gate": it takes
             vLLM 0.33's admission gate; "cache_blocks": it has `cache_blocks`; "offload
             tier": it keeps a CPU offload tier behind its connector; "mamba align": it
-            serves Mamba prefix caching, in the hybrid layer); it is shown but not enforced
-            otherwise.
+            serves Mamba prefix caching, in the hybrid layer; "mixed block sizes": it serves
+            groups of several block sizes with caching; "partial prefix keys": with them, under
+            semantics that index partial keys); it is shown but not enforced otherwise.
         scales: whether the minimum grows with the campaign's length.
     """
 
@@ -815,6 +816,53 @@ POOL_TARGETS: tuple[Target, ...] = (
 """The block-pool campaign's targets (about half the CI campaign's rates, `CI_POOL_STEPS`)."""
 
 
+MIXED_BLOCK_SIZE_TARGETS = (
+    _t(
+        "mixed block sizes: allocations",
+        2_400,
+        "groups of several block sizes with prefix caching: each group its own blocks",
+        "mixed block sizes",
+    ),
+    _t(
+        "mixed block sizes: hits of S-multiples, tables of different lengths",
+        350,
+        "a hit of a multiple of S tokens, hit/B_g blocks in each group",
+        "mixed block sizes",
+    ),
+    _t(
+        "mixed block sizes: full blocks left unhashed below S",
+        4_000,
+        "a group smaller than S hashes its full blocks only up to the last S boundary",
+        "mixed block sizes",
+    ),
+    _t(
+        "mixed block sizes: unhashed blocks freed early",
+        600,
+        "a window or chunk frees blocks whose hashes were still delayed",
+        "mixed block sizes",
+    ),
+    _t(
+        "mixed block sizes: window hits with leading null blocks",
+        150,
+        "a window group's hit masked below the blocks the window reads",
+        "mixed block sizes",
+    ),
+    _t(
+        "mixed block sizes: partial keys created",
+        160,
+        "vllm-0.33 indexes a block under the key of a shorter prefix too (partial_prefix_keys)",
+        "mixed block sizes",
+        "partial prefix keys",
+    ),
+)
+"""The hybrid layer's targets for groups of several block sizes with caching (the mode "mixed
+block sizes": the factory offers them, `offers_mixed_block_sizes`): about half the CI hybrid
+campaign's counts (seed 2025, 100,071 steps: 4,878 allocations, 739 hits, 8,765 blocks left
+unhashed, 1,291 freed early, 313 window hits with leading nulls); partial keys, made only under
+vllm-0.33's semantics (mode "partial prefix keys"), about half of `--semantics vllm-0.33` on
+seed 2025 (324). `--against vllm==0.33.0` does not offer the mode yet."""
+
+
 HYBRID_TARGETS: tuple[Target, ...] = (
     _t("hybrid hits", 2_500, "a prefix hit valid in every KV cache group (CI: 4,087)"),
     _t(
@@ -1021,6 +1069,7 @@ HYBRID_TARGETS: tuple[Target, ...] = (
         "every group's blocks back, the state blocks too",
         "mamba groups",
     ),
+    *MIXED_BLOCK_SIZE_TARGETS,
     _t(
         "full-sequence gate: admissions",
         1_000,

@@ -91,6 +91,7 @@ from pagedkv.harness.swarm.engine import (
     offers_kv_events,
     offers_mamba_align,
     offers_mamba_groups,
+    offers_mixed_block_sizes,
     pool_layer,
     run_campaign,
 )
@@ -397,6 +398,7 @@ def _manager_campaign(
         external_tokens=offers_external_tokens(factory),
         deferred_frees=offers_deferred_frees(factory),
         mamba_align=offers_mamba_align(factory),
+        mixed_block_sizes=offers_mixed_block_sizes(factory),
     )
     kinds = {
         "full": ", full attention",

@@ -43,7 +43,11 @@ from pagedkv.harness.swarm.runs import draw_manager_run, draw_pool_run, is_mamba
 from pagedkv.harness.swarm.shrink import shrink
 from pagedkv.manager import KVCacheManager
 from pagedkv.vocab.errors import InvariantViolation
-from pagedkv.vocab.kv_cache_interface import FullAttentionSpec, MambaSpec
+from pagedkv.vocab.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    MambaSpec,
+)
 from pagedkv.vocab.kv_events import BlockRemoved, KVCacheEvent
 from pagedkv.vocab.semantics import Semantics
 from proofs.planted.catalog import VARIANTS_BY_NAME, planted
@@ -110,7 +114,7 @@ def test_a_recorded_run_replays_to_the_same_state() -> None:
     ],
 )
 def test_a_broken_manager_is_caught_and_shrunk(factory: object, attention: str) -> None:
-    layer = manager_layer(factory, attention=attention)  # type: ignore[arg-type]
+    layer = manager_layer(factory, attention=attention)
     result = run_campaign(layer, seed=1, max_steps=50_000)
     failure = result.failure
     assert failure is not None
@@ -126,7 +130,7 @@ def test_a_broken_manager_is_caught_and_shrunk(factory: object, attention: str) 
         signature_of(failing)
         == shrunk.signature
         == signature_of(replay(layer, failure.run, failure.ops)[1])
-    )  # type: ignore[arg-type]
+    )
     assert "did not reproduce" not in shrunk.error
     assert any(shrunk.calls)  # every call of the minimal run is shown
 
@@ -548,3 +552,44 @@ def test_mamba_align_hybrids_are_the_last_draw_of_a_hybrid_run() -> None:
         assert run.config.max_model_len == before.config.max_model_len
         assert run.num_blocks == before.num_blocks
     assert 12 <= align <= 45  # a quarter of the ~28% of hybrid runs eligible
+
+
+def test_mixed_block_sizes_are_the_last_draw_of_a_hybrid_run() -> None:
+    """A manager that serves groups of several block sizes with caching gets them in some
+    hybrid runs drawn with caching on (no EAGLE or connector): each attention group 1, 2 or 4
+    times the drawn block size, chunked groups at their LCM S; every other run, and every other
+    draw of those, is as for a manager that does not."""
+    flags = {
+        "attention": "hybrid",
+        "kv_events": True,
+        "evict_blocks": True,
+        "mamba_groups": True,
+        "full_sequence_gate": True,
+        "external_tokens": True,
+        "deferred_frees": True,
+        "offload_tier": True,
+    }
+    mixed = 0
+    for index in range(400):
+        seed = run_seed(2025, "hybrid", index)
+        run = draw_manager_run(seed, mixed_block_sizes=True, **flags)
+        before = draw_manager_run(seed, **flags)
+        kv_cache_config = run.config.kv_cache_config
+        if len(set(kv_cache_config.block_sizes)) == 1 or not run.config.enable_caching:
+            assert run == before
+            continue
+        mixed += 1
+        assert not (run.config.use_eagle or run.external_tokens)
+        base = before.config.kv_cache_config.block_sizes[0]
+        scheduler_size = kv_cache_config.scheduler_block_size
+        for group in kv_cache_config.kv_cache_groups:
+            spec = group.kv_cache_spec
+            if isinstance(spec, ChunkedLocalAttentionSpec):
+                assert spec.block_size == scheduler_size
+            else:
+                assert spec.block_size // base in (1, 2, 4)
+        assert len(kv_cache_config.kv_cache_groups) == len(
+            before.config.kv_cache_config.kv_cache_groups
+        )
+        assert dataclasses.replace(run, config=before.config) == before
+    assert 40 <= mixed <= 110  # half of the ~37% of hybrid runs eligible

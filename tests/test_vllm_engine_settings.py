@@ -181,6 +181,7 @@ def test_a_campaign_is_held_to_the_retention_targets_only_where_it_draws_sparse_
             deferred_frees=False,
             offload_tier=False,
             mamba_align=False,
+            mixed_block_sizes=False,
         )
         campaign = Campaign("t", "i", layer, VLLM_0_33, False, domain, 1, MANAGER_TARGETS, "")
         return campaign.modes

@@ -200,6 +200,11 @@ class ManagerClient:
         """Whether a request's leading blocks may be dropped for the null block (a window or a
         chunk boundary); under full attention alone they never are (a spec invariant)."""
         self.caching = config.enable_caching
+        self.mixed = self.caching and len({layer.block_size for layer in self.layers}) > 1
+        """Groups of several block sizes with prefix caching: hits are multiples of their LCM
+        `scheduler_block_size`; group 0's hit blocks times its block size are the hit's
+        tokens."""
+        self.scheduler_block_size = config.kv_cache_config.scheduler_block_size
         self.live: list[Live] = []
         self.receiving: list[Live] = []
         """Requests aborted while their async load was in flight: they keep their blocks until
@@ -720,6 +725,7 @@ class ManagerClient:
         hit_lists = hits or ()
         num_hits = len(hit_lists[0]) if hit_lists else 0
         nulls_before = [blocks.count(0) for blocks in held] if self.drops_blocks else []
+        mixed_before = self._mixed_before(held)
         start = computed + num_hits * block_size + external
         hashed_before = self._cached_candidates(held, start + num_tokens + lookahead)
         before = StatesBefore(self._held_states(held), self._defers(hit_lists), hashed_before)
@@ -775,9 +781,68 @@ class ManagerClient:
             window_start = computed - self.window + 1
             if window_start > 0 and window_start % block_size == 0:
                 counts["windows skipping at the boundary token"] += 1
+        self._count_after(request_id, nulls_before, mixed_before, real_end, bool(new_blocks))
+        return True
+
+    def _count_after(
+        self,
+        request_id: str,
+        nulls_before: list[int],
+        before: tuple[list[list[int]], int] | None,
+        real_end: int,
+        allocated: bool,
+    ) -> None:
+        """What an allocation freed (a window or chunk) and, with several block sizes and
+        caching, what it left unhashed."""
         if self.drops_blocks:
             self._count_window_frees(request_id, nulls_before)
-        return True
+        if before is not None:
+            self._count_mixed_step(request_id, before, real_end, allocated)
+
+    def _mixed_before(self, held: tuple[list[int], ...]) -> tuple[list[list[int]], int] | None:
+        """With several block sizes and caching, each group's blocks before an allocation (the
+        spec changes its lists in place) and the partial keys the pool holds; else None."""
+        if not self.mixed:
+            return None
+        partial = sum(map(len, self.spec.pool.partial_keys.values()))
+        return [list(blocks) for blocks in held], partial
+
+    def _count_mixed_step(
+        self,
+        request_id: str,
+        before: tuple[list[list[int]], int],
+        real_end: int,
+        allocated: bool,
+    ) -> None:
+        """What an allocation of a mixed-size run with caching exercised: full blocks of a
+        group smaller than S left unhashed until the next S boundary (vLLM 0.33 hashes a group's
+        blocks only up to the last multiple of S), such blocks a window or chunk freed, and the
+        partial keys it created (vllm-0.33's `partial_prefix_keys`)."""
+        counts = self.coverage.counts
+        held_before, partial_before = before
+        if allocated:
+            counts["mixed block sizes: allocations"] += 1
+        pool = self.spec.pool
+        after = self.spec.held(request_id) or ()
+        boundary = real_end - real_end % self.scheduler_block_size
+        for group, (layer, blocks) in enumerate(zip(self.layers, after, strict=False)):
+            size = layer.block_size
+            if size < self.scheduler_block_size:
+                delayed = blocks[boundary // size : real_end // size]
+                counts["mixed block sizes: full blocks left unhashed below S"] += sum(
+                    1 for block_id in delayed if block_id and pool.block_hash[block_id] is None
+                )
+            earlier = held_before[group] if group < len(held_before) else []
+            counts["mixed block sizes: unhashed blocks freed early"] += sum(
+                1
+                for position, block_id in enumerate(earlier)
+                if block_id
+                and position < len(blocks)
+                and not blocks[position]
+                and pool.block_hash[block_id] is None
+            )
+        partial = sum(map(len, pool.partial_keys.values()))
+        counts["mixed block sizes: partial keys created"] += max(partial - partial_before, 0)
 
     def _call_allocate(
         self,
@@ -978,8 +1043,11 @@ class ManagerClient:
         if not self.caching:
             return {}
         pool = self.spec.pool
-        num_held = len(held[0]) if held else 0
-        most = (-(-end_token // self.block_size) - num_held) * len(self.layers)
+        held_counts = [len(blocks) for blocks in held] or [0] * len(self.layers)
+        most = sum(
+            -(-end_token // layer.block_size) - num_held
+            for layer, num_held in zip(self.layers, held_counts, strict=False)
+        )
         candidates = (*pool.free_order[: max(most, 0)], *(b for blocks in held for b in blocks))
         return {block_id: pool.block_hash[block_id] is not None for block_id in candidates}
 
@@ -1022,6 +1090,9 @@ class ManagerClient:
         num_hits = len(hit_lists[0]) if hit_lists else 0
         if self.align and not record.prompt_logprobs:
             self._count_align_lookup(record, num_hits)
+        if self.mixed:
+            self._count_mixed_lookup(hit_lists, num_hits)
+            return
         if self.hybrid and self.caching and not record.prompt_logprobs:
             self._count_hybrid_lookup(record, hit_lists, num_hits)
         if not num_hits:
@@ -1065,6 +1136,22 @@ class ManagerClient:
                 counts["Mamba align: hits cut to a lower state boundary than full attention's"] += 1
             else:
                 counts["Mamba align: full-attention hits cut to nothing by the Mamba group"] += 1
+
+    def _count_mixed_lookup(self, hit_lists: GroupIds, num_hits: int) -> None:
+        """A hit of a mixed-size run with caching: a multiple of S tokens, each group's table
+        as long as its own blocks of it (tables of different lengths), a window group's
+        leading blocks null (masked below S)."""
+        if not num_hits:
+            return
+        counts = self.coverage.counts
+        tokens = num_hits * self.layers[0].block_size
+        if tokens % self.scheduler_block_size == 0:
+            counts["mixed block sizes: hits of S-multiples, tables of different lengths"] += 1
+        if any(
+            isinstance(layer, SlidingWindowSpec) and hits and hits[0] == 0
+            for layer, hits in zip(self.layers, hit_lists, strict=False)
+        ):
+            counts["mixed block sizes: window hits with leading null blocks"] += 1
 
     def _count_hybrid_lookup(
         self, record: RequestRecord, hit_lists: tuple[list[int], ...], num_hits: int

@@ -91,6 +91,8 @@ class Layer:
         deferred_frees: whether those runs defer some frees (`pop_blocks_for_free`).
         offload_tier: whether some of those runs keep a CPU offload tier behind the connector.
         mamba_align: whether some hybrid runs cache Mamba states (`mamba_cache_mode="align"`).
+        mixed_block_sizes: whether some hybrid runs with caching have groups of several block
+            sizes.
     """
 
     name: str
@@ -106,6 +108,7 @@ class Layer:
     deferred_frees: bool = False
     offload_tier: bool = False
     mamba_align: bool = False
+    mixed_block_sizes: bool = False
 
 
 def offers_kv_events(factory: object) -> bool:
@@ -187,6 +190,14 @@ def offers_offload_tier(factory: object) -> bool:
     return factory in own or getattr(factory, "offload_tier", False) is True
 
 
+def offers_mixed_block_sizes(factory: object) -> bool:
+    """Whether `factory`'s managers serve groups of several block sizes with prefix caching
+    (docs/semantics.md, "Several block sizes with caching"): pagedkv's and the spec's, or a
+    factory that says so with a `mixed_block_sizes` attribute that is True."""
+    own = (pagedkv_manager, spec_manager)
+    return factory in own or getattr(factory, "mixed_block_sizes", False) is True
+
+
 def manager_layer(
     factory: ManagerFactory,
     *,
@@ -205,6 +216,7 @@ def manager_layer(
     deferred_frees: bool | None = None,
     offload_tier: bool | None = None,
     mamba_align: bool | None = None,
+    mixed_block_sizes: bool | None = None,
 ) -> Layer:
     """The request-level manager layer, checking `factory`'s managers on `domain`; `kv_events`
     (default: `offers_kv_events(factory)`) says whether they can emit KV cache events,
@@ -220,7 +232,10 @@ def manager_layer(
     (default: `offers_offload_tier(factory)`) whether they keep a CPU offload tier behind the
     connector (then half the connector runs with caching have one), `mamba_align` (default:
     `offers_mamba_align(factory)`) whether they serve Mamba prefix caching (then some hybrid
-    runs with caching on have Mamba groups in mode "align": `with_mamba_align`).
+    runs with caching on have Mamba groups in mode "align": `with_mamba_align`),
+    `mixed_block_sizes` (default: `offers_mixed_block_sizes(factory)`) whether they serve
+    groups of several block sizes with caching (then half the other hybrid runs with caching,
+    without EAGLE or a connector, have them).
     With `attention="hybrid"` it is the hybrid layer (named "hybrid": its runs have seeds of
     their own): configurations of 2 to `domain.max_groups` KV cache groups."""
     events = offers_kv_events(factory) if kv_events is None else kv_events
@@ -232,6 +247,8 @@ def manager_layer(
     deferred = offers_deferred_frees(factory) if deferred_frees is None else deferred_frees
     tier = offers_offload_tier(factory) if offload_tier is None else offload_tier
     align = offers_mamba_align(factory) if mamba_align is None else mamba_align
+    mixed = offers_mixed_block_sizes(factory) if mixed_block_sizes is None else mixed_block_sizes
+    mixed = mixed and attention == "hybrid" and domain.max_groups > 1
     return Layer(
         "hybrid" if attention == "hybrid" else "manager",
         lambda seed: draw_manager_run(
@@ -249,6 +266,7 @@ def manager_layer(
             deferred_frees=deferred,
             offload_tier=external and tier,
             mamba_align=align,
+            mixed_block_sizes=mixed,
         ),
         lambda run, coverage, check_every: _manager_client(
             run, factory, coverage, check_every, hostile_calls, caches
@@ -263,6 +281,7 @@ def manager_layer(
         external and deferred,
         external and tier,
         align,
+        mixed,
     )
 
 
@@ -439,7 +458,8 @@ class Campaign:
     def modes(self) -> frozenset[str]:
         """What the coverage targets may assume ("misuse", "pagedkv semantics", "kv events",
         "sparse retention", "evict_blocks", "mamba groups", "full-sequence gate",
-        "cache_blocks", "external tokens", "deferred frees", "offload tier", "mamba align")."""
+        "cache_blocks", "external tokens", "deferred frees", "offload tier", "mamba align",
+        "mixed block sizes", "partial prefix keys")."""
         modes = {"misuse"} if self.misuse else set()
         if self.domain.draws_sparse_retention:
             modes.add("sparse retention")
@@ -463,6 +483,10 @@ class Campaign:
             modes.add("deferred frees")
         if self.layer.offload_tier:
             modes.add("offload tier")
+        if self.layer.mixed_block_sizes:
+            modes.add("mixed block sizes")
+            if self.semantics.partial_prefix_keys:
+                modes.add("partial prefix keys")
         return frozenset(modes)
 
 

@@ -48,6 +48,10 @@ and the run's client plays scheduler steps (`NewStep`, drawn with weight `NEW_ST
 and cuts its chunks as vLLM's scheduler does (`mamba_chunk`), but for a few unaligned ones
 (misuse). A quarter, not more: those runs are taken from the hybrid runs with caching, whose
 chunked groups' hits are rare already.
+After those, a hybrid run with prefix caching on, without EAGLE or a connector and not a
+Mamba-align hybrid, of a manager that serves groups of several block sizes with caching
+(`offers_mixed_block_sizes`), has in half the runs groups of 1, 2 or 4 times the drawn block
+size, chunked groups at their LCM (`with_mixed_block_sizes`).
 """
 
 from __future__ import annotations
@@ -169,6 +173,12 @@ NEW_STEP_WEIGHT = (4, 16)
 become Mamba-align hybrids (of a manager that serves Mamba prefix caching), and the range the
 weight of their scheduler steps (`NewStep`) is drawn from: a step every few calls, so that
 hits on states keyed in the same step are refused now and then and adopted at other times."""
+
+MIXED_SHARE = 1 / 2
+MIXED_RATIOS = (1, 2, 4)
+"""The share of hybrid runs with caching on, without EAGLE or a KV connector, whose groups
+take several block sizes (of a manager that serves them: `offers_mixed_block_sizes`), and the
+multiples of the drawn block size each group draws from (`with_mixed_block_sizes`)."""
 
 ATTENTIONS = ("both", "full", "sliding", "hybrid")
 """What a manager layer draws: single-group runs of either attention type ("both"), of one, or
@@ -594,6 +604,7 @@ def draw_manager_run(
     deferred_frees: bool = False,
     offload_tier: bool = False,
     mamba_align: bool = False,
+    mixed_block_sizes: bool = False,
 ) -> ManagerRun:
     """The run of this seed. `attention` (`ATTENTIONS`) restricts the draw;
     `steps_per_run` fixes the run length (default: drawn, 20-2,000 steps, log-uniform);
@@ -609,7 +620,10 @@ def draw_manager_run(
     `offload_tier` whether it keeps a CPU offload tier behind its connector (then half the
     connector runs with caching have one: `draw_offload_tier`), `mamba_align` whether it
     serves Mamba prefix caching (then a quarter of the hybrid runs with caching on and
-    without EAGLE, the gate or a connector are Mamba-align hybrids: `with_mamba_align`)."""
+    without EAGLE, the gate or a connector are Mamba-align hybrids: `with_mamba_align`),
+    `mixed_block_sizes` whether it serves groups of several block sizes with caching (then half
+    the other hybrid runs with caching, without EAGLE or a connector, have them:
+    `with_mixed_block_sizes`)."""
     rng = random.Random(seed)
     block_size = draw_block_size(rng)
     num_blocks = draw_pool_size(rng)
@@ -685,7 +699,7 @@ def draw_manager_run(
         and rng.random() < MAMBA_ALONE_SHARE
     ):
         config = mamba_alone(rng, config, max_live)
-    if (  # the last draw of a hybrid run (module docstring)
+    aligned = (  # the last draws of a hybrid run (module docstring)
         mamba_align
         and hybrid
         and config.enable_caching
@@ -693,10 +707,23 @@ def draw_manager_run(
         and not gate
         and not connector
         and rng.random() < MAMBA_ALIGN_SHARE
-    ):
+    )
+    if aligned:
         config = with_mamba_align(rng, config, domain)
         features -= {"draft tokens", "lookahead"}  # refused with a Mamba group in mode "align"
         weights["new step"] = float(rng.randint(*NEW_STEP_WEIGHT))
+    if (  # after the last draw of all: every other run draws as before
+        not aligned
+        and mixed_block_sizes
+        and hybrid
+        and config.enable_caching
+        and not config.use_eagle
+        and not connector
+        and rng.random() < MIXED_SHARE
+    ):
+        mixed = with_mixed_block_sizes(rng, config, domain)
+        if not gate or admits_max_model_len(mixed):
+            config = mixed
     return ManagerRun(
         seed=seed,
         config=config,
@@ -826,6 +853,51 @@ def with_mamba_align(rng: random.Random, config: ManagerConfig, domain: Domain) 
     interval = domain.retention(rng, block_size)
     kv_cache_config = hybrid_kv_cache_config(specs, config.kv_cache_config.num_blocks)
     return dataclasses.replace(config, kv_cache_config=kv_cache_config.with_retention(interval))
+
+
+def with_mixed_block_sizes(
+    rng: random.Random, config: ManagerConfig, domain: Domain
+) -> ManagerConfig:
+    """`config` (a hybrid run with caching, no EAGLE, no Mamba group) with groups of several
+    block sizes: each attention group's block size times 1, 2 or 4 (`MIXED_RATIOS`; two sizes
+    at least), a chunked group's at the LCM S of the others (vLLM 0.33 asserts it), its chunk
+    rounded up to S (at twice the other groups' size if they have one); windows kept (as the
+    domain allows them at the new size); a retention interval rounded up to S. Unchanged if
+    every group is chunked."""
+    kv_cache_config = config.kv_cache_config
+    specs = [group.kv_cache_spec for group in kv_cache_config.kv_cache_groups]
+    ratios = [rng.choice(MIXED_RATIOS) for _ in specs]
+    if len(set(ratios)) == 1:
+        ratios[rng.randrange(len(ratios))] = 2 if ratios[0] != 2 else 4
+    plain = [
+        spec.block_size * ratio
+        for spec, ratio in zip(specs, ratios, strict=True)
+        if not isinstance(spec, ChunkedLocalAttentionSpec)
+    ]
+    if not plain:  # chunked groups alone: one size, S
+        return config
+    scheduler_size = math.lcm(*plain)
+    if len(set(plain)) == 1:  # the chunked groups at twice the one other size
+        scheduler_size *= 2
+    resized: list[KVCacheSpec] = []
+    for spec, ratio in zip(specs, ratios, strict=True):
+        if isinstance(spec, ChunkedLocalAttentionSpec):
+            chunk = -(-spec.attention_chunk_size // scheduler_size) * scheduler_size
+            resized.append(chunked_spec(scheduler_size, chunk))
+        else:
+            size = spec.block_size * ratio
+            window = spec.sliding_window if isinstance(spec, SlidingWindowSpec) else None
+            resized.append(
+                attention_spec(size, None if window is None else domain.window(window, size))
+            )
+    resized = domain.plan_groups(resized)
+    interval = kv_cache_config.prefix_cache_retention_interval
+    new_config = hybrid_kv_cache_config(resized, kv_cache_config.num_blocks)
+    if interval:
+        interval = -(-interval // scheduler_size) * scheduler_size
+    if interval is not None:
+        new_config = new_config.with_retention(interval)
+    return dataclasses.replace(config, kv_cache_config=new_config)
 
 
 def hybrid_config(rng: random.Random, config: ManagerConfig, domain: Domain) -> ManagerConfig:
