@@ -22,7 +22,7 @@ EXAMPLES_PER_PAGE = {
     "README.md": 1,
     "docs/checking-your-manager.md": 1,
     "docs/events.md": 2,
-    "docs/hybrid-models.md": 2,
+    "docs/hybrid-models.md": 4,
     "docs/run.md": 1,
     "docs/using.md": 2,
 }
