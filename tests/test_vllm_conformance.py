@@ -283,7 +283,9 @@ def test_the_vllm_0_32_differences_outside_its_domain_and_the_null_count() -> No
 @pytest.mark.parametrize("against", ["vllm==0.8.5", "vllm==0.32.0", "vllm==0.33.0"])
 def test_against_needs_no_torch(against: str) -> None:
     """`pip install 'pagedkv[verify]'` has no torch: the dtypes vLLM's specs name are stood in.
-    A fixed campaign seed: with a drawn one, this test once drew the divergence below."""
+    A fixed campaign seed: with a drawn one, this test once drew a divergence that depends on
+    the environment (stop 46's note: `--replay-run 2554023930314822322` of the hybrid layer
+    diverged in two checkouts without torch and agreed in a clean clone)."""
     completed = _verify_without_torch(
         "--quiet", "--against", against, "--steps", "500", "--seed", "1", what=against
     )
@@ -300,23 +302,3 @@ def _verify_without_torch(*args: str, what: str) -> subprocess.CompletedProcess[
         f"sys.exit(main(['verify', *{list(args)!r}]))"
     )
     return run("-c", program, what=what)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="known, not yet understood: without torch (dtype stand-ins), vLLM 0.33.0's hybrid "
-    "manager leaves a window group's block unhashed that the spec caches (4 window groups, "
-    "retention 0, evict_blocks, multimodal and salts); with torch installed the run agrees",
-)
-def test_a_run_without_torch_agrees_with_vllm_0_33() -> None:
-    completed = _verify_without_torch(
-        "--quiet",
-        "--layer",
-        "hybrid",
-        "--against",
-        "vllm==0.33.0",
-        "--replay-run",
-        "2554023930314822322",
-        what="vllm==0.33.0",
-    )
-    assert completed.returncode == 0, completed.stdout + completed.stderr
