@@ -12,9 +12,10 @@ two methods of vLLM's `Scheduler` class (nothing else of vLLM changes, and the w
 
 The summary (steps, CPU seconds of each, chunked prefill steps and requests, the manager's
 class) is written as JSON to that file at most every `WRITE_EVERY_S` seconds, whenever the last
-unfinished request finishes (so it is whole before `LLM.generate` returns), and when the
-scheduler shuts down. The engine core is one thread on the scheduler's path, so thread CPU time
-is the scheduler's own, whatever the model's threads do beside it.
+unfinished request finishes (so it is whole before `LLM.generate` returns), when the engine
+core starts its teardown (`EngineCore.shutdown`, which stops the workers first) and when the
+scheduler shuts down (last). The engine core is one thread on the scheduler's path, so thread
+CPU time is the scheduler's own, whatever the model's threads do beside it.
 
 Standard library only at import time: vLLM is imported by `register()`, in vLLM's processes.
 """
@@ -47,7 +48,11 @@ class ProbeSummary:
     chunked_prefill_steps: int = 0
     chunked_prefill_chunks: int = 0
     chunked_requests: list[str] = field(default_factory=list)
+    teardown_started: bool = False
+    """The engine core began its teardown (`EngineCore.shutdown`): no scheduler call follows,
+    and the plugin's summary is final."""
     shut_down: bool = False
+    """The scheduler was shut down, after vLLM stopped its workers."""
 
 
 class _Probe:
@@ -128,3 +133,15 @@ def register() -> None:
     Scheduler.schedule = timed_schedule
     Scheduler.update_from_output = timed_update
     Scheduler.shutdown = final_shutdown
+
+    from vllm.v1.engine.core import EngineCore
+
+    teardown: Callable[..., Any] = EngineCore.shutdown
+
+    @functools.wraps(teardown)
+    def noted_teardown(self: Any, *args: Any, **kwargs: Any) -> Any:
+        probe.summary.teardown_started = True
+        probe.write()
+        return teardown(self, *args, **kwargs)
+
+    EngineCore.shutdown = noted_teardown

@@ -61,14 +61,43 @@ def install(settings: Settings) -> bool:
     @functools.wraps(original_shutdown)
     def shutdown_then_close(self: Any) -> None:
         original_shutdown(self)
-        close = getattr(self.kv_cache_manager, "close", None)
-        if close is not None:  # the shadow or the façade: the summary and trace, final
-            close()
+        _close(self)
 
     setattr(init_then_substitute, _MARK, True)
     scheduler_class.__init__ = init_then_substitute
     scheduler_class.shutdown = shutdown_then_close
+    _close_at_teardown()
     return True
+
+
+def _close(scheduler: Any) -> None:
+    """Close the shadow or the façade a scheduler holds (its summary and trace, final); a
+    second call rewrites the same summary."""
+    close = getattr(getattr(scheduler, "kv_cache_manager", None), "close", None)
+    if close is not None:
+        close()
+
+
+def _close_at_teardown() -> None:
+    """Close as the engine core starts its teardown, before it stops its workers: vLLM tears
+    the model executor down first and shuts the scheduler down only after, so a worker that
+    will not stop (killed after a grace period, or an error there) must not leave the summary
+    unwritten. No scheduler call comes after `EngineCore.shutdown` begins."""
+    try:
+        from vllm.v1.engine.core import EngineCore
+    except ImportError:  # a release without it: the scheduler's shutdown still closes
+        return
+    original = EngineCore.shutdown
+    if getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def close_then_teardown(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _close(getattr(self, "scheduler", None))
+        return original(self, *args, **kwargs)
+
+    setattr(close_then_teardown, _MARK, True)
+    EngineCore.shutdown = close_then_teardown
 
 
 def substitute(scheduler: Any, settings: Settings, version: str, semantics_name: str) -> Any:
