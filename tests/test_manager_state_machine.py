@@ -83,6 +83,28 @@ def test_the_machine_reaches_every_call_hits_and_refusals(sliding_window: bool) 
 
 
 @pytest.mark.slow
+def test_the_hybrid_machine_reaches_mamba_align_and_several_block_sizes() -> None:
+    """The hybrid machine draws every kind of group the swarm's hybrid layer draws
+    (`HYBRID_KINDS`), and each does real work: Mamba groups in mode "none" allocate, Mamba
+    states in mode "align" are hit and refused in the step that keyed them, groups of several
+    block sizes allocate and hit at multiples of S."""
+    coverage = Coverage()
+    machine = make_manager_machine(
+        pagedkv_manager, sliding_window=True, hybrid=True, coverage=coverage
+    )
+    # 300 derandomized examples: fewer reach too few mixed-size allocations to be a check
+    run_state_machine_as_test(
+        machine, settings=settings(max_examples=300, derandomize=True, database=None)
+    )
+    counts = coverage.counts
+    assert counts["Mamba hybrids: allocations"] > 0
+    assert counts["Mamba align: hits"] > 0
+    assert counts["Mamba align: hits refused in the step that keyed their state"] > 0
+    assert counts["mixed block sizes: allocations"] > 0
+    assert counts["mixed block sizes: hits of S-multiples, tables of different lengths"] > 0
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("sliding_window", [False, True], ids=["full", "sliding"])
 def test_the_vllm_machine_makes_valid_calls_only(sliding_window: bool) -> None:
     """Without misuse every call must succeed: a matched error there would be a vacuous step."""

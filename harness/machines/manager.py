@@ -25,6 +25,7 @@ from pagedkv.harness.client.manager_ops import (
     Finish,
     Hostile,
     ManagerOp,
+    NewStep,
     Preempt,
     Reset,
     Stats,
@@ -36,10 +37,29 @@ from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.machines.storage import keep_out_of_working_directory
 from pagedkv.harness.machines.strategies import arrivals
 from pagedkv.harness.protocol import ManagerConfig, ManagerFactory
-from pagedkv.harness.swarm.runs import attention_spec, hybrid_config, with_retention
+from pagedkv.harness.swarm.engine import (
+    offers_mamba_align,
+    offers_mamba_groups,
+    offers_mixed_block_sizes,
+)
+from pagedkv.harness.swarm.runs import (
+    attention_spec,
+    hybrid_config,
+    with_mamba_align,
+    with_mamba_groups,
+    with_mixed_block_sizes,
+    with_retention,
+)
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
 from pagedkv.vocab.kv_cache_interface import uniform_kv_cache_config
 from pagedkv.vocab.semantics import Semantics
+
+HYBRID_KINDS = ("attention", "attention", "mamba", "mamba align", "mixed block sizes")
+"""What a hybrid machine's groups are, as the swarm's hybrid layer draws them: attention
+groups only (`hybrid_config`), with Mamba groups in mode "none" (`with_mamba_groups`: caching
+off), with Mamba groups in mode "align" (`with_mamba_align`: caching on), or of several block
+sizes (`with_mixed_block_sizes`: caching on). A kind the factory does not offer, or that the
+drawn configuration cannot take, stays "attention"."""
 
 CATALOG_KINDS = sorted(set(HOSTILE_CALLS) - set(SWARM_HOSTILE_CALLS))
 """The hostile calls of the value catalog (`harness/client/catalog.py`)."""
@@ -63,6 +83,7 @@ class ManagerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.client: ManagerClient
+        self.aligned = False  # a Mamba-align hybrid: scheduler steps, no drafts or lookahead
 
     @initialize(
         block_size=st.integers(1, 4),
@@ -120,15 +141,20 @@ class ManagerMachine(RuleBasedStateMachine):
         groups_seed: int | None = None,
         *,
         retention_seed: int = 0,
+        kind: str = "attention",
     ) -> None:
         """Build the client; with `groups_seed`, over 2-4 KV cache groups (the first group of
         the drawn type, the others as the swarm's hybrid runs draw them), then a retention
         interval for a sliding-window group (`with_retention`: from `groups_seed`'s draw,
-        else from `retention_seed`)."""
+        else from `retention_seed`), then the groups of `kind` (`HYBRID_KINDS`)."""
         domain = self.domain
         sliding = self.sliding_window
         if sliding and not domain.eagle_with_sliding_window:
             use_eagle = False
+        if kind == "mamba":  # Mamba groups in mode "none" need caching and EAGLE off
+            enable_caching = use_eagle = False
+        elif kind != "attention":  # "align" and several block sizes: caching on, no EAGLE
+            enable_caching, use_eagle = True, False
         spec = attention_spec(block_size, domain.window(window, block_size) if sliding else None)
         config = ManagerConfig(
             uniform_kv_cache_config(spec, num_blocks),
@@ -145,12 +171,27 @@ class ManagerMachine(RuleBasedStateMachine):
             rng = random.Random(groups_seed)
             config = hybrid_config(rng, config, domain)
         config = with_retention(rng, config, domain)
+        self.aligned = False
+        if groups_seed is not None:
+            config = self._with_kind(rng, config, kind)
         self.alphabet = alphabet
         self.block_size = block_size
         self.coverage.runs += 1
         self.client = ManagerClient.build(
             config, type(self).factory, self.coverage, check_every=1, domain=domain
         )
+
+    def _with_kind(self, rng: random.Random, config: ManagerConfig, kind: str) -> ManagerConfig:
+        """`config` (hybrid) with the groups of `kind`, where the factory serves them."""
+        factory, domain = type(self).factory, self.domain
+        if kind == "mamba" and offers_mamba_groups(factory):
+            return with_mamba_groups(rng, config, domain)
+        if kind == "mamba align" and offers_mamba_align(factory):
+            self.aligned = True
+            return with_mamba_align(rng, config, domain)
+        if kind == "mixed block sizes" and offers_mixed_block_sizes(factory):
+            return with_mixed_block_sizes(rng, config, domain)
+        return config
 
     # -- the scheduler's calls ----------------------------------------------------------------
 
@@ -180,6 +221,8 @@ class ManagerMachine(RuleBasedStateMachine):
     )
     def admit(self, which: int, chunk: int, lookahead: int, token: int) -> None:
         """Look a waiting request up, then reserve slots for its prefill (all or a chunk)."""
+        if self.aligned:
+            lookahead = 0
         self.client.execute(Admit(which, chunk, lookahead, token % self.alphabet))
 
     @precondition(lambda self: bool(self.client.running()))
@@ -200,8 +243,11 @@ class ManagerMachine(RuleBasedStateMachine):
         lookahead: int,
         token: int,
     ) -> None:
-        """One more prefill chunk, or a decode step with speculative tokens; preempted on None."""
+        """One more prefill chunk, or a decode step with speculative tokens; preempted on None.
+        A Mamba-align run draws neither drafts nor lookahead (refused there by name)."""
         alphabet = self.alphabet
+        if self.aligned:
+            drafts, lookahead = [], 0
         self.client.execute(
             Step(
                 which,
@@ -212,6 +258,12 @@ class ManagerMachine(RuleBasedStateMachine):
                 token % alphabet,
             )
         )
+
+    @precondition(lambda self: self.aligned)
+    @rule()
+    def new_step(self) -> None:
+        """A scheduler step starts (a Mamba-align run): states keyed before it become hits."""
+        self.client.execute(NewStep())
 
     @precondition(lambda self: bool(self.client.running()))
     @rule(which=WHICH)
@@ -271,6 +323,7 @@ class HybridManagerMachine(ManagerMachine):
         alphabet=st.integers(2, 3),
         kv_events=st.sampled_from((True, True, True, False)),
         groups_seed=st.integers(0, 2**16 - 1),
+        kind=st.sampled_from(HYBRID_KINDS),
     )
     def setup(
         self,
@@ -285,6 +338,7 @@ class HybridManagerMachine(ManagerMachine):
         alphabet: int,
         kv_events: bool,
         groups_seed: int,
+        kind: str,
     ) -> None:
         self._setup(
             block_size,
@@ -298,6 +352,7 @@ class HybridManagerMachine(ManagerMachine):
             alphabet,
             kv_events,
             groups_seed,
+            kind=kind,
         )
 
 
