@@ -36,7 +36,10 @@ from pagedkv.vocab.kv_cache_interface import (
     MambaSpec,
 )
 from pagedkv.vocab.request import Request
-from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_32, VLLM_0_33, Semantics
+from pagedkv.vocab.semantics import (
+    SEVERAL_BLOCK_SIZES_SEMANTICS,
+    Semantics,
+)
 
 IsBlock = Callable[[object], bool] | type
 """Whether a value is a block in one side's terms: a predicate (an int block id), or the block
@@ -306,7 +309,7 @@ def _check_several_block_sizes(
     """Groups of several block sizes with caching: pagedkv's, vLLM 0.33's or 0.32's semantics, no
     EAGLE, chunked attention at S (the spec's `check_several_block_sizes`, in its
     order). Complexity: O(groups)."""
-    if semantics not in (PAGEDKV, VLLM_0_33, VLLM_0_32):
+    if semantics not in SEVERAL_BLOCK_SIZES_SEMANTICS:
         raise refusals.groups_of_several_block_sizes(
             block_sizes,
             "under the semantics 'pagedkv', 'vllm-0.33' and 'vllm-0.32' (the behaviour "

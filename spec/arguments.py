@@ -32,7 +32,10 @@ from pagedkv.vocab.kv_cache_interface import (
     MambaSpec,
 )
 from pagedkv.vocab.request import Request
-from pagedkv.vocab.semantics import PAGEDKV, VLLM_0_32, VLLM_0_33, Semantics
+from pagedkv.vocab.semantics import (
+    SEVERAL_BLOCK_SIZES_SEMANTICS,
+    Semantics,
+)
 
 VLLM_0_8_5_ONLY = (
     "capacity_counts_null_blocks",
@@ -254,7 +257,7 @@ def check_several_block_sizes(
     0.33.0 and 0.32.0); no EAGLE; then group by group (Mamba groups are checked after), a
     chunked group's block size is the scheduler block size S (the LCM)."""
     sizes = sorted(set(config.block_sizes))
-    if semantics not in (PAGEDKV, VLLM_0_33, VLLM_0_32):
+    if semantics not in SEVERAL_BLOCK_SIZES_SEMANTICS:
         raise refusals.groups_of_several_block_sizes(
             sizes,
             "under the semantics 'pagedkv', 'vllm-0.33' and 'vllm-0.32' (the behaviour "

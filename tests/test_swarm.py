@@ -593,3 +593,27 @@ def test_mixed_block_sizes_are_the_last_draw_of_a_hybrid_run() -> None:
         )
         assert dataclasses.replace(run, config=before.config) == before
     assert 40 <= mixed <= 110  # half of the ~37% of hybrid runs eligible
+
+
+def test_mixed_block_sizes_are_drawn_only_under_semantics_that_serve_them() -> None:
+    """A manager offering several block sizes gets them in its hybrid layer under `pagedkv`,
+    `vllm-0.33` and `vllm-0.32` only: under any other semantics (a switch flipped, as the
+    conformance tests flip one) the managers refuse them, so the layer does not draw them."""
+    from pagedkv.harness.adapters import pagedkv_manager
+    from pagedkv.harness.swarm import manager_layer
+    from pagedkv.vocab.semantics import SEVERAL_BLOCK_SIZES_SEMANTICS, VLLM_0_33
+
+    for semantics in SEVERAL_BLOCK_SIZES_SEMANTICS:
+        layer = manager_layer(pagedkv_manager, semantics=semantics, attention="hybrid")
+        assert layer.mixed_block_sizes
+
+    def mixed_with_caching(layer: Layer, seed: int) -> bool:
+        config = layer.draw(seed).config
+        return config.enable_caching and len(set(config.kv_cache_config.block_sizes)) > 1
+
+    served = manager_layer(pagedkv_manager, semantics=VLLM_0_33, attention="hybrid")
+    assert any(mixed_with_caching(served, seed) for seed in range(200))
+    flipped = dataclasses.replace(VLLM_0_33, deferred_free_flattened=False)
+    layer = manager_layer(pagedkv_manager, semantics=flipped, attention="hybrid")
+    assert not layer.mixed_block_sizes
+    assert not any(mixed_with_caching(layer, seed) for seed in range(200))

@@ -52,9 +52,12 @@ def campaign(
     semantics: str | None = None,
     layers: str | None = None,
     settings: str | None = None,
+    one_block_size: bool = False,
 ) -> tuple[int, Any]:
     """Exit status and JSON report of `vllm_campaign.py` (see there)."""
-    extra = [semantics or "-", layers or "-", *([settings] if settings else [])]
+    extra = [semantics or "-", layers or "-", settings or "-"]
+    if one_block_size:
+        extra.append("one-block-size")
     completed = run(str(CAMPAIGN), against, str(steps), *extra, what=against)
     assert completed.stdout, completed.stderr
     return completed.returncode, json.loads(completed.stdout.splitlines()[-1])
@@ -131,9 +134,15 @@ def test_vllm_0_33_conforms_to_the_spec_under_its_semantics_and_domain() -> None
 @pytest.mark.slow
 def test_vllm_0_33_conforms_in_dense_retention_when_the_user_sets_it() -> None:
     """`--vllm-setting prefix_cache_retention_interval=None`: every block cached, no divergence;
-    the report says the setting came from the user."""
+    the report says the setting came from the user. Groups of one block size only: with
+    several, a window below their LCM caches only the blocks an LCM-aligned hit can read even
+    under dense retention (docs/design/mixed-block-sizes.md §6)."""
     status, report = campaign(
-        "vllm==0.33.0", 5_000, layers="hybrid", settings="prefix_cache_retention_interval=None"
+        "vllm==0.33.0",
+        5_000,
+        layers="hybrid",
+        settings="prefix_cache_retention_interval=None",
+        one_block_size=True,
     )
     assert status == 0, json.dumps(report, indent=1)
     assert any(
@@ -302,3 +311,60 @@ def _verify_without_torch(*args: str, what: str) -> subprocess.CompletedProcess[
         f"sys.exit(main(['verify', *{list(args)!r}]))"
     )
     return run("-c", program, what=what)
+
+
+MIXED_PLAN_PROGRAM = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from vllm_campaign import UNREACHABLE, _unreachable
+from pagedkv.harness.setup_check import SetupError
+from pagedkv.harness.swarm.runs import draw_manager_run
+from pagedkv.harness.vllm.against import prepare
+try:
+    target = prepare("vllm==0.33.0")
+except SetupError as error:
+    print(json.dumps({{"setup_error": str(error)}}))
+    sys.exit(UNREACHABLE if _unreachable(error) else 2)
+layouts = []
+for seed in range(200):
+    run = draw_manager_run(seed, semantics=target.adapter.semantics, misuse=False,
+                           attention="hybrid", domain=target.domain, mixed_block_sizes=True)
+    config = run.config.kv_cache_config
+    if len(set(config.block_sizes)) == 1:
+        continue
+    vllm = target.manager_factory(run.config).manager
+    layouts.append({{
+        "drawn": list(config.block_sizes),
+        "planned": [g.kv_cache_spec.block_size for g in vllm.kv_cache_config.kv_cache_groups],
+        "managers": [m.block_size for m in vllm.coordinator.single_type_managers],
+        "hash": [config.hash_block_size, vllm.block_pool.hash_block_size],
+    }})
+print(json.dumps(layouts))
+"""
+
+
+def test_vllm_0_33_plans_the_mixed_block_sizes_the_swarm_draws() -> None:
+    """`--against vllm==0.33.0` draws groups of several block sizes: for each such layout of
+    the swarm's first 200 hybrid seeds, vLLM's own planner (fed the layers the factory builds)
+    gives every group its drawn block size, and its pool hashes at their GCD."""
+    completed = run("-c", MIXED_PLAN_PROGRAM.format(tests=str(TESTS)), what="vllm==0.33.0")
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    layouts = json.loads(completed.stdout.splitlines()[-1])
+    assert len(layouts) >= 20, layouts
+    for layout in layouts:
+        assert layout["drawn"] == layout["planned"] == layout["managers"], layout
+        assert layout["hash"][0] == layout["hash"][1], layout
+    assert len({tuple(layout["drawn"]) for layout in layouts}) >= 10
+
+
+def test_vllm_0_33_agrees_on_mixed_block_sizes_in_the_swarm() -> None:
+    """A short hybrid campaign against vLLM 0.33.0 draws groups of several block sizes with
+    caching and agrees on them: hits of S-multiples, delayed hashes, and vLLM's partial prefix
+    keys, which the pool snapshot compares as index entries (design note §5)."""
+    status, report = campaign("vllm==0.33.0", 5_000, layers="hybrid")
+    assert status == 0, json.dumps(report, indent=1)
+    assert report["hybrid"]["failure"] is None
+    counts = report["hybrid"]["counts"]
+    assert counts["mixed block sizes: allocations"] > 0, counts
+    assert counts["mixed block sizes: full blocks left unhashed below S"] > 0, counts
+    assert counts["mixed block sizes: partial keys created"] > 0, counts

@@ -16,16 +16,34 @@ from manager_fixtures import manager_config
 
 from pagedkv.harness.domain import FULL_DOMAIN, Domain
 from pagedkv.harness.setup_check import SetupError
-from pagedkv.harness.swarm.runs import attention_spec, hybrid_config, with_retention
+from pagedkv.harness.swarm.runs import (
+    attention_spec,
+    draw_manager_run,
+    hybrid_config,
+    mamba_align_spec,
+    with_retention,
+)
 from pagedkv.harness.vllm.engine_0_33 import (
     ASYNC_SCHEDULING_BATCHES,
     SETTINGS,
     EngineSettings,
+    UnplannableError,
     class_defaults,
     parse_setting,
 )
-from pagedkv.harness.vllm.v0_33 import DOMAIN
-from pagedkv.vocab.kv_cache_interface import SlidingWindowSpec
+from pagedkv.harness.vllm.v0_33 import (
+    DOMAIN,
+    PlannedSizesError,
+    check_planned_sizes,
+    engine_block_sizes,
+    planner_layers,
+)
+from pagedkv.vocab.kv_cache_interface import (
+    AttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    SlidingWindowSpec,
+)
 
 CONFIG_SOURCE = """
 class CacheConfig:
@@ -192,3 +210,71 @@ def test_a_campaign_is_held_to_the_retention_targets_only_where_it_draws_sparse_
     assert "sparse retention" not in modes(dense)
     needing = [t.counter for t in MANAGER_TARGETS if "sparse retention" in t.needs]
     assert "retention: hits under sparse retention" in needing
+
+
+def _unified_block_sizes(specs: list[KVCacheSpec]) -> list[int]:
+    """The block sizes vLLM 0.33's `unify_kv_cache_spec_page_size` gives layers of these specs
+    as `planner_layers` builds them (docs/design/mixed-block-sizes.md §7: the largest page
+    keeps its block size, a page 1/r of it gets r times its block size)."""
+    pages = []
+    for spec, fields in zip(specs, planner_layers(specs), strict=True):
+        assert isinstance(spec, AttentionSpec)
+        layer = FullAttentionSpec(
+            block_size=fields.get("block_size", spec.block_size),
+            num_kv_heads=spec.num_kv_heads,
+            head_size=fields.get("head_size", spec.head_size),
+            dtype=spec.dtype,
+        )
+        pages.append((layer.block_size, layer.page_size_bytes))
+    largest = max(page for _, page in pages)
+    assert all(largest % page == 0 for _, page in pages)
+    return [block_size * (largest // page) for block_size, page in pages]
+
+
+def test_vllm_layers_of_mixed_sizes_plan_to_the_drawn_sizes() -> None:
+    """The mixed-size hybrid runs the swarm draws for vLLM: each group's layer is built at the
+    smallest size, its head scaled so that the planner's page unification grows it back to
+    the drawn size; with one size the layers are the specs' own."""
+    mixed = 0
+    for seed in range(300):
+        run = draw_manager_run(
+            seed, misuse=False, attention="hybrid", domain=DOMAIN, mixed_block_sizes=True
+        )
+        specs = [group.kv_cache_spec for group in run.config.kv_cache_config.kv_cache_groups]
+        sizes = [spec.block_size for spec in specs]
+        if len(set(sizes)) == 1:
+            assert planner_layers(specs) == [{} for _ in specs]
+            continue
+        mixed += 1
+        assert {fields["block_size"] for fields in planner_layers(specs)} == {min(sizes)}
+        assert engine_block_sizes(specs) == (min(sizes), None)
+        assert _unified_block_sizes(specs) == sizes
+    assert mixed >= 20
+
+
+def test_mixed_sizes_no_head_size_makes_are_refused_by_name() -> None:
+    full = [
+        FullAttentionSpec(block_size=b, num_kv_heads=1, head_size=1, dtype="float16")
+        for b in (4, 8)
+    ]
+    wide = FullAttentionSpec(block_size=8, num_kv_heads=2, head_size=1, dtype="float16")
+    with pytest.raises(UnplannableError, match="one shape"):
+        planner_layers([full[0], wide])
+    with pytest.raises(UnplannableError, match="one shape"):
+        planner_layers([*full, mamba_align_spec(4, full[0].page_size_bytes, "mamba2")])
+    odd = FullAttentionSpec(block_size=6, num_kv_heads=1, head_size=1, dtype="float16")
+    with pytest.raises(UnplannableError, match="whole ratios"):
+        planner_layers([full[0], odd])
+
+
+def test_planned_sizes_other_than_the_drawn_fail_loudly() -> None:
+    from types import SimpleNamespace
+
+    specs: list[KVCacheSpec] = [
+        FullAttentionSpec(block_size=b, num_kv_heads=1, head_size=1, dtype="float16")
+        for b in (4, 8)
+    ]
+    planned = [SimpleNamespace(kv_cache_spec=SimpleNamespace(block_size=b)) for b in (4, 8)]
+    check_planned_sizes(planned, specs)
+    with pytest.raises(PlannedSizesError, match=r"\[8, 8\], not the drawn \[4, 8\]"):
+        check_planned_sizes(planned[1:] * 2, specs)

@@ -1,6 +1,7 @@
 """A short swarm campaign against a vllm release, run in a process of its own.
 
-    python tests/vllm_campaign.py vllm==0.8.5 STEPS [SEMANTICS|-] [LAYER,...|-] [NAME=VALUE,...]
+    python tests/vllm_campaign.py vllm==0.8.5 STEPS [SEMANTICS|-] [LAYER,...|-] [NAME=VALUE,...|-]
+        [one-block-size]
 
 Each vllm release is imported as the package `vllm`, so two releases cannot share a process:
 the tests run this script once per release. It runs the block pool's and the manager's swarm
@@ -10,8 +11,9 @@ states, outcome counts and the failure, if any (its first line and signature). S
 `--semantics` name, or NAME~SWITCH: that semantics with one switch flipped) replaces the
 release's own, to show that the campaign tells them apart; LAYER,... (pool, manager,
 hybrid) runs only those layers; NAME=VALUE,... are `--vllm-setting`s (the report's notes name
-the engine settings in force). A release with a hybrid coordinator (0.33.0) also runs the
-hybrid layer. Exit status: 0 no divergence, 1 a
+the engine settings in force); `one-block-size` keeps the hybrid layer from drawing groups of
+several block sizes even where the release's factory offers them. A release with a hybrid
+coordinator (0.33.0) also runs the hybrid layer. Exit status: 0 no divergence, 1 a
 divergence, 2 a setup error, 3 the package index is unreachable and nothing is cached (the test
 skips, saying so).
 """
@@ -51,6 +53,7 @@ def run(
     semantics_name: str | None,
     only: str | None = None,
     settings: tuple[str, ...] = (),
+    one_block_size: bool = False,
 ) -> tuple[int, dict[str, object]]:
     try:
         target = prepare(against, settings)
@@ -78,6 +81,7 @@ def run(
                 misuse=False,
                 domain=domain,
                 attention="hybrid",
+                mixed_block_sizes=False if one_block_size else None,
             )
         )
     if only is not None:
@@ -116,7 +120,10 @@ def run(
 if __name__ == "__main__":
     semantics_arg = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
     only_arg = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] != "-" else None
-    settings_arg = tuple(sys.argv[5].split(",")) if len(sys.argv) > 5 else ()
-    status, report = run(sys.argv[1], int(sys.argv[2]), semantics_arg, only_arg, settings_arg)
+    settings_arg = tuple(sys.argv[5].split(",")) if len(sys.argv) > 5 and sys.argv[5] != "-" else ()
+    one_size = len(sys.argv) > 6 and sys.argv[6] == "one-block-size"
+    status, report = run(
+        sys.argv[1], int(sys.argv[2]), semantics_arg, only_arg, settings_arg, one_size
+    )
     print(json.dumps(report))
     sys.exit(status)

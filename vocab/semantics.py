@@ -119,6 +119,9 @@ VLLM_0_32 = dataclasses.replace(VLLM_0_33, null_block_refcounted=True, junction_
 """vLLM 0.32.0: 0.33.0's rules, except that `touch` and `free_blocks` count the null block's
 ref_cnt like any block's (0.33.0 passes it over), and that with EAGLE a shared-prefix junction
 keeps no run a block below it; docs/semantics.md, "vLLM 0.32.0"."""
+SEVERAL_BLOCK_SIZES_SEMANTICS = (PAGEDKV, VLLM_0_33, VLLM_0_32)
+"""The semantics under which the managers serve groups of several block sizes with caching
+(the behaviour checked against vLLM 0.33.0 and 0.32.0); any other is refused by name."""
 SEMANTICS_BY_NAME: dict[str, Semantics] = {
     "pagedkv": PAGEDKV,
     "vllm-0.8.5": VLLM_0_8_5,

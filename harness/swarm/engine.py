@@ -44,7 +44,7 @@ from pagedkv.harness.swarm.runs import (
 )
 from pagedkv.harness.swarm.sampling import ManagerSampler, PoolSampler
 from pagedkv.spec.semantics import PAGEDKV_SEMANTICS
-from pagedkv.vocab.semantics import Semantics
+from pagedkv.vocab.semantics import SEVERAL_BLOCK_SIZES_SEMANTICS, Semantics
 
 OPS_STREAM = 0x9E3779B97F4A7C15
 """Mixed into a run's seed for the stream its operations are drawn from (its configuration is
@@ -248,7 +248,9 @@ def manager_layer(
     tier = offers_offload_tier(factory) if offload_tier is None else offload_tier
     align = offers_mamba_align(factory) if mamba_align is None else mamba_align
     mixed = offers_mixed_block_sizes(factory) if mixed_block_sizes is None else mixed_block_sizes
+    # only under semantics the managers serve them with (a flipped switch's are refused)
     mixed = mixed and attention == "hybrid" and domain.max_groups > 1
+    mixed = mixed and semantics in SEVERAL_BLOCK_SIZES_SEMANTICS
     return Layer(
         "hybrid" if attention == "hybrid" else "manager",
         lambda seed: draw_manager_run(

@@ -7,6 +7,9 @@ that hash plus a group id. pagedkv keys blocks by `BlockHashType`. The adapters 
 same requests; it fails the step the moment the two stop pairing one to one (a block pagedkv
 and vLLM would key differently), and maps vLLM's hashes back for the snapshots. So the pool's
 hashes and index are compared in full; the hash *values* differ by design (bytes vs int).
+With groups of several block sizes both chains are at their GCD `H` and pair hash for hash;
+each group's keys are drawn from them (a block at its last `H`-chunk's hash, a partial key at
+an inner one), so the index compared holds vLLM's partial prefix keys too.
 
 Where the API changed, the adapters translate (docs/semantics.md lists each change):
 `cache_full_blocks` no longer takes or extends the caller's hash list, so the adapter extends it
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,8 +260,11 @@ class Vllm033Pool(ObjectPoolAdapter):
         block_size: int,
         num_groups: int = 1,
     ) -> list[BlockHashType]:
-        """Pair pagedkv's and vLLM's keys of every full block of the request, in every KV
-        cache group; pagedkv's hashes."""
+        """Pair pagedkv's and vLLM's keys of the request's chain, one hash per full
+        `block_size`-token chunk (the hash block size `H`: one block size, or the groups' GCD),
+        in every KV cache group; pagedkv's hashes. Every key either side indexes is one of
+        them: a group's block at the hash of its last `H`-chunk, and a partial key at the hash
+        of an `H`-chunk inside a block (docs/design/mixed-block-sizes.md §2, §5)."""
         ours = request_block_hashes(hash_fn, block_size, request)
         make_key = self.api.make_block_hash_with_group_id
         for our_hash, vllm_hash in zip(ours, view.block_hashes, strict=False):
@@ -297,6 +304,7 @@ class Vllm033Manager:
         self.manager = manager
         self.api = api
         self.block_size = config.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+        self.hash_block_size = config.kv_cache_config.hash_block_size
         self.num_groups = len(config.kv_cache_config.kv_cache_groups)
         self.hash_fn = get_hash_fn(config.caching_hash_algo)
         self.pool = Vllm033Pool(manager.block_pool, api, lambda _: hasher)
@@ -308,7 +316,7 @@ class Vllm033Manager:
     def _view(self, request: Request) -> RequestView:
         view = self.views(request).refresh()
         view.status = self.api.RUNNING if request.request_id in self.running else self.api.WAITING
-        self.pool.pair(request, view, self.hash_fn, self.block_size, self.num_groups)
+        self.pool.pair(request, view, self.hash_fn, self.hash_block_size, self.num_groups)
         return view
 
     def _ids(self, groups: Sequence[Sequence[Any]]) -> tuple[list[int], ...]:
@@ -477,12 +485,72 @@ class Vllm033Manager:
 
 
 def engine_block_sizes(specs: Sequence[KVCacheSpec]) -> tuple[int, int | None]:
-    """`CacheConfig.block_size` (the attention layers' block size: the first attention group's,
-    or the first group's where none attends) and `CacheConfig.mamba_block_size` (the first
-    Mamba group's, None without one) for the groups' specs."""
+    """`CacheConfig.block_size` (the attention layers' block size: the smallest attention
+    group's, which the model's layers are built with and the engine sets it back to after
+    planning; the first group's where none attends) and `CacheConfig.mamba_block_size` (the
+    first Mamba group's, None without one) for the groups' specs."""
     attention = [spec.block_size for spec in specs if isinstance(spec, AttentionSpec)]
     mamba = [spec.block_size for spec in specs if isinstance(spec, MambaSpec)]
-    return (attention or [specs[0].block_size])[0], (mamba[0] if mamba else None)
+    return min(attention or [specs[0].block_size]), (mamba[0] if mamba else None)
+
+
+def planner_layers(specs: Sequence[KVCacheSpec]) -> list[dict[str, int]]:
+    """Per spec, the fields its vLLM layer takes instead of the spec's own (none when every
+    attention group has one block size), such that vLLM's planner gives each group its drawn
+    block size.
+
+    vLLM builds every attention layer at `CacheConfig.block_size` and its planner
+    (`unify_kv_cache_spec_page_size`) grows a layer whose page is 1/r of the largest to r times
+    that block size (docs/design/mixed-block-sizes.md §7). So a group of `B_g` tokens is given
+    a layer of the smallest drawn size `b` whose head is `L / (B_g / b)` times the spec's,
+    `L` the LCM of those ratios: its page is `1 / (B_g / b)` of the `b`-sized groups'. Only the
+    pages change (which pagedkv's managers never read); the caller checks the planned sizes.
+
+    Raises:
+        UnplannableError: mixed sizes that no head size makes: a Mamba group beside them,
+            attention layers of different shapes (heads, head size or dtype), or a size that
+            is not a multiple of the smallest.
+    """
+    attention = [spec for spec in specs if isinstance(spec, AttentionSpec)]
+    sizes = {spec.block_size for spec in attention}
+    if len(sizes) <= 1:
+        return [{} for _ in specs]
+    smallest = min(sizes)
+    shapes = {(spec.num_kv_heads, spec.head_size, spec.dtype) for spec in attention}
+    if len(attention) < len(specs) or len(shapes) > 1:
+        raise UnplannableError(
+            "groups of several block sizes are planned from attention layers of one shape "
+            f"only; drawn: {[type(spec).__name__ for spec in specs]}, shapes {sorted(shapes)}"
+        )
+    if any(size % smallest for size in sizes):
+        raise UnplannableError(
+            f"block sizes {sorted(sizes)}: vLLM's planner grows the smallest by whole ratios"
+        )
+    ratios = [spec.block_size // smallest for spec in attention]
+    lcm = math.lcm(*ratios)
+    return [
+        {"block_size": smallest, "head_size": spec.head_size * lcm // ratio}
+        for spec, ratio in zip(attention, ratios, strict=True)
+    ]
+
+
+class PlannedSizesError(AssertionError):
+    """vLLM's planner gave the groups block sizes other than the drawn ones."""
+
+
+def check_planned_sizes(groups: Sequence[Any], specs: Sequence[KVCacheSpec]) -> None:
+    """Fail loudly where vLLM's planned `groups` (one per spec, in order) do not have the
+    block sizes of `specs`.
+
+    Raises:
+        PlannedSizesError: they differ.
+    """
+    planned = [group.kv_cache_spec.block_size for group in groups]
+    drawn = [spec.block_size for spec in specs]
+    if planned != drawn:
+        raise PlannedSizesError(
+            f"vLLM's planner gives the groups block sizes {planned}, not the drawn {drawn}"
+        )
 
 
 @dataclass(frozen=True)
@@ -499,6 +567,8 @@ class Release:
             every group when none is (0.32.0's coordinator).
         mamba_align: whether the campaigns draw Mamba groups in mode "align" for it
             (`offers_mamba_align`): checked for 0.33.0 only.
+        mixed_block_sizes: whether the campaigns draw groups of several block sizes with
+            caching for it (`offers_mixed_block_sizes`): checked for 0.33.0 only.
     """
 
     version: str
@@ -507,9 +577,15 @@ class Release:
     manager_arguments: tuple[tuple[str, object], ...] = ()
     marks_draft_layers: bool = True
     mamba_align: bool = False
+    mixed_block_sizes: bool = False
 
 
-RELEASE = Release(VERSION, manager_arguments=(("num_hash_lookahead_tokens", 0),), mamba_align=True)
+RELEASE = Release(
+    VERSION,
+    manager_arguments=(("num_hash_lookahead_tokens", 0),),
+    mamba_align=True,
+    mixed_block_sizes=True,
+)
 """0.33.0: lookahead hashes off (the EAGLE drop, as pagedkv models it; docs/semantics.md)."""
 
 
@@ -554,9 +630,13 @@ def load_release(
         return Vllm033Pool(pool, api, hasher)
 
     def vllm_specs(specs: Sequence[Any], use_eagle: bool) -> list[Any]:
+        """vLLM's layer of each spec, as the model builds it (`planner_layers`)."""
         draft = {"is_draft": True} if use_eagle and release.marks_draft_layers else {}
         try:
-            return [vllm_layer_spec(spec, interface, torch, **draft) for spec in specs]
+            return [
+                vllm_layer_spec(spec, interface, torch, **draft, **fields)
+                for spec, fields in zip(specs, planner_layers(specs), strict=True)
+            ]
         except UnknownMambaTypeError as error:
             raise UnplannableError(f"{error}: draw a Mamba type vLLM's stand-in names") from None
 
@@ -575,7 +655,9 @@ def load_release(
             mamba_block_size=mamba_block_size,
         )
         groups = path.plan_groups(vllm_specs(specs, False), config)
-        return [specs[int(group.layer_names[0].rpartition(".")[2])] for group in groups]
+        ours = [specs[int(group.layer_names[0].rpartition(".")[2])] for group in groups]
+        check_planned_sizes(groups, ours)
+        return ours
 
     def vllm_manager(config: ManagerConfig) -> Vllm033Manager:
         """vLLM's manager for `config`, built as the release's scheduler builds it."""
@@ -607,6 +689,7 @@ def load_release(
                 f"vLLM's planning groups the layers as {planned}, not one group per layer in "
                 "the drawn order: draw hybrid configurations through DOMAIN's plan"
             )
+        check_planned_sizes(groups, specs)
         kv_cache_config, scheduler_block_size, hash_block_size = path.kv_cache_config(
             groups, ours.num_blocks, engine_config
         )
@@ -635,6 +718,7 @@ def load_release(
     vllm_manager.evict_blocks = True  # type: ignore[attr-defined]  # offers_evict_blocks
     vllm_manager.mamba_groups = True  # type: ignore[attr-defined]  # offers_mamba_groups
     vllm_manager.mamba_align = release.mamba_align  # type: ignore[attr-defined]  # offers_mamba_align
+    vllm_manager.mixed_block_sizes = release.mixed_block_sizes  # type: ignore[attr-defined]
     vllm_manager.full_sequence_must_fit = True  # type: ignore[attr-defined]  # the gate
     vllm_manager.cache_blocks = True  # type: ignore[attr-defined]  # offers_cache_blocks
     vllm_manager.external_tokens = True  # type: ignore[attr-defined]  # a connector's tokens
