@@ -312,12 +312,12 @@ class KVCacheManager:
     ) -> None:
         """The paths this configuration takes, decided once at construction. Groups whose
         block counts differ (several block sizes, or a group with extra blocks, which needs
-        caching off) take the per-group path (`_allocate_per_group`, with caching
-        `_allocate_mixed`). Several block sizes with caching: one chain at H (the GCD), each
-        group keyed by its view of it, hits and cached prefixes multiples of S (the LCM); under
-        vllm-0.33 full attention above H adds partial keys (`_cache_partial_tail`). Junctions
-        are recorded under sparse retention, and with a Mamba group in mode "align" whatever
-        the retention (`shared_prefix_boundary`)."""
+        caching off) take the per-group path (`_allocate_per_group`; with caching, the
+        adopting path `_allocate_adopting`). Several block sizes with caching: one chain at H
+        (the GCD), each group keyed by its view of it, hits and cached prefixes multiples of S
+        (the LCM); under vllm-0.33 full attention above H adds partial keys
+        (`_cache_partial_tail`). Junctions are recorded under sparse retention, and with a
+        Mamba group in mode "align" whatever the retention (`shared_prefix_boundary`)."""
         managers = self.coordinator.single_type_managers
         self._mixed_sizes = len({manager.block_size for manager in managers}) > 1
         self._per_group = self._mixed_sizes or any(manager.extra_blocks for manager in managers)
@@ -769,7 +769,7 @@ class KVCacheManager:
         self._check_mamba_step(
             request_id, num_spec, num_lookahead_tokens, num_computed_tokens, num_tokens
         )
-        if num_external_computed_tokens or delay_cache_blocks is True:
+        if num_external_computed_tokens or delay_cache_blocks is True or self._mixed_cached:
             return self._allocate_adopting(
                 request,
                 hits,
@@ -781,24 +781,12 @@ class KVCacheManager:
                 held,
                 full_sequence_must_fit is True,
             )
-        if self._per_group:  # several block sizes (with caching: `_allocate_mixed`)
-            return (
-                self._allocate_mixed(
-                    request,
-                    hits,
-                    num_computed_tokens,
-                    num_tokens,
-                    num_lookahead_tokens,
-                    held,
-                    full_sequence_must_fit is True,
-                )
-                if self._mixed_cached
-                else self._allocate_per_group(
-                    request,
-                    num_computed_tokens + num_tokens + num_lookahead_tokens,
-                    held is not None,
-                    full_sequence_must_fit is True,
-                )
+        if self._per_group:  # several block sizes or extra blocks, caching off
+            return self._allocate_per_group(
+                request,
+                num_computed_tokens + num_tokens + num_lookahead_tokens,
+                held is not None,
+                full_sequence_must_fit is True,
             )
         num_required = num_required_blocks(
             num_computed_tokens, num_tokens, num_lookahead_tokens, self.block_size
@@ -906,13 +894,17 @@ class KVCacheManager:
         held: list[KVCacheBlock] | None,
         full_sequence_must_fit: bool,
     ) -> KVCacheBlocks | None:
-        """allocate_slots with external tokens or a delayed cache (the connector path), every
-        precondition up to the hits' checked; `num_computed` counts the hits and the external
-        tokens. Group by group, as the spec's step: each group adopts its hits with the
-        positions the token at `num_computed` no longer reads as null blocks; the blocks every
-        group then lacks must fit; every group's adopted hits are touched, then every group
-        takes its external blocks, then every group its new blocks (caching them unless
-        delayed). Complexity: O(groups + hits + new blocks + blocks cached * block_size)."""
+        """allocate_slots with external tokens or a delayed cache (the connector path), or with
+        several block sizes and caching (any call), every precondition up to the hits'
+        checked; `num_computed` counts the hits and the external tokens. Group by group, as
+        the spec's step: each group adopts its hits with the positions the token at
+        `num_computed` no longer reads as null blocks; each group needs its own count, at most
+        its `_max_blocks`; the blocks every group then lacks must fit; every group's adopted
+        hits are touched, then every group takes its external blocks, then every group its
+        new blocks, caching them unless delayed (several block sizes: `_cache_group`, its
+        positions within the computed tokens rounded down to S). Complexity: O(groups + hits
+        + new blocks + blocks cached * block_size), plus O(num_tokens) when several block
+        sizes extend the chain."""
         request_id = request.request_id
         managers = self.coordinator.single_type_managers
         num_spec = len(request.spec_token_ids)
@@ -1144,74 +1136,6 @@ class KVCacheManager:
             stats.hit_tokens += length
         self._after_call()
         return hits, length
-
-    def _allocate_mixed(
-        self,
-        request: Request,
-        hits: tuple[list[KVCacheBlock], ...],
-        num_computed: int,
-        num_tokens: int,
-        num_lookahead_tokens: int,
-        held: list[KVCacheBlock] | None,
-        full_sequence_must_fit: bool,
-    ) -> KVCacheBlocks | None:
-        """allocate_slots with several block sizes and caching, every precondition up to the
-        hits' checked (`num_computed` counts the hits): each group needs its own count, at most
-        its `_max_blocks`; the blocks every group lacks must fit together in the free blocks
-        the hits leave; every group's hits are touched, then group by group each takes its
-        new blocks and caches its positions within the computed tokens rounded down to S.
-        Complexity: O(groups + hits + new blocks + blocks cached * H + num_tokens when the
-        chain grows)."""
-        request_id = request.request_id
-        managers = self.coordinator.single_type_managers
-        num_slots = num_computed + num_tokens + num_lookahead_tokens
-        required = [manager.num_required(num_slots) for manager in managers]
-        capped = (
-            self.semantics.cap_at_max_model_len
-            and len(managers[0].req_to_blocks.get(request_id, ())) + len(hits[0] if hits else ())
-            < self._max_blocks[0]
-        )
-        self._refuse_past_max_model_len(request_id, required, capped)
-        num_real = num_computed + num_tokens - len(request.spec_token_ids)
-        cache_tokens = num_real - num_real % self._scheduler_block_size
-        num_full = cache_tokens // managers[0].block_size
-        num_cached = managers[0].num_cached_block.get(request_id, len(hits[0]) if hits else 0)
-        if num_full < num_cached:
-            raise refusals.cached_blocks_lost(request_id, num_full, num_cached)
-        # -- every precondition holds: from here on nothing can fail --
-        if full_sequence_must_fit and not self._whole_request_fits(request, hits):
-            if self.debug_invariants:
-                self._after_call()
-            return None
-        pool = self.block_pool
-        if held is not None:
-            self.coordinator.remove_skipped_blocks(request_id, request.num_computed_tokens)
-        lengths = [len(manager.req_to_blocks.get(request_id, ())) for manager in managers]
-        missing = sum(
-            max(required[group] - lengths[group] - (len(hits[group]) if hits else 0), 0)
-            for group in range(self.num_groups)
-        )
-        num_evictable = self._num_evictable_hits(hits) if hits else 0
-        if not fits(missing, pool.get_num_free_blocks(), num_evictable):
-            if self.debug_invariants:
-                self._after_call()
-            return None
-        num_hits = [len(group_hits) for group_hits in hits] if hits else [0] * self.num_groups
-        self.coordinator.add_hits(request_id, hits)  # hands the hit lists over
-        self._track(request_id, request)
-        num_free = pool.get_num_free_blocks()
-        stored = self.req_to_block_hashes.setdefault(request_id, [])
-        new_blocks = []
-        for group, manager in enumerate(managers):
-            num_blocks = len(manager.req_to_blocks[request_id])
-            count = min(
-                required[group] - num_blocks, num_free, self._max_blocks[group] - num_blocks
-            )
-            new_blocks.append(manager.allocate_new_blocks(request_id, max(count, 0)))
-            self._cache_group(request, manager, stored, num_hits[group], cache_tokens)
-        if self.debug_invariants:
-            self._after_call()
-        return tuple(new_blocks)
 
     def _cache_group(
         self,
