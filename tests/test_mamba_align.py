@@ -340,40 +340,41 @@ CONFIG_REFUSALS: dict[str, tuple[KVCacheConfig, dict[str, object], str]] = {
         "KV cache group 1: a Mamba group with mamba_cache_mode 'none' needs prefix caching off "
         "(vLLM 0.33 caches states only in mode 'align')",
     ),
-    "speculative blocks": (
-        config(8, full(), mamba(num_speculative_blocks=2)),
+    "as many speculative blocks as the block size": (
+        config(8, full(), mamba(num_speculative_blocks=16)),
         {},
         "KV cache group 1: mamba_cache_mode 'align' is not served yet with "
-        "num_speculative_blocks=2 (served: Mamba groups beside full-attention groups, no "
-        "speculative or prefill checkpoint blocks, no EAGLE)",
+        "num_speculative_blocks=16 not below its block size 16 (served: Mamba groups beside "
+        "full-attention groups, fewer speculative blocks than the block size, no prefill "
+        "checkpoint blocks, no EAGLE)",
     ),
     "checkpoint blocks": (
         config(8, full(), mamba(num_prefill_checkpoint_blocks=1)),
         {},
         "KV cache group 1: mamba_cache_mode 'align' is not served yet with "
         "num_prefill_checkpoint_blocks=1 (served: Mamba groups beside full-attention groups, "
-        "no speculative or prefill checkpoint blocks, no EAGLE)",
+        "fewer speculative blocks than the block size, no prefill checkpoint blocks, no EAGLE)",
     ),
     "EAGLE": (
         config(8),
         {"use_eagle": True},
         "KV cache group 1: mamba_cache_mode 'align' is not served yet with EAGLE "
-        "(use_eagle=True) (served: Mamba groups beside full-attention groups, no "
-        "speculative or prefill checkpoint blocks, no EAGLE)",
+        "(use_eagle=True) (served: Mamba groups beside full-attention groups, "
+        "fewer speculative blocks than the block size, no prefill checkpoint blocks, no EAGLE)",
     ),
     "Mamba groups without full attention": (
         config(8, mamba(), mamba()),
         {},
         "KV cache group 0: mamba_cache_mode 'align' is not served yet with no full-attention "
-        "group beside it (served: Mamba groups beside full-attention groups, no speculative "
-        "or prefill checkpoint blocks, no EAGLE)",
+        "group beside it (served: Mamba groups beside full-attention groups, "
+        "fewer speculative blocks than the block size, no prefill checkpoint blocks, no EAGLE)",
     ),
     "a Mamba-only model": (
         config(8, mamba()),
         {},
         "KV cache group 0: mamba_cache_mode 'align' is not served yet with no full-attention "
-        "group beside it (served: Mamba groups beside full-attention groups, no "
-        "speculative or prefill checkpoint blocks, no EAGLE)",
+        "group beside it (served: Mamba groups beside full-attention groups, "
+        "fewer speculative blocks than the block size, no prefill checkpoint blocks, no EAGLE)",
     ),
     "a sliding window beside it": (
         config(
@@ -387,14 +388,15 @@ CONFIG_REFUSALS: dict[str, tuple[KVCacheConfig, dict[str, object], str]] = {
         {},
         "KV cache group 2: mamba_cache_mode 'align' is not served yet with a "
         "SlidingWindowSpec group beside it (group 1) (served: Mamba groups beside "
-        "full-attention groups, no speculative or prefill checkpoint blocks, no EAGLE)",
+        "full-attention groups, fewer speculative blocks than the block size, no prefill "
+        "checkpoint blocks, no EAGLE)",
     ),
     "groups of several block sizes": (
         config(8, full(), full(2 * B), mamba()),
         {},
         f"KV cache group 2: mamba_cache_mode 'align' is not served yet with groups of several "
-        f"block sizes [{B}, {2 * B}] (served: Mamba groups beside full-attention groups, no "
-        "speculative or prefill checkpoint blocks, no EAGLE)",
+        f"block sizes [{B}, {2 * B}] (served: Mamba groups beside full-attention groups, "
+        "fewer speculative blocks than the block size, no prefill checkpoint blocks, no EAGLE)",
     ),
 }
 
@@ -427,22 +429,14 @@ CALL_REFUSALS: dict[str, tuple[Callable[[Manager, Request], object], type[Except
         "request 'r': a step starting inside a Mamba block ends by that block's end (tokens "
         "[20, 36) cross 32 in KV cache group 1 (block size 16): cut the chunk at 32)",
     ),
-    "lookahead tokens": (
-        lambda manager, request: manager.allocate_slots(request, 4, None, 2),
-        InvalidArgumentError,
-        "request 'r': 0 speculative and 2 lookahead tokens with a Mamba group in "
-        "mamba_cache_mode 'align' (group 1): speculative decoding with Mamba prefix caching "
-        "is not served yet",
-    ),
-    "draft tokens": (
+    "more drafts than speculative blocks": (
         lambda manager, request: (
             setattr(request, "spec_token_ids", [1, 2]),
             manager.allocate_slots(request, 3),
         ),
         InvalidArgumentError,
-        "request 'r': 2 speculative and 0 lookahead tokens with a Mamba group in "
-        "mamba_cache_mode 'align' (group 1): speculative decoding with Mamba prefix caching "
-        "is not served yet",
+        "request 'r': 2 speculative tokens with a Mamba group in mamba_cache_mode 'align' "
+        "(group 1) of num_speculative_blocks=0: each draft's state needs a speculative block",
     ),
 }
 

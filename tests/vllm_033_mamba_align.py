@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hypothesis import Phase, given, settings
-from test_mamba_align import OPS, Op, config, ids, run_workload
+from test_mamba_align import OPS, Op, config, full, ids, mamba, run_workload
 from vllm_campaign import UNREACHABLE, _unreachable
 
 from pagedkv import KVCacheConfig, Request
@@ -167,11 +167,42 @@ def section_5_2(manager: Any) -> list[object]:
     return log
 
 
+def section_4_2(manager: Any) -> list[object]:
+    """Speculative blocks (k = 2, two drafts, two lookahead slots): chunks 0..32, 32..96 and
+    96..100, then decode with 1 + 2 tokens a step and the acceptances of `ACCEPTED`."""
+    log: list[object] = []
+    request = Request("A", range(100))
+    for start, num_tokens in ((0, 32), (32, 64), (96, 4)):
+        manager.new_step_starts()
+        hits = manager.get_computed_blocks(request)[0] if start == 0 else None
+        log.append(ids(manager.allocate_slots(request, num_tokens, hits, 2)))
+        request.num_computed_tokens = start + num_tokens
+        log.append((tables(manager, "A"), keyed(manager)))
+    request.append_output_token_ids(999)
+    for index, accepted in enumerate(ACCEPTED):
+        drafts = [2000 + 2 * index, 2001 + 2 * index]
+        request.spec_token_ids = list(drafts)
+        manager.new_step_starts()
+        log.append(ids(manager.allocate_slots(request, 3, None, 2)))
+        request.spec_token_ids = []
+        request.num_computed_tokens += 1 + accepted
+        for token in [*drafts[:accepted], 3000 + index]:
+            request.append_output_token_ids(token)
+        log.append((tables(manager, "A"), keyed(manager)))
+    return log
+
+
+ACCEPTED = (2, 2, 2, 1, 0, 2, 2, 1, 2, 0, 2, 2)
+"""The accepted drafts of section 4.2's decode steps (the note's run: 2, 2, 2, 1, 0, 2, ...)."""
+
+
 SCENARIOS: dict[str, Callable[[Any], list[object]]] = {
     "4.1": section_4_1,
     "4.3": section_4_3,
     "5.2": section_5_2,
 }
+SPECULATIVE_SCENARIOS: dict[str, Callable[[Any], list[object]]] = {"4.2": section_4_2}
+"""Scenarios of a Mamba group with two speculative blocks (`num_speculative_blocks=2`)."""
 
 
 def main(retention: int | None, examples: int, layout: str) -> tuple[int, dict[str, object]]:
@@ -195,6 +226,13 @@ def main(retention: int | None, examples: int, layout: str) -> tuple[int, dict[s
         kv_config = config(60, retention=retention)
         spec = SpecKVCacheManager(kv_config, 400, semantics=semantics)
         agreed[name] = scenario(spec) == scenario(VllmSide(against, kv_config, 400))
+    for name, scenario in SPECULATIVE_SCENARIOS.items():
+        kv_config = config(60, full(), mamba(num_speculative_blocks=2), retention=retention)
+        spec = SpecKVCacheManager(kv_config, 400, semantics=semantics)
+        ours, theirs = scenario(spec), scenario(VllmSide(against, kv_config, 400))
+        agreed[name] = ours == theirs
+        if ours != theirs:
+            report[f"{name} spec"], report[f"{name} vllm"] = ours, theirs
     report["scenarios"] = agreed
 
     def build(kv_config: KVCacheConfig, max_model_len: int) -> list[Any]:
