@@ -131,6 +131,7 @@ class KVCacheCoordinator(ABC):
         whose new positions before its running one are null). Complexity: O(groups)."""
         if not self._stateful:
             return num_new * self.num_groups
+        num_new = max(num_new, 0)  # a list longer than needed (lookahead slots) takes none
         return sum(
             manager.num_blocks_to_allocate(
                 manager.planned_new() if isinstance(manager, MambaAlignManager) else num_new

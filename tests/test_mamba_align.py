@@ -757,6 +757,39 @@ def test_the_differential_run_catches_planted_mamba_bugs(
         diverges()
 
 
+_ALLOCATE_NEW_BLOCKS = MambaAlignManager.allocate_new_blocks
+PLANTED_WITH_DRAFTS: dict[str, tuple[str, object]] = {
+    "speculative blocks are taken anew, never relocated": (
+        "allocate_new_blocks",
+        lambda self, request_id, num_blocks: (
+            self.allocated.discard(request_id),
+            _ALLOCATE_NEW_BLOCKS(self, request_id, num_blocks),
+        )[1],
+    ),
+}
+
+
+@pytest.mark.parametrize("bug", list(PLANTED_WITH_DRAFTS))
+def test_the_differential_run_with_drafts_catches_planted_bugs(
+    bug: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each planted bug of the Mamba group's speculative blocks makes the random workloads
+    with drafts diverge from the spec or break an invariant."""
+    if pagedkv.COMPILED:
+        pytest.skip("a compiled MambaAlignManager's methods cannot be patched")
+    name, planted = PLANTED_WITH_DRAFTS[bug]
+    monkeypatch.setattr(MambaAlignManager, name, planted)
+
+    @settings(max_examples=300, deadline=None, database=None, phases=[Phase.generate])
+    @given(OPS, RETENTIONS, st.sampled_from(list(LAYOUTS)), st.integers(1, SMALL - 1))
+    def diverges(ops: list[Op], retention: int | None, layout: str, speculative: int) -> None:
+        with quiet_refusal_warnings():
+            run_workload(ops, retention, layout=layout, speculative=speculative)
+
+    with pytest.raises((AssertionError, InvariantViolation)):
+        diverges()
+
+
 def run_workload(
     ops: list[Op],
     retention: int | None,
