@@ -428,6 +428,18 @@ UNALIGNED_TARGET = 4
 """Per 100,000 steps: chunks sent uncut from inside a Mamba block across its end, refused
 (misuse, so pagedkv's semantics only; CI: 8)."""
 
+RELOCATED_TARGET = 44
+PROMOTED_TARGET = 15
+DRAFT_STATES_TARGET = 37
+CROSSED_TARGET = 2
+"""The targets of Mamba-align runs with drafts (`with_mamba_align` with 3 speculative blocks:
+half the align runs whose block size exceeds 3, a few runs a campaign, so their counts vary
+much by seed), per 100,000 steps. The CI campaign (seed 2025, 150,838 steps; first) and
+`--against vllm==0.33.0` seeds 1-5 (150,161-151,280 steps; in order) reach: 154, 508, 872,
+132, 387, 199 speculative blocks relocated; 584, 586, 494, 44, 391, 1,167 promoted to running;
+151, 806, 1,453, 113, 888, 2,872 draft states written; 7, 46, 68, 5, 101, 314 boundaries
+crossed by accepted drafts. Each target is about half the lowest per 100,000 steps (seed 3's)."""
+
 MAMBA_ALIGN_TARGETS: tuple[Target, ...] = (
     _t(
         "Mamba align: scheduler steps",
@@ -519,6 +531,30 @@ MAMBA_ALIGN_TARGETS: tuple[Target, ...] = (
         "a connector evicts a held state: its key goes, the request keeps it",
         "mamba align",
         "evict_blocks",
+    ),
+    _t(
+        "Mamba align: speculative blocks relocated",
+        RELOCATED_TARGET,
+        "a speculative block the running column passed moves to the table's end, its column null",
+        "mamba align",
+    ),
+    _t(
+        "Mamba align: speculative blocks promoted to running",
+        PROMOTED_TARGET,
+        "the table grows and a speculative block left in place becomes the running column",
+        "mamba align",
+    ),
+    _t(
+        "attention truth: Mamba draft states written",
+        DRAFT_STATES_TARGET,
+        "the worker writes the state after each draft into the speculative columns",
+        "mamba align",
+    ),
+    _t(
+        "attention truth: boundaries crossed by accepted drafts",
+        CROSSED_TARGET,
+        "accepted drafts pass a boundary: its state is copied into its column, then keyed",
+        "mamba align",
     ),
     _t(
         "refusal allocate_slots: RequestError: a step starting inside a Mamba block ends by "
