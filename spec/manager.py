@@ -1001,10 +1001,10 @@ class SpecKVCacheManager:
                 raise refusals.computed_outside_slots(
                     request_id, request.num_computed_tokens, len(blocks), manager.block_size
                 )
+        self.truth.load_ended(request_id)
         computed = min(request.num_computed_tokens, request.num_tokens)
         if num_computed_tokens > computed:
             raise refusals.cache_past_computed(request_id, num_computed_tokens, computed)
-        self.truth.load_ended(request_id)
         self.truth.drafts_settled(request)
         if self.mixed_cached:
             self._mixed_cache_blocks(request, num_computed_tokens)

@@ -44,8 +44,8 @@ without EAGLE, the gate or a connector, of a manager that serves Mamba prefix ca
 (`with_mamba_align`): one full-attention group and one or two Mamba groups in mode "align" of
 the same block size (vLLM 0.33's layout whenever prefix caching is on for a Mamba hybrid), its
 retention drawn again; in half of those whose block size exceeds a step's drafts (3) the Mamba
-groups have 3 speculative blocks and draft tokens and lookahead stay as drawn, in the others
-both are off; the run's client plays scheduler steps (`NewStep`, drawn with weight
+groups have 3 speculative blocks, draft tokens are on and lookahead stays as drawn, in the
+others both are off; the run's client plays scheduler steps (`NewStep`, drawn with weight
 `NEW_STEP_WEIGHT`) and cuts its chunks as vLLM's scheduler does (`mamba_chunk`), but for a
 few unaligned ones (misuse). A quarter, not more: those runs are taken from the hybrid runs
 with caching, whose chunked groups' hits are rare already.
@@ -718,12 +718,13 @@ def draw_manager_run(
         and rng.random() < MAMBA_ALIGN_SHARE
     )
     if aligned:
-        # Half the align runs whose blocks hold more than a step's 3 drafts keep drafts and
-        # lookahead, with 3 speculative state blocks (k < B); the others have neither.
+        # Half the align runs whose blocks hold more than a step's 3 drafts draw drafts, and
+        # lookahead as drawn, with 3 speculative state blocks (k < B); the others neither.
         speculative = MAX_DRAFTS if block_size > MAX_DRAFTS and rng.random() < 0.5 else 0
         config = with_mamba_align(rng, config, domain, speculative)
-        if not speculative:
-            features -= {"draft tokens", "lookahead"}
+        features = (
+            features | {"draft tokens"} if speculative else features - {"draft tokens", "lookahead"}
+        )
         weights["new step"] = float(rng.randint(*NEW_STEP_WEIGHT))
     if (  # after the last draw of all: every other run draws as before
         not aligned
