@@ -428,6 +428,20 @@ UNALIGNED_TARGET = 4
 """Per 100,000 steps: chunks sent uncut from inside a Mamba block across its end, refused
 (misuse, so pagedkv's semantics only; CI: 8)."""
 
+RELOCATED_TARGET = 10
+PROMOTED_TARGET = 14
+DRAFT_STATES_TARGET = 42
+CROSSED_TARGET = 1
+"""The targets of Mamba-align runs with drafts (`with_mamba_align` with 3 speculative blocks:
+half the align runs whose block size exceeds 3, a few runs a campaign, so their counts vary
+much by seed), per 100,000 steps. The CI campaign (seed 2025, 100,071 steps; first) and
+`--against vllm==0.33.0` seeds 1-5 (150,161-151,280 steps; in order) reach: 21, 515, 924, 132,
+381, 203 speculative blocks relocated (relocation needs a step that passes them:
+a prefill chunk or accepted drafts); 28, 722, 523, 50, 409, 1,206 promoted to
+running; 362, 2,051, 2,480, 127, 1,104, 3,615 draft states written; 2, 163, 136, 5,
+113, 357 boundaries crossed by accepted drafts. Each target is about half the lowest
+per 100,000 steps."""
+
 MAMBA_ALIGN_TARGETS: tuple[Target, ...] = (
     _t(
         "Mamba align: scheduler steps",
@@ -519,6 +533,30 @@ MAMBA_ALIGN_TARGETS: tuple[Target, ...] = (
         "a connector evicts a held state: its key goes, the request keeps it",
         "mamba align",
         "evict_blocks",
+    ),
+    _t(
+        "Mamba align: speculative blocks relocated",
+        RELOCATED_TARGET,
+        "a speculative block the running column passed moves to the table's end, its column null",
+        "mamba align",
+    ),
+    _t(
+        "Mamba align: speculative blocks promoted to running",
+        PROMOTED_TARGET,
+        "the table grows and a speculative block left in place becomes the running column",
+        "mamba align",
+    ),
+    _t(
+        "attention truth: Mamba draft states written",
+        DRAFT_STATES_TARGET,
+        "the worker writes the state after each draft into the speculative columns",
+        "mamba align",
+    ),
+    _t(
+        "attention truth: boundaries crossed by accepted drafts",
+        CROSSED_TARGET,
+        "accepted drafts pass a boundary: its state is copied into its column, then keyed",
+        "mamba align",
     ),
     _t(
         "refusal allocate_slots: RequestError: a step starting inside a Mamba block ends by "

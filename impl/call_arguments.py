@@ -267,9 +267,9 @@ def _check_mamba_align(
 ) -> None:
     """A Mamba group in mode "align" (caching on): vLLM 0.33's engine defaults only, refused
     in the spec's order (`pagedkv.spec.arguments.check_mamba_align`). Complexity: O(groups)."""
-    if spec.num_speculative_blocks > 0:
-        raise refusals.mamba_align_unserved(
-            group, f"num_speculative_blocks={spec.num_speculative_blocks}"
+    if spec.num_speculative_blocks >= spec.block_size:
+        raise refusals.mamba_align_many_speculative_blocks(
+            group, spec.num_speculative_blocks, spec.block_size
         )
     if spec.num_prefill_checkpoint_blocks > 0:
         raise refusals.mamba_align_unserved(

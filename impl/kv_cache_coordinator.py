@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pagedkv.block import KVCacheBlock
 from pagedkv.block_pool import BlockPool
 from pagedkv.single_type import SingleTypeKVCacheManager, single_type_manager
+from pagedkv.single_type.mamba import MambaAlignManager
 from pagedkv.single_type.sliding_window import SlidingWindowManager
 from pagedkv.vocab.hashes import BlockHashType, HashFn
 from pagedkv.vocab.kv_cache_interface import KVCacheSpec
@@ -130,7 +131,20 @@ class KVCacheCoordinator(ABC):
         whose new positions before its running one are null). Complexity: O(groups)."""
         if not self._stateful:
             return num_new * self.num_groups
-        return sum(manager.num_blocks_to_allocate(num_new) for manager in self.single_type_managers)
+        num_new = max(num_new, 0)  # a list longer than needed (lookahead slots) takes none
+        return sum(
+            manager.num_blocks_to_allocate(
+                manager.planned_new() if isinstance(manager, MambaAlignManager) else num_new
+            )
+            for manager in self.single_type_managers
+        )
+
+    def plan_state_step(self, request_id: str, end: int, num_hits: int) -> None:
+        """Tell each state group the step about to be counted and allocated (its tokens end
+        at `end`, lookahead out, after `num_hits` hits). Complexity: O(state groups)."""
+        for manager in self._stateful:
+            assert isinstance(manager, MambaAlignManager)
+            manager.plan_step(request_id, end, num_hits)
 
     def defers(self, hits: Sequence[list[KVCacheBlock]]) -> bool:
         """Whether a group defers these hits to the next scheduler step (a Mamba state keyed

@@ -58,6 +58,7 @@ from pagedkv.kv_cache_coordinator import (
 from pagedkv.offload.tier import OffloadTier
 from pagedkv.single_type import SingleTypeKVCacheManager
 from pagedkv.single_type.full_attention import FullAttentionManager
+from pagedkv.single_type.mamba import MambaAlignManager
 from pagedkv.vocab import refusals
 from pagedkv.vocab.arguments import require_int, require_str
 from pagedkv.vocab.errors import (
@@ -253,7 +254,11 @@ class KVCacheManager:
         single_type_managers = self.coordinator.single_type_managers
         # The decode fast path's view of the one group (a manager of several takes the full
         # path): its per-type manager and the dicts it keeps.
-        first = single_type_managers[0]
+        # (With a Mamba group in mode "align", the first attention group: a state group's
+        # table length is its own, `MambaAlignManager.plan_step`.)
+        first = next(
+            (m for m in single_type_managers if not m.holds_state), single_type_managers[0]
+        )
         # Each group's most blocks a request holds (its own block size, its extra blocks).
         self._max_blocks = tuple(
             manager.num_required(max_model_len) for manager in single_type_managers
@@ -767,7 +772,7 @@ class KVCacheManager:
                 request_id, num_scheduled_real, request.num_tokens
             )
         self._check_mamba_step(
-            request_id, num_spec, num_lookahead_tokens, num_computed_tokens, num_tokens
+            request_id, num_spec, num_lookahead_tokens, num_computed_tokens, num_tokens, num_hits
         )
         if num_external_computed_tokens or delay_cache_blocks is True or self._mixed_cached:
             return self._allocate_adopting(
@@ -857,21 +862,27 @@ class KVCacheManager:
         num_lookahead: int,
         num_computed: int,
         num_tokens: int,
+        num_hits: int = 0,
     ) -> None:
-        """With a Mamba group in mode "align" (the spec's precondition 8): no speculative or
-        lookahead tokens, and a step starting inside one of its blocks ends by that block's
-        end. Complexity: O(1)."""
+        """With a Mamba group in mode "align" (the spec's precondition 8): no more drafts than
+        its speculative blocks, and a step starting inside one of its blocks ends its tokens
+        (drafts out) by that block's end; then the state groups are told the step
+        (`plan_state_step`). Complexity: O(groups)."""
         group = self.coordinator.state_group
         if group is None:
             return
-        if num_spec or num_lookahead:
-            raise refusals.mamba_align_speculation(request_id, group, num_spec, num_lookahead)
+        for manager in self.coordinator.single_type_managers:
+            if isinstance(manager, MambaAlignManager) and num_spec > manager.num_speculative:
+                raise refusals.mamba_align_speculation(
+                    request_id, manager.group_id, num_spec, manager.num_speculative
+                )
         block_size = self.block_size
         offset = num_computed % block_size
-        if offset and offset + num_tokens > block_size:
+        if offset and offset + num_tokens - num_spec > block_size:
             raise refusals.mamba_unaligned_chunk(
-                request_id, group, num_computed, num_computed + num_tokens, block_size
+                request_id, group, num_computed, num_computed + num_tokens - num_spec, block_size
             )
+        self.coordinator.plan_state_step(request_id, num_computed + num_tokens, num_hits)
 
     def _check_external(self, request_id: str, running: int, num_external: int) -> None:
         """External tokens extend a request's first allocation only (`running`: it holds
@@ -1938,15 +1949,20 @@ def _cover_same_slots(
     managers: Sequence[SingleTypeKVCacheManager], lengths: Sequence[int | None]
 ) -> bool:
     """Whether one count of token slots gives every group its block list's length
-    (`num_required`): each length allows the counts of an interval, and they must meet.
+    (`num_required`): each length allows the counts of an interval, and they must meet; a
+    state group (lookahead slots out) covers no more than they do (the spec's check).
     Complexity: O(groups)."""
     low, high = 0, None
+    state_low = 0
     for manager, length in zip(managers, lengths, strict=True):
-        blocks = (length or 0) - manager.extra_blocks
-        if blocks < 0:
+        blocks = max((length or 0) - manager.num_required(0), 0)
+        if (length or 0) < manager.num_required(0):
             return False
         first = 0 if blocks == 0 else (blocks - 1) * manager.block_size + 1
         last = blocks * manager.block_size
+        if manager.holds_state:
+            state_low = max(state_low, first)
+            continue
         low = max(low, first)
         high = last if high is None else min(high, last)
-    return high is None or low <= high
+    return high is None or (low <= high and state_low <= high)

@@ -225,13 +225,13 @@ def check_mamba_align(
     block_sizes: Sequence[int],
 ) -> None:
     """A Mamba group in mode "align" (caching on) is served with vLLM 0.33's engine defaults
-    only, in this order (KVCacheConfigError): no speculative blocks, no prefill checkpoint
-    blocks, no EAGLE, a full-attention group in the config, every group full attention or
-    Mamba, and every group of the Mamba group's block size (docs/semantics.md, "Mamba states
-    with prefix caching")."""
-    if spec.num_speculative_blocks:
-        raise refusals.mamba_align_unserved(
-            group, f"num_speculative_blocks={spec.num_speculative_blocks}"
+    only, in this order (KVCacheConfigError): fewer speculative blocks than its block size,
+    no prefill checkpoint blocks, no EAGLE, a full-attention group in the config, every
+    group full attention or Mamba, and every group of the Mamba group's block size
+    (docs/semantics.md, "Mamba states with prefix caching")."""
+    if spec.num_speculative_blocks >= spec.block_size:
+        raise refusals.mamba_align_many_speculative_blocks(
+            group, spec.num_speculative_blocks, spec.block_size
         )
     if spec.num_prefill_checkpoint_blocks:
         raise refusals.mamba_align_unserved(

@@ -131,6 +131,17 @@ class KnownBug:
         return f"{self.release} bug: {self.name}"
 
 
+@dataclass
+class DraftStep:
+    """A request's last step with draft tokens, until its accepted count is known: its main
+    tokens end at `main`, it had `num_drafts` drafts, and per state group the table it ran
+    with and its running column."""
+
+    main: int
+    num_drafts: int
+    tables: dict[int, tuple[tuple[int, ...], int]]
+
+
 class AttentionTruth:
     """The ghost content of a manager's pool and the attention-truth checks (module docstring).
 
@@ -190,6 +201,8 @@ class AttentionTruth:
             if getattr(policy, "holds_state", False)
         )
         self.written_this_step: dict[int, str] = {}
+        self.draft_steps: dict[str, DraftStep] = {}
+        self.state_reads: dict[tuple[str, int], tuple[int, int]] = {}
 
     # -- the manager's events ----------------------------------------------------------------
 
@@ -225,18 +238,111 @@ class AttentionTruth:
         for group, table in enumerate(tables):
             block_size = self.block_sizes[group]
             if group in self.state_groups:
-                if num_tokens <= 0:
-                    continue
-                end = start + num_tokens
-                written = self.ghost.write_state(
-                    group, table, block_size, request, end, poisoned_by
-                )
-                if written is not None:
-                    self.written_this_step[written] = request.request_id
-                    self.checks["attention truth: Mamba states written"] += 1
+                if num_tokens > 0:
+                    self._write_states(group, table, request, start + num_tokens, poisoned_by)
                 continue
             self.ghost.write(group, table, block_size, request, start, num_tokens, poisoned_by)
         self.scheduled[request.request_id] = start + num_tokens
+
+    def _write_states(
+        self, group: int, table: Sequence[int], request: Request, end: int, poisoned_by: str | None
+    ) -> None:
+        """The states a step ending at `end` writes in state group `group` (vLLM 0.33's worker,
+        `preprocess_mamba`): with d drafts, main tokens up to m = end - d and running column
+        R = cdiv(end, B) - 1, column R + j gets the state after m + j tokens (j = 0..d); when m
+        is a boundary, the state there is copied into its column m / B - 1 as well, whatever
+        is accepted (`postprocess_mamba`, fewer drafts than B). With drafts, the copy for a
+        boundary the accepted drafts pass waits for their count (`drafts_settled`)."""
+        request_id = request.request_id
+        block_size = self.block_sizes[group]
+        num_drafts = len(request.spec_token_ids)
+        main = end - num_drafts
+        running = -(-end // block_size) - 1
+        self.state_reads.pop((request_id, group), None)
+        for offset in range(num_drafts + 1):
+            column = running + offset
+            written = self.ghost.write_state(
+                group, table, block_size, request, main + offset, poisoned_by, column
+            )
+            if written is not None:
+                self.written_this_step[written] = request_id
+                self.checks["attention truth: Mamba states written"] += 1
+        if not num_drafts:
+            self.draft_steps.pop(request_id, None)
+            return
+        self.checks["attention truth: Mamba draft states written"] += num_drafts
+        if main % block_size == 0 and main > 0:
+            self._copy_state(group, table, running, main // block_size - 1, request_id)
+        steps = self.draft_steps.setdefault(request_id, DraftStep(main, num_drafts, {}))
+        steps.main, steps.num_drafts = main, num_drafts
+        steps.tables[group] = (tuple(table), running)
+
+    def _copy_state(
+        self, group: int, table: Sequence[int], source: int, target: int, request_id: str
+    ) -> None:
+        """The worker copies column `source`'s state into column `target` of the step's
+        table (nothing into or out of a null or missing column)."""
+        if not (0 <= target < len(table) and source < len(table)):
+            return
+        block_from, block_to = table[source], table[target]
+        if NULL_BLOCK_ID in (block_from, block_to) or block_from == block_to:
+            return
+        content = self.ghost.content(block_from)
+        if content is None:
+            self.ghost.clear([block_to])
+        else:
+            self.ghost.put(block_to, group, content[1])
+        self.written_this_step[block_to] = request_id
+        self.checks["attention truth: Mamba boundary states copied"] += 1
+
+    def drafts_settled(self, request: Request) -> None:
+        """The request's computed count tells how many drafts of its last step were accepted
+        (below the step's main tokens: not yet; past its drafts: none to settle). vLLM 0.33's
+        `postprocess_mamba`: with n computed tokens, a boundary b = n // B * B the accepted
+        drafts reached past m gets the state there (column R + b - m) copied into column
+        b / B - 1; the next step reads the state after n tokens from column R if that copy
+        went there, else from R + n - m.
+        Both are by the step's table: the worker's row is append-only, so a block the manager
+        moved since (`take_new_blocks`) is read where it was."""
+        steps = self.draft_steps.get(request.request_id)
+        computed = request.num_computed_tokens
+        if steps is None or computed < steps.main:
+            return  # not yet advanced past the step's main tokens
+        del self.draft_steps[request.request_id]
+        accepted = computed - steps.main
+        if accepted > steps.num_drafts:
+            return
+        for group, (table, running) in steps.tables.items():
+            block_size = self.block_sizes[group]
+            boundary = computed // block_size * block_size
+            target = boundary // block_size - 1
+            if boundary > steps.main:
+                self._copy_state(
+                    group, table, running + boundary - steps.main, target, request.request_id
+                )
+                self.checks["attention truth: boundaries crossed by accepted drafts"] += 1
+            read = running if boundary >= steps.main and target == running else running + accepted
+            if read < len(table):
+                self.state_reads[(request.request_id, group)] = (computed, table[read])
+
+    def worker_view(
+        self, request: Request, tables: Sequence[Sequence[int]], num_computed_tokens: int
+    ) -> Sequence[Sequence[int]]:
+        """The tables as the worker reads a state group's state after `num_computed_tokens`
+        tokens: where its last step's drafts left it (`drafts_settled`), else as they are."""
+        if not self.state_reads:
+            return tables
+        view = list(tables)
+        for group in self.state_groups:
+            found = self.state_reads.get((request.request_id, group))
+            if found is None or found[0] != num_computed_tokens or num_computed_tokens <= 0:
+                continue
+            column = (num_computed_tokens - 1) // self.block_sizes[group]
+            table = list(view[group])
+            table.extend([NULL_BLOCK_ID] * (column + 1 - len(table)))
+            table[column] = found[1]
+            view[group] = table
+        return view
 
     def loaded(
         self, request: Request, tables: Sequence[Sequence[int]], start: int, num_tokens: int
@@ -351,6 +457,9 @@ class AttentionTruth:
         load or send still in flight keeps using them (`stray`) until reported finished."""
         self.tainted.pop(request_id, None)
         self.scheduled.pop(request_id, None)
+        self.draft_steps.pop(request_id, None)
+        for group in self.state_groups:
+            self.state_reads.pop((request_id, group), None)
         self.tier_loads.pop(request_id, None)
         for kind, transfers in (("load", self.loading), ("send", self.sending)):
             blocks = transfers.pop(request_id, ())
@@ -389,6 +498,7 @@ class AttentionTruth:
         tables."""
         self.checks["attention truth: steps checked"] += 1
         self._adopt_claims(request, tables)
+        tables = self.worker_view(request, tables, num_computed_tokens)
         self._check(request, tables, num_computed_tokens, "step")
         self._check_state_written(request, tables, num_computed_tokens)
 
@@ -417,6 +527,8 @@ class AttentionTruth:
     def check_table(self, request: Request, tables: Sequence[Sequence[int]]) -> None:
         """A running request's next token reads true KV from its tables."""
         self._adopt_claims(request, tables)
+        self.drafts_settled(request)
+        tables = self.worker_view(request, tables, request.num_computed_tokens)
         self._check(request, tables, request.num_computed_tokens, "table")
 
     def _check(

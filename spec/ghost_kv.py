@@ -247,25 +247,26 @@ class GhostKV:
         request: Request,
         end: int,
         poisoned_by: str | None = None,
+        column: int | None = None,
     ) -> int | None:
         """A recurrent state: the state after tokens [0, end) of `request` in group `group`,
-        written into the block at column `(end - 1) // block_size` of `table` (nowhere if
-        there is no block there), replacing whatever that block held. A state is spelled as
-        the history of its last token, in that token's slot and no other, so that a read of
-        position p (the state after p + 1 tokens) finds it only in the block holding exactly
+        written into the block at `column` of `table`, by default `(end - 1) // block_size`
+        (nowhere if there is no block there), replacing whatever that block held. A state is
+        spelled as the history of its last token, in that token's slot and no other, so that a
+        read of position p (the state after p + 1 tokens) finds it only in the block holding exactly
         that state. Returns the block written, or None."""
         if end <= 0:
             return None
         numbers = self.histories_of(request)
         if end - 1 < len(numbers):
             number = numbers[end - 1]
-        else:  # a draft token's state (not served in mode "align"; stated for completeness)
+        else:  # a draft token's state
             number = numbers[-1]
             for token in request.spec_token_ids[: end - len(numbers)]:
                 number = self.histories.step(number, token, None)
         if poisoned_by is not None:
             number = self.histories.poisoned(number, poisoned_by)
-        index = (end - 1) // block_size
+        index = (end - 1) // block_size if column is None else column
         if index >= len(table) or table[index] == NULL_BLOCK_ID:
             return None
         slots: list[int | None] = [None] * block_size

@@ -645,10 +645,10 @@ class SpecKVCacheManager:
              found with `eagle_lookup`, less the last block with use_eagle (RequestError);
           8. computed tokens after the step (hits and external tokens included, speculative
              ones excluded) do not exceed the request's tokens (InvalidArgumentError); with a
-             Mamba group in mode "align", no speculative and no lookahead tokens
-             (InvalidArgumentError: speculative decoding needs speculative state blocks), and
-             a step starting inside one of its blocks ends by that block's end (RequestError:
-             the state it leaves would be keyed at the boundary it crossed);
+             Mamba group in mode "align", no more speculative tokens than its speculative
+             blocks (InvalidArgumentError: each draft's state takes one), and a step starting
+             inside one of its blocks ends its tokens (drafts excluded) by that block's end
+             (RequestError: the state it leaves would be keyed at the boundary it crossed);
           9. the blocks required, lookahead included, do not exceed cdiv(max_model_len, B)
              (MaxModelLenExceededError; under vLLM 0.8.5's `cap_at_max_model_len` only when
              nothing could be added);
@@ -681,6 +681,7 @@ class SpecKVCacheManager:
             num_external_computed_tokens,
             delay_cache_blocks,
         )
+        self.truth.drafts_settled(request)  # the last step's accepted drafts are known
         if full_sequence_must_fit and not self._whole_request_fits(request, step):
             return None
         self._drop_skipped_blocks(request)
@@ -733,17 +734,20 @@ class SpecKVCacheManager:
             )
         state_groups = [g for g, manager in enumerate(self.managers) if manager.holds_state]
         for group in state_groups:
-            if num_spec or num_lookahead_tokens:
+            if num_spec > self.managers[group].extra_blocks:
                 raise refusals.mamba_align_speculation(
-                    request_id, group, num_spec, num_lookahead_tokens
+                    request_id, group, num_spec, self.managers[group].extra_blocks
                 )
             size = self.managers[group].block_size
-            if computed % size and computed + num_tokens > ceil_div(computed, size) * size:
-                raise refusals.mamba_unaligned_chunk(
-                    request_id, group, computed, computed + num_tokens, size
-                )
+            main = computed + num_tokens - num_spec  # drafts past a boundary: the worker copies
+            if computed % size and main > ceil_div(computed, size) * size:
+                raise refusals.mamba_unaligned_chunk(request_id, group, computed, main, size)
         slots = computed + num_tokens + num_lookahead_tokens
-        required = tuple(manager.num_required(slots) for manager in self.managers)
+        # A state group ignores lookahead slots (vLLM 0.33's `num_tokens_main_model`).
+        required = tuple(
+            manager.num_required(computed + num_tokens if manager.holds_state else slots)
+            for manager in self.managers
+        )
         could_grow = num_held + num_hits < self.max_blocks[0]
         capped = self.semantics.cap_at_max_model_len and could_grow  # vLLM allocates fewer
         for group, (manager, group_required) in enumerate(
@@ -865,12 +869,7 @@ class SpecKVCacheManager:
         ):
             return False
         missing = sum(
-            max(
-                manager.num_missing(
-                    required, len(manager.blocks.get(request.request_id, [])), len(group_hits)
-                ),
-                0,
-            )
+            max(manager.num_missing_for(request.request_id, required, len(group_hits)), 0)
             for manager, required, group_hits in zip(self.managers, num_required, hits, strict=True)
         )
         free_hits = [
@@ -1006,6 +1005,7 @@ class SpecKVCacheManager:
         computed = min(request.num_computed_tokens, request.num_tokens)
         if num_computed_tokens > computed:
             raise refusals.cache_past_computed(request_id, num_computed_tokens, computed)
+        self.truth.drafts_settled(request)
         if self.mixed_cached:
             self._mixed_cache_blocks(request, num_computed_tokens)
             return
@@ -1517,12 +1517,22 @@ class SpecKVCacheManager:
         """The request's invariants in every group; its tables."""
         found = [manager.blocks.get(request_id) for manager in self.managers]
         lengths = [None if blocks is None else len(blocks) for blocks in found]
+        # A state group ignores lookahead slots: its table covers no more than attention's.
         ranges = [
             manager.slot_range(length)
             for manager, length in zip(self.managers, lengths, strict=True)
-            if length is not None
+            if length is not None and not manager.holds_state
         ]
-        if None in lengths or max(r.start for r in ranges) >= min(r.stop for r in ranges):
+        state_starts = [
+            manager.slot_range(length).start
+            for manager, length in zip(self.managers, lengths, strict=True)
+            if length is not None and manager.holds_state
+        ]
+        if (
+            None in lengths
+            or max(r.start for r in ranges) >= min(r.stop for r in ranges)
+            or any(start >= min(r.stop for r in ranges) for start in state_starts)
+        ):
             raise InvariantViolation(
                 "a request's block lists cover the same token slots in every group",
                 f"request {request_id!r}: {lengths} blocks of "

@@ -340,40 +340,41 @@ CONFIG_REFUSALS: dict[str, tuple[KVCacheConfig, dict[str, object], str]] = {
         "KV cache group 1: a Mamba group with mamba_cache_mode 'none' needs prefix caching off "
         "(vLLM 0.33 caches states only in mode 'align')",
     ),
-    "speculative blocks": (
-        config(8, full(), mamba(num_speculative_blocks=2)),
+    "as many speculative blocks as the block size": (
+        config(8, full(), mamba(num_speculative_blocks=16)),
         {},
         "KV cache group 1: mamba_cache_mode 'align' is not served yet with "
-        "num_speculative_blocks=2 (served: Mamba groups beside full-attention groups, no "
-        "speculative or prefill checkpoint blocks, no EAGLE)",
+        "num_speculative_blocks=16 not below its block size 16 (served: Mamba groups beside "
+        "full-attention groups, fewer speculative blocks than the block size, no prefill "
+        "checkpoint blocks, no EAGLE)",
     ),
     "checkpoint blocks": (
         config(8, full(), mamba(num_prefill_checkpoint_blocks=1)),
         {},
         "KV cache group 1: mamba_cache_mode 'align' is not served yet with "
         "num_prefill_checkpoint_blocks=1 (served: Mamba groups beside full-attention groups, "
-        "no speculative or prefill checkpoint blocks, no EAGLE)",
+        "fewer speculative blocks than the block size, no prefill checkpoint blocks, no EAGLE)",
     ),
     "EAGLE": (
         config(8),
         {"use_eagle": True},
         "KV cache group 1: mamba_cache_mode 'align' is not served yet with EAGLE "
-        "(use_eagle=True) (served: Mamba groups beside full-attention groups, no "
-        "speculative or prefill checkpoint blocks, no EAGLE)",
+        "(use_eagle=True) (served: Mamba groups beside full-attention groups, "
+        "fewer speculative blocks than the block size, no prefill checkpoint blocks, no EAGLE)",
     ),
     "Mamba groups without full attention": (
         config(8, mamba(), mamba()),
         {},
         "KV cache group 0: mamba_cache_mode 'align' is not served yet with no full-attention "
-        "group beside it (served: Mamba groups beside full-attention groups, no speculative "
-        "or prefill checkpoint blocks, no EAGLE)",
+        "group beside it (served: Mamba groups beside full-attention groups, "
+        "fewer speculative blocks than the block size, no prefill checkpoint blocks, no EAGLE)",
     ),
     "a Mamba-only model": (
         config(8, mamba()),
         {},
         "KV cache group 0: mamba_cache_mode 'align' is not served yet with no full-attention "
-        "group beside it (served: Mamba groups beside full-attention groups, no "
-        "speculative or prefill checkpoint blocks, no EAGLE)",
+        "group beside it (served: Mamba groups beside full-attention groups, "
+        "fewer speculative blocks than the block size, no prefill checkpoint blocks, no EAGLE)",
     ),
     "a sliding window beside it": (
         config(
@@ -387,14 +388,15 @@ CONFIG_REFUSALS: dict[str, tuple[KVCacheConfig, dict[str, object], str]] = {
         {},
         "KV cache group 2: mamba_cache_mode 'align' is not served yet with a "
         "SlidingWindowSpec group beside it (group 1) (served: Mamba groups beside "
-        "full-attention groups, no speculative or prefill checkpoint blocks, no EAGLE)",
+        "full-attention groups, fewer speculative blocks than the block size, no prefill "
+        "checkpoint blocks, no EAGLE)",
     ),
     "groups of several block sizes": (
         config(8, full(), full(2 * B), mamba()),
         {},
         f"KV cache group 2: mamba_cache_mode 'align' is not served yet with groups of several "
-        f"block sizes [{B}, {2 * B}] (served: Mamba groups beside full-attention groups, no "
-        "speculative or prefill checkpoint blocks, no EAGLE)",
+        f"block sizes [{B}, {2 * B}] (served: Mamba groups beside full-attention groups, "
+        "fewer speculative blocks than the block size, no prefill checkpoint blocks, no EAGLE)",
     ),
 }
 
@@ -427,22 +429,14 @@ CALL_REFUSALS: dict[str, tuple[Callable[[Manager, Request], object], type[Except
         "request 'r': a step starting inside a Mamba block ends by that block's end (tokens "
         "[20, 36) cross 32 in KV cache group 1 (block size 16): cut the chunk at 32)",
     ),
-    "lookahead tokens": (
-        lambda manager, request: manager.allocate_slots(request, 4, None, 2),
-        InvalidArgumentError,
-        "request 'r': 0 speculative and 2 lookahead tokens with a Mamba group in "
-        "mamba_cache_mode 'align' (group 1): speculative decoding with Mamba prefix caching "
-        "is not served yet",
-    ),
-    "draft tokens": (
+    "more drafts than speculative blocks": (
         lambda manager, request: (
             setattr(request, "spec_token_ids", [1, 2]),
             manager.allocate_slots(request, 3),
         ),
         InvalidArgumentError,
-        "request 'r': 2 speculative and 0 lookahead tokens with a Mamba group in "
-        "mamba_cache_mode 'align' (group 1): speculative decoding with Mamba prefix caching "
-        "is not served yet",
+        "request 'r': 2 speculative tokens with a Mamba group in mamba_cache_mode 'align' "
+        "(group 1) of num_speculative_blocks=0: each draft's state needs a speculative block",
     ),
 }
 
@@ -553,6 +547,94 @@ def test_the_truth_counts_state_reads_and_writes() -> None:
     assert checks["attention truth: Mamba state reads checked"] == 1
 
 
+@SIDES
+@pytest.mark.parametrize("retention", [0, None], ids=["sparse", "dense"])
+def test_speculative_blocks_relocated_then_promoted(side: int, retention: int | None) -> None:
+    """Section 4.2: k = 2, two lookahead slots. The first allocation takes the running block
+    and two speculative ones after a null; at 32..96 speculative block 5 moves to column 5 (the
+    new running column) and 6 after it, and the suffix from the old length is returned; at
+    96..100 block 6 becomes the running block where it lies and one new block is taken. Then
+    decode with 1 + 2 tokens a step: the table grows only when R + 1 + k does, and the column of
+    112 (block 6, reached by accepted drafts) is keyed only under dense retention."""
+    kv_config = config(40, full(), mamba(num_speculative_blocks=2), retention=retention)
+    manager = both(kv_config)[side]
+    request = Request("A", range(100))
+    manager.new_step_starts()
+    hits, _ = manager.get_computed_blocks(request)
+    assert ids(manager.allocate_slots(request, 32, hits, 2)) == [[1, 2, 3], [0, 4, 5, 6]]
+    request.num_computed_tokens = 32
+    manager.new_step_starts()
+    assert ids(manager.allocate_slots(request, 64, None, 2)) == [[7, 8, 9, 10], [0, 5, 6, 11]]
+    assert tables(manager, "A")[1] == [0, 4, 0, 0, 0, 5, 6, 11]
+    request.num_computed_tokens = 96
+    manager.new_step_starts()
+    assert ids(manager.allocate_slots(request, 4, None, 2)) == [[], [12]]
+    assert tables(manager, "A")[1] == [0, 0, 0, 0, 0, 5, 6, 11, 12]
+    request.num_computed_tokens = 100
+    request.append_output_token_ids(999)
+    grown = []
+    for index, accepted in enumerate((2, 2, 2, 1, 0, 2)):
+        drafts = [2000 + 2 * index, 2001 + 2 * index]
+        request.spec_token_ids = list(drafts)
+        manager.new_step_starts()
+        result = manager.allocate_slots(request, 3, None, 2)
+        request.spec_token_ids = []
+        assert result is not None
+        grown.append(ids(result)[1])  # type: ignore[index]
+        request.num_computed_tokens += 1 + accepted
+        for token in [*drafts[:accepted], 3000 + index]:
+            request.append_output_token_ids(token)
+        manager.check_invariants()  # the attention truth follows the drafts' states
+    assert request.num_computed_tokens == 115
+    assert grown == [[], [], [], [], [14], []]
+    assert tables(manager, "A")[1] == [0, 0, 0, 0, 0, 0, 6, 11, 12, 14]
+    assert cached(manager)[6] is (retention is None)
+
+
+@pytest.mark.parametrize("accepted", [0, 1, 2])
+def test_drafts_past_a_boundary_leave_their_state_where_the_worker_reads_it(
+    accepted: int,
+) -> None:
+    """The attention truth plays vLLM's worker with drafts: 1 + 2 tokens from 109 put the
+    states after 110, 111 and 112 in columns 6, 7 and 8. With both drafts accepted the state
+    at 112 is copied into column 6, which the next allocation keys at 112 (dense retention)
+    and the next step reads; with fewer, the next step reads column 6 + accepted (and with one,
+    ends on 112 and writes column 6). A ghost that lost that state is an untruth."""
+    manager = SpecKVCacheManager(
+        config(40, full(), mamba(num_speculative_blocks=2), retention=None), MAX_MODEL_LEN
+    )
+    request = Request("A", range(109))
+    manager.new_step_starts()
+    admit(manager, request, 96)
+    manager.new_step_starts()
+    step(manager, request, 13)
+    request.append_output_token_ids(999)
+    request.spec_token_ids = [5, 6]
+    manager.new_step_starts()
+    assert manager.allocate_slots(request, 3) is not None
+    request.spec_token_ids = []
+    request.num_computed_tokens = 110 + accepted
+    for token in [5, 6][:accepted]:
+        request.append_output_token_ids(token)
+    request.append_output_token_ids(7)
+    manager.check_invariants()
+    checks = manager.truth.take_checks()
+    assert checks["attention truth: Mamba draft states written"] == 2
+    assert checks["attention truth: boundaries crossed by accepted drafts"] == (accepted == 2)
+    table = list(manager.held("A")[1])  # type: ignore[index]
+    read = table[6] if accepted == 2 else table[6 + accepted]
+    assert manager.truth.state_reads[("A", 1)] == (110 + accepted, read)
+    saved = manager.truth.ghost.content(read)
+    assert saved is not None
+    manager.truth.ghost.clear([read])  # the state the next step reads is gone: caught
+    with pytest.raises(InvariantViolation, match="every position a request reads"):
+        manager.check_invariants()
+    manager.truth.ghost.put(read, *saved)
+    manager.new_step_starts()
+    step(manager, request, 1)  # ends on 112 unless no draft was accepted
+    assert cached(manager)[table[6]] is (accepted >= 1)
+
+
 # -- spec and impl over random aligned workloads --------------------------------------------------
 
 SMALL = 4
@@ -593,16 +675,18 @@ LAYOUTS = {
 spec; groups of one spec are planned next to each other, as vLLM plans them)."""
 
 
-def layout_specs(layout: str) -> list[KVCacheSpec]:
+def layout_specs(layout: str, speculative: int = 0) -> list[KVCacheSpec]:
+    """The groups of `layout`, each Mamba group with `speculative` speculative blocks."""
     specs: dict[str, KVCacheSpec] = {
         "full": full(SMALL),
-        "mamba": mamba(SMALL),
+        "mamba": mamba(SMALL, num_speculative_blocks=speculative),
         "mamba 3": MambaSpec(
             block_size=SMALL,
             shapes=[(3,)],
             dtypes=["float16"],
             page_size_padded=full(SMALL).page_size_bytes,
             mamba_cache_mode="align",
+            num_speculative_blocks=speculative,
         ),
     }
     return [specs[name] for name in LAYOUTS[layout]]
@@ -621,6 +705,18 @@ def test_spec_and_impl_agree_on_random_aligned_workloads(
     truth included)."""
     with quiet_refusal_warnings():  # refused resets warn, on both sides
         run_workload(ops, retention, layout=layout)
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPS, RETENTIONS, st.sampled_from(list(LAYOUTS)), st.integers(1, SMALL - 1))
+def test_spec_and_impl_agree_on_random_workloads_with_drafts(
+    ops: list[Op], retention: int | None, layout: str, speculative: int
+) -> None:
+    """As the aligned workloads above, with 1 to 3 speculative blocks per Mamba group (block
+    size 4): lookahead slots on every allocation, decode steps with drafts and acceptances
+    (relocated and promoted speculative blocks, boundaries crossed by accepted drafts)."""
+    with quiet_refusal_warnings():
+        run_workload(ops, retention, layout=layout, speculative=speculative)
 
 
 PLANTED: dict[str, tuple[str, object]] = {
@@ -661,16 +757,52 @@ def test_the_differential_run_catches_planted_mamba_bugs(
         diverges()
 
 
+_ALLOCATE_NEW_BLOCKS = MambaAlignManager.allocate_new_blocks
+PLANTED_WITH_DRAFTS: dict[str, tuple[str, object]] = {
+    "speculative blocks are taken anew, never relocated": (
+        "allocate_new_blocks",
+        lambda self, request_id, num_blocks: (
+            self.allocated.discard(request_id),
+            _ALLOCATE_NEW_BLOCKS(self, request_id, num_blocks),
+        )[1],
+    ),
+}
+
+
+@pytest.mark.parametrize("bug", list(PLANTED_WITH_DRAFTS))
+def test_the_differential_run_with_drafts_catches_planted_bugs(
+    bug: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each planted bug of the Mamba group's speculative blocks makes the random workloads
+    with drafts diverge from the spec or break an invariant."""
+    if pagedkv.COMPILED:
+        pytest.skip("a compiled MambaAlignManager's methods cannot be patched")
+    name, planted = PLANTED_WITH_DRAFTS[bug]
+    monkeypatch.setattr(MambaAlignManager, name, planted)
+
+    @settings(max_examples=300, deadline=None, database=None, phases=[Phase.generate])
+    @given(OPS, RETENTIONS, st.sampled_from(list(LAYOUTS)), st.integers(1, SMALL - 1))
+    def diverges(ops: list[Op], retention: int | None, layout: str, speculative: int) -> None:
+        with quiet_refusal_warnings():
+            run_workload(ops, retention, layout=layout, speculative=speculative)
+
+    with pytest.raises((AssertionError, InvariantViolation)):
+        diverges()
+
+
 def run_workload(
     ops: list[Op],
     retention: int | None,
     build: Callable[[KVCacheConfig, int], list[Any]] = both,
     layout: str = "full attention, Mamba",
+    speculative: int = 0,
 ) -> None:
     """`test_spec_and_impl_agree_on_random_aligned_workloads`'s run of `ops` with the groups
     of `layout`, on the two managers `build` makes (the spec's first;
-    `tests/vllm_033_mamba_align.py` passes vLLM 0.33.0's own as the other)."""
-    spec_config = config(24, *layout_specs(layout), retention=retention)
+    `tests/vllm_033_mamba_align.py` passes vLLM 0.33.0's own as the other). With
+    `speculative` blocks per Mamba group, every allocation asks for up to two lookahead
+    slots, and a decode step carries up to that many drafts, some of them accepted."""
+    spec_config = config(24, *layout_specs(layout, speculative), retention=retention)
     managers = build(spec_config, 64)
     running: list[Request] = []
     waiting: list[Request] = []
@@ -704,7 +836,8 @@ def run_workload(
                 if num_hit_tokens + chunk > request.num_tokens:
                     chunk = request.num_tokens - num_hit_tokens
                 results.append((ids(hits), num_hit_tokens, junction, chunk))
-                results.append(ids(manager.allocate_slots(request, chunk, hits)))
+                lookahead = min(budget % 3, 64 - num_hit_tokens - chunk) if speculative else 0
+                results.append(ids(manager.allocate_slots(request, chunk, hits, lookahead)))
             assert results[:2] == results[2:]
             lookup = results[0]
             assert isinstance(lookup, tuple)
@@ -726,10 +859,26 @@ def run_workload(
                 request.append_output_token_ids(choice)
             chunk = mamba_chunk(start, budget, request.num_prompt_tokens, request.num_tokens, SMALL)
             chunk = min(chunk, request.num_tokens - start)
-            answers = [ids(manager.allocate_slots(request, chunk)) for manager in managers]
+            decoding = start == request.num_tokens - 1 >= request.num_prompt_tokens
+            drafts = [7000 + start + j for j in range(choice % (speculative + 1))]
+            if not decoding or start + 1 + len(drafts) > 62:
+                drafts = []
+            lookahead = min(budget % 3, 64 - start - chunk - len(drafts)) if speculative else 0
+            request.spec_token_ids = list(drafts)
+            answers = [
+                ids(manager.allocate_slots(request, chunk + len(drafts), None, lookahead))
+                for manager in managers
+            ]
+            request.spec_token_ids = []
             assert answers[0] == answers[1]
             if answers[0] is not None:
-                request.num_computed_tokens += chunk
+                accepted = budget % (len(drafts) + 1)
+                request.num_computed_tokens += chunk + accepted
+                for token in drafts[:accepted]:
+                    request.append_output_token_ids(token)
+                if drafts:
+                    request.append_output_token_ids(8000 + start)
+                    event(f"a decode step with {len(drafts)} drafts, {accepted} accepted")
         elif running and kind in ("free", "preempt"):
             request = running.pop(choice % len(running))
             for manager in managers:
@@ -780,24 +929,29 @@ def vllm_033(*args: str) -> tuple[int, dict[str, Any]]:
 
 
 @pytest.mark.parametrize(
-    ("retention", "layout"),
+    ("retention", "layout", "speculative"),
     [
-        ("0", "full attention, Mamba"),
-        ("16", "full attention, Mamba"),
-        ("None", "full attention, Mamba"),
-        ("0", "full attention, two Mamba groups"),
-        ("None", "Mamba first, full attention, Mamba"),
-        ("0", "full attention, two Mamba groups of one spec"),
-        ("16", "two Mamba groups of one spec, full attention"),
+        ("0", "full attention, Mamba", 0),
+        ("16", "full attention, Mamba", 0),
+        ("None", "full attention, Mamba", 0),
+        ("0", "full attention, two Mamba groups", 0),
+        ("None", "Mamba first, full attention, Mamba", 0),
+        ("0", "full attention, two Mamba groups of one spec", 0),
+        ("16", "two Mamba groups of one spec, full attention", 0),
+        ("0", "full attention, Mamba", 2),
+        ("None", "full attention, Mamba", 3),
+        ("16", "Mamba first, full attention, Mamba", 2),
+        ("0", "full attention, two Mamba groups of one spec", 1),
     ],
 )
-def test_vllm_0_33_agrees_with_the_spec(retention: str, layout: str) -> None:
+def test_vllm_0_33_agrees_with_the_spec(retention: str, layout: str, speculative: int) -> None:
     """vLLM 0.33.0's own manager (built as its engine builds it) and the spec: the note's
-    scenarios 4.1, 4.3 and 5.2, then 100 random aligned workloads over the groups of
-    `layout`, every answer, table and key equal."""
-    status, report = vllm_033(retention, "100", layout)
+    scenarios 4.1, 4.3, 5.2 and 4.2 (two speculative blocks), then 100 random aligned
+    workloads over the groups of `layout`, with `speculative` blocks per Mamba group (then
+    lookahead slots and decode steps with drafts), every answer, table and key equal."""
+    status, report = vllm_033(retention, "100", layout, f"k={speculative}")
     assert status == 0, report
-    assert report["scenarios"] == {"4.1": True, "4.3": True, "5.2": True}
+    assert report["scenarios"] == {"4.1": True, "4.3": True, "5.2": True, "4.2": True}
     assert report["workloads"] == 100 and report["failure"] is None
 
 

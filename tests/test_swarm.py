@@ -39,7 +39,13 @@ from pagedkv.harness.swarm import (
     replay,
     run_campaign,
 )
-from pagedkv.harness.swarm.runs import draw_manager_run, draw_pool_run, is_mamba_align, run_seed
+from pagedkv.harness.swarm.runs import (
+    MAX_DRAFTS,
+    draw_manager_run,
+    draw_pool_run,
+    is_mamba_align,
+    run_seed,
+)
 from pagedkv.harness.swarm.shrink import shrink
 from pagedkv.manager import KVCacheManager
 from pagedkv.vocab.errors import InvariantViolation
@@ -518,8 +524,10 @@ def test_models_of_state_layers_only_are_the_last_draw_of_a_manager_run() -> Non
 def test_mamba_align_hybrids_are_the_last_draw_of_a_hybrid_run() -> None:
     """A manager that serves Mamba prefix caching gets, in some hybrid runs drawn with caching
     on (no EAGLE, gate or connector), one full-attention group and one or two Mamba groups in
-    mode "align" of its block size (`with_mamba_align`), without draft tokens or lookahead,
-    with scheduler steps; every other run is drawn as for a manager that does not."""
+    mode "align" of its block size (`with_mamba_align`), with scheduler steps; in about half of
+    those whose block size exceeds a step's drafts, each Mamba group has that many speculative
+    blocks, draft tokens are on and lookahead stays as drawn, in the others neither; every other
+    run is drawn as for a manager that does not."""
     flags = {
         "evict_blocks": True,
         "external_tokens": True,
@@ -528,7 +536,7 @@ def test_mamba_align_hybrids_are_the_last_draw_of_a_hybrid_run() -> None:
         "deferred_frees": True,
         "offload_tier": True,
     }
-    align = 0
+    align = drafting = 0
     for index in range(400):
         seed = run_seed(2025, "hybrid", index)
         run = draw_manager_run(seed, attention="hybrid", mamba_align=True, **flags)
@@ -540,18 +548,25 @@ def test_mamba_align_hybrids_are_the_last_draw_of_a_hybrid_run() -> None:
         specs = run.specs
         assert isinstance(specs[0], FullAttentionSpec)
         assert 2 <= len(specs) <= 3
+        speculative = {spec.num_speculative_blocks for spec in specs[1:]}
+        assert speculative in ({0}, {MAX_DRAFTS})
         for spec in specs[1:]:
             assert isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align"
             assert spec.block_size == specs[0].block_size
             assert spec.page_size_bytes == specs[0].page_size_bytes
         assert run.config.enable_caching and not run.config.use_eagle
         assert not (run.full_sequence_gate or run.external_tokens or run.offload_tier)
-        assert not run.features & {"draft tokens", "lookahead"}
-        assert run.features == before.features - {"draft tokens", "lookahead"}
+        if speculative == {MAX_DRAFTS}:
+            drafting += 1
+            assert specs[0].block_size > MAX_DRAFTS
+            assert run.features == before.features | {"draft tokens"}
+        else:
+            assert run.features == before.features - {"draft tokens", "lookahead"}
         assert run.weights.pop("new step") >= 1 and run.weights == before.weights
         assert run.config.max_model_len == before.config.max_model_len
         assert run.num_blocks == before.num_blocks
     assert 12 <= align <= 45  # a quarter of the ~28% of hybrid runs eligible
+    assert 3 <= drafting <= align // 2 + 5  # half of those whose blocks exceed 3 tokens
 
 
 def test_mixed_block_sizes_are_the_last_draw_of_a_hybrid_run() -> None:

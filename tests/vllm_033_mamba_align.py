@@ -1,21 +1,22 @@
 """vLLM 0.33.0's own `MambaManager` in mode "align" against pagedkv's spec, in a process of its
 own (its KV cache modules are imported as the package `vllm`).
 
-    python tests/vllm_033_mamba_align.py RETENTION EXAMPLES [LAYOUT [no-mask]]
+    python tests/vllm_033_mamba_align.py RETENTION EXAMPLES [LAYOUT [no-mask] [k=K]]
 
 RETENTION is the engine's `prefix_cache_retention_interval` (`None` or a number of tokens).
 vLLM's manager is built as its engine builds it (`pagedkv verify --against vllm==0.33.0`'s
 adapter) for full-attention and Mamba groups in mode "align"; this script plays the scheduler
 (`new_step_starts` first in every step, chunks cut by
 `pagedkv.spec.single_type.mamba.mamba_chunk`). It runs the scenarios of
-docs/design/mamba-align.md section 4 (4.1, 4.3, 5.2) on both and compares every answer, table
-and keyed block, then EXAMPLES random aligned workloads of `tests/test_mamba_align.py`
-(derandomized) over the groups of LAYOUT (a key of its `LAYOUTS`; by default one full-attention
-and one Mamba group), and prints one JSON line: the scenarios that agreed, the workloads run,
-and the first divergence, if any. `no-mask` is the control: the spec's Mamba group then keys
-every state a step ended on (as under dense retention), and the comparison must find it. Exit
-status: 0 agreement, 1 a divergence, 2 a setup error, 3 the package index is unreachable and
-nothing is cached.
+docs/design/mamba-align.md section 4 (4.1, 4.3, 5.2, and 4.2 with two speculative blocks) on
+both and compares every answer, table and keyed block, then EXAMPLES random aligned workloads
+of `tests/test_mamba_align.py` (derandomized) over the groups of LAYOUT (a key of its
+`LAYOUTS`; by default one full-attention and one Mamba group), and prints one JSON line: the
+scenarios that agreed, the workloads run, and the first divergence, if any. `k=K` gives each
+Mamba group K speculative blocks, and the workloads lookahead slots and decode steps with
+drafts. `no-mask` is the control: the spec's Mamba group then keys every state a step ended
+on (as under dense retention), and the comparison must find it. Exit status: 0 agreement, 1 a
+divergence, 2 a setup error, 3 the package index is unreachable and nothing is cached.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hypothesis import Phase, given, settings
-from test_mamba_align import OPS, Op, config, ids, run_workload
+from test_mamba_align import OPS, Op, config, full, ids, mamba, run_workload
 from vllm_campaign import UNREACHABLE, _unreachable
 
 from pagedkv import KVCacheConfig, Request
@@ -167,14 +168,47 @@ def section_5_2(manager: Any) -> list[object]:
     return log
 
 
+def section_4_2(manager: Any) -> list[object]:
+    """Speculative blocks (k = 2, two drafts, two lookahead slots): chunks 0..32, 32..96 and
+    96..100, then decode with 1 + 2 tokens a step and the acceptances of `ACCEPTED`."""
+    log: list[object] = []
+    request = Request("A", range(100))
+    for start, num_tokens in ((0, 32), (32, 64), (96, 4)):
+        manager.new_step_starts()
+        hits = manager.get_computed_blocks(request)[0] if start == 0 else None
+        log.append(ids(manager.allocate_slots(request, num_tokens, hits, 2)))
+        request.num_computed_tokens = start + num_tokens
+        log.append((tables(manager, "A"), keyed(manager)))
+    request.append_output_token_ids(999)
+    for index, accepted in enumerate(ACCEPTED):
+        drafts = [2000 + 2 * index, 2001 + 2 * index]
+        request.spec_token_ids = list(drafts)
+        manager.new_step_starts()
+        log.append(ids(manager.allocate_slots(request, 3, None, 2)))
+        request.spec_token_ids = []
+        request.num_computed_tokens += 1 + accepted
+        for token in [*drafts[:accepted], 3000 + index]:
+            request.append_output_token_ids(token)
+        log.append((tables(manager, "A"), keyed(manager)))
+    return log
+
+
+ACCEPTED = (2, 2, 2, 1, 0, 2, 2, 1, 2, 0, 2, 2)
+"""The accepted drafts of section 4.2's decode steps (the note's run: 2, 2, 2, 1, 0, 2, ...)."""
+
+
 SCENARIOS: dict[str, Callable[[Any], list[object]]] = {
     "4.1": section_4_1,
     "4.3": section_4_3,
     "5.2": section_5_2,
 }
+SPECULATIVE_SCENARIOS: dict[str, Callable[[Any], list[object]]] = {"4.2": section_4_2}
+"""Scenarios of a Mamba group with two speculative blocks (`num_speculative_blocks=2`)."""
 
 
-def main(retention: int | None, examples: int, layout: str) -> tuple[int, dict[str, object]]:
+def main(
+    retention: int | None, examples: int, layout: str, speculative: int = 0
+) -> tuple[int, dict[str, object]]:
     setting = f"prefix_cache_retention_interval={retention}"
     try:
         against = prepare("vllm==0.33.0", (setting,))
@@ -187,6 +221,7 @@ def main(retention: int | None, examples: int, layout: str) -> tuple[int, dict[s
     report: dict[str, object] = {
         "retention": retention,
         "layout": layout,
+        "speculative": speculative,
         "scenarios": {},
         "failure": None,
     }
@@ -195,6 +230,13 @@ def main(retention: int | None, examples: int, layout: str) -> tuple[int, dict[s
         kv_config = config(60, retention=retention)
         spec = SpecKVCacheManager(kv_config, 400, semantics=semantics)
         agreed[name] = scenario(spec) == scenario(VllmSide(against, kv_config, 400))
+    for name, scenario in SPECULATIVE_SCENARIOS.items():
+        kv_config = config(60, full(), mamba(num_speculative_blocks=2), retention=retention)
+        spec = SpecKVCacheManager(kv_config, 400, semantics=semantics)
+        ours, theirs = scenario(spec), scenario(VllmSide(against, kv_config, 400))
+        agreed[name] = ours == theirs
+        if ours != theirs:
+            report[f"{name} spec"], report[f"{name} vllm"] = ours, theirs
     report["scenarios"] = agreed
 
     def build(kv_config: KVCacheConfig, max_model_len: int) -> list[Any]:
@@ -216,7 +258,7 @@ def main(retention: int | None, examples: int, layout: str) -> tuple[int, dict[s
     def workloads(ops: list[Op]) -> None:
         nonlocal runs
         runs += 1
-        run_workload(ops, retention, build, layout)
+        run_workload(ops, retention, build, layout, speculative)
 
     try:
         with quiet_refusal_warnings():  # refused resets warn, on both sides
@@ -231,8 +273,9 @@ def main(retention: int | None, examples: int, layout: str) -> tuple[int, dict[s
 if __name__ == "__main__":
     interval = None if sys.argv[1] == "None" else int(sys.argv[1])
     chosen = sys.argv[3] if len(sys.argv) > 3 else "full attention, Mamba"
-    if sys.argv[4:] == ["no-mask"]:
+    if "no-mask" in sys.argv[4:]:
         MambaAlignState.retained = lambda self, request, junction, positions: None  # type: ignore[method-assign]
-    exit_status, answer = main(interval, int(sys.argv[2]), chosen)
+    drafts = next((int(arg[2:]) for arg in sys.argv[4:] if arg.startswith("k=")), 0)
+    exit_status, answer = main(interval, int(sys.argv[2]), chosen, drafts)
     print(json.dumps(answer))
     sys.exit(exit_status)

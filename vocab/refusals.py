@@ -76,13 +76,13 @@ def mamba_cache_mode_unserved(group: int, mode: str, enable_caching: bool) -> KV
 
 
 def mamba_align_unserved(group: int, what: str) -> KVCacheConfigError:
-    """Mamba prefix caching (mode "align") is served for its engine defaults only: Mamba
-    groups beside full-attention groups of their block size, no speculative or checkpoint
+    """Mamba prefix caching (mode "align") is served for Mamba groups beside full-attention
+    groups of their block size, with fewer speculative blocks than that size, no checkpoint
     blocks, no EAGLE (docs/design/mamba-align.md, plan steps 4-6 for the rest)."""
     return KVCacheConfigError(
         f"KV cache group {group}: mamba_cache_mode 'align' is not served yet with {what} "
-        "(served: Mamba groups beside full-attention groups, no speculative or prefill "
-        "checkpoint blocks, no EAGLE)"
+        "(served: Mamba groups beside full-attention groups, fewer speculative blocks than "
+        "the block size, no prefill checkpoint blocks, no EAGLE)"
     )
 
 
@@ -241,15 +241,28 @@ def external_with_mamba(request_id: str, group: int) -> InvalidArgumentError:
 NOT_CACHED_HITS = "new_computed_blocks must be the request's cached blocks"
 
 
+def mamba_align_many_speculative_blocks(
+    group: int, num_speculative_blocks: int, block_size: int
+) -> KVCacheConfigError:
+    """Mode "align" is served with fewer speculative blocks than the block size: with k >= B a
+    step's accepted drafts may pass a boundary the step keys, and vLLM 0.33's worker copies
+    only the last boundary's state (`postprocess_mamba`), leaving the keyed column stale."""
+    return mamba_align_unserved(
+        group,
+        f"num_speculative_blocks={num_speculative_blocks} not below its block size {block_size}",
+    )
+
+
 def mamba_align_speculation(
-    request_id: str, group: int, num_spec: int, num_lookahead: int
+    request_id: str, group: int, num_spec: int, num_speculative_blocks: int
 ) -> InvalidArgumentError:
-    """Speculative decoding with Mamba prefix caching needs speculative state blocks
-    (vLLM 0.33: `num_speculative_blocks`), which pagedkv does not serve in mode "align" yet."""
+    """With Mamba prefix caching (mode "align") each draft token's state takes one of the
+    group's `num_speculative_blocks` speculative columns (vLLM 0.33's worker writes the state
+    after draft j into column R + j), so a step has at most that many drafts."""
     return InvalidArgumentError(
-        f"request {request_id!r}: {num_spec} speculative and {num_lookahead} lookahead tokens "
-        f"with a Mamba group in mamba_cache_mode 'align' (group {group}): speculative decoding "
-        "with Mamba prefix caching is not served yet"
+        f"request {request_id!r}: {num_spec} speculative tokens with a Mamba group in "
+        f"mamba_cache_mode 'align' (group {group}) of num_speculative_blocks="
+        f"{num_speculative_blocks}: each draft's state needs a speculative block"
     )
 
 

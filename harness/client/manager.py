@@ -1016,9 +1016,23 @@ class ManagerClient:
     ) -> None:
         """An allocation of a Mamba-align hybrid: previous states freed, a decode step
         crossing a block boundary (a new running column), cached states evicted when their
-        block is taken again, a hit adopted."""
+        block is taken again, a hit adopted; with speculative blocks, those moved to the
+        table's end (relocated) and a growth whose running column is a speculative block
+        left in place (promoted)."""
         counts = self.coverage.counts
-        after = self._held_states(self.spec.held(request_id) or ())
+        tables = self.spec.held(request_id) or ()
+        after = self._held_states(tables)
+        for group in self.mamba_groups:
+            added = new_lists[group]
+            moved = sum(1 for block_id in added if block_id in before.states)
+            if moved:
+                counts["Mamba align: speculative blocks relocated"] += moved
+            speculative = self.spec.managers[group].extra_blocks
+            if speculative and added and group < len(tables):
+                table = tables[group]
+                running = table[len(table) - 1 - speculative]
+                if running in before.states and running not in added:
+                    counts["Mamba align: speculative blocks promoted to running"] += 1
         if num_hits:
             counts["Mamba align: hits adopted"] += 1
         freed = before.states - after

@@ -83,7 +83,7 @@ class ManagerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.client: ManagerClient
-        self.aligned = False  # a Mamba-align hybrid: scheduler steps, no drafts or lookahead
+        self.aligned = False  # a Mamba-align hybrid: scheduler steps, no drafts (k = 0)
 
     @initialize(
         block_size=st.integers(1, 4),
@@ -244,7 +244,8 @@ class ManagerMachine(RuleBasedStateMachine):
         token: int,
     ) -> None:
         """One more prefill chunk, or a decode step with speculative tokens; preempted on None.
-        A Mamba-align run draws neither drafts nor lookahead (refused there by name)."""
+        A Mamba-align run draws neither drafts nor lookahead (its Mamba groups have no
+        speculative blocks; the swarm draws them)."""
         alphabet = self.alphabet
         if self.aligned:
             drafts, lookahead = [], 0

@@ -43,11 +43,12 @@ without EAGLE, the gate or a connector, of a manager that serves Mamba prefix ca
 (`offers_mamba_align`), is in a quarter of the runs a Mamba-align hybrid
 (`with_mamba_align`): one full-attention group and one or two Mamba groups in mode "align" of
 the same block size (vLLM 0.33's layout whenever prefix caching is on for a Mamba hybrid), its
-retention drawn again; the features such a manager refuses (draft tokens, lookahead) are off,
-and the run's client plays scheduler steps (`NewStep`, drawn with weight `NEW_STEP_WEIGHT`)
-and cuts its chunks as vLLM's scheduler does (`mamba_chunk`), but for a few unaligned ones
-(misuse). A quarter, not more: those runs are taken from the hybrid runs with caching, whose
-chunked groups' hits are rare already.
+retention drawn again; in half of those whose block size exceeds a step's drafts (3) the Mamba
+groups have 3 speculative blocks, draft tokens are on and lookahead stays as drawn, in the
+others both are off; the run's client plays scheduler steps (`NewStep`, drawn with weight
+`NEW_STEP_WEIGHT`) and cuts its chunks as vLLM's scheduler does (`mamba_chunk`), but for a
+few unaligned ones (misuse). A quarter, not more: those runs are taken from the hybrid runs
+with caching, whose chunked groups' hits are rare already.
 After those, a hybrid run with prefix caching on, without EAGLE or a connector and not a
 Mamba-align hybrid, of a manager that serves groups of several block sizes with caching
 (`offers_mixed_block_sizes`), has in half the runs groups of 1, 2 or 4 times the drawn block
@@ -174,6 +175,10 @@ become Mamba-align hybrids (of a manager that serves Mamba prefix caching), and 
 weight of their scheduler steps (`NewStep`) is drawn from: a step every few calls, so that
 hits on states keyed in the same step are refused now and then and adopted at other times."""
 
+MAX_DRAFTS = 3
+"""The most draft tokens a step draws (`pagedkv.harness.swarm.sampling`): a Mamba-align run
+with drafts gives its Mamba groups that many speculative blocks."""
+
 MIXED_SHARE = 1 / 2
 MIXED_RATIOS = (1, 2, 4)
 """The share of hybrid runs with caching on, without EAGLE or a KV connector, whose groups
@@ -261,9 +266,12 @@ def mamba_spec(
     )
 
 
-def mamba_align_spec(block_size: int, page_size_bytes: int, mamba_type: str) -> MambaSpec:
+def mamba_align_spec(
+    block_size: int, page_size_bytes: int, mamba_type: str, speculative: int = 0
+) -> MambaSpec:
     """The smallest state layer of `mamba_type` in mode "align": blocks of `block_size`
-    tokens (the attention groups'), its page padded to the attention page."""
+    tokens (the attention groups'), its page padded to the attention page, with `speculative`
+    speculative state blocks."""
     return MambaSpec(
         block_size=block_size,
         shapes=[(1,)],
@@ -271,6 +279,7 @@ def mamba_align_spec(block_size: int, page_size_bytes: int, mamba_type: str) -> 
         page_size_padded=page_size_bytes,
         mamba_type=mamba_type,
         mamba_cache_mode="align",
+        num_speculative_blocks=speculative,
     )
 
 
@@ -709,8 +718,13 @@ def draw_manager_run(
         and rng.random() < MAMBA_ALIGN_SHARE
     )
     if aligned:
-        config = with_mamba_align(rng, config, domain)
-        features -= {"draft tokens", "lookahead"}  # refused with a Mamba group in mode "align"
+        # Half the align runs whose blocks hold more than a step's 3 drafts draw drafts, and
+        # lookahead as drawn, with 3 speculative state blocks (k < B); the others neither.
+        speculative = MAX_DRAFTS if block_size > MAX_DRAFTS and rng.random() < 0.5 else 0
+        config = with_mamba_align(rng, config, domain, speculative)
+        features = (
+            features | {"draft tokens"} if speculative else features - {"draft tokens", "lookahead"}
+        )
         weights["new step"] = float(rng.randint(*NEW_STEP_WEIGHT))
     if (  # after the last draw of all: every other run draws as before
         not aligned
@@ -835,18 +849,20 @@ def with_mamba_groups(rng: random.Random, config: ManagerConfig, domain: Domain)
     )
 
 
-def with_mamba_align(rng: random.Random, config: ManagerConfig, domain: Domain) -> ManagerConfig:
+def with_mamba_align(
+    rng: random.Random, config: ManagerConfig, domain: Domain, speculative: int = 0
+) -> ManagerConfig:
     """`config` (a hybrid run with caching on, no EAGLE) as a Mamba-align hybrid (module
     docstring): its first group as full attention, then one or two Mamba groups in mode
-    "align" of its block size (as many as the domain's `max_groups` leaves room for), in the
-    same pool; the retention interval drawn again (`Domain.retention`: the Mamba groups keep
-    states by it)."""
+    "align" of its block size (as many as the domain's `max_groups` leaves room for), each
+    with `speculative` speculative blocks, in the same pool; the retention interval drawn
+    again (`Domain.retention`: the Mamba groups keep states by it)."""
     block_size = config.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
     full = attention_spec(block_size, None)
     num_mamba = min(rng.randint(1, 2), domain.max_groups - 1)
     specs: list[KVCacheSpec] = [full]
     specs += [
-        mamba_align_spec(block_size, full.page_size_bytes, rng.choice(MAMBA_TYPES))
+        mamba_align_spec(block_size, full.page_size_bytes, rng.choice(MAMBA_TYPES), speculative)
         for _ in range(num_mamba)
     ]
     specs = domain.plan_groups(specs)  # no draw: two equal Mamba specs may make one group

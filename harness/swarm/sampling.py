@@ -59,7 +59,13 @@ from pagedkv.harness.client.pool_ops import (
     TakeEvents as TakePoolEvents,
 )
 from pagedkv.harness.client.requests import MM_HASHES, SALTS
-from pagedkv.harness.swarm.runs import ManagerRun, OperationPicker, PoolRun, is_mamba_align
+from pagedkv.harness.swarm.runs import (
+    MAX_DRAFTS,
+    ManagerRun,
+    OperationPicker,
+    PoolRun,
+    is_mamba_align,
+)
 
 TAKE_EVENTS_CHANCE = 1 / 8
 """The chance, before each operation of a run with events on, that the events are taken first.
@@ -142,7 +148,7 @@ class ManagerSampler:
         if kind == "step":
             drafts: tuple[int, ...] = ()
             if self._drafts and rng.random() < 0.6:
-                drafts = tuple(rng.choices(range(self.run.alphabet), k=rng.randint(1, 3)))
+                drafts = tuple(rng.choices(range(self.run.alphabet), k=rng.randint(1, MAX_DRAFTS)))
             step = Step(
                 which,
                 self._draw_chunk(rng),

@@ -78,6 +78,10 @@ class MambaAlignManager(SingleTypeKVCacheManager):
         self.keyed_this_step: set[CacheKey] = set()
         self.retired: dict[str, int] = {}
         self.last_state: dict[str, int] = {}
+        # Speculative columns; not `extra_blocks`, whose groups take the per-group path.
+        self.num_speculative = kv_cache_spec.num_speculative_blocks
+        self.allocated: set[str] = set()
+        self._plan: tuple[str, int, int] = ("", 0, 0)
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHashType], for_eagle: bool = False
@@ -143,24 +147,66 @@ class MambaAlignManager(SingleTypeKVCacheManager):
             self.block_pool.free_blocks_locked(removed)
         self.retired[request_id] = skipped
 
-    def num_blocks_to_allocate(self, num_new: int) -> int:
-        """One block when the table grows (the new running column), else none.
+    def num_required(self, num_slots: int) -> int:
+        """Columns a table with `num_slots` token slots needs: its running column's, plus its
+        speculative columns. Complexity: O(1)."""
+        return -(-num_slots // self.block_size) + self.num_speculative
+
+    def num_slots(self, num_held: int) -> int:
+        """Token slots `num_held` columns give (speculative ones give none). Complexity: O(1)."""
+        return max(num_held - self.num_speculative, 0) * self.block_size
+
+    def plan_step(self, request_id: str, end: int, num_hits: int) -> None:
+        """The step about to be counted and allocated: its tokens end at `end` (drafts in,
+        lookahead slots out: vLLM 0.33's `num_tokens_main_model`), after `num_hits` hits.
         Complexity: O(1)."""
-        return 1 if num_new > 0 else 0
+        self._plan = (request_id, end, num_hits)
+
+    def planned_new(self) -> int:
+        """The columns the planned step's table lacks. Complexity: O(1)."""
+        request_id, end, num_hits = self._plan
+        return self.num_required(end) - len(self.req_to_blocks.get(request_id, ())) - num_hits
+
+    def num_blocks_to_allocate(self, num_new: int) -> int:
+        """Blocks taken when the planned request's table lacks `num_new` columns: one (its new
+        running column), plus its speculative columns on its first allocation.
+        Complexity: O(1)."""
+        if num_new <= 0:
+            return 0
+        cap = 1 if self._plan[0] in self.allocated else 1 + self.num_speculative
+        return min(num_new, cap)
 
     def allocate_new_blocks(self, request_id: str, num_blocks: int) -> list[KVCacheBlock]:
-        """Grow the table by `num_blocks` columns: null blocks, then one block from the
-        queue's head (the new running column); the last column before is the step's previous
-        state. Returns the columns added. Complexity: O(num_blocks)."""
-        if num_blocks <= 0:
-            return []
+        """Grow the planned step's table to its running column R plus k speculative ones
+        (`num_blocks`, attention's count, is not this group's): null blocks up to R, then
+        (a request allocated before) its speculative blocks before R moved to the end, their
+        columns nulled, then blocks from the queue's head. Records the previous state (the
+        last running column, or a new request's hit column) and marks the request allocated.
+        Returns the table's suffix from its old length (nulls, moved and new blocks).
+        Complexity: O(columns added)."""
         blocks = self.req_to_blocks[request_id]
+        first = request_id not in self.allocated
+        self.allocated.add(request_id)
+        _, end, _ = self._plan
+        required = self.num_required(end)
+        previous = len(blocks)
+        if required <= previous:
+            return []
+        speculative = self.num_speculative
         if blocks:
-            self.last_state[request_id] = len(blocks) - 1
-        added = [self.null_block] * (num_blocks - 1)
-        added.extend(self.block_pool.get_new_blocks_locked(1))
-        blocks.extend(added)
-        return added
+            self.last_state[request_id] = previous - 1 - (0 if first else speculative)
+        running = required - 1 - speculative
+        null_block = self.null_block
+        if running > previous:
+            blocks.extend([null_block] * (running - previous))
+        if not first:
+            for position in range(max(previous - speculative, 0), min(previous, running)):
+                block = blocks[position]
+                assert block.ref_cnt == 1 and block.block_hash is None
+                blocks.append(block)
+                blocks[position] = null_block
+        blocks.extend(self.block_pool.get_new_blocks_locked(required - len(blocks)))
+        return blocks[previous:]
 
     def retained(self, request: Request, junction: int, first: int, end: int) -> list[bool]:
         """vLLM 0.33's reachable-block mask for a run of one block: the column ending at each
@@ -245,6 +291,7 @@ class MambaAlignManager(SingleTypeKVCacheManager):
         super().free(request_id, tail_first)
         self.retired.pop(request_id, None)
         self.last_state.pop(request_id, None)
+        self.allocated.discard(request_id)
 
     def pop(self, request_id: str) -> list[KVCacheBlock]:
         """The request's blocks less every null block. Complexity: O(blocks held)."""
@@ -252,6 +299,7 @@ class MambaAlignManager(SingleTypeKVCacheManager):
         popped = [block for block in super().pop(request_id) if block is not null_block]
         self.retired.pop(request_id, None)
         self.last_state.pop(request_id, None)
+        self.allocated.discard(request_id)
         return popped
 
     def layout_error(self, request_id: str) -> str | None:
@@ -261,21 +309,23 @@ class MambaAlignManager(SingleTypeKVCacheManager):
         if not blocks:
             return None
         null_block = self.null_block
-        running = blocks[-1]
-        last = len(blocks) - 1
-        if running is null_block:
-            return f"its running column {last} holds the null block"
-        if running.ref_cnt > 1 and self.num_cached_block.get(request_id, 0) < len(blocks):
-            return f"its running block {running.block_id} is shared and not cached at its boundary"
+        tail = max(len(blocks) - 1 - self.num_speculative, 0)
+        num_cached = self.num_cached_block.get(request_id, 0)
+        for position in range(tail, len(blocks)):
+            block = blocks[position]
+            if block is null_block:
+                return f"its running or speculative column {position} holds the null block"
+            if block.ref_cnt > 1 and num_cached <= position:
+                return f"its block {block.block_id} is shared and not cached at its boundary"
         previous = self.last_state.get(request_id)
-        for position in range(last):
+        for position in range(tail):
             block = blocks[position]
             if block is null_block:
                 continue
             if position != previous:
                 return (
-                    f"column {position} holds block {block.block_id}, neither the running "
-                    f"column ({last}) nor the previous state ({previous})"
+                    f"column {position} holds block {block.block_id}, neither a running or "
+                    f"speculative column (from {tail}) nor the previous state ({previous})"
                 )
             if position < self.retired.get(request_id, 0):
                 return f"column {position} holds block {block.block_id} though retired"

@@ -136,6 +136,10 @@ class SpecSingleTypeManager:
         `num_held` and adopting `num_hits` (<= 0: none): every missing one."""
         return num_required - num_held - num_hits
 
+    def num_missing_for(self, request_id: str, num_required: int, num_hits: int) -> int:
+        """`num_missing` for the request's blocks held now."""
+        return self.num_missing(num_required, len(self.blocks.get(request_id, [])), num_hits)
+
     def defers(self, hits: Sequence[int]) -> bool:
         """Whether these hits must wait for the next scheduler step (a Mamba state keyed in
         this one); never for attention."""

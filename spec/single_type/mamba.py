@@ -104,9 +104,11 @@ class MambaAlignState(SpecSingleTypeManager):
 
     def __init__(self, spec: MambaSpec, pool: SpecBlockPool, group_id: int) -> None:
         super().__init__(spec, pool, group_id)
+        self.extra_blocks = spec.num_speculative_blocks
         self.keyed_this_step: set[CacheKey] = set()
         self.retired: dict[str, int] = {}
         self.last_state: dict[str, int] = {}
+        self.allocated: set[str] = set()
 
     def first_read(self, position: int) -> int:
         """The token at `position` reads the state after the token before it."""
@@ -144,22 +146,45 @@ class MambaAlignState(SpecSingleTypeManager):
             self.retired[request_id] = max(self.retired.get(request_id, 0), skipped)
 
     def num_missing(self, num_required: int, num_held: int, num_hits: int) -> int:
-        """One block when the table must grow (its new running column; the columns before it
-        are null), else none."""
-        return min(max(num_required - num_held - num_hits, 0), 1)
+        """The blocks the table lacks, at most one (its new running column; the columns before
+        it are null or relocated speculative blocks), plus k on the request's first allocation
+        (its k speculative columns)."""
+        return min(max(num_required - num_held - num_hits, 0), 1 + self.extra_blocks)
+
+    def num_missing_for(self, request_id: str, num_required: int, num_hits: int) -> int:
+        """`num_missing` for this request: a request that had an allocation takes one block
+        at most (its speculative blocks move instead, `take_new_blocks`)."""
+        missing = self.num_missing(num_required, len(self.blocks.get(request_id, [])), num_hits)
+        return min(missing, 1) if request_id in self.allocated else missing
 
     def take_new_blocks(self, request_id: str, num_blocks: int) -> list[int]:
-        """The table grows by `num_blocks` columns: null blocks, then one block from the free
-        queue's head as the new running column. The column the step starts from (the last
-        before it grows) is recorded as its previous state. Returns the columns added."""
+        """The table grows by `num_blocks` columns to `R + 1 + k` (R its new running column):
+        null blocks up to R; then (a request that had an allocation) each speculative block of
+        the last growth that lies before R moves to the end, its column nulled (a block
+        written by this request alone, unkeyed); then blocks from the free queue's head for
+        the columns still missing. The step's previous state is recorded: the running column
+        of the last growth, or a new request's hit column. Returns the columns added, in
+        order (the table's suffix from its old length: null, moved and new blocks), which is
+        what the allocation returns for this group. The request counts as allocated."""
+        held = self.blocks[request_id]
+        first = request_id not in self.allocated
+        self.allocated.add(request_id)
         if num_blocks <= 0:
             return []
-        held = self.blocks[request_id]
+        k = self.extra_blocks
+        previous = len(held)
         if held:
-            self.last_state[request_id] = len(held) - 1
-        added = [NULL_BLOCK_ID] * (num_blocks - 1) + self.pool.get_new_blocks_unchecked(1)
-        held.extend(added)
-        return added
+            self.last_state[request_id] = previous - 1 - (0 if first else k)
+        running = previous + num_blocks - 1 - k
+        held.extend([NULL_BLOCK_ID] * max(running - previous, 0))
+        if not first:
+            for position in range(max(previous - k, 0), min(previous, running)):
+                block_id = held[position]
+                assert self.pool.ref_cnt[block_id] == 1 and self.pool.block_hash[block_id] is None
+                held.append(block_id)
+                held[position] = NULL_BLOCK_ID
+        held.extend(self.pool.get_new_blocks_unchecked(previous + num_blocks - len(held)))
+        return held[previous:]
 
     def retained(self, request: Request, junction: int, positions: range) -> list[bool] | None:
         """`pagedkv.spec.retention`'s rule for a run of one block, without EAGLE."""
@@ -246,6 +271,7 @@ class MambaAlignState(SpecSingleTypeManager):
     def forget_request(self, request_id: str) -> None:
         self.retired.pop(request_id, None)
         self.last_state.pop(request_id, None)
+        self.allocated.discard(request_id)
 
     def free(self, request_id: str, tail_first: bool) -> None:
         super().free(request_id, tail_first)
@@ -259,24 +285,28 @@ class MambaAlignState(SpecSingleTypeManager):
 
     def layout_error(self, request_id: str) -> str | None:
         """Why the request's table breaks the layout (module docstring; None if it holds):
-        its last column is a real block, shared only once cached at its boundary; every other
-        real block is its previous state; nothing before `retired` is real."""
+        its last 1 + k columns (running and speculative) are real blocks, each shared only
+        once cached at its boundary; every other real block is its previous state; nothing
+        before `retired` is real."""
         held = self.blocks[request_id]
         if not held:
             return None
-        running = held[-1]
-        if running == NULL_BLOCK_ID:
-            return f"its running column {len(held) - 1} holds the null block"
-        if self.pool.ref_cnt[running] > 1 and self.num_cached.get(request_id, 0) < len(held):
-            return f"its running block {running} is shared and not cached at its boundary"
+        tail = max(len(held) - 1 - self.extra_blocks, 0)
+        num_cached = self.num_cached.get(request_id, 0)
+        for position in range(tail, len(held)):
+            block_id = held[position]
+            if block_id == NULL_BLOCK_ID:
+                return f"its running or speculative column {position} holds the null block"
+            if self.pool.ref_cnt[block_id] > 1 and num_cached <= position:
+                return f"its block {block_id} is shared and not cached at its boundary"
         previous = self.last_state.get(request_id)
-        for position, block_id in enumerate(held[:-1]):
+        for position, block_id in enumerate(held[:tail]):
             if block_id == NULL_BLOCK_ID:
                 continue
             if position != previous:
                 return (
-                    f"column {position} holds block {block_id}, neither the running column "
-                    f"({len(held) - 1}) nor the previous state ({previous})"
+                    f"column {position} holds block {block_id}, neither a running or "
+                    f"speculative column (from {tail}) nor the previous state ({previous})"
                 )
             if position < self.retired.get(request_id, 0):
                 return f"column {position} holds block {block_id} though retired"
