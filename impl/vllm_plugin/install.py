@@ -14,7 +14,13 @@ from typing import Any
 import pagedkv
 from pagedkv.manager import KVCacheManager
 
-from .domain import OutOfDomainError, config_refusals, pagedkv_config
+from .domain import (
+    OutOfDomainError,
+    config_refusals,
+    manager_refusals,
+    pagedkv_config,
+    replace_refusals,
+)
 from .recorder import Recorder
 from .replay import Replayer, build_manager
 from .report import Report
@@ -112,11 +118,15 @@ def substitute(scheduler: Any, settings: Settings, version: str, semantics_name:
     vllm_config = scheduler.vllm_config
     replace = settings.mode is Mode.REPLACE
     refusals = list(config_refusals(vllm_config, replace=replace))
+    refusals += manager_refusals(vllm_manager, replace=replace)
     config = None
     try:
         config = pagedkv_config(vllm_manager.kv_cache_config)
     except OutOfDomainError as error:
         refusals.append(error)
+    else:
+        if replace:
+            refusals += replace_refusals(config)
     labels = _labels(vllm_config)
     report = Report(
         settings.report_path,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagedkv.manager import KVCacheManager
+from pagedkv.vocab.kv_cache_interface import MambaSpec
 from pagedkv.vocab.request import PlaceholderRange, Request
 from pagedkv.vocab.semantics import SEMANTICS_BY_NAME
 
@@ -117,6 +118,9 @@ class Replayer:
         if call == "reset":
             self.answer = manager.reset_prefix_cache()
             return self._compare(event, "reset succeeded", self.answer)
+        if call == "step":
+            manager.new_step_starts()
+            return None
         if call == "snapshot":
             return self._compare_snapshot(event)
         raise ValueError(f"trace line {event.get('i')}: unknown call {call!r}")
@@ -185,11 +189,19 @@ class Replayer:
     # -- pagedkv's state, impl or spec -------------------------------------------------------
 
     def _sparse(self) -> bool:
-        """Whether a window group keeps junctions (else vLLM's boundary is not pagedkv's)."""
+        """Whether pagedkv keeps shared-prefix junctions (else vLLM's boundary is not
+        pagedkv's): under a retention interval, or with a Mamba group in mode "align" (vLLM's
+        scheduler cuts chunks at the junction whatever the retention)."""
         manager = self.manager
         if isinstance(manager, KVCacheManager):
-            return manager.kv_cache_config.prefix_cache_retention_interval is not None
-        return manager.retention_interval is not None
+            config = manager.kv_cache_config
+            retention = config.prefix_cache_retention_interval
+            specs = [group.kv_cache_spec for group in config.kv_cache_groups]
+        else:
+            retention, specs = manager.retention_interval, list(manager.specs)
+        return retention is not None or any(
+            isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align" for spec in specs
+        )
 
     def _groups(self) -> Sequence[Mapping[str, Sequence[Any]]]:
         manager = self.manager
