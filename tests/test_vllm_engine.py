@@ -8,8 +8,8 @@ pytest's; a run is made once per module and shared by the tests that read it. Th
 selected tests read are made first, one per core at a time.
 
 The smoke (the gate): `SMOKE_REQUESTS` requests per model in modes `off`, `shadow` with
-`PAGEDKV_VLLM_STRICT=1`, and `replace` (not for the Qwen3-Next, a Mamba hybrid: replace mode
-refuses its Mamba group; it runs where the CPU has AVX-512 BF16). The full tier (`--full`):
+`PAGEDKV_VLLM_STRICT=1`, and `replace` (the Qwen3-Next, a Mamba hybrid, runs where the CPU has
+AVX-512 BF16: vLLM's CPU gated-delta-net kernel is bfloat16 only). The full tier (`--full`):
 `FULL_REQUESTS` per model.
 Each size is checked against vLLM's own counters first: the scheduler preempted, the prefix
 cache hit, and prefills were chunked (the probe inside the engine core); otherwise a pass would
@@ -67,22 +67,15 @@ def _bf16_kernels() -> bool:
     return bool(torch.cpu._is_avx512_bf16_supported())
 
 
-def model_params(*, replace: bool = False) -> list[Any]:
-    """Every tiny model; the Qwen3-Next skipped where its kernel cannot run, and in replace mode
-    (`replace`), which refuses Mamba groups (`pagedkv.vllm_plugin.domain.replace_refusals`)."""
-    params = []
-    for name in sorted(MODELS):
-        marks = []
-        if MODELS[name].dtype == "bfloat16" and not _bf16_kernels():
-            marks.append(
-                pytest.mark.skip(reason="vLLM's CPU gated-delta-net kernel needs AVX-512 BF16")
-            )
-        if replace and MODELS[name].linear_attention is not None:
-            marks.append(
-                pytest.mark.skip(reason="replace mode refuses Mamba groups (shadow mode only)")
-            )
-        params.append(pytest.param(name, marks=marks))
-    return params
+def model_params() -> list[Any]:
+    """Every tiny model; the Qwen3-Next skipped where its kernel cannot run."""
+    skip = pytest.mark.skip(reason="vLLM's CPU gated-delta-net kernel needs AVX-512 BF16")
+    return [
+        pytest.param(name, marks=skip)
+        if MODELS[name].dtype == "bfloat16" and not _bf16_kernels()
+        else name
+        for name in sorted(MODELS)
+    ]
 
 
 MODES_READ = {
@@ -252,7 +245,7 @@ def test_shadow_reports_no_divergence(runs: Runs, model: str, num_requests: int)
 
 @needs_plugin
 @pytest.mark.parametrize("num_requests", SIZES)
-@pytest.mark.parametrize("model", model_params(replace=True))
+@pytest.mark.parametrize("model", model_params())
 def test_replace_generates_vllms_tokens(runs: Runs, model: str, num_requests: int) -> None:
     result = runs.get(model, "replace", num_requests)
     assert result["probe"]["manager_class"].startswith("pagedkv."), result["probe"]

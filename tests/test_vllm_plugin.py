@@ -39,7 +39,6 @@ from pagedkv.vllm_plugin.domain import (
     config_refusals,
     manager_refusals,
     pagedkv_config,
-    replace_refusals,
 )
 from pagedkv.vllm_plugin.facade import PagedKVFacade
 from pagedkv.vllm_plugin.recorder import Recorder
@@ -298,6 +297,7 @@ def schedule(manager: Any, *, seed: int, num_requests: int = 24, chunk: int = 24
             request.num_computed_tokens += num_hit_tokens
             running.append(request)
             scheduled[request.request_id] = num_new
+        manager.take_new_block_ids()  # vLLM's scheduler drains it every step
         for request in list(running):
             request.num_computed_tokens += scheduled.get(request.request_id, 0)
             if request.num_computed_tokens == request.num_tokens:
@@ -331,7 +331,7 @@ def shadow_around(
 
 ONE_GROUP = vllm_config(attention())
 TWO_GROUPS = vllm_config(attention(SlidingWindowSpecV, sliding_window=32), attention())
-MAMBA_HYBRID = vllm_config(attention(), mamba())
+MAMBA_HYBRID = vllm_config(attention(), mamba(), needs_kv_cache_zeroing=True)
 
 # -- register() and settings ---------------------------------------------------------------
 
@@ -440,13 +440,6 @@ def test_mamba_features_of_vllms_manager_are_refused_by_name() -> None:
     ]
     plain = type("Manager", (), {"coordinator": object()})()
     assert list(manager_refusals(plain, replace=True)) == []
-
-
-def test_replace_mode_refuses_mamba_groups_by_name() -> None:
-    (refusal,) = replace_refusals(pagedkv_config(MAMBA_HYBRID))
-    assert refusal.feature == "Mamba state groups in replace mode"
-    assert "take_new_block_ids" in str(refusal) and "PAGEDKV_VLLM=shadow" in str(refusal)
-    assert list(replace_refusals(pagedkv_config(TWO_GROUPS))) == []
 
 
 @pytest.mark.parametrize(
@@ -615,7 +608,7 @@ def test_shadow_mirrors_a_mamba_hybrid(side: str, tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "report.json").read_text())
     assert shadow.active and summary["divergences"] == [] and summary["failures"] == []
     calls = summary["calls"]
-    assert calls["step"] > 50 and calls["snapshot"] > 10
+    assert calls["step"] > 50 and calls["snapshot"] > 10 and calls["zero"] == calls["step"]
     stats = vllm.make_prefix_cache_stats()
     assert stats.hits > 0
 
@@ -730,6 +723,29 @@ def test_facade_answers_in_vllms_shapes() -> None:
     facade.free(request)
     assert facade.usage == 0.0 and facade.reset_prefix_cache()
     assert facade.make_prefix_cache_stats().reset
+
+
+def test_facade_hands_vllms_workers_the_attention_blocks_to_zero() -> None:
+    """With a Mamba group vLLM's `KVCacheConfig` needs new blocks zeroed: the façade hands
+    over each new attention block once (the Mamba group's state blocks are not zeroed), and a
+    replace run's steps go through its trace."""
+    facade = VllmStandIn(MAMBA_HYBRID)
+    facade.new_step_starts()
+    request = VllmRequest("a", list(range(40)))
+    new = facade.allocate_slots(request, BLOCK, full_sequence_must_fit=True)
+    attention_ids, state_ids = new.get_block_ids()
+    assert len(attention_ids) == len(state_ids) == 1
+    assert facade.take_new_block_ids() == attention_ids
+    assert facade.take_new_block_ids() == []
+    request.num_computed_tokens = BLOCK
+    facade.new_step_starts()
+    second = facade.allocate_slots(request, BLOCK)
+    assert facade.take_new_block_ids() == second.get_block_ids()[0] != []
+    calls = [json.loads(line)["call"] for line in facade._sink._lines]
+    assert calls.count("step") == 2
+    plain = VllmStandIn(TWO_GROUPS)  # no zeroing without a Mamba group
+    plain.allocate_slots(VllmRequest("b", list(range(40))), 40)
+    assert plain.take_new_block_ids() == []
 
 
 def test_shadow_counts_in_prometheus(tmp_path: Path) -> None:

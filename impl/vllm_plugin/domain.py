@@ -165,21 +165,6 @@ def manager_refusals(vllm_manager: Any, *, replace: bool) -> Iterator[OutOfDomai
         )
 
 
-def replace_refusals(config: KVCacheConfig) -> Iterator[OutOfDomainError]:
-    """What shadow mode mirrors but the façade does not yet serve: a Mamba group. With one,
-    vLLM's scheduler hands its workers every step the new blocks to zero
-    (`take_new_block_ids`, read because `KVCacheConfig.needs_kv_cache_zeroing`) and the Mamba
-    states to offload; the façade answers neither."""
-    for index, group in enumerate(config.kv_cache_groups):
-        if isinstance(group.kv_cache_spec, MambaSpec):
-            yield OutOfDomainError(
-                "Mamba state groups in replace mode",
-                f"KV cache group {index} holds Mamba states: the façade does not answer "
-                "take_new_block_ids (the blocks vLLM's workers zero)",
-            )
-            return
-
-
 def pagedkv_config(config: Any) -> KVCacheConfig:
     """pagedkv's `KVCacheConfig` of vLLM's: the same groups, layers and block count, and the
     retention interval. Each layer gets a tensor of its own sized for `num_blocks` pages:

@@ -19,7 +19,6 @@ from .domain import (
     config_refusals,
     manager_refusals,
     pagedkv_config,
-    replace_refusals,
 )
 from .recorder import Recorder
 from .replay import Replayer, build_manager
@@ -124,9 +123,6 @@ def substitute(scheduler: Any, settings: Settings, version: str, semantics_name:
         config = pagedkv_config(vllm_manager.kv_cache_config)
     except OutOfDomainError as error:
         refusals.append(error)
-    else:
-        if replace:
-            refusals += replace_refusals(config)
     labels = _labels(vllm_config)
     report = Report(
         settings.report_path,

@@ -39,7 +39,6 @@ FORWARDED = frozenset(
         "prefix_cache_lookup_enabled",
         "estimate_cached_tokens",
         "take_events",
-        "take_new_block_ids",
         "take_boundary_state_offloads",
         "get_block_ids",
         "get_num_common_prefix_blocks",
@@ -168,6 +167,14 @@ class ShadowKVCacheManager:
         self._vllm.new_step_starts()
         if self.active:
             self._mirror("step", None)
+
+    def take_new_block_ids(self) -> Any:
+        """The new attention blocks vLLM's workers zero (for a Mamba model): compared with
+        the blocks pagedkv allocated since the last call."""
+        answer = self._vllm.take_new_block_ids()
+        if self.active:
+            self._mirror("zero", None, vllm=list(answer))
+        return answer
 
     def take_kv_cache_block_copies(self) -> Any:
         """vLLM's copy-on-write copies of Mamba states, made only by partial hash hits (refused

@@ -14,6 +14,7 @@ Call lines ("call" key):
     free      free: finished (then also the request's hashes are dropped)
     reset     reset_prefix_cache            vllm: bool
     step      new_step_starts (a scheduler step begins: Mamba states keyed before now hit)
+    zero      take_new_block_ids, with a Mamba group    vllm: the new attention block ids
     snapshot  the whole state               vllm: {usage, free, tables}
 A request's first line carries "new": its identity (prompt, salt, LoRA id, prompt logprobs,
 multimodal ranges); later lines "add": the tokens appended since.
