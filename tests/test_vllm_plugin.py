@@ -528,6 +528,7 @@ def test_the_mamba_engine_trace_replays_without_divergence(side: str) -> None:
     lines = list(calls)
     assert result.calls == len(lines) > 500
     assert sum(line["call"] == "step" for line in lines) > 50
+    assert any(line["call"] == "zero" and line["vllm"] for line in lines)  # blocks to zero
     assert any(line["call"] == "lookup" and line["vllm"]["tokens"] for line in lines)
     assert any(line["call"] == "free" and not line["finished"] for line in lines)
 
@@ -543,6 +544,20 @@ def test_the_mamba_engine_trace_needs_vllm_0_32s_remarked_boundary(
         result = replay_trace(str(QWEN3_NEXT_TRACE), side)
         assert result.divergence is not None, side
         assert (result.divergence.what, result.divergence.vllm) == ("new blocks", None)
+
+
+def test_the_mamba_engine_trace_pins_the_blocks_to_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM zeroes the new attention blocks of a Mamba model, not its state blocks: a replayer
+    that would hand over the Mamba group's new blocks too parts from vLLM's recorded answer."""
+    original = Replayer.__init__
+
+    def every_group(self: Replayer, manager: Any) -> None:
+        original(self, manager)
+        self._to_zero = {index: [] for index in range(len(self._specs()))}
+
+    monkeypatch.setattr(Replayer, "__init__", every_group)
+    result = replay_trace(str(QWEN3_NEXT_TRACE), "impl")
+    assert result.divergence is not None and result.divergence.what == "blocks to zero"
 
 
 @pytest.mark.parametrize(
