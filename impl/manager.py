@@ -244,8 +244,10 @@ class KVCacheManager:
             if enable_caching and len(set(config.block_sizes)) > 1
             else None,
         )
+        remarks = semantics.mamba_remarks_keyed_boundary and len(config.kv_cache_groups) > 1
         for single_type in self.coordinator.single_type_managers:
             single_type.junction_ignores_eagle = semantics.junction_ignores_eagle
+            single_type.remarks_keyed_boundary = remarks
         # Sparse retention (a sliding-window group with an interval): the shared-prefix
         # junction of each request's last lookup, which its caching keeps (several groups).
         self._sparse = self.coordinator.sparse

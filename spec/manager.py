@@ -234,6 +234,11 @@ class SpecKVCacheManager:
         )
         for manager in self.managers:
             manager.junction_ignores_eagle = semantics.junction_ignores_eagle
+            # vLLM 0.32.0's hybrid coordinator aligns the cached length to the block, so its
+            # re-registration reaches the boundary on every call there (`Semantics`).
+            manager.remarks_keyed_boundary = (
+                semantics.mamba_remarks_keyed_boundary and self.num_groups > 1
+            )
         check_semantics(semantics, self.num_groups)
         self.max_model_len = max_model_len
         self.max_num_blocks_per_req = ceil_div(max_model_len, self.block_size)

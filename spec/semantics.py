@@ -22,5 +22,6 @@ PAGEDKV_SEMANTICS = Semantics(
     lookup_hashes_every_full_block=False,  # a lookup reads the stored hashes, as vLLM 0.8.5
     deferred_free_flattened=False,  # a deferred free keeps free's order (vLLM 0.33: #48489)
     junction_ignores_eagle=False,  # with EAGLE a junction keeps the run a block lower too
+    mamba_remarks_keyed_boundary=False,  # only a state keyed now defers a sibling's hit
 )
 """The semantics the spec takes unless told otherwise."""

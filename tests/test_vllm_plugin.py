@@ -5,8 +5,9 @@
 - vLLM's `KVCacheConfig` (objects of vLLM's class names, read by attribute) translates to
   pagedkv's, and every out-of-domain feature is refused by name.
 - Traces recorded inside vLLM 0.32.0's own engine (tests/vllm_traces/record.py: tiny Llama,
-  tiny Gemma-3-style, shadow mode) replay on the implementation and the spec with no divergence,
-  and a planted bug in the implementation makes the replay diverge.
+  tiny Gemma-3-style, shadow mode; the vLLM tier's Qwen3-Next smoke, a Mamba hybrid) replay on
+  the implementation and the spec with no divergence, and a planted bug in the implementation
+  (or vLLM 0.32.0's Mamba switch turned off) makes the replay diverge.
 - The shadow manager itself, around a stand-in with vLLM's surface (pagedkv's façade over its
   implementation, mirrored to the spec): agreement, a planted divergence reported once with a
   trace that replays it offline, strict mode, a pagedkv failure that never reaches the caller,
@@ -17,6 +18,7 @@ The same plugin inside vLLM's engine: tests/test_vllm_engine.py (the vLLM tier).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import subprocess
@@ -32,7 +34,12 @@ from pagedkv.harness.verify import EXIT_SETUP
 from pagedkv.harness.verify import main as verify_main
 from pagedkv.manager import KVCacheManager
 from pagedkv.vllm_plugin import register
-from pagedkv.vllm_plugin.domain import OutOfDomainError, config_refusals, pagedkv_config
+from pagedkv.vllm_plugin.domain import (
+    OutOfDomainError,
+    config_refusals,
+    manager_refusals,
+    pagedkv_config,
+)
 from pagedkv.vllm_plugin.facade import PagedKVFacade
 from pagedkv.vllm_plugin.recorder import Recorder
 from pagedkv.vllm_plugin.replay import Replayer, build_manager, replay_trace
@@ -51,12 +58,17 @@ from pagedkv.vllm_plugin.trace import (
     config_to_json,
     read_trace,
 )
+from pagedkv.vocab.kv_cache_interface import MambaSpec as PagedMambaSpec
 from pagedkv.vocab.kv_cache_interface import SlidingWindowSpec
+from pagedkv.vocab.semantics import SEMANTICS_BY_NAME, VLLM_0_32
 from proofs.planted.catalog import VARIANTS_BY_NAME, planted
 
 TRACES = Path(__file__).parent / "vllm_traces"
 LLAMA_TRACE = TRACES / "llama-shadow.jsonl"
 GEMMA_TRACE = TRACES / "gemma3-shadow.jsonl"
+QWEN3_NEXT_TRACE = TRACES / "qwen3_next-shadow.jsonl"
+"""The vLLM tier's smoke run of its tiny Qwen3-Next in strict shadow mode, traced
+(`PAGEDKV_VLLM_TRACE`): a Mamba group in mode "align" beside full attention."""
 
 # -- stand-ins for vLLM's objects, under vLLM's class names (the plugin reads by attribute) ---
 
@@ -76,6 +88,29 @@ BLOCK = 16
 
 def attention(kind: type = FullAttentionSpec, block_size: int = BLOCK, **extra: Any) -> Any:
     return kind(block_size=block_size, num_kv_heads=2, head_size=64, dtype="float16", **extra)
+
+
+GDN_ATTN = type("MambaAttentionBackendEnum", (), {"name": "GDN_ATTN"})()
+"""vLLM's backend enum member of a gated delta net, as the plugin reads it (by name)."""
+
+
+def mamba(block_size: int = BLOCK, mode: str = "align", **extra: Any) -> Any:
+    """vLLM 0.32's `MambaSpec` of a gated-delta-net layer as its engine makes it: conv and
+    recurrent states, float32, the page padded to the attention page of `attention()`."""
+    fields = {
+        "shapes": ((3, 64), (2, 16, 16)),
+        "dtypes": ("torch.float32", "torch.float32"),
+        "page_size_padded": 2 * block_size * 2 * 64 * 2,
+        "mamba_type": GDN_ATTN,
+        "mamba_cache_mode": mode,
+        "num_speculative_blocks": 0,
+        "num_prefill_checkpoint_blocks": 0,
+        "prefill_checkpoint_alignment": None,
+        "num_heads": 1,
+        "tp_replicated": False,
+        **extra,
+    }
+    return MambaSpec(block_size=block_size, **fields)
 
 
 def vllm_config(*specs: Any, num_blocks: int = 24, **extra: Any) -> Any:
@@ -212,7 +247,9 @@ class VllmStandIn(PagedKVFacade):
 
 def schedule(manager: Any, *, seed: int, num_requests: int = 24, chunk: int = 24) -> list[str]:
     """Admit, chunk, decode, preempt and finish requests with shared prefixes through
-    `manager`'s vLLM surface; the ids of the requests that finished, in order."""
+    `manager`'s vLLM surface, each step begun by `new_step_starts`; the ids of the requests that
+    finished, in order. With `chunk` = `BLOCK` every prefill chunk ends on a block boundary or
+    at the prompt's end, as vLLM cuts a Mamba hybrid's chunks in mode "align"."""
     rng = random.Random(seed)
     prefixes = [[rng.randrange(500) for _ in range(BLOCK * rng.randint(1, 3))] for _ in range(3)]
     waiting = [
@@ -228,6 +265,7 @@ def schedule(manager: Any, *, seed: int, num_requests: int = 24, chunk: int = 24
     for _ in range(2000):
         if not waiting and not running:
             return finished
+        manager.new_step_starts()
         scheduled: dict[str, int] = {}
         for request in list(running):
             if request not in running:
@@ -259,6 +297,7 @@ def schedule(manager: Any, *, seed: int, num_requests: int = 24, chunk: int = 24
             request.num_computed_tokens += num_hit_tokens
             running.append(request)
             scheduled[request.request_id] = num_new
+        manager.take_new_block_ids()  # vLLM's scheduler drains it every step
         for request in list(running):
             request.num_computed_tokens += scheduled.get(request.request_id, 0)
             if request.num_computed_tokens == request.num_tokens:
@@ -292,6 +331,7 @@ def shadow_around(
 
 ONE_GROUP = vllm_config(attention())
 TWO_GROUPS = vllm_config(attention(SlidingWindowSpecV, sliding_window=32), attention())
+MAMBA_HYBRID = vllm_config(attention(), mamba(), needs_kv_cache_zeroing=True)
 
 # -- register() and settings ---------------------------------------------------------------
 
@@ -368,10 +408,60 @@ def test_config_translation_keeps_groups_blocks_and_retention() -> None:
     assert config_from_json(config_to_json(config)) == config
 
 
+def test_mamba_translation_keeps_the_state_and_its_mode() -> None:
+    """vLLM's gated-delta-net spec becomes pagedkv's: the state's shapes and dtypes (torch's
+    names without the module), the padded page, the backend by name, mode "align"; the
+    retention interval acts (a Mamba group in "align" keeps only some states), and the config
+    survives a trace's JSON."""
+    config = pagedkv_config(MAMBA_HYBRID)
+    full, state = (group.kv_cache_spec for group in config.kv_cache_groups)
+    assert isinstance(state, PagedMambaSpec)
+    assert (state.block_size, state.shapes, state.dtypes) == (
+        BLOCK,
+        ((3, 64), (2, 16, 16)),
+        ("float32", "float32"),
+    )
+    assert (state.mamba_type, state.mamba_cache_mode) == ("gdn_attn", "align")
+    assert state.page_size_bytes == full.page_size_bytes == 8192
+    assert config.prefix_cache_retention_interval == 0
+    assert config_from_json(config_to_json(config)) == config
+    none = pagedkv_config(vllm_config(mamba(block_size=256, mode="none")))
+    assert none.prefix_cache_retention_interval is None
+    assert none.kv_cache_groups[0].kv_cache_spec.mamba_cache_mode == "none"
+
+
+def test_mamba_features_of_vllms_manager_are_refused_by_name() -> None:
+    coordinator = type("Coordinator", (), {"enable_partial_hash_hits": True})()
+    partial = type("Manager", (), {"coordinator": coordinator})()
+    checkpoint = type("Manager", (), {"mamba_shared_prefix_checkpoint": True})()
+    assert [e.feature for e in manager_refusals(partial, replace=True)] == ["partial hash hits"]
+    assert [e.feature for e in manager_refusals(checkpoint, replace=False)] == [
+        "the Mamba shared-prefix checkpoint"
+    ]
+    plain = type("Manager", (), {"coordinator": object()})()
+    assert list(manager_refusals(plain, replace=True)) == []
+
+
 @pytest.mark.parametrize(
     ("config", "feature"),
     [
-        (vllm_config(attention(), MambaSpec(block_size=BLOCK)), "MambaSpec layers"),
+        (vllm_config(attention(), mamba(num_speculative_blocks=2)), "speculative state blocks"),
+        (
+            vllm_config(attention(), mamba(num_prefill_checkpoint_blocks=1)),
+            "prefill checkpoint blocks",
+        ),
+        (
+            vllm_config(attention(), mamba(prefill_checkpoint_alignment=BLOCK)),
+            "prefill checkpoint alignment",
+        ),
+        (vllm_config(attention(), mamba(mode="all")), "mamba_cache_mode 'all'"),
+        # Prefix caching off: vLLM sizes a Mamba block to max_model_len ("none").
+        (vllm_config(attention(), mamba(block_size=256, mode="none")), "several block sizes"),
+        (vllm_config(attention(), mamba(), mamba(block_size=32)), "several block sizes"),
+        (
+            vllm_config(attention(), type("CrossAttentionSpec", (), {"block_size": BLOCK})()),
+            "CrossAttentionSpec layers",
+        ),
         (vllm_config(attention(), attention(block_size=32)), "several block sizes"),
         (vllm_config(attention(), hash_block_size=8), "hash block size"),
         (
@@ -428,6 +518,48 @@ def test_engine_traces_replay_without_divergence(trace: Path, side: str) -> None
     assert any(identity["salt"] for identity in new) and any(i["logprobs"] for i in new)
 
 
+@pytest.mark.parametrize("side", ["impl", "spec"])
+def test_the_mamba_engine_trace_replays_without_divergence(side: str) -> None:
+    """vLLM 0.32.0's engine on a Mamba hybrid: every step mirrored, Mamba states hit, requests
+    preempted (freed unfinished), and pagedkv answers every call as vLLM did."""
+    result = replay_trace(str(QWEN3_NEXT_TRACE), side)
+    assert (result.divergence, result.failure, result.recorded) == (None, None, [])
+    _, calls = read_trace(str(QWEN3_NEXT_TRACE))
+    lines = list(calls)
+    assert result.calls == len(lines) > 500
+    assert sum(line["call"] == "step" for line in lines) > 50
+    assert any(line["call"] == "zero" and line["vllm"] for line in lines)  # blocks to zero
+    assert any(line["call"] == "lookup" and line["vllm"]["tokens"] for line in lines)
+    assert any(line["call"] == "free" and not line["finished"] for line in lines)
+
+
+def test_the_mamba_engine_trace_needs_vllm_0_32s_remarked_boundary(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without `mamba_remarks_keyed_boundary`, pagedkv admits a hit that vLLM 0.32.0 defers:
+    the state was keyed a step earlier, and re-registered by the step that moved past it."""
+    semantics = dataclasses.replace(VLLM_0_32, mamba_remarks_keyed_boundary=False)
+    monkeypatch.setitem(SEMANTICS_BY_NAME, "vllm-0.32", semantics)
+    for side in ("impl", "spec"):
+        result = replay_trace(str(QWEN3_NEXT_TRACE), side)
+        assert result.divergence is not None, side
+        assert (result.divergence.what, result.divergence.vllm) == ("new blocks", None)
+
+
+def test_the_mamba_engine_trace_pins_the_blocks_to_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM zeroes the new attention blocks of a Mamba model, not its state blocks: a replayer
+    that would hand over the Mamba group's new blocks too parts from vLLM's recorded answer."""
+    original = Replayer.__init__
+
+    def every_group(self: Replayer, manager: Any) -> None:
+        original(self, manager)
+        self._to_zero = {index: [] for index in range(len(self._specs()))}
+
+    monkeypatch.setattr(Replayer, "__init__", every_group)
+    result = replay_trace(str(QWEN3_NEXT_TRACE), "impl")
+    assert result.divergence is not None and result.divergence.what == "blocks to zero"
+
+
 @pytest.mark.parametrize(
     ("trace", "variant", "what"),
     [
@@ -476,6 +608,41 @@ def test_shadow_agrees_and_changes_no_answer(config: Any, side: str, tmp_path: P
     calls = summary["calls"]
     assert calls["lookup"] >= 24 and calls["free"] >= 24 and calls["snapshot"] > 10
     assert summary["unmirrored"]["record_prefix_cache_stats"] >= 24
+
+
+@pytest.mark.parametrize("side", ["impl", "spec"])
+def test_shadow_mirrors_a_mamba_hybrid(side: str, tmp_path: Path) -> None:
+    """A full-attention group beside a gated-delta-net group in mode "align": every scheduler
+    step is mirrored (`new_step_starts`), the answers and snapshots agree, and the prefix
+    cache hit Mamba states."""
+    alone = schedule(VllmStandIn(MAMBA_HYBRID), seed=7, chunk=BLOCK)
+    vllm = VllmStandIn(MAMBA_HYBRID)
+    shadow = shadow_around(vllm, MAMBA_HYBRID, tmp_path, side=side, strict=True)
+    assert schedule(shadow, seed=7, chunk=BLOCK) == alone
+    shadow.close()
+    summary = json.loads((tmp_path / "report.json").read_text())
+    assert shadow.active and summary["divergences"] == [] and summary["failures"] == []
+    calls = summary["calls"]
+    assert calls["step"] > 50 and calls["snapshot"] > 10 and calls["zero"] == calls["step"]
+    stats = vllm.make_prefix_cache_stats()
+    assert stats.hits > 0
+
+
+def test_shadow_reports_a_planted_mamba_divergence(tmp_path: Path) -> None:
+    """vLLM's stand-in adopts a hit on a Mamba state keyed in the same step (the planted
+    `mamba_align_no_same_step_refusal`); the spec, told of every step, refuses it: a divergence
+    whose trace replays offline."""
+    vllm = VllmStandIn(MAMBA_HYBRID)
+    shadow = shadow_around(vllm, MAMBA_HYBRID, tmp_path, side="spec")
+    with planted(VARIANTS_BY_NAME["mamba_align_no_same_step_refusal"]):
+        schedule(shadow, seed=7, chunk=BLOCK)
+        summary = json.loads((tmp_path / "report.json").read_text())
+        (divergence,) = summary["divergences"]
+        replayed = replay_trace(divergence["trace"], "spec")
+        assert str(replayed.divergence) == divergence["message"]
+        assert replay_trace(divergence["trace"], "impl").divergence is None
+    assert not shadow.active
+    assert replay_trace(divergence["trace"], "impl").divergence is not None
 
 
 def test_shadow_reports_a_planted_divergence_with_its_replay(tmp_path: Path) -> None:
@@ -571,6 +738,29 @@ def test_facade_answers_in_vllms_shapes() -> None:
     facade.free(request)
     assert facade.usage == 0.0 and facade.reset_prefix_cache()
     assert facade.make_prefix_cache_stats().reset
+
+
+def test_facade_hands_vllms_workers_the_attention_blocks_to_zero() -> None:
+    """With a Mamba group vLLM's `KVCacheConfig` needs new blocks zeroed: the façade hands
+    over each new attention block once (the Mamba group's state blocks are not zeroed), and a
+    replace run's steps go through its trace."""
+    facade = VllmStandIn(MAMBA_HYBRID)
+    facade.new_step_starts()
+    request = VllmRequest("a", list(range(40)))
+    new = facade.allocate_slots(request, BLOCK, full_sequence_must_fit=True)
+    attention_ids, state_ids = new.get_block_ids()
+    assert len(attention_ids) == len(state_ids) == 1
+    assert facade.take_new_block_ids() == attention_ids
+    assert facade.take_new_block_ids() == []
+    request.num_computed_tokens = BLOCK
+    facade.new_step_starts()
+    second = facade.allocate_slots(request, BLOCK)
+    assert facade.take_new_block_ids() == second.get_block_ids()[0] != []
+    calls = [json.loads(line)["call"] for line in facade._sink._lines]
+    assert calls.count("step") == 2
+    plain = VllmStandIn(TWO_GROUPS)  # no zeroing without a Mamba group
+    plain.allocate_slots(VllmRequest("b", list(range(40))), 40)
+    assert plain.take_new_block_ids() == []
 
 
 def test_shadow_counts_in_prometheus(tmp_path: Path) -> None:

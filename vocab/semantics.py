@@ -66,6 +66,12 @@ class Semantics:
             vLLM 0.32.0 retains them. pagedkv and vLLM 0.33 also keep the run one block lower:
             a sibling that diverges right after the junction has no block past it for EAGLE
             to drop, so its hit lands a block lower, and finds it only if that run is cached.
+        mamba_remarks_keyed_boundary: with a Mamba group in mode "align" beside other groups,
+            every cache call whose cached length is the prompt's replay boundary records the
+            state there as keyed in this step while the request still holds it, even when it
+            was keyed before, as vLLM 0.32.0 does (its partial-tail path re-registers the key):
+            a sibling's hit on it waits one more scheduler step. pagedkv and vLLM 0.33 record
+            only a state keyed now.
         partial_prefix_keys: with groups of several block sizes and caching, a full-attention
             group whose blocks exceed the hash block size H also indexes the block holding the
             prompt's last H boundary (before its last token) under the chain hash there, a
@@ -87,6 +93,7 @@ class Semantics:
     deferred_free_flattened: bool = False
     junction_ignores_eagle: bool = False
     partial_prefix_keys: bool = False
+    mamba_remarks_keyed_boundary: bool = False
 
     @property
     def name(self) -> str:
@@ -115,7 +122,12 @@ VLLM_0_33 = Semantics(
 )
 """vLLM 0.33.0's block pool: pagedkv's null-block and capacity rules, and the two switches above.
 Its manager differs further; docs/semantics.md lists how `--against` accounts for that."""
-VLLM_0_32 = dataclasses.replace(VLLM_0_33, null_block_refcounted=True, junction_ignores_eagle=True)
+VLLM_0_32 = dataclasses.replace(
+    VLLM_0_33,
+    null_block_refcounted=True,
+    junction_ignores_eagle=True,
+    mamba_remarks_keyed_boundary=True,
+)
 """vLLM 0.32.0: 0.33.0's rules, except that `touch` and `free_blocks` count the null block's
 ref_cnt like any block's (0.33.0 passes it over), and that with EAGLE a shared-prefix junction
 keeps no run a block below it; docs/semantics.md, "vLLM 0.32.0"."""

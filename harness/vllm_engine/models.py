@@ -7,6 +7,10 @@ under a fixed torch seed:
   heads): one KV cache group.
 - `gemma3`: a `Gemma3ForCausalLM` text model, one sliding-window layer (window 64) to one
   full-attention layer, twice: vLLM makes two KV cache groups of it.
+- `qwen3_next`: a `Qwen3NextForCausalLM` (a Mamba hybrid), one gated-delta-net layer to one
+  full-attention layer, twice, with a two-expert MoE: vLLM makes a Mamba group and an attention
+  group of it, in `mamba_cache_mode="align"` with prefix caching. vLLM's CPU kernel for the
+  gated delta net runs in bfloat16 only (`LinearAttention.dtype`), which needs AVX-512 BF16.
 
 The weights are drawn wider than transformers' training init (std 0.2, as the synthetic models of
 `pagedkv.engine.model`): with 0.02 a random model's greedy output falls into a short loop that
@@ -37,6 +41,31 @@ SEED = 0
 
 
 @dataclass(frozen=True)
+class LinearAttention:
+    """The gated-delta-net layers of a Qwen3-Next model (`layer_types` "linear_attention") and
+    its MoE feed-forward.
+
+    Attributes:
+        num_value_heads, num_key_heads, key_head_dim, value_head_dim, conv_kernel_dim: the
+            layers' shape (transformers' `linear_*` fields).
+        num_experts, num_experts_per_tok, moe_intermediate_size,
+            shared_expert_intermediate_size: the MoE's shape.
+        dtype: the only dtype vLLM's CPU gated-delta-net kernel runs in.
+    """
+
+    num_value_heads: int
+    num_key_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel_dim: int
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    shared_expert_intermediate_size: int
+    dtype: str = "bfloat16"
+
+
+@dataclass(frozen=True)
 class TinyModel:
     """One tiny model's shape.
 
@@ -44,6 +73,7 @@ class TinyModel:
         name: what `--model` calls it.
         num_kv_cache_groups: how many KV cache groups vLLM makes of it.
         sliding_window: the sliding layers' window in tokens, or None (full attention only).
+        linear_attention: the gated-delta-net layers' shape (a Qwen3-Next), or None.
     """
 
     name: str
@@ -57,6 +87,12 @@ class TinyModel:
     max_position_embeddings: int
     num_kv_cache_groups: int
     sliding_window: int | None = None
+    linear_attention: LinearAttention | None = None
+
+    @property
+    def dtype(self) -> str:
+        """The dtype vLLM runs it in: float32, unless its layers need another."""
+        return "float32" if self.linear_attention is None else self.linear_attention.dtype
 
 
 MODELS: dict[str, TinyModel] = {
@@ -84,6 +120,29 @@ MODELS: dict[str, TinyModel] = {
         max_position_embeddings=1024,
         num_kv_cache_groups=2,
         sliding_window=64,
+    ),
+    "qwen3_next": TinyModel(
+        name="qwen3_next",
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=512,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        layer_types=("linear_attention", "full_attention") * 2,
+        max_position_embeddings=1024,
+        num_kv_cache_groups=2,
+        linear_attention=LinearAttention(
+            num_value_heads=4,
+            num_key_heads=2,
+            key_head_dim=64,
+            value_head_dim=64,
+            conv_kernel_dim=4,
+            num_experts=2,
+            num_experts_per_tok=1,
+            moe_intermediate_size=128,
+            shared_expert_intermediate_size=128,
+        ),
     ),
 }
 
@@ -134,8 +193,15 @@ def _holds(directory: Path, recorded: dict[str, object]) -> bool:
 
 
 def _shape_record(shape: TinyModel) -> dict[str, object]:
+    """What `MARKER` records of a shape. A field left at None is not recorded, so the models
+    written before it existed keep their record (and their cached checkpoints)."""
+    fields = {key: value for key, value in vars(shape).items() if key != "layer_types"}
+    if shape.linear_attention is None:
+        del fields["linear_attention"]
+    else:
+        fields["linear_attention"] = vars(shape.linear_attention)
     return {
-        "shape": {key: value for key, value in vars(shape).items() if key != "layer_types"},
+        "shape": fields,
         "layer_types": list(shape.layer_types),
         "init_std": INIT_STD,
         "seed": SEED,
@@ -161,6 +227,8 @@ def _build(shape: TinyModel) -> Any:
     }
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
+        if shape.linear_attention is not None:
+            return _build_qwen3_next(common, shape, shape.linear_attention)
         if shape.sliding_window is None:
             from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -175,3 +243,26 @@ def _build(shape: TinyModel) -> Any:
             tie_word_embeddings=False,
         )
         return Gemma3ForCausalLM(config).eval()
+
+
+def _build_qwen3_next(common: dict[str, Any], shape: TinyModel, linear: LinearAttention) -> Any:
+    """A Qwen3-Next of `shape`: every layer's feed-forward a MoE (no dense-only layer), the output
+    head apart from the embedding."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    config = Qwen3NextConfig(
+        **common,
+        layer_types=list(shape.layer_types),
+        linear_num_value_heads=linear.num_value_heads,
+        linear_num_key_heads=linear.num_key_heads,
+        linear_key_head_dim=linear.key_head_dim,
+        linear_value_head_dim=linear.value_head_dim,
+        linear_conv_kernel_dim=linear.conv_kernel_dim,
+        num_experts=linear.num_experts,
+        num_experts_per_tok=linear.num_experts_per_tok,
+        moe_intermediate_size=linear.moe_intermediate_size,
+        shared_expert_intermediate_size=linear.shared_expert_intermediate_size,
+        mlp_only_layers=[],
+        tie_word_embeddings=False,
+    )
+    return Qwen3NextForCausalLM(config).eval()

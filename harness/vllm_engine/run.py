@@ -33,7 +33,12 @@ from typing import Any
 
 from pagedkv.harness.vllm_engine.models import MODELS, MODELS_DIR, ensure_model
 from pagedkv.harness.vllm_engine.probe import PROBE_ENV
-from pagedkv.harness.vllm_engine.workload import Workload, make_workload
+from pagedkv.harness.vllm_engine.workload import (
+    DEFAULT_SHAPE,
+    Workload,
+    WorkloadShape,
+    make_workload,
+)
 
 MODES = ("off", "shadow", "replace")
 MODE_ENV = "PAGEDKV_VLLM"
@@ -45,6 +50,10 @@ BLOCK_SIZE = 32
 
 SHUTDOWN_TIMEOUT_S = 120.0
 """How long the engine core may take to shut down before vLLM kills it."""
+
+QWEN3_NEXT_BLOCKS = 16
+"""Blocks of 160 tokens for the Qwen3-Next, shared by its attention and Mamba groups: a request
+holds up to two attention blocks and two Mamba states, so eight running requests overrun them."""
 
 KV_CACHE_BYTES = 256 * 2**20
 """The KV space vLLM's CPU worker sizes its cache from (a tiny model's block is 64 KiB a layer
@@ -62,12 +71,17 @@ class EngineSettings:
         max_num_seqs: the most requests running at once.
         num_gpu_blocks: the KV cache's blocks (vLLM's `num_gpu_blocks_override`), shared by all
             groups: fewer than the running requests need, so the scheduler preempts.
+        dtype: the model's dtype (`models.TinyModel.dtype`).
+        workload: how the model's requests are drawn (its prefixes whole blocks of the block
+            size vLLM ends up with: a Mamba hybrid's attention blocks grow to hold a state).
     """
 
     max_model_len: int
     max_num_batched_tokens: int
     max_num_seqs: int
     num_gpu_blocks: int
+    dtype: str = "float32"
+    workload: WorkloadShape = DEFAULT_SHAPE
 
 
 ENGINE_SETTINGS: dict[str, EngineSettings] = {
@@ -76,6 +90,23 @@ ENGINE_SETTINGS: dict[str, EngineSettings] = {
     ),
     "gemma3": EngineSettings(
         max_model_len=256, max_num_batched_tokens=96, max_num_seqs=16, num_gpu_blocks=48
+    ),
+    # vLLM grows the attention block to 160 tokens (a page that holds a gated-delta-net state)
+    # and keys Mamba states every 160 tokens ("align"): families share one whole block, and
+    # most prompts pass it, so later ones hit its state.
+    "qwen3_next": EngineSettings(
+        max_model_len=320,
+        max_num_batched_tokens=96,
+        max_num_seqs=8,
+        num_gpu_blocks=QWEN3_NEXT_BLOCKS,
+        dtype=MODELS["qwen3_next"].dtype,
+        workload=WorkloadShape(
+            block_size=160,
+            prefix_blocks=(1, 1),
+            suffix_tokens=(4, 64),
+            long_tokens=(200, 290),
+            lone_tokens=(8, 120),
+        ),
     ),
 }
 
@@ -88,7 +119,7 @@ def engine_kwargs(model_path: Path, settings: EngineSettings) -> dict[str, Any]:
         "block_size": BLOCK_SIZE,
         "enable_prefix_caching": True,
         "enable_chunked_prefill": True,
-        "dtype": "float32",
+        "dtype": settings.dtype,
         "enforce_eager": True,
         "seed": 0,
         "max_model_len": settings.max_model_len,
@@ -134,7 +165,7 @@ class RunResult:
     strict: bool
     num_requests: int
     seed: int
-    settings: dict[str, int]
+    settings: dict[str, Any]
     workload: dict[str, int]
     outputs: list[list[int]]
     vllm: dict[str, int]
@@ -173,7 +204,7 @@ def run(
     """
     engine = settings or ENGINE_SETTINGS[model]
     path = ensure_model(model, models_dir)
-    workload = make_workload(num_requests, seed)
+    workload = make_workload(num_requests, seed, engine.workload)
     scratch = Path(tempfile.mkdtemp(prefix="pagedkv-vllm-run-"))
     probe_path = scratch / "probe.json"
     report_path = scratch / "plugin.json"

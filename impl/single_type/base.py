@@ -53,6 +53,8 @@ class SingleTypeKVCacheManager(ABC):
         sparse: it does here: an interval is set (set by the registry).
         junction_ignores_eagle: the semantics' switch of that name (set by the manager; a
             sliding window acts on it under sparse retention with EAGLE).
+        remarks_keyed_boundary: the semantics' `mamba_remarks_keyed_boundary`, with several
+            groups (set by the manager; a Mamba group in mode "align" acts on it).
         extra_blocks: blocks a request holds beyond those its token slots fill (Mamba's
             speculative states; 0 for attention).
     """
@@ -74,6 +76,7 @@ class SingleTypeKVCacheManager(ABC):
         self.use_eagle = False
         self.retention_interval: int | None = None
         self.junction_ignores_eagle = False
+        self.remarks_keyed_boundary = False
         self.sparse = False
         self.extra_blocks = 0
 

@@ -236,7 +236,8 @@ class MambaAlignManager(SingleTypeKVCacheManager):
     ) -> None:
         """The base class's caching (null columns skipped), recording every key a state is
         cached under in `keyed_this_step`; then the state at the prompt's replay boundary is
-        keyed again when the cached length is that boundary and it lost its key (the spec's
+        keyed again when the cached length is that boundary and it lost its key, and recorded
+        in `keyed_this_step` again while keyed with `remarks_keyed_boundary` (the spec's
         `MambaAlignState.cache_blocks`). Complexity: O(columns cached * block_size)."""
         request_id = request.request_id
         blocks = self.req_to_blocks[request_id]
@@ -252,12 +253,15 @@ class MambaAlignManager(SingleTypeKVCacheManager):
                     key = block_hashes[position]
                     self.keyed_this_step.add(GroupKey(group_id, key) if group_id else key)
         position = num_full - 1
-        if (
+        at_boundary = (
             0 < num_full == (request.num_prompt_tokens - 1) // self.block_size
             and position < len(blocks)
             and blocks[position] is not null_block
-            and blocks[position].block_hash is None
-        ):
+        )
+        if at_boundary and self.remarks_keyed_boundary:
+            key = block_hashes[position]
+            self.keyed_this_step.add(GroupKey(group_id, key) if group_id else key)
+        if at_boundary and blocks[position].block_hash is None:
             self.block_pool.cache_full_blocks_locked(
                 request,
                 blocks,

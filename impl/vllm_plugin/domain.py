@@ -20,6 +20,7 @@ from pagedkv.vocab.kv_cache_interface import (
     KVCacheGroupSpec,
     KVCacheSpec,
     KVCacheTensor,
+    MambaSpec,
     SlidingWindowSpec,
 )
 
@@ -74,15 +75,18 @@ def pagedkv_spec(spec: Any) -> KVCacheSpec:
     """pagedkv's spec of one vLLM group spec of the kinds it serves.
 
     Raises:
-        OutOfDomainError: any other kind (Mamba, MLA variants with a window, encoder-only,
-            cross-attention, sink, HiSparse ...), named by its class.
+        OutOfDomainError: any other kind (MLA variants with a window, encoder-only,
+            cross-attention, sink, HiSparse ...), named by its class; a Mamba spec with what
+            `pagedkv_mamba_spec` refuses.
     """
     kind = type(spec).__name__
+    if kind == "MambaSpec":
+        return pagedkv_mamba_spec(spec)
     common = {
         "block_size": spec.block_size,
         "num_kv_heads": getattr(spec, "num_kv_heads", 1),
         "head_size": getattr(spec, "head_size", 1),
-        "dtype": str(getattr(spec, "dtype", "float16")).removeprefix("torch."),
+        "dtype": _dtype_name(getattr(spec, "dtype", "float16")),
     }
     if kind in ("FullAttentionSpec", "MLAAttentionSpec"):
         # A full-attention spec that records a window or a chunk (vLLM's layers when the
@@ -93,8 +97,72 @@ def pagedkv_spec(spec: Any) -> KVCacheSpec:
     if kind == "ChunkedLocalAttentionSpec":
         return ChunkedLocalAttentionSpec(**common, attention_chunk_size=spec.attention_chunk_size)
     raise OutOfDomainError(
-        f"{kind} layers", "pagedkv serves full attention, sliding window and chunked local"
+        f"{kind} layers",
+        "pagedkv serves full attention, sliding window, chunked local and Mamba states",
     )
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+MAMBA_UNMODELLED = (
+    ("num_speculative_blocks", 0, "Mamba speculative state blocks"),
+    ("num_prefill_checkpoint_blocks", 0, "Mamba prefill checkpoint blocks"),
+    ("prefill_checkpoint_alignment", None, "Mamba prefill checkpoint alignment"),
+)
+"""vLLM `MambaSpec` fields pagedkv's manager has no rule for beyond the value it models
+(field, the value served, the feature refused): each changes which blocks a request holds."""
+
+
+def pagedkv_mamba_spec(spec: Any) -> MambaSpec:
+    """pagedkv's `MambaSpec` of vLLM's: the same block size, state shapes and dtypes, padded
+    page, cache mode ("align" or "none") and backend (`mamba_type`, vLLM's enum member named in
+    lower case: `GDN_ATTN` -> "gdn_attn"). vLLM's fields that only its workers read (heads,
+    tensor-parallel replication) are not carried.
+
+    Raises:
+        OutOfDomainError: speculative or prefill-checkpoint blocks (`MAMBA_UNMODELLED`), or a
+            cache mode pagedkv does not know.
+    """
+    for name, served, feature in MAMBA_UNMODELLED:
+        value = getattr(spec, name, served)
+        if value != served:
+            raise OutOfDomainError(feature, f"MambaSpec.{name}={value!r}")
+    mode = getattr(spec, "mamba_cache_mode", "none")
+    if mode not in ("align", "none"):
+        raise OutOfDomainError(
+            f"mamba_cache_mode {mode!r}", "pagedkv models Mamba states in 'align' and 'none'"
+        )
+    backend = getattr(spec, "mamba_type", "mamba2")
+    return MambaSpec(
+        block_size=spec.block_size,
+        shapes=tuple(tuple(shape) for shape in spec.shapes),
+        dtypes=tuple(_dtype_name(dtype) for dtype in spec.dtypes),
+        page_size_padded=getattr(spec, "page_size_padded", None),
+        mamba_type=str(getattr(backend, "name", backend)).lower(),
+        mamba_cache_mode=mode,
+    )
+
+
+def manager_refusals(vllm_manager: Any, *, replace: bool) -> Iterator[OutOfDomainError]:
+    """The features vLLM's built manager turned on that pagedkv does not model: partial hash
+    hits (a `prefix_match_unit` below a Mamba block, with copy-on-write of Mamba states) and
+    the Mamba shared-prefix checkpoint. vLLM's scheduler reads both from its manager when it is
+    built, before the plugin substitutes it."""
+    coordinator = getattr(vllm_manager, "coordinator", None)
+    if getattr(coordinator, "enable_partial_hash_hits", False):
+        yield OutOfDomainError(
+            "partial hash hits",
+            "coordinator.enable_partial_hash_hits (a prefix_match_unit below the Mamba block)",
+            replace=replace,
+        )
+    if getattr(vllm_manager, "mamba_shared_prefix_checkpoint", False):
+        yield OutOfDomainError(
+            "the Mamba shared-prefix checkpoint",
+            "enable_mamba_shared_prefix_checkpoint is on",
+            replace=replace,
+        )
 
 
 def pagedkv_config(config: Any) -> KVCacheConfig:
@@ -103,8 +171,9 @@ def pagedkv_config(config: Any) -> KVCacheConfig:
     the manager reads only the groups and the count (vLLM's workers keep their own layout).
 
     Raises:
-        OutOfDomainError: a group pagedkv does not serve, groups of several block sizes, a
-            hash block size other than the block size, or host-resident groups.
+        OutOfDomainError: a group pagedkv does not serve (`pagedkv_spec`), groups of several
+            block sizes (a Mamba group in mode "none" beside attention), a hash block size
+            other than the block size, or host-resident groups.
     """
     groups: list[KVCacheGroupSpec] = []
     tensors: dict[str, KVCacheTensor] = {}
@@ -114,7 +183,7 @@ def pagedkv_config(config: Any) -> KVCacheConfig:
         spec = pagedkv_spec(group.kv_cache_spec)
         names = tuple(group.layer_names)
         groups.append(KVCacheGroupSpec(names, spec))
-        page = spec.page_size_bytes if isinstance(spec, AttentionSpec) else 1
+        page = spec.page_size_bytes if isinstance(spec, AttentionSpec | MambaSpec) else 1
         for name in names:
             tensors[name] = KVCacheTensor(size=page * config.num_blocks)
     sizes = sorted({group.kv_cache_spec.block_size for group in groups})
@@ -126,12 +195,17 @@ def pagedkv_config(config: Any) -> KVCacheConfig:
             "a hash block size other than the block size",
             f"hash_block_size {hash_block_size}, block_size {sizes[0]}",
         )
-    windows = any(isinstance(group.kv_cache_spec, SlidingWindowSpec) for group in groups)
+    sparse = any(
+        isinstance(spec, SlidingWindowSpec)
+        or (isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align")
+        for spec in (group.kv_cache_spec for group in groups)
+    )
     retention = getattr(config, "prefix_cache_retention_interval", None)
     return KVCacheConfig(
         config.num_blocks,
         tensors,
         groups,
-        # Only a window group acts on it; vLLM's engine sets it for every model.
-        prefix_cache_retention_interval=retention if windows else None,
+        # Only a window group or a Mamba group in "align" acts on it; vLLM's engine sets it
+        # for every model.
+        prefix_cache_retention_interval=retention if sparse else None,
     )

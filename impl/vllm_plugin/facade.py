@@ -196,7 +196,7 @@ class PagedKVFacade:
         self.prefix_cache_stats = self._stats_type()
         return stats
 
-    # -- queues that are empty in pagedkv's domain -------------------------------------------
+    # -- queues for vLLM's workers, and those empty in pagedkv's domain ---------------------
 
     def take_events(self) -> list[Any]:
         return []
@@ -204,10 +204,14 @@ class PagedKVFacade:
     def new_step_starts(self) -> None:
         """vLLM's scheduler calls it first in every step: the manager forgets the Mamba states
         keyed in the last one (a no-op without a Mamba group in mode "align")."""
-        self._manager.new_step_starts()
+        self._call("step", None)
 
     def take_new_block_ids(self) -> list[int]:
-        return []
+        """The attention blocks allocated since the last call, group by group, for vLLM's
+        workers to zero: none unless a Mamba group (or mixed precision) needs it, as vLLM's
+        manager records them (`Replayer`, trace line "zero")."""
+        answer: list[int] = self._call("zero", None)
+        return answer
 
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[Any]]:
         return [], []

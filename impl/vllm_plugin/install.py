@@ -14,7 +14,12 @@ from typing import Any
 import pagedkv
 from pagedkv.manager import KVCacheManager
 
-from .domain import OutOfDomainError, config_refusals, pagedkv_config
+from .domain import (
+    OutOfDomainError,
+    config_refusals,
+    manager_refusals,
+    pagedkv_config,
+)
 from .recorder import Recorder
 from .replay import Replayer, build_manager
 from .report import Report
@@ -112,6 +117,7 @@ def substitute(scheduler: Any, settings: Settings, version: str, semantics_name:
     vllm_config = scheduler.vllm_config
     replace = settings.mode is Mode.REPLACE
     refusals = list(config_refusals(vllm_config, replace=replace))
+    refusals += manager_refusals(vllm_manager, replace=replace)
     config = None
     try:
         config = pagedkv_config(vllm_manager.kv_cache_config)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagedkv.manager import KVCacheManager
+from pagedkv.vocab.kv_cache_interface import AttentionSpec, KVCacheSpec, MambaSpec
 from pagedkv.vocab.request import PlaceholderRange, Request
 from pagedkv.vocab.semantics import SEMANTICS_BY_NAME
 
@@ -73,6 +74,16 @@ class Replayer:
         self.answer: Any = None
         self._requests: dict[str, Request] = {}
         self._hits: dict[str, Any] = {}
+        specs = self._specs()
+        dtypes = {spec.dtype for spec in specs if isinstance(spec, AttentionSpec)}
+        zeroing = len(dtypes) > 1 or any(isinstance(spec, MambaSpec) for spec in specs)
+        # vLLM's workers zero new attention blocks for a Mamba model or mixed precision (its
+        # `KVCacheConfig.needs_kv_cache_zeroing`): each such group's new block ids, until taken.
+        self._to_zero: dict[int, list[int]] = {
+            index: []
+            for index, spec in enumerate(specs)
+            if zeroing and isinstance(spec, AttentionSpec)
+        }
 
     def apply(self, event: Event) -> Divergence | None:
         """Make the line's call on pagedkv; the first difference from vLLM's answer, if the
@@ -99,10 +110,11 @@ class Replayer:
                 event["lookahead"],
                 full_sequence_must_fit=event["fit"],
             )
-            if "vllm" in event:
-                ours = None if self.answer is None else block_ids(self.answer)
-                if ours != event["vllm"]:
-                    return self._diverged(event, "new blocks", event["vllm"], ours)
+            ours = None if self.answer is None else block_ids(self.answer)
+            for index, new in self._to_zero.items():
+                new.extend(ours[index] if ours is not None else ())
+            if "vllm" in event and ours != event["vllm"]:
+                return self._diverged(event, "new blocks", event["vllm"], ours)
             return None
         if call == "blocks":
             return self._compare(event, "blocks held", self._table(event["req"]))
@@ -117,6 +129,14 @@ class Replayer:
         if call == "reset":
             self.answer = manager.reset_prefix_cache()
             return self._compare(event, "reset succeeded", self.answer)
+        if call == "step":
+            manager.new_step_starts()
+            return None
+        if call == "zero":
+            self.answer = [block for new in self._to_zero.values() for block in new]
+            for new in self._to_zero.values():
+                new.clear()
+            return self._compare(event, "blocks to zero", self.answer)
         if call == "snapshot":
             return self._compare_snapshot(event)
         raise ValueError(f"trace line {event.get('i')}: unknown call {call!r}")
@@ -185,11 +205,24 @@ class Replayer:
     # -- pagedkv's state, impl or spec -------------------------------------------------------
 
     def _sparse(self) -> bool:
-        """Whether a window group keeps junctions (else vLLM's boundary is not pagedkv's)."""
+        """Whether pagedkv keeps shared-prefix junctions (else vLLM's boundary is not
+        pagedkv's): under a retention interval, or with a Mamba group in mode "align" (vLLM's
+        scheduler cuts chunks at the junction whatever the retention)."""
         manager = self.manager
         if isinstance(manager, KVCacheManager):
-            return manager.kv_cache_config.prefix_cache_retention_interval is not None
-        return manager.retention_interval is not None
+            retention = manager.kv_cache_config.prefix_cache_retention_interval
+        else:
+            retention = manager.retention_interval
+        return retention is not None or any(
+            isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align"
+            for spec in self._specs()
+        )
+
+    def _specs(self) -> list[KVCacheSpec]:
+        manager = self.manager
+        if isinstance(manager, KVCacheManager):
+            return [group.kv_cache_spec for group in manager.kv_cache_config.kv_cache_groups]
+        return list(manager.specs)
 
     def _groups(self) -> Sequence[Mapping[str, Sequence[Any]]]:
         manager = self.manager

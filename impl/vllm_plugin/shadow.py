@@ -20,8 +20,9 @@ from .replay import Divergence, Replayer
 from .report import Report
 from .trace import Event, TraceSink
 
-# Calls that change nothing pagedkv mirrors (queries, vLLM's stats and events, Mamba and
-# connector queues that are empty in the domain): forwarded, counted as unmirrored.
+# Calls that change nothing pagedkv mirrors (queries, vLLM's stats and events, the queues of
+# Mamba states for a connector and of new blocks to zero, which only vLLM's workers read):
+# forwarded, counted as unmirrored.
 FORWARDED = frozenset(
     {
         "coordinator",
@@ -38,9 +39,6 @@ FORWARDED = frozenset(
         "prefix_cache_lookup_enabled",
         "estimate_cached_tokens",
         "take_events",
-        "new_step_starts",
-        "take_new_block_ids",
-        "take_kv_cache_block_copies",
         "take_boundary_state_offloads",
         "get_block_ids",
         "get_num_common_prefix_blocks",
@@ -163,6 +161,32 @@ class ShadowKVCacheManager:
             self._mirror("free", request, finished=finished)
             if finished:
                 self._recorder.forget(request.request_id)
+
+    def new_step_starts(self) -> None:
+        """A scheduler step begins: Mamba states keyed before it may hit from now on."""
+        self._vllm.new_step_starts()
+        if self.active:
+            self._mirror("step", None)
+
+    def take_new_block_ids(self) -> Any:
+        """The new attention blocks vLLM's workers zero (for a Mamba model): compared with
+        the blocks pagedkv allocated since the last call."""
+        answer = self._vllm.take_new_block_ids()
+        if self.active:
+            self._mirror("zero", None, vllm=list(answer))
+        return answer
+
+    def take_kv_cache_block_copies(self) -> Any:
+        """vLLM's copy-on-write copies of Mamba states, made only by partial hash hits (refused
+        at start): any copy stops the mirror, as a call pagedkv does not model."""
+        answer = self._vllm.take_kv_cache_block_copies()
+        if self.active:
+            copies, retained = answer
+            if copies or retained:
+                self._stop(f"take_kv_cache_block_copies answered {len(copies)} copies")
+            else:
+                self._report.unmirrored("take_kv_cache_block_copies")
+        return answer
 
     def reset_prefix_cache(self) -> bool:
         answer: bool = self._vllm.reset_prefix_cache()

@@ -13,6 +13,8 @@ Call lines ("call" key):
     blocks    get_blocks                    vllm: block ids per group
     free      free: finished (then also the request's hashes are dropped)
     reset     reset_prefix_cache            vllm: bool
+    step      new_step_starts (a scheduler step begins: Mamba states keyed before now hit)
+    zero      take_new_block_ids, with a Mamba group    vllm: the new attention block ids
     snapshot  the whole state               vllm: {usage, free, tables}
 A request's first line carries "new": its identity (prompt, salt, LoRA id, prompt logprobs,
 multimodal ranges); later lines "add": the tokens appended since.
@@ -33,6 +35,7 @@ from pagedkv.vocab.kv_cache_interface import (
     KVCacheGroupSpec,
     KVCacheSpec,
     KVCacheTensor,
+    MambaSpec,
     SlidingWindowSpec,
 )
 
@@ -46,8 +49,20 @@ class TraceFormatError(ValueError):
 
 
 def spec_to_json(spec: KVCacheSpec) -> dict[str, Any]:
+    if isinstance(spec, MambaSpec):
+        return {
+            "kind": "MambaSpec",
+            "block_size": spec.block_size,
+            "shapes": [list(shape) for shape in spec.shapes],
+            "dtypes": list(spec.dtypes),
+            "page_size_padded": spec.page_size_padded,
+            "mamba_type": spec.mamba_type,
+            "mamba_cache_mode": spec.mamba_cache_mode,
+        }
     if not isinstance(spec, FullAttentionSpec | SlidingWindowSpec | ChunkedLocalAttentionSpec):
-        raise TraceFormatError(f"a trace holds attention specs only, not {type(spec).__name__}")
+        raise TraceFormatError(
+            f"a trace holds attention and Mamba specs only, not {type(spec).__name__}"
+        )
     data: dict[str, Any] = {
         "kind": type(spec).__name__,
         "block_size": spec.block_size,
@@ -64,6 +79,15 @@ def spec_to_json(spec: KVCacheSpec) -> dict[str, Any]:
 
 
 def spec_from_json(data: dict[str, Any]) -> KVCacheSpec:
+    if data["kind"] == "MambaSpec":
+        return MambaSpec(
+            block_size=data["block_size"],
+            shapes=data["shapes"],
+            dtypes=data["dtypes"],
+            page_size_padded=data["page_size_padded"],
+            mamba_type=data["mamba_type"],
+            mamba_cache_mode=data["mamba_cache_mode"],
+        )
     fields = {key: data[key] for key in ("block_size", "num_kv_heads", "head_size", "dtype")}
     kind = data["kind"]
     if kind == "FullAttentionSpec":

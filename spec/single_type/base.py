@@ -44,6 +44,8 @@ class SpecSingleTypeManager:
             registry; only a sliding window acts on it, `pagedkv.spec.retention`).
         junction_ignores_eagle: the semantics' switch of that name (set by the manager; only a
             sliding window under sparse retention with EAGLE acts on it).
+        remarks_keyed_boundary: the semantics' `mamba_remarks_keyed_boundary`, with several
+            groups (set by the manager; only a Mamba group in mode "align" acts on it).
         blocks: request id -> its block ids, in position order (null block 0 = skipped).
         num_cached: request id -> how many of its positions are cached.
         left_out: ghost state: block id -> the key retention kept it from being cached under,
@@ -69,6 +71,7 @@ class SpecSingleTypeManager:
         self.use_eagle = False
         self.retention_interval: int | None = None
         self.junction_ignores_eagle = False  # set by the manager from its semantics
+        self.remarks_keyed_boundary = False  # likewise (mamba_remarks_keyed_boundary)
         self.blocks: dict[str, list[int]] = {}
         self.num_cached: dict[str, int] = {}
         self.left_out: dict[int, CacheKey] = {}

@@ -224,7 +224,9 @@ class MambaAlignState(SpecSingleTypeManager):
         under is recorded in `keyed_this_step`. Then, when the cached length `num_full * B` is
         the prompt's replay boundary (`P - 1` aligned down), the state there is keyed again if
         it lost its key (`evict_blocks`): vLLM 0.33 re-keys the prompt's last boundary state on
-        every cache call (its partial-tail path, a no-op unless the key was taken)."""
+        every cache call (its partial-tail path, a no-op unless the key was taken). With
+        `remarks_keyed_boundary` (vLLM 0.32.0) a state still keyed there is recorded in
+        `keyed_this_step` again."""
         held = self.blocks[request.request_id]
         first = min(self.num_cached.get(request.request_id, num_cached), len(held))
         end = min(num_full, len(held))
@@ -237,9 +239,11 @@ class MambaAlignState(SpecSingleTypeManager):
                 self.keyed_this_step.add(cache_key(block_hashes[position], self.group_id))
         boundary = (request.num_prompt_tokens - 1) // self.block_size
         position = num_full - 1
+        at_boundary = 0 < num_full == boundary and position < len(held)
+        if at_boundary and held[position] != NULL_BLOCK_ID and self.remarks_keyed_boundary:
+            self.keyed_this_step.add(cache_key(block_hashes[position], self.group_id))
         if (
-            0 < num_full == boundary
-            and position < len(held)
+            at_boundary
             and held[position] != NULL_BLOCK_ID
             and self.pool.block_hash[held[position]] is None
         ):
