@@ -14,6 +14,7 @@ Hypothesis profiles: `./dev test` (and so CI) loads `ci`; set HYPOTHESIS_PROFILE
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -58,3 +59,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # The marker, not `item.keywords`: a parameter id "full" (full attention) is a keyword too.
         if item.get_closest_marker("full") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def no_local_constants(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Hypothesis draws about one primitive value in twenty from the constants of the local
+    modules loaded so far (`hypothesis.internal.conjecture.providers`, hypothesis 6.170.17,
+    pinned in constraints.txt). Which modules a pytest-xdist worker has loaded depends on the
+    tests it ran before (vLLM's fetched modules are local files too), so a derandomized test
+    ran other examples in the full run than alone, and a bounded catch could be missed. Under
+    this fixture the test draws from hypothesis's global constants only: the same examples
+    wherever it runs, as the `ci` profile promises."""
+    from hypothesis.internal.conjecture import providers
+    from hypothesis.internal.constants_ast import Constants
+
+    providers.CONSTANTS_CACHE.cache.clear()  # permitted constants, cached from the old pool
+    monkeypatch.setattr(providers, "_get_local_constants", Constants)
+    yield
+    providers.CONSTANTS_CACHE.cache.clear()

@@ -24,6 +24,9 @@ from pagedkv.harness.machines.manager import make_manager_machine
 from pagedkv.harness.protocol import ManagerFactory
 from pagedkv.vocab.semantics import VLLM_0_8_5
 
+# Examples independent of the modules this worker loaded before (conftest.py says why).
+pytestmark = pytest.mark.usefixtures("no_local_constants")
+
 TestFullAttention = make_manager_machine(pagedkv_manager, sliding_window=False).TestCase
 TestSlidingWindow = make_manager_machine(pagedkv_manager, sliding_window=True).TestCase
 TestHybrid = make_manager_machine(pagedkv_manager, sliding_window=True, hybrid=True).TestCase
